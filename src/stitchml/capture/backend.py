@@ -1,0 +1,41 @@
+"""Capture: the `torch.compile` backend.  Dynamo hands us an FX graph of torch ops;
+AOTAutograd turns it into core-ATen forward and backward graphs using our
+decomposition table, and each graph goes through `compiler.compile_graph`."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+from ..compiler import CompiledGraph, compile_graph
+from .decomp import decomposition_table
+
+
+class StitchBackend:
+    """A backend instance; `records` lists every graph it compiled (for explain)."""
+
+    def __init__(self) -> None:
+        self.records: list[CompiledGraph] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs) -> Callable:
+        training = torch.is_grad_enabled() and any(
+            isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+        fw_kind = "forward" if training else "inference"
+
+        def fw(g, ex):
+            return compile_graph(g, ex, fw_kind, self.records)
+
+        def bw(g, ex):
+            return compile_graph(g, ex, "backward", self.records)
+
+        return aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=fw,
+                            decompositions=decomposition_table())(gm, example_inputs)
+
+
+DEFAULT = StitchBackend()
+
+
+def stitch_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
+    """Entry point registered as `torch.compile(..., backend="stitch")`."""
+    return DEFAULT(gm, example_inputs)

@@ -1,0 +1,77 @@
+"""Our decomposition table: composite ops reduced to primitives the planner knows.
+
+Built from `torch._decomp` entries (not Inductor's table), plus a few of our own where
+torch's reference would emit `prims` ops we do not lower (var_mean, var, std).
+"""
+from __future__ import annotations
+
+import torch
+from torch._decomp import get_decompositions
+
+aten = torch.ops.aten
+
+FROM_TORCH = [
+    aten.native_layer_norm, aten.native_layer_norm_backward,
+    aten._softmax, aten._softmax_backward_data, aten._log_softmax, aten._log_softmax_backward_data,
+    aten.gelu, aten.gelu_backward, aten.silu, aten.silu_backward, aten.sigmoid_backward,
+    aten.tanh_backward, aten.threshold_backward, aten.native_dropout_backward,
+    aten.nll_loss_forward, aten.nll_loss_backward, aten.nll_loss2d_forward, aten.nll_loss2d_backward,
+    aten.native_batch_norm, aten.native_batch_norm_backward, aten._native_batch_norm_legit,
+    aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit_no_training,
+    aten.addcmul, aten.addcdiv, aten.lerp, aten.logsumexp, aten.log_sigmoid_forward,
+    aten.softplus, aten.leaky_relu, aten.elu, aten.hardsigmoid, aten.hardswish, aten.mish,
+    aten.rms_norm, aten._fused_rms_norm, aten.square, aten.xlogy, aten.masked_fill, aten.mse_loss,
+    aten.mse_loss_backward, aten.binary_cross_entropy_with_logits, aten.huber_loss, aten.frac,
+    aten.sgn, aten.hardtanh_backward, aten.leaky_relu_backward, aten.elu_backward, aten.rsub,
+    aten.std_mean, aten.linalg_vector_norm, aten.tril, aten.triu, aten.baddbmm, aten.addmm,
+]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _dims(x: torch.Tensor, dim) -> list[int]:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return list(range(x.dim()))
+    if isinstance(dim, int):
+        dim = [dim]
+    return [d % max(x.dim(), 1) for d in dim]
+
+
+def var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = False):
+    """mean, then the mean of squared deviations (two-pass: stable, and both passes
+    stitch into one kernel because they share the reduction axes)."""
+    dims = _dims(x, dim)
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    corr = 1 if correction is None else correction
+    xc = x.float() if x.dtype in _HALF else x
+    mean = torch.sum(xc, dims, keepdim=True) / n
+    dev = xc - mean
+    var = torch.sum(dev * dev, dims, keepdim=keepdim) / max(n - corr, 0)
+    if not keepdim:
+        mean = torch.squeeze(mean, dims)
+    return var.to(x.dtype), mean.to(x.dtype)
+
+
+def var(x, dim=None, *, correction=None, keepdim=False):
+    return var_mean(x, dim, correction=correction, keepdim=keepdim)[0]
+
+
+def std(x, dim=None, *, correction=None, keepdim=False):
+    return torch.sqrt(var_mean(x, dim, correction=correction, keepdim=keepdim)[0])
+
+
+def _own() -> dict:
+    table = {}
+    for packet, fn in ((aten.var_mean, var_mean), (aten.var, var), (aten.std, std)):
+        table[packet.correction] = fn
+    return table
+
+
+def decomposition_table() -> dict:
+    """The table handed to AOTAutograd."""
+    packets = [p for p in FROM_TORCH if p not in (aten.addmm, aten.baddbmm)]  # keep GEMMs whole
+    table = get_decompositions(packets)
+    table.update(_own())
+    return table

@@ -1,0 +1,184 @@
+"""The op → Triton expression table, and the helper functions generated kernels use.
+
+Values inside kernels are held in their compute type: float16/bfloat16 in float32,
+everything else as is.  NaN behaves as in eager: max/min/clamp propagate it.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+TL_DTYPE = {
+    torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
+    torch.float64: "tl.float64", torch.int8: "tl.int8", torch.int16: "tl.int16", torch.int32: "tl.int32",
+    torch.int64: "tl.int64", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+}
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def literal(value, dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "True" if value else "False"
+    if dtype in FLOATS:
+        v = float(value)
+        if math.isnan(v):
+            return 'float("nan")'
+        if math.isinf(v):
+            return 'float("inf")' if v > 0 else 'float("-inf")'
+        return repr(v)
+    return str(int(value))
+
+
+PRELUDE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _nanmax(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def _nanmin(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _mul(a, b):
+    return a * b
+
+
+@triton.jit
+def _expm1(x):
+    # Kahan: (u - 1) * x / log(u) keeps full relative precision near 0
+    u = tl.exp(x)
+    um1 = u - 1.0
+    r = tl.where(um1 == 0.0, x, um1 * x / tl.log(u))
+    r = tl.where(um1 == -1.0, -1.0, r)
+    return tl.where(u == float("inf"), u, r)
+
+
+@triton.jit
+def _log1p(x):
+    u = 1.0 + x
+    d = u - 1.0
+    r = tl.where(d == 0.0, x, tl.log(u) * (x / d))
+    return tl.where(u == float("inf"), u, r)
+
+
+@triton.jit
+def _tanh(x):
+    e = _expm1(-2.0 * tl.abs(x))
+    t = -e / (2.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _round(x):
+    # half to even, like torch.round
+    f = tl.floor(x)
+    d = x - f
+    r = tl.where(d > 0.5, f + 1.0, f)
+    odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
+    r = tl.where((d == 0.5) & odd, f + 1.0, r)
+    return tl.where(tl.abs(x) >= 8388608.0, x, r)
+
+
+@triton.jit
+def _pow(a, b):
+    r = tl.exp2(b * tl.log2(tl.abs(a)))
+    bint = tl.floor(b) == b
+    odd = bint & ((b - 2.0 * tl.floor(b * 0.5)) == 1.0)
+    r = tl.where((a < 0) & odd, -r, r)
+    r = tl.where((a < 0) & (bint == 0), float("nan"), r)
+    r = tl.where((b == 0) | (a == 1.0), 1.0, r)
+    return r
+'''
+
+# (format, needs float)  — operands already share the compute dtype
+BINARY = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
+    "maximum": "_nanmax({0}, {1})", "minimum": "_nanmin({0}, {1})",
+    "clamp_min": "_nanmax({0}, {1})", "clamp_max": "_nanmin({0}, {1})",
+    "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})",
+    "logical_and": "({0} & {1})", "logical_or": "({0} | {1})", "logical_xor": "({0} ^ {1})",
+    "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
+    "gt": "({0} > {1})", "ge": "({0} >= {1})",
+}
+UNARY = {
+    "exp": "tl.exp({0})", "exp2": "tl.exp2({0})", "log": "tl.log({0})", "log2": "tl.log2({0})",
+    "log1p": "_log1p({0})", "expm1": "_expm1({0})", "sqrt": "tl.sqrt_rn({0})", "rsqrt": "tl.rsqrt({0})",
+    "sin": "tl.sin({0})", "cos": "tl.cos({0})", "tanh": "_tanh({0})",
+    "sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))", "erf": "tl.erf({0})", "abs": "tl.abs({0})",
+    "neg": "(-{0})", "reciprocal": "(1.0 / {0})", "floor": "tl.floor({0})", "ceil": "tl.ceil({0})",
+    "round": "_round({0})", "trunc": "tl.where({0} < 0, tl.ceil({0}), tl.floor({0}))",
+    "bitwise_not": "(~{0})", "logical_not": "({0} == 0)", "identity": "{0}",
+    "relu": "tl.where({0} < 0, 0, {0})", "isnan": "({0} != {0})",
+}
+
+
+def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_dtype: torch.dtype) -> str:
+    if op in BINARY:
+        return BINARY[op].format(*args)
+    if op in UNARY:
+        return UNARY[op].format(*args)
+    if op == "sign":
+        a = args[0]
+        if in_dtype in FLOATS:
+            return f"tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, {a} * 0.0))"
+        return f"tl.where({a} > 0, 1, tl.where({a} < 0, -1, 0)).to({TL_DTYPE[out_dtype]})"
+    if op == "isinf":
+        a = args[0]
+        return f"(({a} == float('inf')) | ({a} == float('-inf')))" if in_dtype in FLOATS else f"({a} != {a})"
+    if op == "where":
+        return f"tl.where({args[0]}, {args[1]}, {args[2]})"
+    if op == "pow":
+        return _pow(args)
+    raise NotImplementedError(f"no Triton expression for pointwise op {op!r}")
+
+
+def _pow(args: list[str]) -> str:
+    a, b = args
+    special = {"2.0": f"({a} * {a})", "1.0": a, "3.0": f"({a} * {a} * {a})", "0.5": f"tl.sqrt_rn({a})",
+               "-1.0": f"(1.0 / {a})", "-0.5": f"tl.rsqrt({a})", "0.0": f"({a} * 0.0 + 1.0)"}
+    if b in special:
+        return special[b]
+    if a in special or a.replace(".", "").replace("-", "").isdigit():
+        a = f"(tl.zeros_like({b}) + {a})"
+    return f"_pow({a}, {b})"
+
+
+def cast_expr(x: str, src: torch.dtype, dst: torch.dtype) -> str:
+    """Cast between compute types, rounding through half types like eager does."""
+    if dst == torch.bool:
+        return f"({x} != 0)"
+    if dst in (torch.float16, torch.bfloat16):
+        return f"{x}.to({TL_DTYPE[dst]}).to(tl.float32)"
+    if compute_dtype(src) == dst:
+        return x
+    return f"{x}.to({TL_DTYPE[dst]})"
+
+
+REDUCE_COMBINE = {"sum": "_add", "prod": "_mul", "amax": "_nanmax", "amin": "_nanmin"}
+
+
+def reduce_identity(op: str, dtype: torch.dtype) -> str:
+    if op == "sum":
+        return literal(0, dtype)
+    if op == "prod":
+        return literal(1, dtype)
+    if dtype in FLOATS:
+        return literal(float("-inf") if op == "amax" else float("inf"), dtype)
+    info = torch.iinfo(dtype)
+    return str(info.min if op == "amax" else info.max)

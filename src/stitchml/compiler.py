@@ -1,0 +1,102 @@
+"""The pipeline, top to bottom: lower → plan → codegen → runtime.
+
+`compile_graph` is called by the capture stage for every ATen graph (inference,
+training forward, training backward).  If any stage fails, the graph runs eagerly
+and the reason is recorded (never a crash, never a half-compiled graph).
+"""
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from . import config
+from .codegen.triton_kernel import KernelSource, generate
+from .ir.nodes import Graph
+from .lower.lower import lower
+from .lower.registry import Unsupported
+from .plan.data import Plan
+from .plan.planner import build_plan
+from .runtime.wrapper import build_callable
+
+log = logging.getLogger("stitchml")
+
+
+@dataclass
+class CompiledGraph:
+    """What one graph compiled into; kept by the backend for `explain`."""
+
+    kind: str                       # inference | forward | backward
+    graph: Graph | None = None
+    plan: Plan | None = None
+    kernels: dict[str, KernelSource] = field(default_factory=dict)
+    wrapper_source: str = ""
+    eager_reason: str | None = None  # set when the whole graph runs eagerly
+    compile_seconds: float = 0.0
+    calls: int = 0
+
+
+def _device_of(gm: fx.GraphModule, example_inputs) -> torch.device:
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val.device
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return torch.device("cpu")
+
+
+def _interpreter_on() -> bool:
+    import os
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list | None = None) -> Callable:
+    rec = CompiledGraph(kind)
+    if records is not None:
+        records.append(rec)
+    t0 = time.perf_counter()
+    try:
+        device = _device_of(gm, example_inputs)
+        if device.type == "cpu" and not _interpreter_on():
+            raise Unsupported("CPU tensors: kernels need a GPU, or TRITON_INTERPRET=1 for the interpreter")
+        rec.graph = lower(gm)                                              # lower
+        rec.plan = build_plan(rec.graph)                                   # plan
+        rec.kernels = {k.name: generate(rec.graph, k) for k in rec.plan.kernels}  # codegen
+        call, rec.wrapper_source = build_callable(rec.plan, rec.kernels, device)  # runtime
+    except Exception as e:  # graceful: this graph runs eagerly
+        if not config.get("fallback_on_error") and not isinstance(e, Unsupported):
+            raise
+        rec.eager_reason = f"{type(e).__name__}: {e}"
+        if not isinstance(e, Unsupported):
+            warnings.warn(f"stitchml: {kind} graph runs eagerly: {rec.eager_reason}", stacklevel=2)
+        rec.compile_seconds = time.perf_counter() - t0
+        return _eager(gm, rec)
+    rec.compile_seconds = time.perf_counter() - t0
+    if config.get("verbose"):
+        log.warning("stitchml %s graph: %d kernels, %d eager ops (%.2fs)", kind, rec.plan.num_kernels,
+                    len(rec.plan.steps) - rec.plan.num_kernels, rec.compile_seconds)
+
+    def run(args):
+        rec.calls += 1
+        return call(args)
+
+    run._boxed_call = True
+    return run
+
+
+def _eager(gm: fx.GraphModule, rec: CompiledGraph) -> Callable:
+    def run(args):
+        rec.calls += 1
+        inputs = list(args)
+        args.clear()
+        return gm(*inputs)
+
+    run._boxed_call = True
+    return run

@@ -1,0 +1,73 @@
+"""Every knob of stitchml in one place: name, environment variable, default, help.
+
+Read a knob with `config.get("name")`; override it for a block with
+`with config.override(name=value): ...`.  `stitchml config` prints this table.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    env: str
+    default: Any
+    parse: Callable[[str], Any]
+    help: str
+
+
+def _bool(s: str) -> bool:
+    return s.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+KNOBS: dict[str, Knob] = {k.name: k for k in [
+    Knob("pointwise_block", "STITCHML_POINTWISE_BLOCK", 1024, int,
+         "Elements per program in flat point-wise kernels (power of two)."),
+    Knob("persistent_max_cols", "STITCHML_PERSISTENT_MAX_COLS", 8192, int,
+         "Longest row (elements, rounded up to a power of two) kept whole on chip; longer rows loop."),
+    Knob("loop_block_cols", "STITCHML_LOOP_BLOCK_COLS", 2048, int,
+         "Columns per iteration in row-looped kernels."),
+    Knob("block_elems", "STITCHML_BLOCK_ELEMS", 4096, int,
+         "Target elements per program for row kernels; short rows are packed up to this many."),
+    Knob("fallback_on_error", "STITCHML_FALLBACK_ON_ERROR", True, _bool,
+         "If planning or code generation fails, run the graph eagerly with a warning instead of raising."),
+    Knob("debug_dir", "STITCHML_DEBUG_DIR", "", str,
+         "If set, write every generated kernel and wrapper source here."),
+    Knob("cache_dir", "STITCHML_CACHE_DIR", str(Path.home() / ".cache" / "stitchml"), str,
+         "Where generated kernel modules are written (Triton needs them on disk)."),
+    Knob("verbose", "STITCHML_VERBOSE", False, _bool,
+         "Log each compiled graph's plan summary."),
+]}
+
+_overrides: list[dict[str, Any]] = []
+
+
+def get(name: str) -> Any:
+    knob = KNOBS[name]
+    for layer in reversed(_overrides):
+        if name in layer:
+            return layer[name]
+    raw = os.environ.get(knob.env)
+    return knob.default if raw is None else knob.parse(raw)
+
+
+@contextlib.contextmanager
+def override(**values: Any) -> Iterator[None]:
+    unknown = set(values) - set(KNOBS)
+    if unknown:
+        raise KeyError(f"unknown stitchml knob(s): {sorted(unknown)}")
+    _overrides.append(values)
+    try:
+        yield
+    finally:
+        _overrides.pop()
+
+
+def table() -> str:
+    rows = [f"{k.env:32} {str(k.default)[:30]:32} {k.help}" for k in KNOBS.values()]
+    return "\n".join([f"{'variable':32} {'default':32} help"] + rows)

@@ -1,0 +1,218 @@
+"""Symbolic index expressions: integer linear combinations of atoms.
+
+Views are index maps, so every value a kernel reads is addressed by an expression of
+the kernel's axis variables.  The simplifier knows just enough to cancel the
+flatten/unravel pairs that reshapes produce (`(a*C + b) // C == a` when `0 <= b < C`),
+using value bounds; anything it cannot prove stays a floor-division or modulo atom.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import gcd
+
+
+@dataclass(frozen=True)
+class Var:
+    """An axis variable of a kernel's iteration domain, 0 <= value < size."""
+
+    name: str
+    size: int
+    axis: str  # "row" or "col": which program axis the variable is derived from
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """An index read from memory (gather); `deps` are the axes its own index uses."""
+
+    name: str
+    bound: int
+    deps: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Div:
+    expr: "Expr"
+    d: int
+
+
+@dataclass(frozen=True)
+class Mod:
+    expr: "Expr"
+    m: int
+
+
+Atom = Var | Loaded | Div | Mod
+
+
+@dataclass(frozen=True)
+class Expr:
+    terms: tuple[tuple[Atom, int], ...]
+    const: int = 0
+
+    def __add__(self, other: "Expr | int") -> "Expr":
+        other = other if isinstance(other, Expr) else const(other)
+        return _make(list(self.terms) + list(other.terms), self.const + other.const)
+
+    def __sub__(self, other: "Expr | int") -> "Expr":
+        other = other if isinstance(other, Expr) else const(other)
+        return self + other * -1
+
+    def __mul__(self, k: int) -> "Expr":
+        if k == 0:
+            return const(0)
+        return _make([(a, c * k) for a, c in self.terms], self.const * k)
+
+    @property
+    def is_const(self) -> bool:
+        return not self.terms
+
+
+def _make(terms: list[tuple[Atom, int]], c: int) -> Expr:
+    acc: dict[Atom, int] = {}
+    for a, k in terms:
+        acc[a] = acc.get(a, 0) + k
+    items = sorted(((a, k) for a, k in acc.items() if k != 0), key=lambda t: repr(t[0]))
+    return Expr(tuple(items), c)
+
+
+def const(c: int) -> Expr:
+    return Expr((), int(c))
+
+
+def var(name: str, size: int, axis: str) -> Expr:
+    if size == 1:
+        return const(0)
+    return Expr(((Var(name, size, axis), 1),), 0)
+
+
+def loaded(name: str, bound: int, deps: frozenset[str]) -> Expr:
+    return Expr(((Loaded(name, bound, deps), 1),), 0)
+
+
+def _atom_bounds(a: Atom) -> tuple[int, int]:
+    if isinstance(a, Var):
+        return 0, a.size - 1
+    if isinstance(a, Loaded):
+        return 0, max(a.bound - 1, 0)
+    if isinstance(a, Div):
+        lo, hi = bounds(a.expr)
+        return lo // a.d, hi // a.d
+    lo, hi = bounds(a.expr)
+    if lo >= 0:
+        return 0, min(hi, a.m - 1)
+    return -(a.m - 1), a.m - 1
+
+
+def bounds(e: Expr) -> tuple[int, int]:
+    lo = hi = e.const
+    for a, k in e.terms:
+        alo, ahi = _atom_bounds(a)
+        if k > 0:
+            lo, hi = lo + k * alo, hi + k * ahi
+        else:
+            lo, hi = lo + k * ahi, hi + k * alo
+    return lo, hi
+
+
+def floordiv(e: Expr, d: int) -> Expr:
+    if d == 1:
+        return e
+    lo, hi = bounds(e)
+    if lo >= 0 and hi < d:
+        return const(0)
+    if lo >= 0:
+        q = [(a, k // d) for a, k in e.terms if k % d == 0]
+        r = [(a, k) for a, k in e.terms if k % d != 0]
+        rem = _make(r, e.const % d)
+        rlo, rhi = bounds(rem)
+        if rlo >= 0 and rhi < d:
+            return _make(q, e.const // d)
+        if len(e.terms) == 1 and e.const == 0 and e.terms[0][1] == 1 and isinstance(e.terms[0][0], Div):
+            inner = e.terms[0][0]
+            return floordiv(inner.expr, inner.d * d)
+        # divide in two steps through a coefficient that divides d: (j*C + i) // (T*C) -> j // T
+        for c in sorted({abs(k) for _, k in e.terms}, reverse=True):
+            if 1 < c < d and d % c == 0:
+                inner = floordiv(e, c)
+                if not _is_atom_of(inner, Div, e):
+                    return floordiv(inner, d // c)
+    return Expr(((Div(e, d), 1),), 0)
+
+
+def mod(e: Expr, m: int) -> Expr:
+    if m == 1:
+        return const(0)
+    lo, hi = bounds(e)
+    if lo >= 0 and hi < m:
+        return e
+    if lo >= 0:
+        kept = _make([(a, k) for a, k in e.terms if k % m != 0], e.const % m)
+        klo, khi = bounds(kept)
+        if klo >= 0 and khi < m:
+            return kept
+        return Expr(((Mod(kept, m), 1),), 0)
+    return Expr(((Mod(e, m), 1),), 0)
+
+
+def _is_atom_of(e: Expr, kind: type, inner: Expr) -> bool:
+    return (len(e.terms) == 1 and e.const == 0 and isinstance(e.terms[0][0], kind)
+            and e.terms[0][0].expr == inner)
+
+
+def axes(e: Expr) -> frozenset[str]:
+    """Which program axes ("row", "col") the expression depends on."""
+    out: set[str] = set()
+    for a, _ in e.terms:
+        if isinstance(a, Var):
+            out.add(a.axis)
+        elif isinstance(a, Loaded):
+            out |= a.deps
+        else:
+            out |= axes(a.expr)
+    return frozenset(out)
+
+
+def render(e: Expr) -> str:
+    parts = []
+    for a, k in e.terms:
+        s = _render_atom(a)
+        parts.append(s if k == 1 else f"{s} * {k}")
+    if e.const or not parts:
+        parts.append(str(e.const))
+    return " + ".join(parts).replace("+ -", "- ")
+
+
+def _render_atom(a: Atom) -> str:
+    if isinstance(a, (Var, Loaded)):
+        return a.name
+    if isinstance(a, Div):
+        return f"(({render(a.expr)}) // {a.d})"
+    return f"(({render(a.expr)}) % {a.m})"
+
+
+def flatten(index: tuple[Expr, ...], shape: tuple[int, ...]) -> Expr:
+    """Row-major linear position of `index` in `shape`."""
+    flat, stride = const(0), 1
+    for e, s in zip(reversed(index), reversed(shape)):
+        flat = flat + e * stride
+        stride *= s
+    return flat
+
+
+def unravel(flat: Expr, shape: tuple[int, ...]) -> tuple[Expr, ...]:
+    out, stride = [], 1
+    for s in reversed(shape):
+        out.append(const(0) if s == 1 else mod(floordiv(flat, stride), s))
+        stride *= s
+    return tuple(reversed(out))
+
+
+def offset(index: tuple[Expr, ...], strides: tuple[int, ...], base: int = 0) -> Expr:
+    off = const(base)
+    for e, st in zip(index, strides):
+        off = off + e * st
+    return off
+
+
+__all__ = ["Expr", "Var", "Loaded", "Div", "Mod", "const", "var", "loaded", "bounds", "floordiv",
+           "mod", "axes", "render", "flatten", "unravel", "offset", "gcd"]

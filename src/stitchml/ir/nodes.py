@@ -1,0 +1,138 @@
+"""Stitch IR: frozen, hashable nodes and the graph that holds them.
+
+A node describes *what* is computed, never *how*: views are index maps, reductions
+name their axes, opaque nodes name the eager call that produces them.  The planner
+and code generator read this data; nothing here runs kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A reference to another node's value inside an op's argument list."""
+
+    id: int
+
+
+Arg = Any  # Ref | int | float | bool | None | tuple
+
+# Node kinds.  Every kind except OPAQUE / ITEM / INPUT can be stitched into kernels.
+INPUT = "input"          # graph placeholder
+POINTWISE = "pointwise"  # element-wise op on operands of exactly this node's shape
+VIEW = "view"            # pure index map of one operand (permute, expand, reshape, slice, ...)
+REDUCE = "reduce"        # sum / amax / amin / prod / argmax / argmin over `dims`
+CAT = "cat"              # concatenation: an index map with a select on the position
+GATHER = "gather"        # index map whose index is a loaded value (embedding, index_select, gather)
+RAND = "rand"            # counter-based uniform [0,1) numbers, keyed by element index and a seed
+SCATTER_ADD = "scatter_add"  # embedding backward: rows of `src` added into `num` rows at `index`
+OPAQUE = "opaque"        # runs eagerly (matrix products, convolutions, ops without a rule)
+ITEM = "item"            # one output of a multi-output opaque node
+
+STITCHABLE = frozenset({POINTWISE, VIEW, REDUCE, CAT, GATHER, RAND})
+
+
+@dataclass(frozen=True)
+class Node:
+    id: int
+    kind: str
+    op: str
+    args: tuple[Arg, ...]
+    shape: tuple[int, ...] | None
+    dtype: torch.dtype | None
+    # eager strides of the value (what eager would return); used for outputs and buffers
+    stride: tuple[int, ...] | None = None
+    attrs: tuple[tuple[str, Any], ...] = ()
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        for k, v in self.attrs:
+            if k == name:
+                return v
+        return default
+
+    @property
+    def refs(self) -> tuple[int, ...]:
+        return tuple(_iter_refs(self.args))
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape or ():
+            n *= s
+        return n
+
+
+def _iter_refs(args: Iterable[Arg]):
+    for a in args:
+        if isinstance(a, Ref):
+            yield a.id
+        elif isinstance(a, (tuple, list)):
+            yield from _iter_refs(a)
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """An op that runs eagerly, and why."""
+
+    op: str
+    reason: str
+
+
+@dataclass
+class Graph:
+    """Nodes in topological order, the graph inputs and outputs.
+
+    `outputs` holds Refs or plain Python values (aot_autograd graphs may return ints).
+    `eager_calls` maps an opaque node id to the FX target and arguments it replays.
+    """
+
+    nodes: list[Node] = field(default_factory=list)
+    inputs: list[int] = field(default_factory=list)
+    outputs: list[Arg] = field(default_factory=list)
+    fallbacks: list[Fallback] = field(default_factory=list)
+    eager_calls: dict[int, tuple[Any, tuple, dict]] = field(default_factory=dict)
+
+    def add(self, kind: str, op: str, args: tuple, shape, dtype, stride=None, attrs=()) -> int:
+        nid = len(self.nodes)
+        self.nodes.append(Node(nid, kind, op, tuple(args), None if shape is None else tuple(shape),
+                               dtype, None if stride is None else tuple(stride), tuple(attrs)))
+        return nid
+
+    def __getitem__(self, nid: int) -> Node:
+        return self.nodes[nid]
+
+    def users(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {n.id: [] for n in self.nodes}
+        for n in self.nodes:
+            for r in dict.fromkeys(n.refs):
+                out[r].append(n.id)
+        return out
+
+    def output_ids(self) -> list[int]:
+        return [o.id for o in self.outputs if isinstance(o, Ref)]
+
+    def summary(self) -> str:
+        lines = []
+        for n in self.nodes:
+            lines.append(f"%{n.id} = {n.kind}.{n.op}{n.args} {n.shape} {n.dtype} {dict(n.attrs)}")
+        lines.append(f"return {self.outputs}")
+        return "\n".join(lines)
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def prod(xs: Iterable[int]) -> int:
+    p = 1
+    for x in xs:
+        p *= x
+    return p

@@ -1,0 +1,89 @@
+"""Helpers that rules use to build IR: casts, broadcasts, views and reductions."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ir import nodes as ir
+from ..ir.nodes import Ref, prod
+from .registry import Unsupported
+
+FLOAT_TYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+SUPPORTED_DTYPES = FLOAT_TYPES + (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)
+
+
+def static_shape(t: torch.Tensor) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in t.shape)
+    except Exception as e:  # symbolic sizes
+        raise Unsupported(f"symbolic shape {tuple(t.shape)}") from e
+
+
+class LowerCtx:
+    def __init__(self, graph: ir.Graph):
+        self.g = graph
+
+    # -- inspection -------------------------------------------------------
+    def node(self, r: Ref) -> ir.Node:
+        return self.g[r.id]
+
+    def shape(self, x: Any) -> tuple[int, ...]:
+        return self.g[x.id].shape if isinstance(x, Ref) else ()
+
+    def dtype(self, x: Any) -> torch.dtype:
+        if isinstance(x, Ref):
+            return self.g[x.id].dtype
+        raise TypeError("scalar has no tensor dtype")
+
+    # -- builders ----------------------------------------------------------
+    def pointwise(self, op: str, args: tuple, shape, dtype, attrs=()) -> Ref:
+        self._check_dtype(dtype)
+        return Ref(self.g.add(ir.POINTWISE, op, args, shape, dtype, ir.contiguous_strides(tuple(shape)), attrs))
+
+    def full(self, shape, value, dtype) -> Ref:
+        return self.pointwise("full", (), shape, dtype, (("value", value),))
+
+    def cast(self, x: Any, dtype: torch.dtype) -> Any:
+        if not isinstance(x, Ref) or self.dtype(x) == dtype:
+            return x
+        return self.pointwise("cast", (x,), self.shape(x), dtype)
+
+    def view(self, op: str, x: Ref, shape, params=()) -> Ref:
+        shape = tuple(shape)
+        src = self.g[x.id]
+        if op == "reshape" and src.shape == shape:
+            return x
+        return Ref(self.g.add(ir.VIEW, op, (x,), shape, src.dtype, ir.contiguous_strides(shape), params))
+
+    def broadcast_to(self, x: Any, shape) -> Any:
+        shape = tuple(shape)
+        if not isinstance(x, Ref) or self.shape(x) == shape:
+            return x
+        return self.view("expand", x, shape)
+
+    def reshape(self, x: Ref, shape) -> Ref:
+        shape = tuple(shape)
+        if prod(shape) != prod(self.shape(x)):
+            raise Unsupported(f"reshape {self.shape(x)} -> {shape} changes element count")
+        return self.view("reshape", x, shape)
+
+    def reduce(self, op: str, x: Ref, dims, keepdim: bool, dtype: torch.dtype) -> Ref:
+        shape = self.shape(x)
+        nd = len(shape)
+        dims = tuple(sorted({d % nd for d in dims})) if nd else ()
+        if not dims and nd:
+            dims = tuple(range(nd))  # an empty dim list means all dims (ATen convention)
+        kept = tuple(s for i, s in enumerate(shape) if i not in dims)
+        self._check_dtype(dtype)
+        if prod(shape) == 0:
+            raise Unsupported("reduction over an empty tensor")
+        out = Ref(self.g.add(ir.REDUCE, op, (x,), kept, dtype, ir.contiguous_strides(kept), (("dims", dims),)))
+        if keepdim:
+            kshape = tuple(1 if i in dims else s for i, s in enumerate(shape))
+            out = self.view("reshape", out, kshape)
+        return out
+
+    def _check_dtype(self, dtype):
+        if dtype not in SUPPORTED_DTYPES:
+            raise Unsupported(f"dtype {dtype} is not supported in kernels")

@@ -1,0 +1,133 @@
+"""FX (core ATen) → stitch IR.
+
+Each FX node is matched against the rule registry by its ATen overload.  Anything
+without a rule — or whose rule refuses these arguments — becomes an opaque node that
+the runtime calls eagerly, with the reason recorded for `explain`.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from ..ir import nodes as ir
+from ..ir.nodes import Ref
+from . import rules_index, rules_pointwise, rules_reduce, rules_views  # noqa: F401  (register rules)
+from .context import LowerCtx, static_shape
+from .registry import RULES, Unsupported
+
+aten = torch.ops.aten
+
+# Vendor-library ops: never stitched, by design (DESIGN §1).
+COMPUTE_INTENSIVE = {
+    aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
+    aten.convolution.default, aten.convolution_backward.default, aten.matmul.default,
+    aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_cudnn_attention.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._scaled_dot_product_efficient_attention_backward.default,
+    aten._scaled_dot_product_flash_attention_backward.default,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+}
+
+
+def _tensor_meta(val):
+    if isinstance(val, torch.Tensor):
+        try:
+            return static_shape(val), val.dtype, tuple(int(s) for s in val.stride())
+        except Exception:
+            return None, val.dtype, None
+    return None, None, None
+
+
+class Lowerer:
+    def __init__(self, gm: fx.GraphModule):
+        self.gm = gm
+        self.g = ir.Graph()
+        self.ctx = LowerCtx(self.g)
+        self.env: dict[fx.Node, object] = {}
+
+    def run(self) -> ir.Graph:
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.env[node] = self._placeholder(node)
+            elif node.op == "call_function":
+                self.env[node] = self._call(node)
+            elif node.op == "output":
+                self.g.outputs = list(self._map(node.args[0]))
+            else:
+                raise Unsupported(f"FX op {node.op} is not supported")
+        return self.g
+
+    def _map(self, a):
+        return fx.node.map_arg(a, lambda n: self.env[n]) if not isinstance(a, fx.Node) else self.env[a]
+
+    def _placeholder(self, node):
+        shape, dtype, stride = _tensor_meta(node.meta.get("val"))
+        if dtype is None:
+            raise Unsupported(f"non-tensor graph input {node.name}")
+        if shape is None:
+            raise Unsupported(f"symbolic shape on input {node.name}")
+        nid = self.g.add(ir.INPUT, node.name, (), shape, dtype, stride, (("index", len(self.g.inputs)),))
+        self.g.inputs.append(nid)
+        return Ref(nid)
+
+    def _call(self, node):
+        if node.target is operator.getitem:
+            base = self.env[node.args[0]]
+            return base[node.args[1]] if isinstance(base, (tuple, list)) else self._item(node, base)
+        args = self._map(node.args)
+        kwargs = self._map(node.kwargs)
+        if any(isinstance(a, Ref) and self.g[a.id].kind == ir.OPAQUE and self.g[a.id].shape is None
+               for a in ir._iter_refs(list(args) + list(kwargs.values()))):
+            return self._opaque(node, args, kwargs, "consumes a multi-output eager op")
+        if node.target in COMPUTE_INTENSIVE:
+            return self._opaque(node, args, kwargs, "compute-intensive: vendor library")
+        rule = RULES.get(node.target)
+        if rule is None:
+            return self._opaque(node, args, kwargs, "no lowering rule")
+        if getattr(node.target, "_schema", None) is not None and node.target._schema.is_mutable:
+            return self._opaque(node, args, kwargs, "mutates its input")
+        mark = len(self.g.nodes)
+        try:
+            return rule(self.ctx, node, *args, **kwargs)
+        except Unsupported as e:
+            del self.g.nodes[mark:]  # drop half-built nodes of the refused rule
+            return self._opaque(node, args, kwargs, str(e))
+
+    def _opaque(self, node, args, kwargs, reason: str):
+        self.g.fallbacks.append(ir.Fallback(str(node.target), reason))
+        val = node.meta.get("val")
+        shape, dtype, stride = _tensor_meta(val)
+        multi = isinstance(val, (tuple, list))
+        nid = self.g.add(ir.OPAQUE, str(node.target), tuple(ir._iter_refs(list(args) + list(kwargs.values()))),
+                         None if multi else shape, dtype, stride,
+                         (("reason", reason), ("multi", multi), ("fx_name", node.name)))
+        self.g.eager_calls[nid] = (node.target, args, kwargs)
+        if multi:
+            return _MultiOut(nid)
+        if not isinstance(val, torch.Tensor):
+            return _MultiOut(nid)  # non-tensor result; consumers go eager too
+        return Ref(nid)
+
+    def _item(self, node, base):
+        if not isinstance(base, _MultiOut):
+            raise Unsupported("getitem of a non-tuple value")
+        shape, dtype, stride = _tensor_meta(node.meta.get("val"))
+        nid = self.g.add(ir.ITEM, "getitem", (Ref(base.id),), shape, dtype, stride, (("index", node.args[1]),))
+        return Ref(nid)
+
+
+class _MultiOut:
+    """The tuple result of an opaque op; `getitem` turns it into ITEM nodes."""
+
+    def __init__(self, nid: int):
+        self.id = nid
+
+    def __getitem__(self, i):
+        raise TypeError
+
+
+def lower(gm: fx.GraphModule) -> ir.Graph:
+    return Lowerer(gm).run()

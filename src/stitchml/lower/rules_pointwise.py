@@ -1,0 +1,253 @@
+"""Lowering rules for element-wise ATen ops: arithmetic, comparisons, math, casts,
+constructors.  Operands are cast to one compute dtype and broadcast to the output
+shape here, so the code generator sees same-shaped, same-typed operands only.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir.nodes import Ref
+from .context import FLOAT_TYPES, LowerCtx, static_shape
+from .registry import Unsupported, register
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def _out(node):
+    """Shape and dtype of the node's (first) tensor output."""
+    val = node.meta["val"]
+    if isinstance(val, (tuple, list)):
+        val = val[0]
+    return static_shape(val), val.dtype
+
+
+def _operands(ctx: LowerCtx, args, shape, dtype):
+    out = []
+    for a in args:
+        if isinstance(a, Ref):
+            a = ctx.broadcast_to(ctx.cast(a, dtype), shape)
+        elif isinstance(a, complex):
+            raise Unsupported("complex scalar")
+        out.append(a)
+    return tuple(out)
+
+
+def _arith(op):
+    def rule(ctx: LowerCtx, node, *args, **kwargs):
+        shape, dtype = _out(node)
+        return ctx.pointwise(op, _operands(ctx, args[:2], shape, dtype), shape, dtype)
+    return rule
+
+
+for _op, _targets in {
+    "add": (aten.add.Tensor, aten.add.Scalar, prims.add.default),
+    "sub": (aten.sub.Tensor, aten.sub.Scalar, prims.sub.default),
+    "mul": (aten.mul.Tensor, aten.mul.Scalar, prims.mul.default),
+    "maximum": (aten.maximum.default, prims.maximum.default),
+    "minimum": (aten.minimum.default, prims.minimum.default),
+    "bitwise_and": (aten.bitwise_and.Tensor, aten.bitwise_and.Scalar),
+    "bitwise_or": (aten.bitwise_or.Tensor, aten.bitwise_or.Scalar),
+    "bitwise_xor": (aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar),
+}.items():
+    register(*_targets)(_arith(_op))
+
+
+@register(aten.add.Tensor, aten.sub.Tensor)
+def _add_sub(ctx: LowerCtx, node, a, b, *, alpha=1):
+    shape, dtype = _out(node)
+    op = "add" if node.target is aten.add.Tensor else "sub"
+    if dtype == torch.bool and op == "add":
+        a, b = _operands(ctx, (a, b), shape, dtype)
+        return ctx.pointwise("logical_or", (a, b), shape, dtype)
+    a, b = _operands(ctx, (a, b), shape, dtype)
+    if alpha != 1:
+        b = ctx.pointwise("mul", (b, alpha), shape, dtype) if isinstance(b, Ref) else b * alpha
+    if not isinstance(a, Ref) and not isinstance(b, Ref):
+        raise Unsupported("scalar-only arithmetic")
+    return ctx.pointwise(op, (a, b), shape, dtype)
+
+
+@register(aten.rsub.Scalar, aten.rsub.Tensor)
+def _rsub(ctx, node, a, b, *, alpha=1):
+    shape, dtype = _out(node)
+    a, b = _operands(ctx, (a, b), shape, dtype)
+    if alpha != 1:
+        a = ctx.pointwise("mul", (a, alpha), shape, dtype)
+    return ctx.pointwise("sub", (b, a), shape, dtype)
+
+
+@register(aten.div.Tensor, aten.div.Scalar, prims.div.default)
+def _div(ctx, node, a, b):
+    shape, dtype = _out(node)
+    if dtype not in FLOAT_TYPES:
+        raise Unsupported("integer division (prims.div truncation) runs eagerly")
+    return ctx.pointwise("truediv", _operands(ctx, (a, b), shape, dtype), shape, dtype)
+
+
+@register(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div_mode(ctx, node, a, b, *, rounding_mode=None):
+    shape, dtype = _out(node)
+    if rounding_mode is None:
+        return _div(ctx, node, a, b)
+    if dtype not in FLOAT_TYPES:
+        raise Unsupported(f"integer division with rounding_mode={rounding_mode} runs eagerly")
+    q = ctx.pointwise("truediv", _operands(ctx, (a, b), shape, dtype), shape, dtype)
+    return ctx.pointwise("trunc" if rounding_mode == "trunc" else "floor", (q,), shape, dtype)
+
+
+def _compare(op):
+    def rule(ctx: LowerCtx, node, a, b):
+        shape, dtype = _out(node)
+        ta = node.args[0].meta["val"]
+        tb = node.args[1].meta["val"] if hasattr(node.args[1], "meta") else b
+        common = torch.result_type(ta, tb)
+        return ctx.pointwise(op, _operands(ctx, (a, b), shape, common), shape, dtype)
+    return rule
+
+
+for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _packet = getattr(aten, _op)
+    register(_packet.Tensor, _packet.Scalar)(_compare(_op))
+
+
+def _logical(op):
+    def rule(ctx, node, *args):
+        shape, dtype = _out(node)
+        ops = _operands(ctx, args, shape, torch.bool)
+        out = ctx.pointwise(op, ops, shape, torch.bool)
+        return ctx.cast(out, dtype)
+    return rule
+
+
+for _op in ("logical_and", "logical_or", "logical_xor", "logical_not"):
+    register(getattr(aten, _op).default)(_logical(_op))
+
+# unary math: computed in the output dtype (ints promote to float where eager does)
+UNARY = {
+    "exp": aten.exp, "exp2": aten.exp2, "log": aten.log, "log2": aten.log2, "log1p": aten.log1p,
+    "expm1": aten.expm1, "sqrt": aten.sqrt, "rsqrt": aten.rsqrt, "sin": aten.sin, "cos": aten.cos,
+    "tanh": aten.tanh, "sigmoid": aten.sigmoid, "erf": aten.erf, "abs": aten.abs, "neg": aten.neg,
+    "reciprocal": aten.reciprocal, "floor": aten.floor, "ceil": aten.ceil, "round": aten.round,
+    "trunc": aten.trunc, "sign": aten.sign, "bitwise_not": aten.bitwise_not, "relu": aten.relu,
+    "isnan": aten.isnan, "isinf": aten.isinf,
+}
+
+
+def _unary(op):
+    def rule(ctx, node, x, *rest, **kwargs):
+        if rest or kwargs:
+            raise Unsupported(f"{op} with extra arguments")
+        shape, dtype = _out(node)
+        if op in ("isnan", "isinf"):
+            return ctx.pointwise(op, (x,), shape, dtype)
+        if op == "bitwise_not" and dtype == torch.bool:
+            return ctx.pointwise("logical_not", (x,), shape, dtype)
+        if op in ("floor", "ceil", "round", "trunc") and dtype not in FLOAT_TYPES:
+            return ctx.pointwise("identity", (x,), shape, dtype)
+        return ctx.pointwise(op, (ctx.cast(x, dtype),), shape, dtype)
+    return rule
+
+
+for _op, _packet in UNARY.items():
+    register(_packet.default)(_unary(_op))
+
+
+@register(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar)
+def _pow(ctx, node, a, b):
+    shape, dtype = _out(node)
+    if dtype not in FLOAT_TYPES:
+        raise Unsupported("integer pow runs eagerly")
+    return ctx.pointwise("pow", _operands(ctx, (a, b), shape, dtype), shape, dtype)
+
+
+@register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where(ctx, node, c, a, b):
+    shape, dtype = _out(node)
+    c = ctx.broadcast_to(ctx.cast(c, torch.bool), shape)
+    a, b = _operands(ctx, (a, b), shape, dtype)
+    return ctx.pointwise("where", (c, a, b), shape, dtype)
+
+
+@register(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
+          aten.clamp_min.Tensor, aten.clamp_max.Tensor, aten.hardtanh.default)
+def _clamp(ctx, node, x, lo=None, hi=None):
+    shape, dtype = _out(node)
+    if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
+        lo, hi = None, lo
+    if node.target is aten.hardtanh.default:
+        lo, hi = (-1.0 if lo is None else lo), (1.0 if hi is None else hi)
+    (out,) = _operands(ctx, (x,), shape, dtype)
+    if lo is not None:
+        (lo,) = _operands(ctx, (lo,), shape, dtype)
+        out = ctx.pointwise("clamp_min", (out, lo), shape, dtype)
+    if hi is not None:
+        (hi,) = _operands(ctx, (hi,), shape, dtype)
+        out = ctx.pointwise("clamp_max", (out, hi), shape, dtype)
+    return out
+
+
+@register(prims.convert_element_type.default, aten._to_copy.default)
+def _to_copy(ctx, node, x, dtype=None, *args, **kwargs):
+    val = node.meta["val"]
+    src = node.args[0].meta["val"]
+    if val.device != src.device:
+        raise Unsupported("device transfer runs eagerly")
+    if kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+        raise Unsupported("memory_format change")
+    if val.dtype != src.dtype:
+        return ctx.cast(x, val.dtype)
+    return ctx.pointwise("identity", (x,), static_shape(val), val.dtype)
+
+
+@register(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
+          aten.contiguous.default)
+def _clone(ctx, node, x, *, memory_format=None):
+    # a copy is a new buffer: model it as an identity op so it materialises with eager's strides
+    shape, dtype = _out(node)
+    return ctx.pointwise("identity", (x,), shape, dtype)
+
+
+@register(aten.full.default, aten.scalar_tensor.default, aten.zeros.default, aten.ones.default,
+          aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default,
+          aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.empty.memory_format,
+          aten.new_empty.default)
+def _full(ctx, node, *args, **kwargs):
+    shape, dtype = _out(node)
+    t = node.target
+    if t in (aten.full.default,):
+        value = args[1]
+    elif t is aten.scalar_tensor.default:
+        value = args[0]
+    elif t is aten.full_like.default:
+        value = args[1]
+    elif t is aten.new_full.default:
+        value = args[2]
+    elif t in (aten.ones.default, aten.ones_like.default, aten.new_ones.default):
+        value = 1
+    else:
+        value = 0
+    if isinstance(value, Ref):
+        raise Unsupported("fill value is a tensor")
+    return ctx.full(shape, value, dtype)
+
+
+@register(aten.fill.Scalar)
+def _fill(ctx, node, x, value):
+    shape, dtype = _out(node)
+    return ctx.full(shape, value, dtype)
+
+
+@register(aten.native_dropout.default)
+def _dropout(ctx, node, x, p, train):
+    shape, dtype = _out(node)
+    if not train or p == 0:
+        return (ctx.pointwise("identity", (x,), shape, dtype), ctx.full(shape, True, torch.bool))
+    if p >= 1:
+        return (ctx.full(shape, 0, dtype), ctx.full(shape, False, torch.bool))
+    from ..ir import nodes as ir
+    u = Ref(ctx.g.add(ir.RAND, "uniform", (), shape, torch.float32, ir.contiguous_strides(shape)))
+    keep = ctx.pointwise("lt", (u, 1.0 - p), shape, torch.bool)
+    scaled = ctx.pointwise("mul", (x, 1.0 / (1.0 - p)), shape, dtype)
+    out = ctx.pointwise("where", (keep, scaled, 0.0), shape, dtype)
+    return (out, keep)

@@ -1,0 +1,106 @@
+"""Reductions: sum, mean, prod, amax, amin, argmax, argmin, max/min with indices."""
+from __future__ import annotations
+
+import torch
+
+from ..ir.nodes import Ref, prod
+from .context import FLOAT_TYPES, LowerCtx, static_shape
+from .registry import Unsupported, register
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def _dims(ctx, x, dim):
+    nd = len(ctx.shape(x))
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return tuple(range(nd))
+    if isinstance(dim, int):
+        dim = (dim,)
+    return tuple(d % max(nd, 1) for d in dim)
+
+
+def _scalar_input(ctx, x, node):
+    # reductions of 0-d tensors are identities in eager
+    val = node.meta["val"]
+    return ctx.pointwise("identity", (ctx.cast(x, val.dtype),), static_shape(val), val.dtype)
+
+
+@register(aten.sum.dim_IntList, aten.sum.default, prims.sum.default)
+def _sum(ctx: LowerCtx, node, x, dim=None, keepdim=False, *, dtype=None, output_dtype=None):
+    out_dtype = node.meta["val"].dtype
+    if not ctx.shape(x):
+        return _scalar_input(ctx, x, node)
+    return ctx.reduce("sum", ctx.cast(x, out_dtype), _dims(ctx, x, dim), keepdim, out_dtype)
+
+
+@register(aten.mean.dim, aten.mean.default)
+def _mean(ctx, node, x, dim=None, keepdim=False, *, dtype=None):
+    out_dtype = node.meta["val"].dtype
+    if out_dtype not in FLOAT_TYPES:
+        raise Unsupported("mean of an integer tensor")
+    if not ctx.shape(x):
+        return _scalar_input(ctx, x, node)
+    dims = _dims(ctx, x, dim)
+    n = prod(ctx.shape(x)[d] for d in dims)
+    s = ctx.reduce("sum", ctx.cast(x, out_dtype), dims, keepdim, out_dtype)
+    return ctx.pointwise("truediv", (s, float(n)), static_shape(node.meta["val"]), out_dtype)
+
+
+@register(aten.prod.dim_int, aten.prod.default)
+def _prod(ctx, node, x, dim=None, keepdim=False, *, dtype=None):
+    out_dtype = node.meta["val"].dtype
+    if not ctx.shape(x):
+        return _scalar_input(ctx, x, node)
+    return ctx.reduce("prod", ctx.cast(x, out_dtype), _dims(ctx, x, dim), keepdim, out_dtype)
+
+
+def _minmax(op):
+    def rule(ctx, node, x, dim=None, keepdim=False):
+        out_dtype = node.meta["val"].dtype
+        if not ctx.shape(x):
+            return _scalar_input(ctx, x, node)
+        if out_dtype == torch.bool:
+            raise Unsupported(f"{op} of a bool tensor")
+        return ctx.reduce(op, x, _dims(ctx, x, dim), keepdim, out_dtype)
+    return rule
+
+
+register(aten.amax.default, aten.max.default, prims.amax.default)(_minmax("amax"))
+register(aten.amin.default, aten.min.default, prims.amin.default)(_minmax("amin"))
+
+
+def _arg(op):
+    def rule(ctx, node, x, dim=None, keepdim=False):
+        if not ctx.shape(x):
+            return ctx.full((), 0, torch.int64)
+        if ctx.dtype(x) == torch.bool:
+            raise Unsupported(f"{op} of a bool tensor")
+        if dim is None:
+            flat = ctx.reshape(x, (prod(ctx.shape(x)),))
+            out = ctx.reduce(op, flat, (0,), False, torch.int64)
+            return ctx.reshape(out, static_shape(node.meta["val"])) if keepdim else out
+        return ctx.reduce(op, x, _dims(ctx, x, dim), keepdim, torch.int64)
+    return rule
+
+
+register(aten.argmax.default)(_arg("argmax"))
+register(aten.argmin.default)(_arg("argmin"))
+
+
+@register(aten.max.dim, aten.min.dim)
+def _max_dim(ctx, node, x, dim, keepdim=False):
+    if not ctx.shape(x):
+        raise Unsupported("max.dim of a 0-d tensor")
+    is_max = node.target is aten.max.dim
+    vals = _minmax("amax" if is_max else "amin")(ctx, _first(node), x, dim, keepdim)
+    idx = _arg("argmax" if is_max else "argmin")(ctx, node, x, dim, keepdim)
+    return (vals, idx)
+
+
+class _first:
+    """Adapter presenting the first output of a multi-output node to a rule."""
+
+    def __init__(self, node):
+        self.meta = {"val": node.meta["val"][0]}
+        self.target = node.target

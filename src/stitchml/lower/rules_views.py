@@ -1,0 +1,107 @@
+"""Layout ops lowered as index maps (no copies): reshapes, permutes, expands, slices,
+selects, concatenation and plain-re-index as_strided."""
+from __future__ import annotations
+
+import torch
+
+from ..ir import nodes as ir
+from ..ir.nodes import Ref, contiguous_strides, prod
+from .context import LowerCtx, static_shape
+from .registry import Unsupported, register
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def _shape(node):
+    return static_shape(node.meta["val"])
+
+
+@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.squeeze.dim,
+          aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default, aten.flatten.using_ints,
+          aten.unflatten.int, prims.reshape.default, aten.view.dtype)
+def _reshape(ctx: LowerCtx, node, x, *args, **kwargs):
+    if node.target is aten.view.dtype:
+        raise Unsupported("bit-cast view to another dtype")
+    return ctx.reshape(x, _shape(node))
+
+
+@register(aten.permute.default, prims.transpose.default)
+def _permute(ctx, node, x, dims):
+    nd = len(ctx.shape(x))
+    dims = tuple(d % nd for d in dims) if nd else ()
+    return ctx.view("permute", x, _shape(node), (("dims", dims),))
+
+
+@register(aten.transpose.int)
+def _transpose(ctx, node, x, d0, d1):
+    nd = len(ctx.shape(x))
+    dims = list(range(nd))
+    if nd:
+        dims[d0 % nd], dims[d1 % nd] = dims[d1 % nd], dims[d0 % nd]
+    return ctx.view("permute", x, _shape(node), (("dims", tuple(dims)),))
+
+
+@register(aten.t.default)
+def _t(ctx, node, x):
+    dims = (1, 0) if len(ctx.shape(x)) == 2 else tuple(range(len(ctx.shape(x))))
+    return ctx.view("permute", x, _shape(node), (("dims", dims),))
+
+
+@register(aten.expand.default, prims.broadcast_in_dim.default)
+def _expand(ctx, node, x, *args, **kwargs):
+    shape = _shape(node)
+    if node.target is prims.broadcast_in_dim.default:
+        # broadcast_in_dim(x, shape, dims): place x's dims at `dims`, others are new size-1 dims
+        dims = args[1]
+        mid = [1] * len(shape)
+        for i, d in enumerate(dims):
+            mid[d] = ctx.shape(x)[i]
+        x = ctx.reshape(x, tuple(mid))
+    return ctx.broadcast_to(x, shape)
+
+
+@register(aten.slice.Tensor)
+def _slice(ctx, node, x, dim=0, start=None, end=None, step=1):
+    shape = _shape(node)
+    in_shape = ctx.shape(x)
+    dim %= len(in_shape)
+    size = in_shape[dim]
+    start = 0 if start is None else start
+    start = start + size if start < 0 else start
+    start = min(max(start, 0), size)
+    if shape == in_shape:
+        return x
+    return ctx.view("slice", x, shape, (("dim", dim), ("start", start), ("step", step)))
+
+
+@register(aten.select.int)
+def _select(ctx, node, x, dim, index):
+    in_shape = ctx.shape(x)
+    dim %= len(in_shape)
+    index = index + in_shape[dim] if index < 0 else index
+    return ctx.view("select", x, _shape(node), (("dim", dim), ("index", index)))
+
+
+@register(aten.cat.default)
+def _cat(ctx, node, tensors, dim=0):
+    shape, dtype = _shape(node), node.meta["val"].dtype
+    parts = [ctx.cast(t, dtype) for t in tensors if prod(ctx.shape(t)) > 0 or len(ctx.shape(t)) > 1]
+    dim %= len(shape)
+    sizes = tuple(ctx.shape(t)[dim] for t in parts)
+    if len(parts) == 1:
+        return ctx.pointwise("identity", (parts[0],), shape, dtype)
+    return Ref(ctx.g.add(ir.CAT, "cat", tuple(parts), shape, dtype, contiguous_strides(shape),
+                         (("dim", dim), ("sizes", sizes))))
+
+
+@register(aten.as_strided.default)
+def _as_strided(ctx, node, x, size, stride, storage_offset=None):
+    src = ctx.node(x)
+    if src.kind != ir.INPUT or src.stride != contiguous_strides(src.shape):
+        raise Unsupported("as_strided is only a plain re-index of a contiguous graph input")
+    val = node.args[0].meta["val"]
+    if val.storage_offset() != 0:
+        raise Unsupported("as_strided of an input with a storage offset")
+    off = 0 if storage_offset is None else storage_offset
+    return ctx.view("as_strided", x, _shape(node), (("stride", tuple(stride)), ("offset", off)))

@@ -1,0 +1,35 @@
+"""Modelled DRAM bytes: what a kernel must read and write, and what an unfused
+eager execution (one kernel per primitive op) would move."""
+from __future__ import annotations
+
+from ..ir import nodes as ir
+from .data import KernelPlan
+from .graph_view import GraphView, is_free
+
+
+def _nbytes(n: ir.Node, numel: int | None = None) -> int:
+    itemsize = n.dtype.itemsize if n.dtype is not None else 4
+    return (n.numel if numel is None else numel) * itemsize
+
+
+def kernel_bytes(g: ir.Graph, k: KernelPlan) -> tuple[int, int]:
+    """Each input buffer counted once, capped at the elements the kernel can touch;
+    looped rows read their inputs once per pass."""
+    touched = k.domain.rows * k.domain.cols
+    passes = 1
+    if k.mapping.form == "row_looped":
+        passes = 1 + sum(1 for m in k.members if g[m].kind == ir.REDUCE)
+    read = sum(min(_nbytes(g[i]), _nbytes(g[i], touched)) for i in k.inputs) * passes
+    written = sum(_nbytes(g[o]) for o in k.outputs)
+    return read, written
+
+
+def unfused_bytes(g: ir.Graph) -> int:
+    """Bytes if every memory-intensive primitive op ran as its own kernel."""
+    gv = GraphView(g)
+    total = 0
+    for n in g.nodes:
+        if is_free(n) or n.kind not in ir.STITCHABLE | {ir.SCATTER_ADD}:
+            continue
+        total += _nbytes(n) + sum(_nbytes(g[s]) for s in gv.sources[n.id])
+    return total

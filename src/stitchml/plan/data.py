@@ -1,0 +1,99 @@
+"""The plan as plain data: what each kernel computes, how it is mapped, what it moves.
+
+Tests inspect these objects directly; no code is generated to build them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir.nodes import Graph, prod
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Iteration space of a kernel: `shape` with `col_dims` walked along a program's
+    column axis (the reduced dims, or the broadcast dims of a row-broadcast kernel)."""
+
+    shape: tuple[int, ...]
+    col_dims: tuple[int, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        return prod(s for i, s in enumerate(self.shape) if i not in self.col_dims)
+
+    @property
+    def cols(self) -> int:
+        return prod(self.shape[i] for i in self.col_dims)
+
+    @property
+    def is_flat(self) -> bool:
+        return not self.col_dims
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """How programs cover the domain (the thread mapping)."""
+
+    form: str        # pointwise | row_persistent | packed_rows | row_looped | scatter_add
+    block_r: int     # rows per program (elements per program for pointwise)
+    block_c: int     # columns per block (1 for pointwise)
+    num_warps: int
+    grid: int
+
+    def describe(self) -> str:
+        if self.form == "pointwise":
+            return f"pointwise BLOCK={self.block_r} warps={self.num_warps} grid={self.grid}"
+        return f"{self.form} BLOCK_R={self.block_r} BLOCK_C={self.block_c} warps={self.num_warps} grid={self.grid}"
+
+
+@dataclass
+class KernelPlan:
+    name: str
+    members: tuple[int, ...]          # IR nodes computed in this kernel (topological order)
+    outputs: tuple[int, ...]          # members written to global memory
+    inputs: tuple[int, ...]           # materialised values read (graph inputs, other kernels, eager ops)
+    domain: Domain
+    mapping: Mapping
+    scheme: str                       # local | regional
+    dominant: tuple[int, ...]         # reduce nodes (or expensive broadcast producers) anchoring it
+    stitches: tuple[tuple[int, int, str], ...]  # (producer, consumer, scheme) edges inside
+    bytes_read: int = 0
+    bytes_written: int = 0
+    seeds: tuple[int, ...] = ()       # RAND nodes needing a per-call seed
+
+
+@dataclass(frozen=True)
+class EagerStep:
+    node: int
+    op: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refusal:
+    producer: int
+    consumer: int
+    reason: str
+
+
+@dataclass
+class Plan:
+    graph: Graph
+    steps: list = field(default_factory=list)        # KernelPlan | EagerStep, in launch order
+    materialized: set[int] = field(default_factory=set)
+    refusals: list[Refusal] = field(default_factory=list)
+    unfused_bytes: int = 0                           # one kernel per primitive op, for comparison
+
+    @property
+    def kernels(self) -> list[KernelPlan]:
+        return [s for s in self.steps if isinstance(s, KernelPlan)]
+
+    @property
+    def num_kernels(self) -> int:
+        return len(self.kernels)
+
+    def kernel_of(self, nid: int) -> KernelPlan | None:
+        for k in self.kernels:
+            if nid in k.members:
+                return k
+        return None

@@ -1,0 +1,102 @@
+"""Planner's view of the IR graph: which nodes are kernel members, which are free
+index maps, and the effective producer/consumer edges through those free nodes."""
+from __future__ import annotations
+
+from functools import cached_property
+
+from ..ir import nodes as ir
+
+# Pure functions of the element index: duplicated into every kernel that reads them.
+FREE_POINTWISE = frozenset({"full", "iota"})
+EXPENSIVE = frozenset({"exp", "exp2", "log", "log2", "log1p", "expm1", "tanh", "pow", "erf", "sin", "cos",
+                       "sigmoid"})
+
+
+def is_free(n: ir.Node) -> bool:
+    return n.kind == ir.VIEW or (n.kind == ir.POINTWISE and n.op in FREE_POINTWISE)
+
+
+def is_member(n: ir.Node) -> bool:
+    return n.kind in ir.STITCHABLE and not is_free(n) or n.kind == ir.SCATTER_ADD
+
+
+class GraphView:
+    def __init__(self, g: ir.Graph):
+        self.g = g
+
+    @cached_property
+    def users(self) -> dict[int, list[int]]:
+        users = self.g.users()
+        # mutation fences: an eager op that writes its first argument runs after every
+        # earlier reader of that buffer and before every later one
+        for n in self.g.nodes:
+            if n.kind == ir.OPAQUE and self._mutates(n):
+                target = n.refs[0] if n.refs else None
+                for r in self._readers(target):
+                    if r < n.id and n.id not in users[r]:
+                        users[r].append(n.id)
+                    elif r > n.id and r not in users[n.id]:
+                        users[n.id].append(r)
+        return users
+
+    def _mutates(self, n: ir.Node) -> bool:
+        target = self.g.eager_calls.get(n.id, (None,))[0]
+        schema = getattr(target, "_schema", None)
+        return bool(schema is not None and schema.is_mutable)
+
+    def _readers(self, nid):
+        if nid is None:
+            return []
+        out, stack = [], [nid]
+        base = self.g.users()
+        while stack:
+            for u in base[stack.pop()]:
+                out.append(u)
+                if self.g[u].kind == ir.VIEW:
+                    stack.append(u)
+        return out
+
+    @cached_property
+    def sources(self) -> dict[int, tuple[int, ...]]:
+        """Non-free nodes each node reads, looking through free nodes."""
+        memo: dict[int, tuple[int, ...]] = {}
+        for n in self.g.nodes:
+            acc: dict[int, None] = {}
+            for r in n.refs:
+                if is_free(self.g[r]):
+                    acc.update(dict.fromkeys(memo[r]))
+                else:
+                    acc[r] = None
+            memo[n.id] = tuple(acc)
+        return memo
+
+    @cached_property
+    def consumers(self) -> dict[int, tuple[int, ...]]:
+        """Non-free nodes reading each node's value (through free nodes)."""
+        out: dict[int, list[int]] = {n.id: [] for n in self.g.nodes}
+        for n in self.g.nodes:
+            if is_free(n):
+                continue
+            for s in self.sources[n.id]:
+                out[s].append(n.id)
+        return {k: tuple(dict.fromkeys(v)) for k, v in out.items()}
+
+    @cached_property
+    def escapes(self) -> set[int]:
+        """Nodes whose value must exist as a real tensor: graph outputs and operands of
+        eager ops, looking through free nodes (which are then replayed eagerly)."""
+        need: set[int] = set()
+        stack = list(self.g.output_ids())
+        for n in self.g.nodes:
+            if n.kind in (ir.OPAQUE, ir.ITEM, ir.SCATTER_ADD):
+                stack.extend(n.refs)
+        seen = set()
+        while stack:
+            nid = stack.pop()
+            if nid in seen:
+                continue
+            seen.add(nid)
+            need.add(nid)
+            if is_free(self.g[nid]):
+                stack.extend(self.g[nid].refs)
+        return need

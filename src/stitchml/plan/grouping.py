@@ -1,0 +1,153 @@
+"""Planner v1: the AStitch rules.
+
+Dominant ops are reductions (and expensive element-wise ops feeding a broadcast).
+Walking the graph in topological order, each kernel member tries to join the kernel
+of each producer; a join is legal when the two iteration domains are compatible
+(local stitching: same element count; regional stitching: a per-row value feeding
+its row) and no cycle through an outside node results.  Every refusal is recorded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import nodes as ir
+from .data import Domain, Refusal
+from .graph_view import EXPENSIVE, GraphView, is_free, is_member
+
+
+@dataclass
+class Group:
+    gid: int
+    members: set[int]
+    domain: Domain
+    dominant: tuple[int, ...] = ()
+    rowwise: bool = False  # domain was chosen by a reduction or an expensive broadcast
+
+
+class Grouper:
+    def __init__(self, gv: GraphView):
+        self.gv = gv
+        self.g = gv.g
+        self.group_of: dict[int, Group] = {}
+        self.refusals: list[Refusal] = []
+        self._next = 0
+
+    # -- initial groups -----------------------------------------------------
+    def _new_group(self, n: ir.Node) -> Group:
+        if n.kind == ir.REDUCE:
+            src = self.g[n.refs[0]]
+            dom = Domain(src.shape, n.attr("dims"))
+            grp = Group(self._next, {n.id}, dom, (n.id,), True)
+        elif n.kind == ir.SCATTER_ADD:
+            src = self.g[n.refs[0]]
+            grp = Group(self._next, {n.id}, Domain(src.shape, (len(src.shape) - 1,)), (n.id,), True)
+        else:
+            grp = Group(self._next, {n.id}, Domain(n.shape))
+        self._next += 1
+        return grp
+
+    def run(self) -> list[Group]:
+        for n in self.g.nodes:
+            if not is_member(n):
+                continue
+            self.group_of[n.id] = self._new_group(n)
+            if n.kind == ir.SCATTER_ADD:
+                continue
+            for src in self.gv.sources[n.id]:
+                if src in self.group_of and self.group_of[src] is not self.group_of[n.id]:
+                    self._try_merge(src, n.id)
+        groups = {id(g): g for g in self.group_of.values()}
+        return sorted(groups.values(), key=lambda g: min(g.members))
+
+    # -- merging --------------------------------------------------------------
+    def _try_merge(self, producer: int, consumer: int) -> None:
+        a, b = self.group_of[producer], self.group_of[consumer]
+        reason = None
+        if self.g[producer].kind == ir.SCATTER_ADD or self.g[consumer].kind == ir.SCATTER_ADD:
+            reason = "scatter-add kernels stand alone"
+        dom = None
+        if reason is None:
+            dom, reason = self._merged_domain(a, b, producer, consumer)
+        if reason is None and self._creates_cycle(a, b):
+            reason = "cycle: a path between the two kernels leaves them"
+        if reason is not None:
+            self.refusals.append(Refusal(producer, consumer, reason))
+            return
+        keep, gone = (a, b) if len(a.members) >= len(b.members) else (b, a)
+        keep.members |= gone.members
+        keep.domain = dom
+        keep.dominant = tuple(sorted(set(a.dominant) | set(b.dominant)))
+        keep.rowwise = a.rowwise or b.rowwise or not dom.is_flat
+        for m in gone.members:
+            self.group_of[m] = keep
+
+    def _merged_domain(self, a: Group, b: Group, producer: int, consumer: int):
+        da, db = a.domain, b.domain
+        na, nb = _numel(da), _numel(db)
+        if da.is_flat and db.is_flat:
+            if na == nb:
+                return (da if a.rowwise else db), None
+            if na < nb and nb % na == 0:
+                return self._broadcast_domain(a, b, producer, consumer)
+            return None, f"shape mismatch: {da.shape} vs {db.shape}"
+        if not da.is_flat and not db.is_flat:
+            if (da.rows, da.cols) == (db.rows, db.cols):
+                return da, None
+            return None, (f"different reduction axes: rows x cols {da.rows}x{da.cols} vs "
+                          f"{db.rows}x{db.cols}")
+        row, flat = (da, db) if not da.is_flat else (db, da)
+        nf = _numel(flat)
+        if nf in (row.rows * row.cols, row.rows):
+            return row, None
+        return None, f"shape mismatch: {flat.shape} does not fit rows x cols {row.rows}x{row.cols}"
+
+    def _broadcast_domain(self, small: Group, big: Group, producer: int, consumer: int):
+        """Regional stitching of an expensive op whose result is broadcast: compute it
+        once per row on chip and reuse it across the row."""
+        if not any(self.g[m].op in EXPENSIVE for m in small.members):
+            return None, "broadcast of a cheap value: read from memory instead of recomputed per element"
+        expand = self._expand_between(producer, consumer)
+        if expand is None:
+            return None, "broadcast not through a single expand"
+        in_shape, out_shape = self.g[expand.refs[0]].shape, expand.shape
+        lead = len(out_shape) - len(in_shape)
+        cols = tuple(i for i in range(len(out_shape))
+                     if i < lead or (in_shape[i - lead] == 1 and out_shape[i] != 1))
+        if out_shape != big.domain.shape or cols != tuple(range(len(out_shape) - len(cols), len(out_shape))):
+            return None, "broadcast dims are not trailing: would read across rows"
+        return Domain(out_shape, cols), None
+
+    def _expand_between(self, producer: int, consumer: int):
+        for r in self.g[consumer].refs:
+            n = self.g[r]
+            while is_free(n) and n.refs:
+                if n.op == "expand":
+                    return n
+                n = self.g[n.refs[0]]
+        return None
+
+    def _creates_cycle(self, a: Group, b: Group) -> bool:
+        """True if a path from one group to the other passes through a node that
+        belongs to neither and is not a free index map (a real intermediate step)."""
+        inside = a.members | b.members
+        limit = max(inside)
+        for start, target in ((a, b), (b, a)):
+            stack = [(u, not is_free(self.g[u])) for m in start.members for u in self.gv.users[m]
+                     if u not in inside]
+            seen = set()
+            while stack:
+                nid, crossed = stack.pop()
+                if (nid, crossed) in seen or nid > limit:
+                    continue
+                seen.add((nid, crossed))
+                for u in self.gv.users[nid]:
+                    if u in target.members:
+                        if crossed:
+                            return True
+                    elif u not in inside:
+                        stack.append((u, crossed or not is_free(self.g[u])))
+        return False
+
+
+def _numel(d: Domain) -> int:
+    return d.rows * d.cols

@@ -1,0 +1,36 @@
+"""Thread mapping: which kernel form and block shape cover a domain.
+
+Rules (thresholds are knobs in config.py; defaults are the AStitch paper's guidance
+and Triton's usual register budget until measured on a GPU):
+- no column axis → flat point-wise, `pointwise_block` elements per program;
+- rows that fit on chip (next pow2 ≤ `persistent_max_cols`) → whole row per program;
+  short rows are packed (horizontal packing) until a program holds `block_elems`;
+- longer rows → one row per program, looping over `loop_block_cols` columns.
+"""
+from __future__ import annotations
+
+from .. import config
+from .data import Domain, Mapping
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _warps(elems: int) -> int:
+    return max(1, min(16, next_pow2(max(elems // 256, 1))))
+
+
+def choose(domain: Domain) -> Mapping:
+    if domain.is_flat:
+        n = domain.rows
+        block = min(config.get("pointwise_block"), next_pow2(n))
+        return Mapping("pointwise", block, 1, _warps(block), -(-n // block))
+    rows, cols = domain.rows, domain.cols
+    bc = next_pow2(cols)
+    if bc <= config.get("persistent_max_cols"):
+        br = max(1, min(next_pow2(rows), config.get("block_elems") // bc))
+        form = "packed_rows" if br > 1 else "row_persistent"
+        return Mapping(form, br, bc, _warps(br * bc), -(-rows // br))
+    bc = config.get("loop_block_cols")
+    return Mapping("row_looped", 1, bc, _warps(bc), rows)

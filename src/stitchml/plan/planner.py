@@ -1,0 +1,115 @@
+"""Plan construction: groups → kernels in launch order, with materialisation decided,
+a thread mapping per kernel, and modelled bytes."""
+from __future__ import annotations
+
+import heapq
+
+from ..ir import nodes as ir
+from . import mapping as mapping_rules
+from .cost import kernel_bytes, unfused_bytes
+from .data import EagerStep, KernelPlan, Plan
+from .graph_view import GraphView, is_free, is_member
+from .grouping import Grouper, Group
+
+
+def build_plan(g: ir.Graph) -> Plan:
+    gv = GraphView(g)
+    grouper = Grouper(gv)
+    groups = grouper.run()
+    plan = Plan(graph=g, refusals=grouper.refusals)
+    group_of = {m: grp for grp in groups for m in grp.members}
+
+    # materialise every member read outside its kernel or needed as a real tensor
+    for grp in groups:
+        for m in grp.members:
+            if m in gv.escapes or any(group_of.get(c) is not grp for c in gv.consumers[m]):
+                plan.materialized.add(m)
+
+    units = _schedule(g, gv, groups, group_of)
+    kcount = 0
+    for unit in units:
+        if isinstance(unit, Group):
+            plan.steps.append(_kernel(f"k{kcount}", unit, g, gv, plan.materialized))
+            kcount += 1
+        else:
+            n = g[unit]
+            plan.steps.append(EagerStep(n.id, n.op, n.attr("reason", "")))
+    plan.unfused_bytes = unfused_bytes(g)
+    return plan
+
+
+def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set[int]) -> KernelPlan:
+    members = tuple(sorted(grp.members))
+    outputs = tuple(m for m in members if m in materialized)
+    inputs: dict[int, None] = {}
+    for m in members:
+        for s in gv.sources[m]:
+            if s not in grp.members:
+                inputs[s] = None
+    stitches = []
+    for m in members:
+        for s in gv.sources[m]:
+            if s in grp.members:
+                scheme = "regional" if g[s].numel < g[m].numel or g[s].kind == ir.REDUCE else "local"
+                stitches.append((s, m, scheme))
+    scatter = any(g[m].kind == ir.SCATTER_ADD for m in members)
+    mp = mapping_rules.choose(grp.domain)
+    scheme = "scatter" if scatter else ("regional" if any(s[2] == "regional" for s in stitches) else "local")
+    kp = KernelPlan(name, members, outputs, tuple(inputs), grp.domain, mp, scheme, grp.dominant,
+                    tuple(stitches), seeds=tuple(m for m in members if g[m].kind == ir.RAND))
+    kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp)
+    return kp
+
+
+def _schedule(g: ir.Graph, gv: GraphView, groups: list[Group], group_of: dict[int, Group]) -> list:
+    """Topological order of kernels and eager ops (views and constants need no step)."""
+    unit_of: dict[int, object] = {}
+    for grp in groups:
+        for m in grp.members:
+            unit_of[m] = grp.gid
+    eager = [n.id for n in g.nodes if n.kind in (ir.OPAQUE, ir.ITEM)]
+    for e in eager:
+        unit_of[e] = ("eager", e)
+    deps: dict[object, set] = {u: set() for u in set(unit_of.values())}
+    inverse: dict[int, set[int]] = {n.id: set() for n in g.nodes}
+    for p, us in gv.users.items():
+        for u in us:
+            inverse[u].add(p)
+    for n in g.nodes:
+        u = unit_of.get(n.id)
+        if u is None:
+            continue
+        for s in _real_preds(g, gv, inverse, n.id):
+            su = unit_of.get(s)
+            if su is not None and su != u:
+                deps[u].add(su)
+    key: dict[object, int] = {}
+    for m, u in unit_of.items():
+        key[u] = min(key.get(u, m), m)
+    users: dict[object, list] = {u: [] for u in deps}
+    for u, ds in deps.items():
+        for d in ds:
+            users[d].append(u)
+    indeg = {u: len(ds) for u, ds in deps.items()}
+    heap = [(key[u], str(u), u) for u, d in indeg.items() if d == 0]
+    heapq.heapify(heap)
+    order = []
+    by_gid = {grp.gid: grp for grp in groups}
+    while heap:
+        _, _, u = heapq.heappop(heap)
+        order.append(by_gid[u] if not isinstance(u, tuple) else u[1])
+        for v in users[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(heap, (key[v], str(v), v))
+    if len(order) != len(deps):
+        raise RuntimeError("plan has a cycle between kernels (planner bug)")
+    return order
+
+
+def _real_preds(g: ir.Graph, gv: GraphView, inverse: dict[int, set[int]], nid: int) -> set[int]:
+    """Data producers (through free nodes) plus mutation-fence predecessors."""
+    return set(gv.sources[nid]) | {p for p in inverse[nid] if not is_free(g[p])}
+
+
+__all__ = ["build_plan", "is_member"]

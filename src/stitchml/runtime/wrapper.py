@@ -1,0 +1,159 @@
+"""A generated straight-line Python function that runs one compiled graph: allocate
+outputs, launch kernels, call eager ops, return the graph's outputs.  No plan is
+interpreted at call time."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .. import config
+from ..codegen.triton_kernel import KernelSource
+from ..ir import nodes as ir
+from ..ir.nodes import Ref
+from ..plan.data import EagerStep, KernelPlan, Plan
+from ..plan.graph_view import is_free
+from .kernel_cache import load_module
+
+
+class WrapperBuilder:
+    def __init__(self, plan: Plan, sources: dict[str, KernelSource], device: torch.device):
+        self.plan, self.g = plan, plan.graph
+        self.sources = sources
+        self.lines: list[str] = []
+        self.names: dict[int, str] = {}
+        self.consts: dict[str, Any] = {"torch": torch, "DEVICE": device, "_seed": _seed}
+        self.nconst = 0
+
+    def _const(self, value: Any) -> str:
+        if isinstance(value, (bool, int, float)) and not isinstance(value, bool) and value == value \
+                and abs(value) != float("inf"):
+            return repr(value)
+        if isinstance(value, (bool, type(None), str)):
+            return repr(value)
+        self.nconst += 1
+        name = f"C{self.nconst}"
+        self.consts[name] = value
+        return name
+
+    def _render(self, a: Any) -> str:
+        if isinstance(a, Ref):
+            return self.need(a.id)
+        if isinstance(a, list):
+            return "[" + ", ".join(self._render(x) for x in a) + "]"
+        if isinstance(a, tuple):
+            return "(" + "".join(self._render(x) + ", " for x in a) + ")"
+        return self._const(a)
+
+    def need(self, nid: int) -> str:
+        """Python name of node `nid`'s tensor, replaying free nodes eagerly if needed."""
+        if nid in self.names:
+            return self.names[nid]
+        n = self.g[nid]
+        if not is_free(n):
+            raise RuntimeError(f"node %{nid} ({n.kind}.{n.op}) used before it is computed (planner bug)")
+        name = f"v{nid}"
+        self.lines.append(f"{name} = {self._replay(n)}")
+        self.names[nid] = name
+        return name
+
+    def _replay(self, n: ir.Node) -> str:
+        if n.op == "full":
+            return (f"torch.full({n.shape}, {self._const(n.attr('value'))}, dtype={self._const(n.dtype)}, "
+                    f"device=DEVICE)")
+        if n.op == "iota":
+            d = n.attr("dim")
+            view = [1] * len(n.shape)
+            view[d] = n.shape[d]
+            return f"torch.arange({n.shape[d]}, device=DEVICE).reshape({tuple(view)}).expand({n.shape}).contiguous()"
+        src = self.need(n.refs[0])
+        if n.op == "reshape":
+            return f"{src}.reshape({n.shape})"
+        if n.op == "permute":
+            return f"{src}.permute({n.attr('dims')})"
+        if n.op == "expand":
+            return f"{src}.expand({n.shape})"
+        if n.op == "slice":
+            dim, start, step = n.attr("dim"), n.attr("start"), n.attr("step")
+            end = start + (n.shape[dim] - 1) * step + 1 if n.shape[dim] else start
+            return f"torch.ops.aten.slice.Tensor({src}, {dim}, {start}, {end}, {step})"
+        if n.op == "select":
+            return f"{src}.select({n.attr('dim')}, {n.attr('index')})"
+        if n.op == "as_strided":
+            return f"torch.as_strided({src}, {n.shape}, {n.attr('stride')}, {n.attr('offset')})"
+        raise NotImplementedError(f"replay of {n.op}")
+
+    def build(self) -> str:
+        L = self.lines
+        for i, nid in enumerate(self.g.inputs):
+            self.names[nid] = f"a{i}"
+        for step in self.plan.steps:
+            if isinstance(step, KernelPlan):
+                self._kernel(step)
+            else:
+                self._eager(step)
+        outs = [self._render(o) for o in self.g.outputs]
+        L.append("return (" + "".join(o + ", " for o in outs) + ")")
+        head = ["def call(args):"]
+        if self.g.inputs:
+            head.append("    " + "".join(f"a{i}, " for i in range(len(self.g.inputs))) + "= args")
+        head.append("    args.clear()")
+        return "\n".join(head + ["    " + line for line in L]) + "\n"
+
+    def _kernel(self, k: KernelPlan) -> None:
+        ks = self.sources[k.name]
+        args = []
+        for kind, nid in ks.params:
+            if kind == "out":
+                n = self.g[nid]
+                name = f"v{nid}"
+                alloc = "torch.zeros" if n.kind == ir.SCATTER_ADD else "torch.empty"
+                self.lines.append(f"{name} = {alloc}_strided({n.shape}, {n.stride}, dtype={self._const(n.dtype)}, "
+                                  f"device=DEVICE)" if alloc == "torch.empty" else
+                                  f"{name} = torch.zeros({n.shape}, dtype={self._const(n.dtype)}, device=DEVICE)")
+                self.names[nid] = name
+                args.append(name)
+            elif kind == "seed":
+                args.append("_seed()")
+            else:
+                args.append(self.need(nid))
+        # outputs listed by the plan but never written by the kernel would be garbage: refuse
+        written = {nid for kind, nid in ks.params if kind == "out"}
+        missing = set(k.outputs) - written
+        if missing:
+            raise RuntimeError(f"kernel {k.name} does not write outputs {sorted(missing)}")
+        self.lines.append(f"{k.name}[({ks.grid},)]({', '.join(args)}, num_warps={ks.num_warps})")
+
+    def _eager(self, step: EagerStep) -> None:
+        n = self.g[step.node]
+        name = f"v{n.id}"
+        if n.kind == ir.ITEM:
+            self.lines.append(f"{name} = {self.need(n.refs[0])}[{n.attr('index')}]")
+        else:
+            target, args, kwargs = self.g.eager_calls[n.id]
+            t = self._const(target)
+            rendered = [self._render(a) for a in args] + [f"{k}={self._render(v)}" for k, v in kwargs.items()]
+            self.lines.append(f"{name} = {t}({', '.join(rendered)})")
+        self.names[n.id] = name
+
+
+def _seed() -> int:
+    # drawn from torch's default generator: reproducible under torch.manual_seed
+    return int(torch.randint(0, 2**31 - 1, (1,)).item())
+
+
+def build_callable(plan: Plan, sources: dict[str, KernelSource], device: torch.device) -> tuple[Callable, str]:
+    builder = WrapperBuilder(plan, sources, device)
+    code = builder.build()
+    namespace = dict(builder.consts)
+    if sources:
+        module = load_module([s.source for s in sources.values()])
+        for name in sources:
+            namespace[name] = getattr(module, name)
+    debug = config.get("debug_dir")
+    if debug:
+        from pathlib import Path
+        Path(debug).mkdir(parents=True, exist_ok=True)
+        (Path(debug) / f"wrapper_{id(plan)}.py").write_text(code)
+    exec(compile(code, "<stitchml-wrapper>", "exec"), namespace)
+    return namespace["call"], code
