@@ -40,6 +40,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "If set, write every generated kernel and wrapper source here."),
     Knob("cache_dir", "STITCHML_CACHE_DIR", str(Path.home() / ".cache" / "stitchml"), str,
          "Where generated kernel modules are written (Triton needs them on disk)."),
+    Knob("poison_outputs", "STITCHML_POISON_OUTPUTS", False, _bool,
+         "Fill kernel outputs with NaN (max int for integers) before launching, so elements a kernel "
+         "fails to write show up. For testing; costs a fill per output."),
     Knob("verbose", "STITCHML_VERBOSE", False, _bool,
          "Log each compiled graph's plan summary."),
 ]}

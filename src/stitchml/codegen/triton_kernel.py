@@ -332,6 +332,11 @@ class Emitter:
         ptr = self._param("out", nid)
         mask = self._mask(axes) or "rmask"
         val = v.name if compute_dtype(n.dtype) == n.dtype else f"{v.name}.to({TL_DTYPE[n.dtype]})"
+        if not ix.axes(off):  # a scalar destination: make the pointer a block like the value
+            mask = "rmask"
+            off = ix.offset(index, n.stride)
+            self._scope_for(axes).lines.append(f"tl.store({ptr} + (zr + {ix.render(off)}), {val}, mask={mask})")
+            return
         self._scope_for(axes).lines.append(f"tl.store({ptr} + {self._offset(off, axes)}, {val}, mask={mask})")
 
     def scatter_store(self, nid: int) -> None:

@@ -82,6 +82,9 @@ class Lowerer:
         if any(isinstance(a, Ref) and self.g[a.id].kind == ir.OPAQUE and self.g[a.id].shape is None
                for a in ir._iter_refs(list(args) + list(kwargs.values()))):
             return self._opaque(node, args, kwargs, "consumes a multi-output eager op")
+        bad = _unsupported_dtype(node)
+        if bad is not None:
+            return self._opaque(node, args, kwargs, f"dtype {bad} is not supported in kernels")
         if node.target in COMPUTE_INTENSIVE:
             return self._opaque(node, args, kwargs, "compute-intensive: vendor library")
         rule = RULES.get(node.target)
@@ -101,7 +104,8 @@ class Lowerer:
         val = node.meta.get("val")
         shape, dtype, stride = _tensor_meta(val)
         multi = isinstance(val, (tuple, list))
-        nid = self.g.add(ir.OPAQUE, str(node.target), tuple(ir._iter_refs(list(args) + list(kwargs.values()))),
+        nid = self.g.add(ir.OPAQUE, str(node.target),
+                         tuple(Ref(r) for r in ir._iter_refs(list(args) + list(kwargs.values()))),
                          None if multi else shape, dtype, stride,
                          (("reason", reason), ("multi", multi), ("fx_name", node.name)))
         self.g.eager_calls[nid] = (node.target, args, kwargs)
@@ -117,6 +121,16 @@ class Lowerer:
         shape, dtype, stride = _tensor_meta(node.meta.get("val"))
         nid = self.g.add(ir.ITEM, "getitem", (Ref(base.id),), shape, dtype, stride, (("index", node.args[1]),))
         return Ref(nid)
+
+
+def _unsupported_dtype(node: fx.Node):
+    from .context import SUPPORTED_DTYPES
+    vals = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    for v in vals:
+        for t in (v if isinstance(v, (tuple, list)) else (v,)):
+            if isinstance(t, torch.Tensor) and t.dtype not in SUPPORTED_DTYPES:
+                return t.dtype
+    return None
 
 
 class _MultiOut:

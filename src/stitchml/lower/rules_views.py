@@ -105,3 +105,62 @@ def _as_strided(ctx, node, x, size, stride, storage_offset=None):
         raise Unsupported("as_strided of an input with a storage offset")
     off = 0 if storage_offset is None else storage_offset
     return ctx.view("as_strided", x, _shape(node), (("stride", tuple(stride)), ("offset", off)))
+
+
+@register(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, aten.chunk.default)
+def _split(ctx, node, x, sizes=None, dim=0):
+    vals = node.meta["val"]
+    in_shape = ctx.shape(x)
+    if node.target is aten.unbind.int:
+        dim = sizes if sizes is not None else 0
+    dim %= len(in_shape)
+    outs, start = [], 0
+    for v in vals:
+        shape = static_shape(v)
+        if node.target is aten.unbind.int:
+            outs.append(ctx.view("select", x, shape, (("dim", dim), ("index", start))))
+            start += 1
+            continue
+        if shape == in_shape:
+            outs.append(x)
+        else:
+            outs.append(ctx.view("slice", x, shape, (("dim", dim), ("start", start), ("step", 1))))
+        start += shape[dim]
+    return tuple(outs)
+
+
+def _pad_along(ctx, grad, shape, dim, start, dtype):
+    """`grad` placed at [start, start+len) of a zero tensor of `shape` along `dim`."""
+    size = ctx.shape(grad)[dim]
+    parts = []
+    if start > 0:
+        parts.append(ctx.full(tuple(start if i == dim else s for i, s in enumerate(shape)), 0, dtype))
+    parts.append(grad)
+    rest = shape[dim] - start - size
+    if rest > 0:
+        parts.append(ctx.full(tuple(rest if i == dim else s for i, s in enumerate(shape)), 0, dtype))
+    if len(parts) == 1:
+        return ctx.pointwise("identity", (grad,), shape, dtype)
+    sizes = tuple(ctx.shape(p)[dim] for p in parts)
+    return Ref(ctx.g.add(ir.CAT, "cat", tuple(parts), shape, dtype, contiguous_strides(shape),
+                         (("dim", dim), ("sizes", sizes))))
+
+
+@register(aten.slice_backward.default)
+def _slice_backward(ctx, node, grad, input_sizes, dim, start, end, step):
+    if step != 1:
+        raise Unsupported("strided slice_backward")
+    shape = static_shape(node.meta["val"])
+    dim %= len(shape)
+    start = start + shape[dim] if start < 0 else start
+    start = min(max(start, 0), shape[dim])
+    return _pad_along(ctx, grad, shape, dim, start, node.meta["val"].dtype)
+
+
+@register(aten.select_backward.default)
+def _select_backward(ctx, node, grad, input_sizes, dim, index):
+    shape = static_shape(node.meta["val"])
+    dim %= len(shape)
+    index = index + shape[dim] if index < 0 else index
+    g = ctx.reshape(grad, tuple(1 if i == dim else s for i, s in enumerate(shape)))
+    return _pad_along(ctx, g, shape, dim, index, node.meta["val"].dtype)

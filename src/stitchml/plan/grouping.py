@@ -88,6 +88,8 @@ class Grouper:
             if na == nb:
                 return (da if a.rowwise else db), None
             if na < nb and nb % na == 0:
+                if self._inlinable(a, b, consumer):
+                    return db, None
                 return self._broadcast_domain(a, b, producer, consumer)
             return None, f"shape mismatch: {da.shape} vs {db.shape}"
         if not da.is_flat and not db.is_flat:
@@ -99,7 +101,18 @@ class Grouper:
         nf = _numel(flat)
         if nf in (row.rows * row.cols, row.rows):
             return row, None
+        if flat is da and self._inlinable(a, b, consumer):
+            return row, None
         return None, f"shape mismatch: {flat.shape} does not fit rows x cols {row.rows}x{row.cols}"
+
+    def _inlinable(self, small: Group, big: Group, consumer: int) -> bool:
+        """A cheap producer of a broadcast operand (a cast or scale of a weight vector)
+        is recomputed inside its only consumer kernel instead of being written out."""
+        if small.rowwise or any(self.g[m].op in EXPENSIVE or self.g[m].kind != ir.POINTWISE
+                                for m in small.members):
+            return False
+        inside = small.members | big.members | {consumer}
+        return all(m not in self.gv.escapes and set(self.gv.consumers[m]) <= inside for m in small.members)
 
     def _broadcast_domain(self, small: Group, big: Group, producer: int, consumer: int):
         """Regional stitching of an expensive op whose result is broadcast: compute it

@@ -107,10 +107,7 @@ class WrapperBuilder:
             if kind == "out":
                 n = self.g[nid]
                 name = f"v{nid}"
-                alloc = "torch.zeros" if n.kind == ir.SCATTER_ADD else "torch.empty"
-                self.lines.append(f"{name} = {alloc}_strided({n.shape}, {n.stride}, dtype={self._const(n.dtype)}, "
-                                  f"device=DEVICE)" if alloc == "torch.empty" else
-                                  f"{name} = torch.zeros({n.shape}, dtype={self._const(n.dtype)}, device=DEVICE)")
+                self.lines.append(f"{name} = {self._alloc(n)}")
                 self.names[nid] = name
                 args.append(name)
             elif kind == "seed":
@@ -123,6 +120,17 @@ class WrapperBuilder:
         if missing:
             raise RuntimeError(f"kernel {k.name} does not write outputs {sorted(missing)}")
         self.lines.append(f"{k.name}[({ks.grid},)]({', '.join(args)}, num_warps={ks.num_warps})")
+
+    def _alloc(self, n: ir.Node) -> str:
+        dtype = self._const(n.dtype)
+        if n.kind == ir.SCATTER_ADD:  # accumulated into with atomics
+            return f"torch.zeros({n.shape}, dtype={dtype}, device=DEVICE)"
+        alloc = f"torch.empty_strided({n.shape}, {n.stride}, dtype={dtype}, device=DEVICE)"
+        if config.get("poison_outputs"):
+            poison = "float('nan')" if n.dtype.is_floating_point else (
+                "True" if n.dtype == torch.bool else str(torch.iinfo(n.dtype).max))
+            return f"{alloc}.fill_({poison})"
+        return alloc
 
     def _eager(self, step: EagerStep) -> None:
         n = self.g[step.node]
