@@ -6,6 +6,7 @@ the runtime calls eagerly, with the reason recorded for `explain`.
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import torch
@@ -55,7 +56,8 @@ class Lowerer:
             elif node.op == "call_function":
                 self.env[node] = self._call(node)
             elif node.op == "output":
-                self.g.outputs = list(self._map(node.args[0]))
+                out = self._map(node.args[0])
+                self.g.outputs = list(out) if isinstance(out, (tuple, list)) else [out]
             else:
                 raise Unsupported(f"FX op {node.op} is not supported")
         return self.g
@@ -94,10 +96,28 @@ class Lowerer:
             return self._opaque(node, args, kwargs, "mutates its input")
         mark = len(self.g.nodes)
         try:
-            return rule(self.ctx, node, *args, **kwargs)
+            result = rule(self.ctx, node, *args, **kwargs)
+            self._adopt_strides(node, result, mark)
+            return result
         except Unsupported as e:
             del self.g.nodes[mark:]  # drop half-built nodes of the refused rule
             return self._opaque(node, args, kwargs, str(e))
+
+    def _adopt_strides(self, node, result, mark: int) -> None:
+        """Buffers a rule created take the strides eager gives its result (e.g. an
+        element-wise op on a transposed input keeps the transposed layout)."""
+        vals = node.meta.get("val")
+        results = result if isinstance(result, tuple) else (result,)
+        vals = vals if isinstance(vals, (tuple, list)) else (vals,)
+        for r, v in zip(results, vals):
+            if not isinstance(r, Ref) or r.id < mark or not isinstance(v, torch.Tensor):
+                continue
+            n = self.g[r.id]
+            if n.kind == ir.VIEW or n.shape != tuple(v.shape):
+                continue
+            stride = tuple(int(s) for s in v.stride())
+            if _dense(n.shape, stride) and stride != n.stride:
+                self.g.nodes[r.id] = dataclasses.replace(n, stride=stride)
 
     def _opaque(self, node, args, kwargs, reason: str):
         self.g.fallbacks.append(ir.Fallback(str(node.target), reason))
@@ -121,6 +141,17 @@ class Lowerer:
         shape, dtype, stride = _tensor_meta(node.meta.get("val"))
         nid = self.g.add(ir.ITEM, "getitem", (Ref(base.id),), shape, dtype, stride, (("index", node.args[1]),))
         return Ref(nid)
+
+
+def _dense(shape, stride) -> bool:
+    """Non-overlapping and dense: some permutation of the dims is contiguous."""
+    dims = sorted((st, sz) for st, sz in zip(stride, shape) if sz != 1)
+    expect = 1
+    for st, sz in dims:
+        if st != expect:
+            return False
+        expect *= sz
+    return True
 
 
 def _unsupported_dtype(node: fx.Node):

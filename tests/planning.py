@@ -1,0 +1,16 @@
+"""Build IR and plans from a function without running any kernel (tier-1 tests)."""
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from stitchml.capture.decomp import decomposition_table
+from stitchml.lower.lower import lower
+from stitchml.plan.planner import build_plan
+
+
+def graph_of(fn, *inputs):
+    gm = make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake")(*inputs)
+    return lower(gm)
+
+
+def plan_of(fn, *inputs):
+    return build_plan(graph_of(fn, *inputs))

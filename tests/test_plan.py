@@ -1,0 +1,98 @@
+"""Tier 1: plans are plain data; these tests generate no code and run no kernel."""
+import torch
+import torch.nn.functional as F
+
+from stitchml.codegen.triton_kernel import generate
+from stitchml.plan.data import EagerStep
+from planning import plan_of
+
+
+def test_layer_norm_plan_is_one_regional_packed_kernel():
+    x, w, b = torch.randn(64, 130), torch.randn(130), torch.randn(130)
+    plan = plan_of(lambda x, w, b: F.layer_norm(x, (130,), w, b), x, w, b)
+    (k,) = plan.kernels
+    assert k.scheme == "regional"
+    assert (k.domain.rows, k.domain.cols) == (64, 130)
+    assert k.mapping.form == "packed_rows" and k.mapping.block_c == 256
+    assert k.mapping.block_r * k.mapping.grid >= 64
+    reduces = [plan.graph[d] for d in k.dominant]
+    assert [r.op for r in reduces] == ["sum", "sum"]  # mean, then variance
+    # modelled bytes: x, w, b read once, y written once
+    assert k.bytes_read == (64 * 130 + 2 * 130) * 4
+    assert k.bytes_written == 64 * 130 * 4
+    assert plan.unfused_bytes > 3 * (k.bytes_read + k.bytes_written)
+
+
+def test_long_rows_use_the_looped_form_and_emit_one_loop_per_pass():
+    x = torch.randn(4, 20000)
+    plan = plan_of(lambda x: torch.softmax(x, -1), x)
+    (k,) = plan.kernels
+    assert k.mapping.form == "row_looped" and k.mapping.block_r == 1
+    src = generate(plan.graph, k).source
+    # max pass, sum-of-exp pass, output pass
+    assert src.count("for cbase in range(0, 20000") == 3
+
+
+def test_single_rows_are_not_packed():
+    x = torch.randn(3, 3000)
+    (k,) = plan_of(lambda x: torch.softmax(x, -1), x).kernels
+    assert k.mapping.form == "row_persistent" and k.mapping.block_r == 1 and k.mapping.block_c == 4096
+
+
+def test_pointwise_chain_is_one_local_kernel():
+    x, y = torch.randn(33, 7), torch.randn(7)
+    plan = plan_of(lambda x, y: torch.sigmoid(x * 2 + y).exp() - 1, x, y)
+    (k,) = plan.kernels
+    assert k.scheme == "local" and k.mapping.form == "pointwise"
+    assert k.bytes_read == (33 * 7 + 7) * 4
+
+
+def test_row_then_column_reduction_is_refused_with_a_reason():
+    x = torch.randn(16, 40)
+    plan = plan_of(lambda x: torch.softmax(x, -1).sum(0), x)
+    assert plan.num_kernels == 2
+    reasons = [r.reason for r in plan.refusals]
+    assert any("different reduction axes" in r for r in reasons)
+
+
+def test_merge_through_an_eager_op_is_refused_as_a_cycle():
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+
+    def fn(x, w):
+        y = torch.exp(x)
+        return (y @ w) + y
+
+    plan = plan_of(fn, x, w)
+    assert plan.num_kernels == 2
+    assert any(isinstance(s, EagerStep) and "mm" in s.op for s in plan.steps)
+    assert any(r.reason.startswith("cycle") for r in plan.refusals)
+
+
+def test_views_are_index_maps_not_copies():
+    x = torch.randn(6, 4, 5)
+    plan = plan_of(lambda x: x.permute(2, 0, 1).reshape(5, 24)[:, 1:20:3] * 3, x)
+    (k,) = plan.kernels
+    g = plan.graph
+    assert [g[m].op for m in k.members] == ["mul"]
+    assert k.inputs == tuple(g.inputs)
+
+
+def test_expensive_broadcast_producer_gets_a_row_domain():
+    x, y = torch.randn(10, 64), torch.randn(10, 1)
+    plan = plan_of(lambda x, y: x * torch.exp(y), x, y)
+    (k,) = plan.kernels
+    assert k.domain.col_dims == (1,) and k.domain.rows == 10
+    assert k.scheme == "regional"
+    x, y = torch.randn(10, 64), torch.randn(64)
+    plan = plan_of(lambda x, y: x * torch.exp(y), x, y)
+    # broadcast along rows (leading dim): not stitched, the reason says why
+    assert plan.num_kernels == 2
+    assert any("trailing" in r.reason for r in plan.refusals)
+
+
+def test_output_strides_follow_eager():
+    x = torch.randn(5, 7).t()
+    plan = plan_of(lambda x: x * 2, x)
+    (k,) = plan.kernels
+    (o,) = k.outputs
+    assert plan.graph[o].stride == (x * 2).stride()
