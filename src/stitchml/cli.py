@@ -10,16 +10,26 @@ Without a CUDA GPU the generated Triton kernels run under the Triton interpreter
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
-if not torch.cuda.is_available():
-    # before triton / stitchml internals are imported: kernels run in the interpreter
+_NO_CUDA = not torch.cuda.is_available()
+# Triton fixes interpreter-or-not when it is imported (its tl.* library functions are
+# decorated then), so TRITON_INTERPRET must be set before that.  When this module runs as
+# the console script, `import stitchml` has already imported torch._dynamo and with it
+# triton, so setting the variable here can be too late: `main` then re-runs the command
+# in a fresh interpreter process (see `_rerun_interpreted`).
+_INTERPRET_TOO_LATE = (_NO_CUDA and "triton" in sys.modules
+                       and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+if _NO_CUDA:
+    # before triton / stitchml internals are imported (if they are not yet): kernels
+    # run in the interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import argparse  # noqa: E402
 import copy  # noqa: E402
-import sys  # noqa: E402
+import subprocess  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from collections import Counter  # noqa: E402
@@ -166,10 +176,49 @@ def _run_eager(block, inputs: Sequence[torch.Tensor], *, train: bool, cotangent:
     return out
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def _demo_section(title: str, block, x: torch.Tensor, mask: torch.Tensor, *, train: bool,
+                  cotangent: torch.Tensor | None, checks: list, problems: list) -> None:
+    """Run `block` eagerly and compiled (fresh copies, fresh backend), print the plan,
+    append (name, relative error) to `checks` and anything that went wrong to `problems`."""
+    import traceback
+
     from .capture.backend import StitchBackend
     from .tools.explain import Report
 
+    tag = "training" if train else "inference"
+    eager_blk, comp_blk = copy.deepcopy(block).train(train), copy.deepcopy(block).train(train)
+    x_e, x_c = x.clone().requires_grad_(train), x.clone().requires_grad_(train)
+    backend = StitchBackend()
+    expected = _run_eager(eager_blk, (x_e, mask), train=train, cotangent=cotangent)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            actual = _run_compiled(comp_blk, (x_c, mask.clone()), backend, train=train, cotangent=cotangent)
+        except Exception as e:  # report it as a failure, with the traceback
+            traceback.print_exc(file=sys.stdout)
+            actual = None
+            problems.append(f"{tag}: the compiled run raised {type(e).__name__}: {e}")
+    report = Report(backend.records)
+    _print_plan(title, report)
+    if actual is None:
+        checks.append((f"{tag} output", float("inf")))
+        return
+    problems.extend(f"{tag}: {p}" for p in _problems(report, caught))
+    checks.append((f"{tag} output", _rel_err(actual, expected)))
+    if not train:
+        return
+    checks.append(("grad x", _rel_err(x_c.grad, x_e.grad) if x_c.grad is not None else float("inf")))
+    comp_params = dict(comp_blk.named_parameters())
+    for name, p_e in eager_blk.named_parameters():
+        p_c = comp_params[name]
+        if p_c.grad is None or p_e.grad is None:
+            checks.append((f"grad {name}", float("inf")))
+            problems.append(f"training: no gradient for {name}")
+        else:
+            checks.append((f"grad {name}", _rel_err(p_c.grad, p_e.grad)))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     device = _device()
     block, x, mask = _block_and_inputs(args, 0.0, device)
@@ -183,42 +232,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     checks: list[tuple[str, float]] = []
     problems: list[str] = []
-
     # 1. inference: eval mode, no grad
-    eager_blk, comp_blk = copy.deepcopy(block).eval(), copy.deepcopy(block).eval()
-    backend = StitchBackend()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        expected = _run_eager(eager_blk, (x, mask), train=False)
-        actual = _run_compiled(comp_blk, (x.clone(), mask.clone()), backend, train=False)
-    report = Report(backend.records)
-    _print_plan("inference (eval mode, no grad)", report)
-    problems += [f"inference: {p}" for p in _problems(report, caught)]
-    checks.append(("inference output", _rel_err(actual, expected)))
-
-    # 2. training: forward + backward, dropout p=0 so eager and compiled compute the same numbers
-    eager_blk, comp_blk = copy.deepcopy(block).train(), copy.deepcopy(block).train()
-    x_e, x_c = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    _demo_section("inference (eval mode, no grad)", block, x, mask, train=False, cotangent=None,
+                  checks=checks, problems=problems)
+    # 2. training: forward + backward with a random cotangent; dropout p=0 so that eager and
+    #    compiled compute the same numbers
     gen = torch.Generator().manual_seed(args.seed + 1)
-    cot = torch.randn(x.shape, generator=gen, dtype=x.dtype).to(device)   # random cotangent dL/dout
-    backend = StitchBackend()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        expected = _run_eager(eager_blk, (x_e, mask), train=True, cotangent=cot)
-        actual = _run_compiled(comp_blk, (x_c, mask.clone()), backend, train=True, cotangent=cot)
-    report = Report(backend.records)
-    _print_plan("training forward + backward (train mode, dropout p=0)", report)
-    problems += [f"training: {p}" for p in _problems(report, caught)]
-    checks.append(("training output", _rel_err(actual, expected)))
-    checks.append(("grad x", _rel_err(x_c.grad, x_e.grad) if x_c.grad is not None else float("inf")))
-    comp_params = dict(comp_blk.named_parameters())
-    for name, p_e in eager_blk.named_parameters():
-        p_c = comp_params[name]
-        if p_c.grad is None or p_e.grad is None:
-            checks.append((f"grad {name}", float("inf")))
-            problems.append(f"training: no gradient for {name}")
-        else:
-            checks.append((f"grad {name}", _rel_err(p_c.grad, p_e.grad)))
+    cot = torch.randn(x.shape, generator=gen, dtype=x.dtype).to(device)
+    _demo_section("training forward + backward (train mode, dropout p=0)", block, x, mask, train=True,
+                  cotangent=cot, checks=checks, problems=problems)
 
     # 3. verdict
     print(f"--- verification against eager (relative error ||compiled - eager|| / ||eager||, "
@@ -229,18 +251,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for p in problems:
         print(f"  problem: {p}")
     worst_name, worst = max(checks, key=lambda c: c[1])
+    n_out = sum(1 for n, _ in checks if n.endswith(" output"))
     n_grads = sum(1 for n, _ in checks if n.startswith("grad "))
-    elapsed = time.perf_counter() - t_start
-    summary = (f"max relative error {worst:.2e} ({worst_name}) over 2 outputs and {n_grads} gradients, "
-               f"tolerance {TOLERANCE:g}")
+    summary = (f"max relative error {worst:.2e} ({worst_name}) over {n_out} outputs and {n_grads} "
+               f"gradients, tolerance {TOLERANCE:g}")
     if bad or problems:
         what = "; ".join([f"{n} rel err {e:.2e}" for n, e in bad] + problems)
         print(f"FAIL: {summary}. Failed: {what}")
-        print(f"(demo took {elapsed:.1f} s)")
-        return 1
-    print(f"PASS: {summary}")
-    print(f"(demo took {elapsed:.1f} s)")
-    return 0
+    else:
+        print(f"PASS: {summary}")
+    print(f"(demo took {time.perf_counter() - t_start:.1f} s)")
+    return 1 if bad or problems else 0
 
 
 # --------------------------------------------------------------------------- entry point
@@ -283,8 +304,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _rerun_interpreted(argv: Sequence[str]) -> int:
+    """Run `python -m stitchml.cli ARGV` with TRITON_INTERPRET=1 set from the start,
+    passing its output through; return its exit code."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    sys.stdout.flush()
+    proc = subprocess.Popen([sys.executable, "-m", "stitchml.cli", *argv], env=env,
+                            stdout=subprocess.PIPE, text=True, bufsize=1)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+    sys.stdout.flush()
+    return proc.wait()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if _INTERPRET_TOO_LATE and args.func in (cmd_demo, cmd_explain):
+        # triton was imported before TRITON_INTERPRET was set: its kernels would not run
+        return _rerun_interpreted(argv)
     return int(args.func(args) or 0)
 
 

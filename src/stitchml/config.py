@@ -43,6 +43,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("poison_outputs", "STITCHML_POISON_OUTPUTS", False, _bool,
          "Fill kernel outputs with NaN (max int for integers) before launching, so elements a kernel "
          "fails to write show up. For testing; costs a fill per output."),
+    Knob("device", "STITCHML_DEVICE", "", str,
+         "Device the cost model predicts for (H100, H200, A100, cpu); empty = the visible GPU, else cpu."),
     Knob("verbose", "STITCHML_VERBOSE", False, _bool,
          "Log each compiled graph's plan summary."),
 ]}

@@ -33,3 +33,21 @@ def unfused_bytes(g: ir.Graph) -> int:
             continue
         total += _nbytes(n) + sum(_nbytes(g[s]) for s in gv.sources[n.id])
     return total
+
+
+def predict_seconds(k: KernelPlan, dev=None) -> float:
+    """Modelled time of one kernel: launch cost plus bytes over bandwidth, scaled by
+    how much of the machine the grid occupies (too few programs cannot saturate
+    DRAM; a partial last wave is paid in full)."""
+    from .devices import current_device
+    dev = dev or current_device()
+    warps = max(k.mapping.num_warps, 1)
+    per_sm = max(1, min(dev.max_warps_per_sm // warps, 32))
+    slots = dev.sms * per_sm
+    grid = max(k.mapping.grid, 1)
+    waves = -(-grid // slots)
+    occupancy = min(1.0, grid / slots) if waves == 1 else grid / (waves * slots)
+    # a quarter of the slots busy already saturates DRAM on these parts
+    efficiency = min(1.0, occupancy * 4)
+    mem = (k.bytes_read + k.bytes_written) / (dev.bandwidth * max(efficiency, 1.0 / slots))
+    return dev.launch_s + mem

@@ -60,6 +60,7 @@ class KernelPlan:
     bytes_read: int = 0
     bytes_written: int = 0
     seeds: tuple[int, ...] = ()       # RAND nodes needing a per-call seed
+    predicted_s: float = 0.0          # cost-model time on the target device
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,10 @@ class Plan:
     @property
     def num_kernels(self) -> int:
         return len(self.kernels)
+
+    @property
+    def predicted_s(self) -> float:
+        return sum(k.predicted_s for k in self.kernels)
 
     def kernel_of(self, nid: int) -> KernelPlan | None:
         for k in self.kernels:

@@ -56,8 +56,33 @@ class Grouper:
             for src in self.gv.sources[n.id]:
                 if src in self.group_of and self.group_of[src] is not self.group_of[n.id]:
                     self._try_merge(src, n.id)
+        self._merge_siblings()
         groups = {id(g): g for g in self.group_of.values()}
         return sorted(groups.values(), key=lambda g: min(g.members))
+
+    def _merge_siblings(self) -> None:
+        """Operator-level reuse: kernels with the same domain that read the same
+        buffer (dγ and dβ of a norm backward, several bias gradients of one tensor)
+        become one kernel, so the shared operand is loaded once."""
+        readers: dict[int, list[Group]] = {}
+        for grp in {id(g): g for g in self.group_of.values()}.values():
+            if not grp.rowwise or any(self.g[m].kind == ir.SCATTER_ADD for m in grp.members):
+                continue
+            srcs = {s for m in grp.members for s in self.gv.sources[m] if s not in grp.members}
+            for s in srcs:
+                readers.setdefault(s, []).append(grp)
+        for s, grps in readers.items():
+            for i in range(1, len(grps)):
+                a, b = self.group_of[min(grps[0].members)], self.group_of[min(grps[i].members)]
+                if a is b or (a.domain.rows, a.domain.cols) != (b.domain.rows, b.domain.cols):
+                    continue
+                if self._creates_cycle(a, b):
+                    continue
+                keep, gone = (a, b) if len(a.members) >= len(b.members) else (b, a)
+                keep.members |= gone.members
+                keep.dominant = tuple(sorted(set(a.dominant) | set(b.dominant)))
+                for m in gone.members:
+                    self.group_of[m] = keep
 
     # -- merging --------------------------------------------------------------
     def _try_merge(self, producer: int, consumer: int) -> None:

@@ -6,7 +6,7 @@ import heapq
 
 from ..ir import nodes as ir
 from . import mapping as mapping_rules
-from .cost import kernel_bytes, unfused_bytes
+from .cost import kernel_bytes, predict_seconds, unfused_bytes
 from .data import EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, is_free, is_member
 from .grouping import Grouper, Group
@@ -58,6 +58,7 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     kp = KernelPlan(name, members, outputs, tuple(inputs), grp.domain, mp, scheme, grp.dominant,
                     tuple(stitches), seeds=tuple(m for m in members if g[m].kind == ir.RAND))
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp)
+    kp.predicted_s = predict_seconds(kp)
     return kp
 
 

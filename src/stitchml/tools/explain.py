@@ -13,6 +13,7 @@ import torch
 from ..capture.backend import StitchBackend
 from ..compiler import CompiledGraph
 from ..ir.nodes import Fallback
+from ..plan.devices import current_device
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class KernelInfo:
     mapping: str
     bytes_read: int
     bytes_written: int
+    predicted_us: float
 
 
 def _mb(b: int) -> str:
@@ -44,7 +46,7 @@ class Report:
             for k in rec.plan.kernels:
                 ops = tuple(f"{g[m].kind}.{g[m].op}" for m in k.members)
                 out.append(KernelInfo(f"{rec.kind}:{k.name}", rec.kind, ops, k.scheme, k.mapping.describe(),
-                                      k.bytes_read, k.bytes_written))
+                                      k.bytes_read, k.bytes_written, k.predicted_s * 1e6))
         return out
 
     @property
@@ -69,6 +71,10 @@ class Report:
     def unfused_bytes(self) -> int:
         return sum(r.plan.unfused_bytes for r in self.graphs if r.plan is not None)
 
+    @property
+    def predicted_us(self) -> float:
+        return sum(k.predicted_us for k in self.kernels)
+
     def to_text(self) -> str:
         lines = []
         for rec in self.graphs:
@@ -81,13 +87,15 @@ class Report:
                 if hasattr(step, "members"):
                     ops = ", ".join(f"{g[m].op}" for m in step.members)
                     lines.append(f"  kernel {step.name}: {step.scheme:8} {step.mapping.describe()}")
-                    lines.append(f"      reads {_mb(step.bytes_read)}, writes {_mb(step.bytes_written)}; "
-                                 f"ops: {ops}")
+                    lines.append(f"      reads {_mb(step.bytes_read)}, writes {_mb(step.bytes_written)}, "
+                                 f"predicted {step.predicted_s * 1e6:.1f} us; ops: {ops}")
                 else:
                     lines.append(f"  eager  {step.op}: {step.reason}")
             for r in rec.plan.refusals:
                 lines.append(f"  not fused %{r.producer}({g[r.producer].op}) -> %{r.consumer}({g[r.consumer].op}): "
                              f"{r.reason}")
+        dev = current_device()
+        lines.append(f"predicted on {dev.name} ({dev.source}): {self.predicted_us:.1f} us")
         lines.append(f"total: {self.num_kernels} kernels, {len(self.fallbacks)} eager ops; modelled "
                      f"{_mb(self.modelled_bytes)} vs {_mb(self.unfused_bytes)} unfused (one kernel per op)")
         return "\n".join(lines)
