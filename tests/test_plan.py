@@ -47,12 +47,19 @@ def test_pointwise_chain_is_one_local_kernel():
     assert k.bytes_read == (33 * 7 + 7) * 4
 
 
-def test_row_then_column_reduction_is_refused_with_a_reason():
+def test_row_softmax_then_column_sum_is_one_kernel_plus_a_combine():
     x = torch.randn(16, 40)
     plan = plan_of(lambda x: torch.softmax(x, -1).sum(0), x)
+    main, combine = plan.kernels
+    assert main.partials and combine.scheme == "combine" and combine.combine_of == main.name
+    assert (main.domain.rows, main.domain.cols) == (16, 40)
+
+
+def test_reductions_along_different_axes_are_refused_with_a_reason():
+    x = torch.randn(16, 40)
+    plan = plan_of(lambda x: torch.softmax(torch.softmax(x, -1).t(), -1), x)
     assert plan.num_kernels == 2
-    reasons = [r.reason for r in plan.refusals]
-    assert any("different reduction axes" in r for r in reasons)
+    assert any("different reduction axes" in r.reason for r in plan.refusals)
 
 
 def test_merge_through_an_eager_op_is_refused_as_a_cycle():

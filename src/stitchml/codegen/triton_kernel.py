@@ -65,6 +65,9 @@ class Emitter:
         self.params: list[tuple[str, int]] = []
         self.pname: dict[tuple[str, int], str] = {}
         self.levels: dict[int, set] = {}
+        # conditions under which the current values are needed (a cat's branch): loads
+        # are masked by them so no lane reads outside its buffer
+        self.cond: tuple[tuple[str, frozenset], ...] = ()
         big = max([self.dom.rows * self.dom.cols] + [g[i].numel for i in k.inputs] + [g[o].numel for o in k.outputs])
         self.idx64 = big >= 2**31 - 1
 
@@ -129,7 +132,7 @@ class Emitter:
 
     # -- pulling values ------------------------------------------------------
     def value(self, nid: int, index: tuple[ix.Expr, ...]) -> Val:
-        key = (nid, index)
+        key = (nid, index, self.cond)
         for scope in (self.top, self.scopes[-1]):
             if key in scope.cache:
                 return scope.cache[key]
@@ -146,8 +149,10 @@ class Emitter:
         n = self.g[nid]
         off = ix.offset(index, n.stride)
         axes = ix.axes(off)
+        for _, cond_axes in self.cond:
+            axes = axes | cond_axes
         ptr = self._param("in", nid)
-        mask = self._mask(axes)
+        mask = " & ".join([m for m in [self._mask(axes)] if m] + [c for c, _ in self.cond]) or None
         m = f", mask={mask}, other=0" if mask else ""
         cd = compute_dtype(n.dtype)
         conv = ".to(tl.float32)" if cd != n.dtype else ""
@@ -206,14 +211,17 @@ class Emitter:
         pos = index[dim]
         start, result, axes = 0, None, set(ix.axes(pos))
         parts = []
+        p = ix.render(pos)
+        outer = self.cond
         for ref, size in zip(n.args, sizes):
             sub = list(index)
             sub[dim] = pos - start
+            self.cond = outer + ((f"({p} >= {start}) & ({p} < {start + size})", frozenset(ix.axes(pos))),)
             v = self.value(ref.id, tuple(sub))
             axes |= v.axes
             parts.append((start, size, v))
             start += size
-        p = ix.render(pos)
+        self.cond = outer
         result = parts[-1][2].name
         for s, size, v in reversed(parts[:-1]):
             result = f"tl.where({p} < {s + size}, {v.name}, {result})"
@@ -353,11 +361,35 @@ class Emitter:
         self.scopes[-1].lines.append(
             f"tl.atomic_add({ptr} + {ix.render(off)}, {g.name}, mask=rmask & cmask{keep}, sem='relaxed')")
 
+    def partial_store(self, nid: int) -> None:
+        """A column reduction: accumulate over this program's row blocks, then write
+        one partial row per program; a combine kernel reduces the partials."""
+        n = self.g[nid]
+        src = self.g[n.refs[0]]
+        lead = len(n.attr("dims"))
+        red = ix.unravel(self.row_flat, src.shape[:lead])
+        kept = ix.unravel(self.col_flat, src.shape[lead:])
+        v = self.value(src.id, tuple(red) + tuple(kept))
+        cd = compute_dtype(n.dtype)
+        ident = reduce_identity(n.op, cd)
+        combine = REDUCE_COMBINE[n.op]
+        acc = self._new("pacc")
+        self.before.append(f"{acc} = tl.full([{self.m.block_r}, {self.m.block_c}], {ident}, {TL_DTYPE[cd]})")
+        self.top.lines.append(f"{acc} = {combine}({acc}, tl.where(rmask & cmask, {v.name}, {ident}))")
+        ptr = self._param("partial", nid)
+        red_expr = f"tl.sum({acc}, 0)" if n.op == "sum" else f"tl.reduce({acc}, 0, {combine})"
+        pid = "tl.program_id(0).to(tl.int64)" if self.idx64 else "tl.program_id(0)"
+        cflat_lines = [f"cflat = tl.arange(0, {self.m.block_c})[None, :]", f"cmask = cflat < {self.dom.cols}"]
+        self.after.extend(cflat_lines)
+        self.after.append(f"tl.store({ptr} + {pid} * {self.dom.cols} + cflat, {red_expr}[None, :], mask=cmask)")
+
     # -- whole kernel ----------------------------------------------------------
     def emit(self) -> KernelSource:
         m, dom = self.m, self.dom
         t = self.top.lines
         pid = "tl.program_id(0).to(tl.int64)" if self.idx64 else "tl.program_id(0)"
+        if self.k.partials:
+            pid = f"({pid} * {m.row_blocks} + rblk)"
         if self.flat:
             t.append(f"rflat = {pid} * {m.block_r} + tl.arange(0, {m.block_r})")
         else:
@@ -379,8 +411,16 @@ class Emitter:
                 for d in col_dims:
                     self.vars[d] = ix.var(f"c{d}", dom.shape[d], COL)
             self.col_flat = ix.flatten(tuple(self.vars[d] for d in col_dims), col_sizes)
-        row_level = [o for o in self.k.outputs if not self._is_full(o)]
-        full_level = [o for o in self.k.outputs if self._is_full(o)]
+            row_dims = [d for d in range(len(dom.shape)) if d not in dom.col_dims]
+            self.row_flat = ix.flatten(tuple(self.vars[d] for d in row_dims),
+                                       tuple(dom.shape[d] for d in row_dims))
+        self.before: list[str] = []   # accumulators of column partials (outside the row-block walk)
+        self.after: list[str] = []    # their final reduction and store
+        for o in self.k.partials:
+            self.partial_store(o)
+        outputs = [o for o in self.k.outputs if o not in self.k.partials]
+        row_level = [o for o in outputs if not self._is_full(o)]
+        full_level = [o for o in outputs if self._is_full(o)]
         for o in row_level:
             self.store(o)
         if full_level:
@@ -394,7 +434,11 @@ class Emitter:
             if self.looped:
                 self._close_loop()
         params = [self.pname[p] for p in self.params]
-        body = "\n".join("    " + line for line in self.top.lines)
+        lines = self.top.lines
+        if self.k.partials:
+            lines = (self.before + [f"for rblk in range({m.row_blocks}):"] + ["    " + x for x in lines]
+                     + self.after)
+        body = "\n".join("    " + line for line in lines)
         src = f"@triton.jit\ndef {self.k.name}({', '.join(params)}):\n{body}\n"
         return KernelSource(self.k.name, src, list(self.params), m.grid, m.num_warps,
                             {k: frozenset(v) for k, v in self.levels.items()})
@@ -435,4 +479,33 @@ def view_index(g: ir.Graph, n: ir.Node, index: tuple[ix.Expr, ...]) -> tuple[ix.
 
 
 def generate(g: ir.Graph, k: KernelPlan) -> KernelSource:
+    if k.mapping.form == "combine":
+        return generate_combine(g, k)
     return Emitter(g, k).emit()
+
+
+def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
+    """Reduce the (programs x cols) partials of column reductions into their outputs."""
+    rows = k.domain.shape[0]
+    bc = k.mapping.block_c
+    lines = [f"c = tl.program_id(0) * {bc} + tl.arange(0, {bc})"]
+    params, names = [], []
+    for i, nid in enumerate(k.outputs):
+        n = g[nid]
+        cols = n.numel
+        cd = compute_dtype(n.dtype)
+        ident = reduce_identity(n.op, cd)
+        combine = REDUCE_COMBINE[n.op]
+        off = ix.offset(ix.unravel(ix.var("c", cols, ROW), n.shape), n.stride)
+        store = f"acc{i}" if cd == n.dtype else f"acc{i}.to({TL_DTYPE[n.dtype]})"
+        lines += [
+            f"cmask{i} = c < {cols}",
+            f"acc{i} = tl.full([{bc}], {ident}, {TL_DTYPE[cd]})",
+            f"for r in range({rows}):",
+            f"    acc{i} = {combine}(acc{i}, tl.load(part{i} + r * {cols} + c, mask=cmask{i}, other={ident}))",
+            f"tl.store(out{i} + {ix.render(off)}, {store}, mask=cmask{i})",
+        ]
+        params += [("partial", nid), ("out", nid)]
+        names += [f"part{i}", f"out{i}"]
+    src = f"@triton.jit\ndef {k.name}({', '.join(names)}):\n" + "\n".join("    " + x for x in lines) + "\n"
+    return KernelSource(k.name, src, params, k.mapping.grid, k.mapping.num_warps, {})

@@ -20,7 +20,8 @@ def kernel_bytes(g: ir.Graph, k: KernelPlan) -> tuple[int, int]:
     if k.mapping.form == "row_looped":
         passes = 1 + sum(1 for m in k.members if g[m].kind == ir.REDUCE)
     read = sum(min(_nbytes(g[i]), _nbytes(g[i], touched)) for i in k.inputs) * passes
-    written = sum(_nbytes(g[o]) for o in k.outputs)
+    written = sum(_nbytes(g[o]) for o in k.outputs if o not in k.partials)
+    written += sum(k.mapping.grid * g[p].numel * 4 for p in k.partials)
     return read, written
 
 

@@ -34,16 +34,19 @@ class Domain:
 class Mapping:
     """How programs cover the domain (the thread mapping)."""
 
-    form: str        # pointwise | row_persistent | packed_rows | row_looped | scatter_add
-    block_r: int     # rows per program (elements per program for pointwise)
+    form: str        # pointwise | row_persistent | packed_rows | row_looped | combine
+    block_r: int     # rows per block (elements per program for pointwise)
     block_c: int     # columns per block (1 for pointwise)
     num_warps: int
     grid: int
+    row_blocks: int = 1  # row blocks each program walks (kernels with column partials)
 
     def describe(self) -> str:
         if self.form == "pointwise":
             return f"pointwise BLOCK={self.block_r} warps={self.num_warps} grid={self.grid}"
-        return f"{self.form} BLOCK_R={self.block_r} BLOCK_C={self.block_c} warps={self.num_warps} grid={self.grid}"
+        loop = f" x{self.row_blocks} row blocks" if self.row_blocks > 1 else ""
+        return (f"{self.form} BLOCK_R={self.block_r} BLOCK_C={self.block_c}{loop} warps={self.num_warps} "
+                f"grid={self.grid}")
 
 
 @dataclass
@@ -60,6 +63,8 @@ class KernelPlan:
     bytes_read: int = 0
     bytes_written: int = 0
     seeds: tuple[int, ...] = ()       # RAND nodes needing a per-call seed
+    partials: tuple[int, ...] = ()    # column reductions written as per-program partials
+    combine_of: str = ""              # for a combine kernel: the kernel whose partials it sums
     predicted_s: float = 0.0          # cost-model time on the target device
 
 

@@ -8,7 +8,9 @@ its row) and no cycle through an outside node results.  Every refusal is recorde
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .. import config
 
 from ..ir import nodes as ir
 from .data import Domain, Refusal
@@ -22,6 +24,7 @@ class Group:
     domain: Domain
     dominant: tuple[int, ...] = ()
     rowwise: bool = False  # domain was chosen by a reduction or an expensive broadcast
+    cross: set[int] = field(default_factory=set)  # column reductions: across rows, combined after
 
 
 class Grouper:
@@ -36,8 +39,11 @@ class Grouper:
     def _new_group(self, n: ir.Node) -> Group:
         if n.kind == ir.REDUCE:
             src = self.g[n.refs[0]]
-            dom = Domain(src.shape, n.attr("dims"))
-            grp = Group(self._next, {n.id}, dom, (n.id,), True)
+            if is_column_reduce(n, src):
+                kept = tuple(range(len(n.attr("dims")), len(src.shape)))
+                grp = Group(self._next, {n.id}, Domain(src.shape, kept), (n.id,), True, {n.id})
+            else:
+                grp = Group(self._next, {n.id}, Domain(src.shape, n.attr("dims")), (n.id,), True)
         elif n.kind == ir.SCATTER_ADD:
             src = self.g[n.refs[0]]
             grp = Group(self._next, {n.id}, Domain(src.shape, (len(src.shape) - 1,)), (n.id,), True)
@@ -79,8 +85,11 @@ class Grouper:
                 if self._creates_cycle(a, b):
                     continue
                 keep, gone = (a, b) if len(a.members) >= len(b.members) else (b, a)
+                if (a.cross or b.cross) and not _fits_on_chip(a.domain.cols):
+                    continue
                 keep.members |= gone.members
                 keep.dominant = tuple(sorted(set(a.dominant) | set(b.dominant)))
+                keep.cross = a.cross | b.cross
                 for m in gone.members:
                     self.group_of[m] = keep
 
@@ -90,6 +99,8 @@ class Grouper:
         reason = None
         if self.g[producer].kind == ir.SCATTER_ADD or self.g[consumer].kind == ir.SCATTER_ADD:
             reason = "scatter-add kernels stand alone"
+        elif producer in a.cross:
+            reason = "consumer of a column reduction needs the combined value (read after the combine)"
         dom = None
         if reason is None:
             dom, reason = self._merged_domain(a, b, producer, consumer)
@@ -103,6 +114,7 @@ class Grouper:
         keep.domain = dom
         keep.dominant = tuple(sorted(set(a.dominant) | set(b.dominant)))
         keep.rowwise = a.rowwise or b.rowwise or not dom.is_flat
+        keep.cross = a.cross | b.cross
         for m in gone.members:
             self.group_of[m] = keep
 
@@ -119,6 +131,10 @@ class Grouper:
             return None, f"shape mismatch: {da.shape} vs {db.shape}"
         if not da.is_flat and not db.is_flat:
             if (da.rows, da.cols) == (db.rows, db.cols):
+                if (a.cross or b.cross) and not _fits_on_chip(da.cols):
+                    return None, "row and column reductions together need whole rows on chip"
+                if a.cross and not b.cross and b.rowwise:
+                    return db, None  # keep the row reduction's geometry
                 return da, None
             return None, (f"different reduction axes: rows x cols {da.rows}x{da.cols} vs "
                           f"{db.rows}x{db.cols}")
@@ -189,3 +205,20 @@ class Grouper:
 
 def _numel(d: Domain) -> int:
     return d.rows * d.cols
+
+
+def _fits_on_chip(cols: int) -> bool:
+    from .mapping import next_pow2
+    return next_pow2(cols) <= config.get("persistent_max_cols")
+
+
+COMBINABLE = frozenset({"sum", "amax", "amin", "prod"})
+
+
+def is_column_reduce(n: ir.Node, src: ir.Node) -> bool:
+    """Reduces leading dims and keeps trailing ones that fit on chip (bias gradients,
+    dγ/dβ): computed as per-program partials over row blocks, then combined."""
+    dims = n.attr("dims")
+    nd = len(src.shape)
+    return (n.op in COMBINABLE and 0 < len(dims) < nd and dims == tuple(range(len(dims)))
+            and _fits_on_chip(n.numel))

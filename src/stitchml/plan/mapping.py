@@ -21,7 +21,7 @@ def _warps(elems: int) -> int:
     return max(1, min(16, next_pow2(max(elems // 256, 1))))
 
 
-def choose(domain: Domain) -> Mapping:
+def choose(domain: Domain, partials: bool = False) -> Mapping:
     if domain.is_flat:
         n = domain.rows
         block = min(config.get("pointwise_block"), next_pow2(n))
@@ -31,6 +31,18 @@ def choose(domain: Domain) -> Mapping:
     if bc <= config.get("persistent_max_cols"):
         br = max(1, min(next_pow2(rows), config.get("block_elems") // bc))
         form = "packed_rows" if br > 1 else "row_persistent"
-        return Mapping(form, br, bc, _warps(br * bc), -(-rows // br))
+        blocks = -(-rows // br)
+        if not partials:
+            return Mapping(form, br, bc, _warps(br * bc), blocks)
+        # column partials: each program walks several row blocks so the partial
+        # buffer (programs x cols) stays small; a few waves of programs suffice
+        grid = min(blocks, _partial_programs())
+        walk = -(-blocks // grid)
+        return Mapping(form, br, bc, _warps(br * bc), -(-blocks // walk), walk)
     bc = config.get("loop_block_cols")
     return Mapping("row_looped", 1, bc, _warps(bc), rows)
+
+
+def _partial_programs() -> int:
+    from .devices import current_device
+    return max(2, 4 * current_device().sms)

@@ -7,7 +7,7 @@ import heapq
 from ..ir import nodes as ir
 from . import mapping as mapping_rules
 from .cost import kernel_bytes, predict_seconds, unfused_bytes
-from .data import EagerStep, KernelPlan, Plan
+from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, is_free, is_member
 from .grouping import Grouper, Group
 
@@ -29,8 +29,12 @@ def build_plan(g: ir.Graph) -> Plan:
     kcount = 0
     for unit in units:
         if isinstance(unit, Group):
-            plan.steps.append(_kernel(f"k{kcount}", unit, g, gv, plan.materialized))
+            k = _kernel(f"k{kcount}", unit, g, gv, plan.materialized)
+            plan.steps.append(k)
             kcount += 1
+            if k.partials:
+                plan.steps.append(_combine(f"k{kcount}", k, g))
+                kcount += 1
         else:
             n = g[unit]
             plan.steps.append(EagerStep(n.id, n.op, n.attr("reason", "")))
@@ -53,11 +57,28 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
                 scheme = "regional" if g[s].numel < g[m].numel or g[s].kind == ir.REDUCE else "local"
                 stitches.append((s, m, scheme))
     scatter = any(g[m].kind == ir.SCATTER_ADD for m in members)
-    mp = mapping_rules.choose(grp.domain)
+    partials = tuple(sorted(grp.cross))
+    mp = mapping_rules.choose(grp.domain, partials=bool(partials))
     scheme = "scatter" if scatter else ("regional" if any(s[2] == "regional" for s in stitches) else "local")
     kp = KernelPlan(name, members, outputs, tuple(inputs), grp.domain, mp, scheme, grp.dominant,
-                    tuple(stitches), seeds=tuple(m for m in members if g[m].kind == ir.RAND))
+                    tuple(stitches), seeds=tuple(m for m in members if g[m].kind == ir.RAND),
+                    partials=partials)
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp)
+    kp.predicted_s = predict_seconds(kp)
+    return kp
+
+
+def _combine(name: str, k: KernelPlan, g: ir.Graph) -> KernelPlan:
+    """One launch that reduces the per-program partials of all of `k`'s column
+    reductions (sum, max, min or prod over the programs axis)."""
+    cols = max(g[n].numel for n in k.partials)
+    bc = min(mapping_rules.next_pow2(cols), 1024)
+    mp = mapping_rules.Mapping("combine", 1, bc, 4, -(-cols // bc))
+    rows = k.mapping.grid
+    kp = KernelPlan(name, k.partials, k.partials, (), Domain((rows, cols), (1,)), mp, "combine", k.partials, (),
+                    combine_of=k.name)
+    kp.bytes_read = sum(rows * g[n].numel * 4 for n in k.partials)
+    kp.bytes_written = sum(g[n].numel * g[n].dtype.itemsize for n in k.partials)
     kp.predicted_s = predict_seconds(kp)
     return kp
 

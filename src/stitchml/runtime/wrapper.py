@@ -112,10 +112,18 @@ class WrapperBuilder:
                 args.append(name)
             elif kind == "seed":
                 args.append("_seed()")
+            elif kind == "partial":
+                pname = f"p{nid}"
+                if not k.combine_of:  # the producing kernel allocates; its combine reads
+                    n = self.g[nid]
+                    cols = n.numel
+                    dtype = self._const(torch.float32 if n.dtype in (torch.float16, torch.bfloat16) else n.dtype)
+                    self.lines.append(f"{pname} = torch.empty(({ks.grid}, {cols}), dtype={dtype}, device=DEVICE)")
+                args.append(pname)
             else:
                 args.append(self.need(nid))
         # outputs listed by the plan but never written by the kernel would be garbage: refuse
-        written = {nid for kind, nid in ks.params if kind == "out"}
+        written = {nid for kind, nid in ks.params if kind in ("out", "partial")}
         missing = set(k.outputs) - written
         if missing:
             raise RuntimeError(f"kernel {k.name} does not write outputs {sorted(missing)}")
