@@ -16,7 +16,8 @@ import torch
 import torch.fx as fx
 
 from . import config
-from .codegen.triton_kernel import KernelSource, generate
+from .codegen import generate_all
+from .codegen.triton_kernel import KernelSource
 from .ir.nodes import Graph
 from .lower.lower import lower
 from .lower.registry import Unsupported
@@ -53,8 +54,14 @@ def _device_of(gm: fx.GraphModule, example_inputs) -> torch.device:
 
 
 def _interpreter_on() -> bool:
+    """Whether Triton really runs in interpreter mode.  Triton decides when it is
+    imported (its library functions are decorated then), so setting the variable
+    later is not enough: check both the variable and what the library became."""
     import os
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return False
+    import triton.language as tl
+    return type(tl.sigmoid).__name__ == "InterpretedFunction"
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list | None = None) -> Callable:
@@ -65,10 +72,11 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
     try:
         device = _device_of(gm, example_inputs)
         if device.type == "cpu" and not _interpreter_on():
-            raise Unsupported("CPU tensors: kernels need a GPU, or TRITON_INTERPRET=1 for the interpreter")
+            raise Unsupported("CPU tensors: kernels need a GPU, or TRITON_INTERPRET=1 set before triton is "
+                              "imported (the Triton interpreter)")
         rec.graph = lower(gm)                                              # lower
         rec.plan = build_plan(rec.graph)                                   # plan
-        rec.kernels = {k.name: generate(rec.graph, k) for k in rec.plan.kernels}  # codegen
+        rec.kernels = generate_all(rec.graph, rec.plan)                          # codegen
         call, rec.wrapper_source = build_callable(rec.plan, rec.kernels, device)  # runtime
     except Exception as e:  # graceful: this graph runs eagerly
         if not config.get("fallback_on_error") and not isinstance(e, Unsupported):

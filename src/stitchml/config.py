@@ -43,6 +43,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("poison_outputs", "STITCHML_POISON_OUTPUTS", False, _bool,
          "Fill kernel outputs with NaN (max int for integers) before launching, so elements a kernel "
          "fails to write show up. For testing; costs a fill per output."),
+    Knob("global_barriers", "STITCHML_GLOBAL_BARRIERS", True, _bool,
+         "Allow the global scheme: dependent kernels as phases of one persistent launch with grid "
+         "barriers. Off = the phase-split twin (one launch per phase)."),
+    Knob("horizontal_fusion", "STITCHML_HORIZONTAL_FUSION", True, _bool,
+         "Launch independent, launch-bound kernels together (dispatch on program-id ranges)."),
     Knob("device", "STITCHML_DEVICE", "", str,
          "Device the cost model predicts for (H100, H200, A100, cpu); empty = the visible GPU, else cpu."),
     Knob("verbose", "STITCHML_VERBOSE", False, _bool,

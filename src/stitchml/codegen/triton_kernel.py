@@ -44,11 +44,17 @@ class Scope:
 @dataclass
 class KernelSource:
     name: str
-    source: str
-    params: list[tuple[str, int]]   # (kind, node id): kind in in/out/seed
+    params: list[tuple[str, int]]   # (kind, node id): kind in in/out/seed/partial
+    param_names: list[str]
+    body: list[str]                 # statements; the program id is written `tl.program_id(0)`
     grid: int
     num_warps: int
     levels: dict[int, frozenset]    # node id → axes it was evaluated over (for tests / explain)
+
+    @property
+    def source(self) -> str:
+        return (f"@triton.jit\ndef {self.name}({', '.join(self.param_names)}):\n"
+                + "\n".join("    " + line for line in self.body) + "\n")
 
 
 class Emitter:
@@ -438,9 +444,7 @@ class Emitter:
         if self.k.partials:
             lines = (self.before + [f"for rblk in range({m.row_blocks}):"] + ["    " + x for x in lines]
                      + self.after)
-        body = "\n".join("    " + line for line in lines)
-        src = f"@triton.jit\ndef {self.k.name}({', '.join(params)}):\n{body}\n"
-        return KernelSource(self.k.name, src, list(self.params), m.grid, m.num_warps,
+        return KernelSource(self.k.name, list(self.params), params, lines, m.grid, m.num_warps,
                             {k: frozenset(v) for k, v in self.levels.items()})
 
     def _is_full(self, nid: int) -> bool:
@@ -507,5 +511,4 @@ def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
         ]
         params += [("partial", nid), ("out", nid)]
         names += [f"part{i}", f"out{i}"]
-    src = f"@triton.jit\ndef {k.name}({', '.join(names)}):\n" + "\n".join("    " + x for x in lines) + "\n"
-    return KernelSource(k.name, src, params, k.mapping.grid, k.mapping.num_warps, {})
+    return KernelSource(k.name, params, names, lines, k.mapping.grid, k.mapping.num_warps, {})

@@ -61,10 +61,12 @@ def _mul(a, b):
 
 @triton.jit
 def _expm1(x):
-    # Kahan: (u - 1) * x / log(u) keeps full relative precision near 0
+    # Kahan: (u - 1) * x / log(u) keeps full relative precision near 0; away from 0
+    # u - 1 is exact enough, and (u - 1) * x would overflow for x near log(FLT_MAX)
     u = tl.exp(x)
     um1 = u - 1.0
     r = tl.where(um1 == 0.0, x, um1 * x / tl.log(u))
+    r = tl.where(tl.abs(x) > 0.5, um1, r)
     r = tl.where(um1 == -1.0, -1.0, r)
     return tl.where(u == float("inf"), u, r)
 
@@ -96,12 +98,39 @@ def _round(x):
 
 
 @triton.jit
+def _floordiv(a, b):
+    # eager's floor division of floats: divide the exact remainder out first, so a
+    # quotient that rounds up to an integer (1 / 0.1 -> 10.0) still floors to 9
+    mod = a % b  # fmod: exact, sign of a
+    div = (a - mod) / b
+    div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
+    fl = tl.floor(div)
+    fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
+    q = a / b
+    r = tl.where(div != 0, fl, tl.where(q < 0, -0.0, 0.0))
+    return tl.where(b == 0, q, r)
+
+
+@triton.jit
+def _round_bf16(x):
+    # float32 -> nearest-even bfloat16 value, kept in float32 (integer ops only, so it
+    # rounds the same on GPUs and in the interpreter, whose bf16 cast truncates)
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 32767 + ((bits >> 16) & 1)) & -65536
+    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
 def _pow(a, b):
+    # C pow: odd integer powers keep the base's sign (-0.0 included), finite negative
+    # bases to non-integer powers are nan, (-1) ** +-inf == 1, x ** 0 == 1 ** y == 1
     r = tl.exp2(b * tl.log2(tl.abs(a)))
     bint = tl.floor(b) == b
     odd = bint & ((b - 2.0 * tl.floor(b * 0.5)) == 1.0)
-    r = tl.where((a < 0) & odd, -r, r)
-    r = tl.where((a < 0) & (bint == 0), float("nan"), r)
+    neg = (a < 0) | ((a == 0) & ((1.0 / a) < 0))
+    r = tl.where(neg & odd, -r, r)
+    r = tl.where((a < 0) & (a > float("-inf")) & (bint == 0), float("nan"), r)
+    r = tl.where((a == -1.0) & (tl.abs(b) == float("inf")), 1.0, r)
     r = tl.where((b == 0) | (a == 1.0), 1.0, r)
     return r
 '''
@@ -111,6 +140,7 @@ BINARY = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
     "maximum": "_nanmax({0}, {1})", "minimum": "_nanmin({0}, {1})",
     "clamp_min": "_nanmax({0}, {1})", "clamp_max": "_nanmin({0}, {1})",
+    "floordiv": "_floordiv({0}, {1})",
     "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})",
     "logical_and": "({0} & {1})", "logical_or": "({0} | {1})", "logical_xor": "({0} ^ {1})",
     "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
@@ -128,7 +158,17 @@ UNARY = {
 }
 
 
+def _is_literal(x: str) -> bool:
+    return x.startswith("float(") or x.replace(".", "").replace("-", "").replace("+", "").replace("e", "").isdigit()
+
+
 def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_dtype: torch.dtype) -> str:
+    if op == "floordiv":
+        a, b = args
+        # the helper compares its operands as tensors: give literals a block shape
+        a = f"(tl.zeros_like({b}) + {a})" if _is_literal(a) else a
+        b = f"(tl.zeros_like({a}) + {b})" if _is_literal(b) else b
+        return BINARY[op].format(a, b)
     if op in BINARY:
         return BINARY[op].format(*args)
     if op in UNARY:
@@ -136,7 +176,8 @@ def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_d
     if op == "sign":
         a = args[0]
         if in_dtype in FLOATS:
-            return f"tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, {a} * 0.0))"
+            # sign(nan) is 0 in eager
+            return f"tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, 0.0))"
         return f"tl.where({a} > 0, 1, tl.where({a} < 0, -1, 0)).to({TL_DTYPE[out_dtype]})"
     if op == "isinf":
         a = args[0]
@@ -150,12 +191,18 @@ def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_d
 
 def _pow(args: list[str]) -> str:
     a, b = args
+    # the exponents eager special-cases (CPU and CUDA pow kernels), computed the same way;
+    # x ** 0 is 1 even for inf and nan
     special = {"2.0": f"({a} * {a})", "1.0": a, "3.0": f"({a} * {a} * {a})", "0.5": f"tl.sqrt_rn({a})",
-               "-1.0": f"(1.0 / {a})", "-0.5": f"tl.rsqrt({a})", "0.0": f"({a} * 0.0 + 1.0)"}
+               "-1.0": f"(1.0 / {a})", "-0.5": f"tl.rsqrt({a})", "-2.0": f"(1.0 / ({a} * {a}))",
+               "0.0": f"tl.where({a} != {a}, 1.0, 1.0)"}
     if b in special:
         return special[b]
-    if a in special or a.replace(".", "").replace("-", "").isdigit():
+    # _pow works on blocks: a scalar base or exponent becomes one
+    if _is_literal(a):
         a = f"(tl.zeros_like({b}) + {a})"
+    elif _is_literal(b):
+        b = f"(tl.zeros_like({a}) + {b})"
     return f"_pow({a}, {b})"
 
 
@@ -163,8 +210,16 @@ def cast_expr(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     """Cast between compute types, rounding through half types like eager does."""
     if dst == torch.bool:
         return f"({x} != 0)"
-    if dst in (torch.float16, torch.bfloat16):
-        return f"{x}.to({TL_DTYPE[dst]}).to(tl.float32)"
+    if src == torch.bool:
+        x = f"{x}.to(tl.int8)"
+    if dst == torch.bfloat16:
+        if compute_dtype(src) != torch.float32:
+            x = f"{x}.to(tl.float32)"  # ints: through float32, like eager's conversion
+        return f"_round_bf16({x})" if src != torch.bfloat16 else x
+    if dst == torch.float16:
+        if compute_dtype(src) not in (torch.float32, torch.float64):
+            x = f"{x}.to(tl.float32)"
+        return f"{x}.to(tl.float16).to(tl.float32)"
     if compute_dtype(src) == dst:
         return x
     return f"{x}.to({TL_DTYPE[dst]})"

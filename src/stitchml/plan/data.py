@@ -68,6 +68,19 @@ class KernelPlan:
     predicted_s: float = 0.0          # cost-model time on the target device
 
 
+@dataclass
+class LaunchGroup:
+    """Several kernels launched as one: `global` phases separated by grid barriers
+    (persistent grid) or `horizontal` bodies dispatched on program-id ranges."""
+
+    name: str
+    kind: str                      # global | horizontal
+    members: tuple[str, ...]       # KernelPlan names, in launch order
+    grid: int                      # persistent grid (global) or total programs (horizontal)
+    predicted_s: float = 0.0
+    reason: str = ""               # why the cost model chose it
+
+
 @dataclass(frozen=True)
 class EagerStep:
     node: int
@@ -89,6 +102,7 @@ class Plan:
     materialized: set[int] = field(default_factory=set)
     refusals: list[Refusal] = field(default_factory=list)
     unfused_bytes: int = 0                           # one kernel per primitive op, for comparison
+    groups: list[LaunchGroup] = field(default_factory=list)
 
     @property
     def kernels(self) -> list[KernelPlan]:
@@ -96,11 +110,21 @@ class Plan:
 
     @property
     def num_kernels(self) -> int:
-        return len(self.kernels)
+        """GPU kernels launched per call: a global or horizontal group counts once."""
+        grouped = {m for g in self.groups for m in g.members}
+        return len([k for k in self.kernels if k.name not in grouped]) + len(self.groups)
+
+    def group_of(self, kernel_name: str) -> LaunchGroup | None:
+        for g in self.groups:
+            if kernel_name in g.members:
+                return g
+        return None
 
     @property
     def predicted_s(self) -> float:
-        return sum(k.predicted_s for k in self.kernels)
+        grouped = {m for g in self.groups for m in g.members}
+        return (sum(k.predicted_s for k in self.kernels if k.name not in grouped)
+                + sum(g.predicted_s for g in self.groups))
 
     def kernel_of(self, nid: int) -> KernelPlan | None:
         for k in self.kernels:

@@ -28,7 +28,10 @@ class Group:
 
 
 class Grouper:
-    def __init__(self, gv: GraphView):
+    def __init__(self, gv: GraphView, forbidden: frozenset = frozenset()):
+        # pairs of dominant ops whose kernels must stay apart (a dry run of code
+        # generation showed their index spaces do not line up)
+        self.forbidden = forbidden
         self.gv = gv
         self.g = gv.g
         self.group_of: dict[int, Group] = {}
@@ -82,6 +85,8 @@ class Grouper:
                 a, b = self.group_of[min(grps[0].members)], self.group_of[min(grps[i].members)]
                 if a is b or (a.domain.rows, a.domain.cols) != (b.domain.rows, b.domain.cols):
                     continue
+                if self._forbidden(a, b):
+                    continue
                 if self._creates_cycle(a, b):
                     continue
                 keep, gone = (a, b) if len(a.members) >= len(b.members) else (b, a)
@@ -102,6 +107,8 @@ class Grouper:
         elif producer in a.cross:
             reason = "consumer of a column reduction needs the combined value (read after the combine)"
         dom = None
+        if reason is None and self._forbidden(a, b):
+            reason = "reduction axes do not line up (transposed index spaces)"
         if reason is None:
             dom, reason = self._merged_domain(a, b, producer, consumer)
         if reason is None and self._creates_cycle(a, b):
@@ -117,6 +124,9 @@ class Grouper:
         keep.cross = a.cross | b.cross
         for m in gone.members:
             self.group_of[m] = keep
+
+    def _forbidden(self, a: Group, b: Group) -> bool:
+        return any(frozenset((x, y)) in self.forbidden for x in a.dominant for y in b.dominant)
 
     def _merged_domain(self, a: Group, b: Group, producer: int, consumer: int):
         da, db = a.domain, b.domain

@@ -10,11 +10,39 @@ from .cost import kernel_bytes, predict_seconds, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, is_free, is_member
 from .grouping import Grouper, Group
+from .launches import form_groups
 
 
 def build_plan(g: ir.Graph) -> Plan:
     gv = GraphView(g)
-    grouper = Grouper(gv)
+    forbidden: frozenset = frozenset()
+    while True:
+        plan = _plan_once(g, gv, forbidden)
+        bad = _invalid_kernel(g, plan)
+        if bad is None:
+            form_groups(plan)
+            return plan
+        pairs = {frozenset((x, y)) for x in bad.dominant for y in bad.dominant if x != y}
+        if not pairs or pairs <= forbidden:
+            raise RuntimeError(f"kernel {bad.name} cannot be generated and cannot be split")
+        forbidden = forbidden | pairs
+
+
+def _invalid_kernel(g: ir.Graph, plan: Plan) -> KernelPlan | None:
+    """Dry-run the index analysis of every multi-dominant kernel (text only, nothing
+    compiled); return the first whose index spaces do not line up."""
+    from ..codegen.triton_kernel import generate
+    for k in plan.kernels:
+        if len(k.dominant) > 1:
+            try:
+                generate(g, k)
+            except NotImplementedError:
+                return k
+    return None
+
+
+def _plan_once(g: ir.Graph, gv: GraphView, forbidden: frozenset) -> Plan:
+    grouper = Grouper(gv, forbidden)
     groups = grouper.run()
     plan = Plan(graph=g, refusals=grouper.refusals)
     group_of = {m: grp for grp in groups for m in grp.members}

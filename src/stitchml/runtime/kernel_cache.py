@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 from .. import config
+from ..codegen.composite import BARRIER
 from ..codegen.triton_ops import PRELUDE
 
 _MODULES: dict[str, ModuleType] = {}
@@ -20,7 +21,7 @@ def source_key(source: str) -> str:
 
 
 def load_module(kernel_sources: list[str]) -> ModuleType:
-    source = PRELUDE + "\n\n" + "\n\n".join(kernel_sources)
+    source = PRELUDE + BARRIER + "\n\n" + "\n\n".join(kernel_sources)
     key = source_key(source)
     if key in _MODULES:
         return _MODULES[key]

@@ -24,6 +24,8 @@ class WrapperBuilder:
         self.names: dict[int, str] = {}
         self.consts: dict[str, Any] = {"torch": torch, "DEVICE": device, "_seed": _seed}
         self.nconst = 0
+        self.device = device
+        self.partials: set[str] = set()
 
     def _const(self, value: Any) -> str:
         if isinstance(value, (bool, int, float)) and not isinstance(value, bool) and value == value \
@@ -101,33 +103,49 @@ class WrapperBuilder:
         return "\n".join(head + ["    " + line for line in L]) + "\n"
 
     def _kernel(self, k: KernelPlan) -> None:
-        ks = self.sources[k.name]
+        group = self.plan.group_of(k.name)
+        if group is None:
+            self._launch(self.sources[k.name], [k])
+        elif group.members[0] == k.name:  # the whole group launches at its first member
+            kernels = {kp.name: kp for kp in self.plan.kernels}
+            self._launch(self.sources[group.name], [kernels[m] for m in group.members], group.kind)
+
+    def _launch(self, ks: KernelSource, kernels: list[KernelPlan], kind: str = "") -> None:
         args = []
-        for kind, nid in ks.params:
-            if kind == "out":
-                n = self.g[nid]
-                name = f"v{nid}"
-                self.lines.append(f"{name} = {self._alloc(n)}")
-                self.names[nid] = name
-                args.append(name)
-            elif kind == "seed":
-                args.append("_seed()")
-            elif kind == "partial":
-                pname = f"p{nid}"
-                if not k.combine_of:  # the producing kernel allocates; its combine reads
+        for pkind, nid in ks.params:
+            if pkind == "out":
+                if nid not in self.names:
                     n = self.g[nid]
-                    cols = n.numel
+                    self.lines.append(f"v{nid} = {self._alloc(n)}")
+                    self.names[nid] = f"v{nid}"
+                args.append(self.names[nid])
+            elif pkind == "seed":
+                args.append("_seed()")
+            elif pkind == "partial":
+                pname = f"p{nid}"
+                if pname not in self.partials:  # allocated by the producing kernel, read by its combine
+                    n = self.g[nid]
+                    producer = next(k for k in self.plan.kernels if nid in k.partials)
                     dtype = self._const(torch.float32 if n.dtype in (torch.float16, torch.bfloat16) else n.dtype)
-                    self.lines.append(f"{pname} = torch.empty(({ks.grid}, {cols}), dtype={dtype}, device=DEVICE)")
+                    self.lines.append(f"{pname} = torch.empty(({producer.mapping.grid}, {n.numel}), "
+                                      f"dtype={dtype}, device=DEVICE)")
+                    self.partials.add(pname)
                 args.append(pname)
+            elif pkind == "counter":
+                self.consts.setdefault("BARRIER", _BarrierCounter(self.device))
+                barriers = len(kernels) - 1
+                self.lines.append(f"counter, base = BARRIER.take({barriers * ks.grid})")
+                args.append("counter")
+            elif pkind == "base":
+                args.append("base")
             else:
                 args.append(self.need(nid))
         # outputs listed by the plan but never written by the kernel would be garbage: refuse
-        written = {nid for kind, nid in ks.params if kind in ("out", "partial")}
-        missing = set(k.outputs) - written
+        written = {nid for pkind, nid in ks.params if pkind in ("out", "partial")}
+        missing = {o for k in kernels for o in k.outputs} - written
         if missing:
-            raise RuntimeError(f"kernel {k.name} does not write outputs {sorted(missing)}")
-        self.lines.append(f"{k.name}[({ks.grid},)]({', '.join(args)}, num_warps={ks.num_warps})")
+            raise RuntimeError(f"kernel {ks.name} does not write outputs {sorted(missing)}")
+        self.lines.append(f"{ks.name}[({ks.grid},)]({', '.join(args)}, num_warps={ks.num_warps})")
 
     def _alloc(self, n: ir.Node) -> str:
         dtype = self._const(n.dtype)
@@ -151,6 +169,24 @@ class WrapperBuilder:
             rendered = [self._render(a) for a in args] + [f"{k}={self._render(v)}" for k, v in kwargs.items()]
             self.lines.append(f"{name} = {t}({', '.join(rendered)})")
         self.names[n.id] = name
+
+
+class _BarrierCounter:
+    """The grid-barrier counter of a compiled graph: a device int64 that only grows.
+    Each launch gets a fresh base, so barriers never need a reset (no extra memset
+    launch).  Created on first use, outside compilation's fake-tensor mode."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.counter = None
+        self.base = 0
+
+    def take(self, arrivals: int):
+        if self.counter is None:
+            self.counter = torch.zeros(1, dtype=torch.int64, device=self.device)
+        base = self.base
+        self.base += arrivals
+        return self.counter, base
 
 
 def _seed() -> int:

@@ -1,0 +1,99 @@
+"""Launch grouping, chosen by the cost model.
+
+- global: a kernel with column partials, its combine, and the kernels right after it
+  that read their results become phases of one persistent launch (grid barriers
+  between phases) when a barrier is cheaper than the launches it replaces.
+- horizontal: consecutive, mutually independent, launch-bound kernels share one
+  launch (dispatch on program-id ranges).
+"""
+from __future__ import annotations
+
+from .. import config
+from .cost import predict_seconds
+from .data import KernelPlan, LaunchGroup, Plan
+from .devices import Device, current_device
+
+HORIZONTAL_MAX = 8
+
+
+def wave_capacity(dev: Device, num_warps: int) -> int:
+    """Programs that are resident at once: the largest safe grid for a barrier.
+    The interpreter (cpu entry) runs one program at a time, so only 1 is safe."""
+    if dev.name == "cpu":
+        return 1
+    by_warps = dev.max_warps_per_sm // max(num_warps, 1)
+    by_regs = dev.regs_per_sm // (max(num_warps, 1) * 32 * 128)  # assume ≤128 registers a thread
+    return dev.sms * max(1, min(by_warps, by_regs, 32))
+
+
+def _mem_s(k: KernelPlan, dev: Device) -> float:
+    return predict_seconds(k, dev) - dev.launch_s
+
+
+def form_groups(plan: Plan, dev: Device | None = None) -> None:
+    dev = dev or current_device()
+    if config.get("global_barriers"):
+        _global(plan, dev)
+    if config.get("horizontal_fusion"):
+        _horizontal(plan, dev)
+
+
+def _global(plan: Plan, dev: Device) -> None:
+    steps = plan.steps
+    i = 0
+    while i < len(steps):
+        k = steps[i]
+        if not (isinstance(k, KernelPlan) and k.partials):
+            i += 1
+            continue
+        chain, produced = [k], set(k.outputs)
+        j = i + 1
+        while j < len(steps) and isinstance(steps[j], KernelPlan):
+            nxt = steps[j]
+            if nxt.combine_of != chain[-1].name and not (set(nxt.inputs) & produced):
+                break
+            chain.append(nxt)
+            produced |= set(nxt.outputs)
+            j += 1
+        n = len(chain)
+        if n > 1:
+            warps = max(c.mapping.num_warps for c in chain)
+            grid = min(max(c.mapping.grid for c in chain), wave_capacity(dev, warps))
+            separate = sum(predict_seconds(c, dev) for c in chain)
+            fused = dev.launch_s + sum(_mem_s(c, dev) for c in chain) + (n - 1) * dev.barrier_s
+            if fused < separate:
+                plan.groups.append(LaunchGroup(
+                    f"g{len(plan.groups)}", "global", tuple(c.name for c in chain), grid, fused,
+                    f"{n - 1} grid barriers ({(n - 1) * dev.barrier_s * 1e6:.1f} us) replace {n - 1} launches "
+                    f"({(n - 1) * dev.launch_s * 1e6:.1f} us)"))
+        i = j
+
+
+def _horizontal(plan: Plan, dev: Device) -> None:
+    grouped = {m for g in plan.groups for m in g.members}
+
+    def candidate(s) -> bool:
+        return (isinstance(s, KernelPlan) and s.name not in grouped and not s.combine_of and not s.partials
+                and _mem_s(s, dev) <= 2 * dev.launch_s)
+
+    run: list[KernelPlan] = []
+
+    def flush():
+        if len(run) > 1:
+            fused = dev.launch_s + sum(_mem_s(c, dev) for c in run)
+            plan.groups.append(LaunchGroup(
+                f"g{len(plan.groups)}", "horizontal", tuple(c.name for c in run), sum(c.mapping.grid for c in run),
+                fused, f"{len(run)} launch-bound kernels: saves {(len(run) - 1) * dev.launch_s * 1e6:.1f} us of "
+                       f"launches"))
+        run.clear()
+
+    for s in plan.steps:
+        if candidate(s) and len(run) < HORIZONTAL_MAX:
+            produced = {o for r in run for o in r.outputs}
+            if not (set(s.inputs) & produced):
+                run.append(s)
+                continue
+        flush()
+        if candidate(s):
+            run.append(s)
+    flush()
