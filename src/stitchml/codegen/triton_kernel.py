@@ -327,10 +327,26 @@ class Emitter:
         self.top.lines.extend("    " + line for line in scope.lines)
 
     # -- stores ----------------------------------------------------------------
+    def _permuted_index(self, n: ir.Node):
+        """If `n` is (a same-shape element-wise op of) a permute of a domain-shaped
+        value, index it by the permuted domain index, so its producers stay at the
+        domain's own index (no reduction is asked for at a transposed position)."""
+        while True:
+            if n.kind == ir.VIEW and n.op == "permute" and self.g[n.refs[0]].shape == self.dom.shape:
+                full = self.full_index()
+                return tuple(full[d] for d in n.attr("dims"))
+            if n.kind == ir.POINTWISE and n.refs and all(self.g[r].shape == n.shape for r in n.refs):
+                n = self.g[n.refs[0]]
+                continue
+            return None
+
     def output_index(self, nid: int) -> tuple[ix.Expr, ...]:
         n = self.g[nid]
         if n.shape == self.dom.shape:
             return self.full_index()
+        permuted = self._permuted_index(n)
+        if permuted is not None:
+            return permuted
         if not self.flat and n.numel == self.dom.rows:
             row_index = tuple(self.vars[d] for d in range(len(self.dom.shape)) if d not in self.dom.col_dims)
             row_shape = tuple(s for d, s in enumerate(self.dom.shape) if d not in self.dom.col_dims)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.nodes import Ref
+from ..ir.nodes import Ref, prod
 from .context import FLOAT_TYPES, LowerCtx, static_shape
 from .registry import Unsupported, register
 
@@ -92,8 +92,24 @@ def _div_mode(ctx, node, a, b, *, rounding_mode=None):
         return _div(ctx, node, a, b)
     if dtype not in FLOAT_TYPES:
         raise Unsupported(f"integer division with rounding_mode={rounding_mode} runs eagerly")
-    q = ctx.pointwise("truediv", _operands(ctx, (a, b), shape, dtype), shape, dtype)
-    return ctx.pointwise("trunc" if rounding_mode == "trunc" else "floor", (q,), shape, dtype)
+    ops = _operands(ctx, (a, b), shape, dtype)
+    if rounding_mode == "floor":
+        # not floor(a / b): the rounded quotient can be an integer above the true one
+        return ctx.pointwise("floordiv", ops, shape, dtype)
+    if rounding_mode != "trunc":
+        raise Unsupported(f"rounding_mode={rounding_mode!r}")
+    if dtype in (torch.float16, torch.bfloat16) and isinstance(b, Ref) and prod(ctx.shape(b)) > 1:
+        # eager (CPU and CUDA) truncates a half-type quotient of two tensors after rounding it
+        # to the half type; a scalar divisor (or a one-element tensor) is divided in float32
+        q = ctx.pointwise("truediv", _operands(ctx, (a, b), shape, torch.float32), shape, torch.float32)
+        return ctx.pointwise("trunc", (ctx.cast(q, dtype),), shape, dtype)
+    q = ctx.pointwise("truediv", ops, shape, dtype)
+    return ctx.pointwise("trunc", (q,), shape, dtype)
+
+
+@register(aten.floor_divide.default, aten.floor_divide.Scalar)
+def _floor_divide(ctx, node, a, b):
+    return _div_mode(ctx, node, a, b, rounding_mode="floor")
 
 
 def _compare(op):

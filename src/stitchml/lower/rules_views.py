@@ -95,6 +95,21 @@ def _cat(ctx, node, tensors, dim=0):
                          (("dim", dim), ("sizes", sizes))))
 
 
+@register(aten.stack.default)
+def _stack(ctx, node, tensors, dim=0):
+    """A cat of the operands, each with a new size-1 dim at `dim`."""
+    shape, dtype = _shape(node), node.meta["val"].dtype
+    dim %= len(shape)
+    parts = []
+    for t in tensors:
+        ts = ctx.shape(t)
+        parts.append(ctx.reshape(ctx.cast(t, dtype), ts[:dim] + (1,) + ts[dim:]))
+    if len(parts) == 1:
+        return ctx.pointwise("identity", (parts[0],), shape, dtype)
+    return Ref(ctx.g.add(ir.CAT, "cat", tuple(parts), shape, dtype, contiguous_strides(shape),
+                         (("dim", dim), ("sizes", (1,) * len(parts)))))
+
+
 @register(aten.as_strided.default)
 def _as_strided(ctx, node, x, size, stride, storage_offset=None):
     src = ctx.node(x)

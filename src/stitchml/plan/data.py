@@ -103,6 +103,7 @@ class Plan:
     refusals: list[Refusal] = field(default_factory=list)
     unfused_bytes: int = 0                           # one kernel per primitive op, for comparison
     groups: list[LaunchGroup] = field(default_factory=list)
+    search: object = None                            # ilp.SearchReport: how launches were chosen
 
     @property
     def kernels(self) -> list[KernelPlan]:

@@ -14,6 +14,7 @@ from .data import KernelPlan, LaunchGroup, Plan
 from .devices import Device, current_device
 
 HORIZONTAL_MAX = 8
+MAXNREG = 128  # register cap passed to persistent (barrier) launches on CUDA
 
 
 def wave_capacity(dev: Device, num_warps: int) -> int:
@@ -21,9 +22,12 @@ def wave_capacity(dev: Device, num_warps: int) -> int:
     The interpreter (cpu entry) runs one program at a time, so only 1 is safe."""
     if dev.name == "cpu":
         return 1
+    # conservative on purpose (a deadlock is worse than a slower kernel): the launch
+    # caps registers at MAXNREG, and shared memory use is unknown until compiled, so
+    # at most two programs per SM are assumed resident, one for 8+ warps
     by_warps = dev.max_warps_per_sm // max(num_warps, 1)
-    by_regs = dev.regs_per_sm // (max(num_warps, 1) * 32 * 128)  # assume ≤128 registers a thread
-    return dev.sms * max(1, min(by_warps, by_regs, 32))
+    by_regs = dev.regs_per_sm // (max(num_warps, 1) * 32 * MAXNREG)
+    return dev.sms * max(1, min(by_warps, by_regs, 2 if num_warps <= 4 else 1))
 
 
 def _mem_s(k: KernelPlan, dev: Device) -> float:

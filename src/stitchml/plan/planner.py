@@ -10,7 +10,8 @@ from .cost import kernel_bytes, predict_seconds, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, is_free, is_member
 from .grouping import Grouper, Group
-from .launches import form_groups
+from .devices import current_device
+from .ilp import search
 
 
 def build_plan(g: ir.Graph) -> Plan:
@@ -20,7 +21,7 @@ def build_plan(g: ir.Graph) -> Plan:
         plan = _plan_once(g, gv, forbidden)
         bad = _invalid_kernel(g, plan)
         if bad is None:
-            form_groups(plan)
+            plan.search = search(plan, current_device())
             return plan
         pairs = {frozenset((x, y)) for x in bad.dominant for y in bad.dominant if x != y}
         if not pairs or pairs <= forbidden:

@@ -145,7 +145,11 @@ class WrapperBuilder:
         missing = {o for k in kernels for o in k.outputs} - written
         if missing:
             raise RuntimeError(f"kernel {ks.name} does not write outputs {sorted(missing)}")
-        self.lines.append(f"{ks.name}[({ks.grid},)]({', '.join(args)}, num_warps={ks.num_warps})")
+        extra = ""
+        if kind == "global" and self.device.type == "cuda":
+            from ..plan.launches import MAXNREG
+            extra = f", maxnreg={MAXNREG}"  # keeps the residency assumption of the barrier grid
+        self.lines.append(f"{ks.name}[({ks.grid},)]({', '.join(args)}, num_warps={ks.num_warps}{extra})")
 
     def _alloc(self, n: ir.Node) -> str:
         dtype = self._const(n.dtype)

@@ -16,6 +16,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 from ..capture.decomp import decomposition_table
 from ..lower.lower import COMPUTE_INTENSIVE, lower
+from ..plan.data import EagerStep
 from ..plan.planner import build_plan
 
 _VIEWS = {"view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "t", "squeeze", "unsqueeze",
@@ -72,7 +73,7 @@ def measure(model: torch.nn.Module, *inputs, **kwargs) -> ModelStats:
             plan = build_plan(g)
             gs.lower_s, gs.plan_s = t1 - t0, time.perf_counter() - t1
             gs.kernels = plan.num_kernels
-            gs.eager_ops = len(plan.steps) - plan.num_kernels
+            gs.eager_ops = sum(1 for st in plan.steps if isinstance(st, EagerStep))
             gs.modelled_bytes = sum(k.bytes_read + k.bytes_written for k in plan.kernels)
             gs.unfused_bytes = plan.unfused_bytes
             stats.graphs.append(gs)

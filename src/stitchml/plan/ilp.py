@@ -1,0 +1,154 @@
+"""ILP search over launch-level stitching (scipy.optimize.milp, i.e. HiGHS).
+
+Regional and local merges are made by the AStitch rules (grouping.py).  This search
+decides, for every pair of consecutive kernels inside a region between eager ops,
+whether they share a launch: joined across a data dependency they become phases of
+a global (grid-barrier) kernel; joined when independent they become one horizontal
+kernel.  Variables s_j ∈ {0,1} (1 = join kernel j and j+1); maximise the modelled
+time saved, Σ s_j·(launch − barrier_j); subject to
+  - scheme legality: a segment is all-global or all-horizontal
+    (s_j + s_{j+1} ≤ 1 where the two joins are of different kinds),
+  - horizontal joins only between launch-bound kernels (bounds),
+  - a launch holds at most MAX_SEGMENT kernels (window constraints: the register and
+    compile-time budget of one launch).
+The rule-based grouping is the incumbent: the ILP result is used only if its
+modelled time is no worse, so the plan can never be worse than the rules under the
+model.  Solved per region, under a time cap.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import config
+from .cost import predict_seconds
+from .data import KernelPlan, LaunchGroup, Plan
+from .devices import Device
+from .launches import form_groups, wave_capacity
+
+MAX_SEGMENT = 8
+
+
+@dataclass
+class SearchReport:
+    method: str            # ilp | rules
+    rule_s: float          # modelled time of the rule-based plan
+    chosen_s: float        # modelled time of the chosen plan
+    solve_s: float = 0.0
+    gap: float = 0.0       # relative optimality gap HiGHS reported (0 = proven optimal)
+    regions: int = 0
+    variables: int = 0
+    note: str = ""
+
+
+def _regions(plan: Plan) -> list[list[KernelPlan]]:
+    out, cur = [], []
+    for s in plan.steps:
+        if isinstance(s, KernelPlan):
+            cur.append(s)
+        else:
+            if len(cur) > 1:
+                out.append(cur)
+            cur = []
+    if len(cur) > 1:
+        out.append(cur)
+    return out
+
+
+def _depends(k: KernelPlan, earlier: list[KernelPlan]) -> bool:
+    produced = {o for e in earlier for o in e.outputs}
+    return bool(set(k.inputs) & produced) or any(k.combine_of == e.name for e in earlier)
+
+
+def search(plan: Plan, dev: Device) -> SearchReport:
+    """Choose plan.groups by ILP (falls back to the rules); returns what happened."""
+    form_groups(plan, dev)
+    rule_groups = list(plan.groups)
+    rule_s = plan.predicted_s
+    if not config.get("ilp"):
+        return SearchReport("rules", rule_s, rule_s, note="ILP disabled")
+    t0 = time.perf_counter()
+    cap = config.get("ilp_time_limit")
+    groups: list[LaunchGroup] = []
+    nvars, worst_gap, status = 0, 0.0, []
+    for region in _regions(plan):
+        chosen, gap, ok = _solve_region(region, dev, cap)
+        nvars += len(region) - 1
+        worst_gap = max(worst_gap, gap)
+        if not ok:
+            status.append("region solved by rules (solver failed or timed out)")
+            chosen = None
+        groups.extend(_to_groups(region, chosen, dev, len(groups)) if chosen is not None else [])
+    plan.groups = groups
+    ilp_s = plan.predicted_s
+    solve = time.perf_counter() - t0
+    if ilp_s > rule_s or status:
+        plan.groups = rule_groups
+        return SearchReport("rules", rule_s, rule_s, solve, worst_gap, len(_regions(plan)), nvars,
+                            "; ".join(status) or "ILP plan was not better under the model")
+    return SearchReport("ilp", rule_s, ilp_s, solve, worst_gap, len(_regions(plan)), nvars)
+
+
+def _join_value(region: list[KernelPlan], j: int, dev: Device) -> tuple[float, str]:
+    a, b = region[j], region[j + 1]
+    dep = _depends(b, region[: j + 1])
+    if dep:
+        return dev.launch_s - dev.barrier_s, "global"
+    launch_bound = all(predict_seconds(k, dev) - dev.launch_s <= 2 * dev.launch_s for k in (a, b))
+    if not launch_bound or a.partials or b.partials or a.combine_of or b.combine_of:
+        return 0.0, "none"
+    return dev.launch_s, "horizontal"
+
+
+def _solve_region(region: list[KernelPlan], dev: Device, cap: float):
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    n = len(region) - 1
+    values, kinds = zip(*(_join_value(region, j, dev) for j in range(n)))
+    c = -np.array(values)                                  # maximise saved time
+    upper = np.array([1.0 if k != "none" and v > 0 else 0.0 for v, k in zip(values, kinds)])
+    rows, lo, hi = [], [], []
+    for j in range(n - 1):                                 # one scheme per launch
+        if kinds[j] != kinds[j + 1]:
+            r = np.zeros(n)
+            r[j] = r[j + 1] = 1
+            rows.append(r), lo.append(0), hi.append(1)
+    for j in range(max(0, n - MAX_SEGMENT + 1)):           # at most MAX_SEGMENT kernels a launch
+        r = np.zeros(n)
+        r[j:j + MAX_SEGMENT] = 1
+        rows.append(r), lo.append(0), hi.append(MAX_SEGMENT - 1)
+    cons = [LinearConstraint(np.array(rows), lo, hi)] if rows else []
+    res = milp(c, integrality=np.ones(n), bounds=Bounds(np.zeros(n), upper), constraints=cons,
+               options={"time_limit": cap, "disp": False})
+    if res.x is None:
+        return None, 1.0, False
+    gap = float(getattr(res, "mip_gap", 0.0) or 0.0)
+    return [(round(x) == 1, k) for x, k in zip(res.x, kinds)], gap, True
+
+
+def _to_groups(region: list[KernelPlan], joins, dev: Device, start: int) -> list[LaunchGroup]:
+    out, seg, kind = [], [region[0]], None
+    for j, (join, k) in enumerate(joins):
+        if join:
+            seg.append(region[j + 1])
+            kind = k
+            continue
+        if len(seg) > 1:
+            out.append(_group(seg, kind, dev, start + len(out)))
+        seg, kind = [region[j + 1]], None
+    if len(seg) > 1:
+        out.append(_group(seg, kind, dev, start + len(out)))
+    return out
+
+
+def _group(seg: list[KernelPlan], kind: str, dev: Device, index: int) -> LaunchGroup:
+    mem = sum(predict_seconds(k, dev) - dev.launch_s for k in seg)
+    n = len(seg)
+    if kind == "global":
+        warps = max(k.mapping.num_warps for k in seg)
+        grid = min(max(k.mapping.grid for k in seg), wave_capacity(dev, warps))
+        return LaunchGroup(f"g{index}", "global", tuple(k.name for k in seg), grid,
+                           dev.launch_s + mem + (n - 1) * dev.barrier_s, f"ILP: {n - 1} barriers replace launches")
+    return LaunchGroup(f"g{index}", "horizontal", tuple(k.name for k in seg), sum(k.mapping.grid for k in seg),
+                       dev.launch_s + mem, f"ILP: {n} independent launch-bound kernels in one launch")
