@@ -44,3 +44,19 @@ def test_interpreter_variable_set_after_triton_import_falls_back_instead_of_cras
     assert out.returncode == 0, out.stderr[-2000:]
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("True 0") and "TRITON_INTERPRET" in last
+
+
+def test_merge_that_closes_a_cycle_through_another_kernel_is_refused():
+    # softmax + cross-entropy backward: kernel B (the loss normaliser) read one kernel's
+    # output and fed another; merging those two made B both before and after the
+    # merged kernel, with no node-level path between them ("plan has a cycle")
+    import torch.nn.functional as F
+
+    from stitchml.testing import compare_with_eager
+
+    def fn(x, t):
+        return torch.autograd.grad(F.cross_entropy(x, t), x)
+
+    x, t = torch.randn(24, 40, requires_grad=True), torch.randint(0, 40, (24,))
+    cmp = compare_with_eager(fn, [x, t], backward=False)
+    assert all(r.plan is not None for r in cmp.backend.records)

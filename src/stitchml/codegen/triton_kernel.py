@@ -162,7 +162,11 @@ class Emitter:
         m = f", mask={mask}, other=0" if mask else ""
         cd = compute_dtype(n.dtype)
         conv = ".to(tl.float32)" if cd != n.dtype else ""
-        return self._emit(self._scope_for(axes), f"tl.load({ptr} + {self._offset(off, axes)}{m}){conv}", axes, cd)
+        address = self._offset(off, axes)
+        if not ix.axes(off) and axes:  # a scalar element read under a block mask: make the pointer a block
+            zero = " + ".join(z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes)
+            address = f"({zero} + {ix.render(off)})"
+        return self._emit(self._scope_for(axes), f"tl.load({ptr} + {address}{m}){conv}", axes, cd)
 
     def _compute(self, n: ir.Node, index) -> Val:
         if n.kind == ir.VIEW:
@@ -264,6 +268,13 @@ class Emitter:
         return tuple(full), red, red_sizes
 
     def _reduce(self, n: ir.Node, index) -> Val:
+        outer, self.cond = self.cond, tuple(c for c in self.cond if COL not in c[1])
+        try:
+            return self._reduce_unmasked(n, index)
+        finally:
+            self.cond = outer
+
+    def _reduce_unmasked(self, n: ir.Node, index) -> Val:
         if any(COL in ix.axes(e) for e in index):
             raise NotImplementedError("reduction requested at a column-dependent index")
         op = n.op

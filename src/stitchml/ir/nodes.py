@@ -95,6 +95,7 @@ class Graph:
     outputs: list[Arg] = field(default_factory=list)
     fallbacks: list[Fallback] = field(default_factory=list)
     eager_calls: dict[int, tuple[Any, tuple, dict]] = field(default_factory=dict)
+    constants: dict[int, Any] = field(default_factory=dict)  # INPUT nodes holding a module's tensor
 
     def add(self, kind: str, op: str, args: tuple, shape, dtype, stride=None, attrs=()) -> int:
         nid = len(self.nodes)

@@ -55,6 +55,8 @@ class Lowerer:
                 self.env[node] = self._placeholder(node)
             elif node.op == "call_function":
                 self.env[node] = self._call(node)
+            elif node.op == "get_attr":
+                self.env[node] = self._constant(node)
             elif node.op == "output":
                 out = self._map(node.args[0])
                 self.g.outputs = list(out) if isinstance(out, (tuple, list)) else [out]
@@ -73,6 +75,18 @@ class Lowerer:
             raise Unsupported(f"symbolic shape on input {node.name}")
         nid = self.g.add(ir.INPUT, node.name, (), shape, dtype, stride, (("index", len(self.g.inputs)),))
         self.g.inputs.append(nid)
+        return Ref(nid)
+
+    def _constant(self, node):
+        """A tensor held by the graph module (a lifted constant such as torch.tensor(0.2)):
+        read like a graph input; the wrapper passes the tensor itself."""
+        value = getattr(self.gm, node.target)
+        if not isinstance(value, torch.Tensor):
+            raise Unsupported(f"non-tensor attribute {node.target}")
+        shape = tuple(int(s) for s in value.shape)
+        nid = self.g.add(ir.INPUT, node.target, (), shape, value.dtype, tuple(int(s) for s in value.stride()),
+                         (("constant", True),))
+        self.g.constants[nid] = value
         return Ref(nid)
 
     def _call(self, node):

@@ -192,7 +192,9 @@ class Grouper:
 
     def _creates_cycle(self, a: Group, b: Group) -> bool:
         """True if a path from one group to the other passes through a node that
-        belongs to neither and is not a free index map (a real intermediate step)."""
+        belongs to neither and is not a free index map (a real intermediate step).
+        Another kernel runs as a unit: reaching one of its members reaches all of
+        them (its outputs depend on all its inputs, as far as ordering goes)."""
         inside = a.members | b.members
         limit = max(inside)
         for start, target in ((a, b), (b, a)):
@@ -204,6 +206,9 @@ class Grouper:
                 if (nid, crossed) in seen or nid > limit:
                     continue
                 seen.add((nid, crossed))
+                other = self.group_of.get(nid)
+                if other is not None and other is not a and other is not b:
+                    stack.extend((m, True) for m in other.members if (m, True) not in seen)
                 for u in self.gv.users[nid]:
                     if u in target.members:
                         if crossed:

@@ -95,7 +95,11 @@ def _join_value(region: list[KernelPlan], j: int, dev: Device) -> tuple[float, s
     a, b = region[j], region[j + 1]
     dep = _depends(b, region[: j + 1])
     if dep:
+        if not config.get("global_barriers"):
+            return 0.0, "none"
         return dev.launch_s - dev.barrier_s, "global"
+    if not config.get("horizontal_fusion"):
+        return 0.0, "none"
     launch_bound = all(predict_seconds(k, dev) - dev.launch_s <= 2 * dev.launch_s for k in (a, b))
     if not launch_bound or a.partials or b.partials or a.combine_of or b.combine_of:
         return 0.0, "none"

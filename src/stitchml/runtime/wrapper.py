@@ -89,6 +89,8 @@ class WrapperBuilder:
         L = self.lines
         for i, nid in enumerate(self.g.inputs):
             self.names[nid] = f"a{i}"
+        for nid, value in self.g.constants.items():
+            self.names[nid] = self._const(value)
         for step in self.plan.steps:
             if isinstance(step, KernelPlan):
                 self._kernel(step)

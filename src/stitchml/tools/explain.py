@@ -51,7 +51,8 @@ class Report:
 
     @property
     def num_kernels(self) -> int:
-        return len(self.kernels)
+        """GPU kernels launched per call (a global or horizontal launch counts once)."""
+        return sum(r.plan.num_kernels for r in self.graphs if r.plan is not None)
 
     @property
     def fallbacks(self) -> list[Fallback]:
@@ -73,7 +74,7 @@ class Report:
 
     @property
     def predicted_us(self) -> float:
-        return sum(k.predicted_us for k in self.kernels)
+        return sum(r.plan.predicted_s for r in self.graphs if r.plan is not None) * 1e6
 
     def to_text(self) -> str:
         lines = []
@@ -86,11 +87,20 @@ class Report:
             for step in rec.plan.steps:
                 if hasattr(step, "members"):
                     ops = ", ".join(f"{g[m].op}" for m in step.members)
-                    lines.append(f"  kernel {step.name}: {step.scheme:8} {step.mapping.describe()}")
+                    grp = rec.plan.group_of(step.name)
+                    within = f" (in {grp.kind} launch {grp.name})" if grp else ""
+                    lines.append(f"  kernel {step.name}: {step.scheme:8} {step.mapping.describe()}{within}")
                     lines.append(f"      reads {_mb(step.bytes_read)}, writes {_mb(step.bytes_written)}, "
                                  f"predicted {step.predicted_s * 1e6:.1f} us; ops: {ops}")
                 else:
                     lines.append(f"  eager  {step.op}: {step.reason}")
+            for grp in rec.plan.groups:
+                lines.append(f"  launch {grp.name}: {grp.kind} {'+'.join(grp.members)} grid={grp.grid}: {grp.reason}")
+            s = rec.plan.search
+            if s is not None:
+                lines.append(f"  launch search: {s.method}, modelled {s.chosen_s * 1e6:.1f} us vs rules "
+                             f"{s.rule_s * 1e6:.1f} us, {s.variables} variables, solved in {s.solve_s * 1e3:.1f} ms, "
+                             f"gap {s.gap:.0%}{'; ' + s.note if s.note else ''}")
             for r in rec.plan.refusals:
                 lines.append(f"  not fused %{r.producer}({g[r.producer].op}) -> %{r.consumer}({g[r.consumer].op}): "
                              f"{r.reason}")
