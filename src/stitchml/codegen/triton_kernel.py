@@ -183,7 +183,8 @@ class Emitter:
             flat = ix.flatten(index, n.shape)
             axes = ix.axes(flat)
             seed = self._param("seed", n.id)
-            return self._emit(self._scope_for(axes), f"tl.rand({seed}, {self._offset(flat, axes)})", axes,
+            fn = "tl.randn" if n.op == "normal" else "tl.rand"
+            return self._emit(self._scope_for(axes), f"{fn}({seed}, {self._offset(flat, axes)})", axes,
                               torch.float32)
         raise NotImplementedError(f"cannot emit {n.kind}")
 

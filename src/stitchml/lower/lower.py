@@ -14,7 +14,7 @@ import torch.fx as fx
 
 from ..ir import nodes as ir
 from ..ir.nodes import Ref
-from . import rules_index, rules_pointwise, rules_reduce, rules_views  # noqa: F401  (register rules)
+from . import rules_index, rules_pointwise, rules_random, rules_reduce, rules_views  # noqa: F401
 from .context import LowerCtx, static_shape
 from .registry import RULES, Unsupported
 

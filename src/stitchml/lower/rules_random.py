@@ -1,0 +1,61 @@
+"""Random numbers inside kernels: counter-based Philox (`tl.rand` / `tl.randn`) keyed
+by the element's linear index and a per-call seed drawn from torch's default
+generator, so `torch.manual_seed` makes runs reproducible (not bit-equal to eager's
+own generator, which no compiler can match)."""
+from __future__ import annotations
+
+import torch
+
+from ..ir import nodes as ir
+from ..ir.nodes import Ref, contiguous_strides
+from .context import FLOAT_TYPES, LowerCtx, static_shape
+from .registry import Unsupported, register
+
+aten = torch.ops.aten
+
+
+def _random(ctx: LowerCtx, node, op: str) -> Ref:
+    val = node.meta["val"]
+    shape = static_shape(val)
+    if val.dtype not in FLOAT_TYPES:
+        raise Unsupported("random integers run eagerly")
+    u = Ref(ctx.g.add(ir.RAND, op, (), shape, torch.float32, contiguous_strides(shape)))
+    return ctx.cast(u, val.dtype)
+
+
+@register(aten.rand.default, aten.rand_like.default)
+def _rand(ctx, node, *args, generator=None, **kwargs):
+    if generator is not None:
+        raise Unsupported("an explicit torch.Generator runs eagerly")
+    return _random(ctx, node, "uniform")
+
+
+@register(aten.randn.default, aten.randn_like.default)
+def _randn(ctx, node, *args, generator=None, **kwargs):
+    if generator is not None:
+        raise Unsupported("an explicit torch.Generator runs eagerly")
+    return _random(ctx, node, "normal")
+
+
+@register(aten.bernoulli.p)
+def _bernoulli(ctx, node, x, p=0.5, *, generator=None):
+    if generator is not None:
+        raise Unsupported("an explicit torch.Generator runs eagerly")
+    val = node.meta["val"]
+    shape = static_shape(val)
+    u = Ref(ctx.g.add(ir.RAND, "uniform", (), shape, torch.float32, contiguous_strides(shape)))
+    hit = ctx.pointwise("lt", (u, float(p)), shape, torch.bool)
+    return ctx.cast(hit, val.dtype)
+
+
+@register(aten.bernoulli.default)
+def _bernoulli_tensor(ctx, node, probs, *, generator=None):
+    if generator is not None:
+        raise Unsupported("an explicit torch.Generator runs eagerly")
+    val = node.meta["val"]
+    shape = static_shape(val)
+    if val.dtype not in FLOAT_TYPES:
+        raise Unsupported("bernoulli of a non-float tensor")
+    u = Ref(ctx.g.add(ir.RAND, "uniform", (), shape, torch.float32, contiguous_strides(shape)))
+    hit = ctx.pointwise("lt", (u, ctx.cast(probs, torch.float32)), shape, torch.bool)
+    return ctx.cast(hit, val.dtype)
