@@ -44,5 +44,7 @@ def choose(domain: Domain, partials: bool = False) -> Mapping:
 
 
 def _partial_programs() -> int:
+    # two programs per SM keep DRAM busy while bounding the partial buffer (and so the
+    # combine's reads) to 2*SMs rows
     from .devices import current_device
-    return max(2, 4 * current_device().sms)
+    return max(2, 2 * current_device().sms)
