@@ -8,9 +8,11 @@ from .composite import horizontal, persistent
 from .triton_kernel import KernelSource, generate
 
 
-def generate_all(g: Graph, plan: Plan) -> dict[str, KernelSource]:
-    """Every kernel of the plan, plus one composite kernel per launch group."""
-    out = {k.name: generate(g, k) for k in plan.kernels}
+def generate_all(g: Graph, plan: Plan, device_kind: str = "cuda") -> dict[str, KernelSource]:
+    """Every kernel of the plan (through the content-addressed cache), plus one
+    composite kernel per launch group."""
+    from ..runtime.kernel_cache import cached_kernel, kernel_key
+    out = {k.name: cached_kernel(kernel_key(g, k, device_kind), lambda k=k: generate(g, k)) for k in plan.kernels}
     for grp in plan.groups:
         members = [out[m] for m in grp.members]
         out[grp.name] = (persistent(grp.name, members, grp.grid) if grp.kind == "global"
