@@ -68,6 +68,12 @@ def layer_norm_then_batch_norm(x):
     return F.batch_norm(F.layer_norm(x, (x.shape[-1],)), None, None, training=True)
 
 
+def softmax_then_head_mean(s):
+    """attention probabilities averaged over heads (attention rollout): the mean runs
+    along a different axis than the softmax"""
+    return torch.softmax(s, -1).mean(1)
+
+
 def ln_forward(x, w, b):
     return F.layer_norm(x, (x.shape[-1],), w, b)
 
@@ -93,6 +99,7 @@ CANONICAL = {
     "residual_dropout_ln": (residual_dropout_ln, lambda: [rn(N, C), rn(N, C), rn(C), rn(C)], 1, {"regional"}),
     "two_axes_softmax": (two_axes, lambda: [rn(N, C)], 1, {"regional"}),
     "layer_norm_forward": (ln_forward, lambda: [rn(N, C), rn(C), rn(C)], 1, {"regional"}),
+    "softmax_then_head_mean": (softmax_then_head_mean, lambda: [rn(4, 8, 32, 32)], 1, {"regional"}),
     "row_then_column_softmax": (row_then_column_softmax, lambda: [rn(N, C)], 1, {"regional", "combine"}),
     "layer_norm_then_batch_norm": (layer_norm_then_batch_norm, lambda: [rn(N, C)], 1, {"regional", "combine"}),
 }

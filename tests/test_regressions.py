@@ -60,3 +60,17 @@ def test_merge_that_closes_a_cycle_through_another_kernel_is_refused():
     x, t = torch.randn(24, 40, requires_grad=True), torch.randint(0, 40, (24,))
     cmp = compare_with_eager(fn, [x, t], backward=False)
     assert all(r.plan is not None for r in cmp.backend.records)
+
+
+def test_consumer_of_a_column_reduction_never_joins_its_kernel_through_another_edge():
+    # softmax over dim 0: exp feeds both the column sum and the division by it; the
+    # division joined exp's kernel after the column sum had, reading a value that is
+    # only complete after the combine ("reduction requested at a column-dependent index")
+    from planning import plan_of
+    from stitchml.codegen.triton_kernel import generate
+
+    plan = plan_of(lambda x: torch.softmax(torch.softmax(x, -1), 0), torch.randn(96, 80))
+    for k in plan.kernels:
+        generate(plan.graph, k)
+        for m in k.members:
+            assert not set(plan.graph[m].refs) & set(k.partials) or plan.graph[m].kind == "view"

@@ -104,7 +104,7 @@ class Grouper:
         reason = None
         if self.g[producer].kind == ir.SCATTER_ADD or self.g[consumer].kind == ir.SCATTER_ADD:
             reason = "scatter-add kernels stand alone"
-        elif producer in a.cross:
+        elif producer in a.cross or self._reads_cross(a, b) or self._reads_cross(b, a):
             reason = "consumer of a column reduction needs the combined value (read after the combine)"
         dom = None
         if reason is None and self._forbidden(a, b):
@@ -124,6 +124,11 @@ class Grouper:
         keep.cross = a.cross | b.cross
         for m in gone.members:
             self.group_of[m] = keep
+
+    def _reads_cross(self, a: Group, b: Group) -> bool:
+        """Does a member of `b` read one of `a`'s column reductions (complete only
+        after the combine, so never inside the same kernel)?"""
+        return bool(a.cross) and any(s in a.cross for m in b.members for s in self.gv.sources[m])
 
     def _forbidden(self, a: Group, b: Group) -> bool:
         return any(frozenset((x, y)) in self.forbidden for x in a.dominant for y in b.dominant)
