@@ -76,6 +76,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
                               "imported (the Triton interpreter)")
         rec.graph = lower(gm)                                              # lower
         rec.plan = build_plan(rec.graph)                                   # plan
+        rec.graph = rec.plan.graph  # planning may rewrite the graph (task splitting)
         rec.kernels = generate_all(rec.graph, rec.plan, device.type)             # codegen
         call, rec.wrapper_source = build_callable(rec.plan, rec.kernels, device)  # runtime
     except Exception as e:  # graceful: this graph runs eagerly

@@ -34,6 +34,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Columns per iteration in row-looped kernels."),
     Knob("block_elems", "STITCHML_BLOCK_ELEMS", 4096, int,
          "Target elements per program for row kernels; short rows are packed up to this many."),
+    Knob("split_min_cols", "STITCHML_SPLIT_MIN_COLS", 1024, int,
+         "Task splitting: rows split into chunks of at least this many elements, only when there are fewer "
+         "rows than two programs per SM (AStitch's rule: split when rows < programs per wave and a row "
+         "has > 1024 elements). Not yet tuned on a GPU."),
     Knob("fallback_on_error", "STITCHML_FALLBACK_ON_ERROR", True, _bool,
          "If planning or code generation fails, run the graph eagerly with a warning instead of raising."),
     Knob("debug_dir", "STITCHML_DEBUG_DIR", "", str,

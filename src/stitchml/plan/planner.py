@@ -12,9 +12,12 @@ from .graph_view import GraphView, is_free, is_member
 from .grouping import Grouper, Group
 from .devices import current_device
 from .ilp import search
+from .split import split_long_rows
 
 
 def build_plan(g: ir.Graph) -> Plan:
+    """Plan a lowered graph; the plan's `graph` may be a rewritten copy (task splitting)."""
+    g = split_long_rows(g, current_device())
     gv = GraphView(g)
     forbidden: frozenset = frozenset()
     while True:

@@ -1,0 +1,95 @@
+"""Adaptive thread mapping (issue 4): the chosen mapping for irregular shapes, as plain
+data (no kernels), and the same shapes scaled down under the interpreter."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stitchml import config
+from stitchml.plan.devices import DEVICES
+from stitchml.plan.launches import wave_capacity
+from stitchml.testing import compare_with_eager
+from planning import plan_of
+
+H100 = DEVICES["H100"]
+
+
+def h100_plan(fn, *shapes):
+    with config.override(device="H100"):
+        return plan_of(fn, *[torch.empty(*s) for s in shapes])
+
+
+def assert_barriers_fit_one_wave(plan):
+    by_name = {k.name: k for k in plan.kernels}
+    for grp in plan.groups:
+        if grp.kind == "global":
+            warps = max(by_name[m].mapping.num_warps for m in grp.members)
+            assert grp.grid <= wave_capacity(H100, warps) <= H100.sms * 2
+
+
+def test_many_short_rows_are_packed():          # <750000, 32> row sum (DIEN)
+    plan = h100_plan(lambda x: x.sum(-1), (750000, 32))
+    (k,) = plan.kernels
+    assert k.mapping.form == "packed_rows" and (k.mapping.block_r, k.mapping.block_c) == (128, 32)
+    assert k.mapping.grid == -(-750000 // 128) and not plan.groups
+
+
+@pytest.mark.parametrize("rows,cols,chunks", [(64, 30000, 5), (8, 262144, 64)])
+def test_few_long_rows_are_split(rows, cols, chunks):
+    plan = h100_plan(lambda x: torch.softmax(x, -1), (rows, cols))
+    g = plan.graph
+    parts = [m for k in plan.kernels for m in k.members if g[m].attr("split_of") is not None]
+    assert len(parts) == 2  # max and sum, each reduced per chunk
+    assert all(g[p].shape == (rows, chunks) for p in parts)
+    assert all(k.mapping.grid >= 2 * H100.sms for k in plan.kernels if set(k.members) & set(parts))
+    assert plan.num_kernels == 1  # phases of one persistent launch
+    assert_barriers_fit_one_wave(plan)
+
+
+def test_layer_norm_4096x1000():
+    plan = h100_plan(lambda x, w, b: F.layer_norm(x, (1000,), w, b), (4096, 1000), (1000,), (1000,))
+    (k,) = plan.kernels
+    assert k.mapping.form == "packed_rows" and (k.mapping.block_r, k.mapping.block_c) == (4, 1024)
+    assert k.mapping.grid == 1024
+
+
+def test_column_sum_is_partials_plus_combine_within_one_wave():
+    plan = h100_plan(lambda x: x.sum(0), (32768, 1024))
+    main, comb = plan.kernels
+    assert main.partials and main.mapping.grid <= 2 * H100.sms and main.mapping.row_blocks > 1
+    assert comb.combine_of == main.name
+    assert plan.num_kernels == 1
+    assert_barriers_fit_one_wave(plan)
+
+
+def test_full_sum_of_16m_is_split_into_a_wave_of_chunks():
+    plan = h100_plan(lambda x: x.sum(), (1, 1 << 24))
+    chunk, final = plan.kernels
+    assert chunk.mapping.form == "row_looped" and chunk.mapping.grid == 512
+    assert final.domain.cols == 512
+    assert_barriers_fit_one_wave(plan)
+
+
+def test_odd_tiny_shape():
+    plan = h100_plan(lambda x: torch.softmax(x, -1) * 2, (3, 5, 7))
+    (k,) = plan.kernels
+    assert k.mapping.form == "packed_rows" and k.mapping.block_c == 8 and k.mapping.block_r == 16
+    assert k.mapping.grid == 1
+
+
+@pytest.mark.parametrize("name", ["rows_750000x32", "softmax_64x30000", "softmax_8x262144", "ln_4096x1000",
+                                  "colsum_32768x1024", "sum_1x16M", "odd_3x5x7"])
+def test_scaled_down_shapes_match_eager(name):
+    cases = {
+        "rows_750000x32": (lambda x: x.sum(-1), [(750, 32)]),
+        "softmax_64x30000": (lambda x: torch.softmax(x, -1), [(3, 3000)]),
+        "softmax_8x262144": (lambda x: torch.softmax(x, -1), [(2, 8192)]),
+        "ln_4096x1000": (lambda x, w, b: F.layer_norm(x, (1000,), w, b), [(40, 1000), (1000,), (1000,)]),
+        "colsum_32768x1024": (lambda x: x.sum(0), [(512, 96)]),
+        "sum_1x16M": (lambda x: x.sum(), [(1, 16384)]),
+        "odd_3x5x7": (lambda x: torch.softmax(x, -1) * 2, [(3, 5, 7)]),
+    }
+    fn, shapes = cases[name]
+    inputs = [torch.randn(*s, requires_grad=True) for s in shapes]
+    with config.override(split_min_cols=256):
+        cmp = compare_with_eager(fn, inputs)
+    assert all(r.plan is not None for r in cmp.backend.records)
