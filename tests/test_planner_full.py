@@ -182,8 +182,10 @@ def test_bert_base_training_graph_plans_within_two_seconds():
     t0 = time.perf_counter()
     stats = measure(model, ids)
     assert time.perf_counter() - t0 < 600
-    plan_s = sum(g.lower_s + g.plan_s for g in stats.graphs)
-    assert plan_s <= 2.0, stats.line()
+    # CPU time of the (single-threaded) planner: wall time is at the mercy of whatever
+    # else the machine runs (xdist workers); both are printed by graphstats
+    cpu_s = sum(g.cpu_s for g in stats.graphs)
+    assert cpu_s <= 2.0, stats.line()
     kernels = sum(g.kernels for g in stats.graphs)
     assert kernels < stats.eager_memory_kernels / 2, stats.line()
     assert sum(g.modelled_bytes for g in stats.graphs) < sum(g.unfused_bytes for g in stats.graphs) / 2
