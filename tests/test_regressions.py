@@ -74,3 +74,18 @@ def test_consumer_of_a_column_reduction_never_joins_its_kernel_through_another_e
         generate(plan.graph, k)
         for m in k.members:
             assert not set(plan.graph[m].refs) & set(k.partials) or plan.graph[m].kind == "view"
+
+
+def test_cuda_graph_mode_on_cpu_falls_back_with_a_message():
+    import pytest
+
+    from stitchml import config
+
+    if torch.cuda.is_available():
+        pytest.skip("this checks the CPU fallback")
+    be = stitchml.StitchBackend()
+    x = torch.randn(8, 40)
+    with config.override(cuda_graphs=True), pytest.warns(UserWarning, match="CUDA graphs need a CUDA device"):
+        out = torch.compile(lambda x: torch.softmax(x, -1), backend=be)(x)
+    torch.testing.assert_close(out, torch.softmax(x, -1))
+    assert be.records[0].plan.num_kernels == 1 and "CUDA graphs" in be.records[0].cuda_graph_note

@@ -40,6 +40,7 @@ class CompiledGraph:
     eager_reason: str | None = None  # set when the whole graph runs eagerly
     compile_seconds: float = 0.0
     calls: int = 0
+    cuda_graph_note: str = ""       # why CUDA-graph replay was not used, when asked for
 
 
 def _device_of(gm: fx.GraphModule, example_inputs) -> torch.device:
@@ -74,8 +75,10 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
         if device.type == "cpu" and not _interpreter_on():
             raise Unsupported("CPU tensors: kernels need a GPU, or TRITON_INTERPRET=1 set before triton is "
                               "imported (the Triton interpreter)")
+        graphs = _cuda_graph_mode(kind, device, rec)
         rec.graph = lower(gm)                                              # lower
-        rec.plan = build_plan(rec.graph)                                   # plan
+        with config.override(global_barriers=config.get("global_barriers") and not graphs):
+            rec.plan = build_plan(rec.graph)                               # plan
         rec.graph = rec.plan.graph  # planning may rewrite the graph (task splitting)
         rec.kernels = generate_all(rec.graph, rec.plan, device.type)             # codegen
         call, rec.wrapper_source = build_callable(rec.plan, rec.kernels, device)  # runtime
@@ -92,11 +95,57 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
         log.warning("stitchml %s graph: %d kernels, %d eager ops (%.2fs)", kind, rec.plan.num_kernels,
                     len(rec.plan.steps) - rec.plan.num_kernels, rec.compile_seconds)
 
+    if graphs and not any(k.seeds for k in rec.plan.kernels):
+        call = _replay_in_cuda_graph(call)
+    elif graphs:
+        rec.cuda_graph_note = "CUDA graphs refused: kernels draw random numbers (a captured seed would repeat)"
+        warnings.warn(f"stitchml: {rec.cuda_graph_note}", stacklevel=2)
+
     def run(args):
         rec.calls += 1
         return call(args)
 
     run._boxed_call = True
+    return run
+
+
+def _cuda_graph_mode(kind: str, device: torch.device, rec: CompiledGraph) -> bool:
+    if not config.get("cuda_graphs"):
+        return False
+    if device.type != "cuda":
+        rec.cuda_graph_note = f"CUDA graphs need a CUDA device; {kind} graph on {device.type} runs without them"
+        warnings.warn(f"stitchml: {rec.cuda_graph_note}", stacklevel=3)
+        return False
+    if kind != "inference":
+        rec.cuda_graph_note = "CUDA graphs are applied to inference graphs only"
+        return False
+    return True
+
+
+def _replay_in_cuda_graph(call: Callable) -> Callable:
+    """Warm up once, capture one call on static input buffers, then replay: copy the
+    new inputs in, replay, and return copies of the static outputs (the next replay
+    overwrites them)."""
+    state: dict = {}
+
+    def run(args):
+        inputs = list(args)
+        args.clear()
+        if "graph" not in state:
+            out = call(list(inputs))                      # warm-up: compiles kernels
+            torch.cuda.synchronize()
+            static = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = call(list(static))
+            state.update(graph=graph, static=static, out=static_out)
+            return out
+        for dst, src in zip(state["static"], inputs):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+        state["graph"].replay()
+        return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in state["out"])
+
     return run
 
 

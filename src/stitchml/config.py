@@ -56,6 +56,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Choose launch-level stitching (global / horizontal / separate) by ILP (scipy HiGHS); off = rules."),
     Knob("ilp_time_limit", "STITCHML_ILP_TIME_LIMIT", 0.5, float,
          "Seconds HiGHS may spend per region before the rule-based choice is kept."),
+    Knob("cuda_graphs", "STITCHML_CUDA_GRAPHS", False, _bool,
+         "Capture each compiled inference graph in a CUDA graph and replay it (cuts host launch overhead "
+         "for small batches). CUDA only; refused, with a message, on CPU or when kernels draw random numbers."),
     Knob("device", "STITCHML_DEVICE", "", str,
          "Device the cost model predicts for (H100, H200, A100, cpu); empty = the visible GPU, else cpu."),
     Knob("verbose", "STITCHML_VERBOSE", False, _bool,
