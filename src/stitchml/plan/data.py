@@ -126,9 +126,3 @@ class Plan:
         grouped = {m for g in self.groups for m in g.members}
         return (sum(k.predicted_s for k in self.kernels if k.name not in grouped)
                 + sum(g.predicted_s for g in self.groups))
-
-    def kernel_of(self, nid: int) -> KernelPlan | None:
-        for k in self.kernels:
-            if nid in k.members:
-                return k
-        return None

@@ -8,7 +8,7 @@ from ..ir import nodes as ir
 from . import mapping as mapping_rules
 from .cost import kernel_bytes, predict_seconds, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
-from .graph_view import GraphView, is_free, is_member
+from .graph_view import GraphView, is_free
 from .grouping import Grouper, Group
 from .devices import current_device
 from .ilp import search
@@ -166,4 +166,4 @@ def _real_preds(g: ir.Graph, gv: GraphView, inverse: dict[int, set[int]], nid: i
     return set(gv.sources[nid]) | {p for p in inverse[nid] if not is_free(g[p])}
 
 
-__all__ = ["build_plan", "is_member"]
+__all__ = ["build_plan"]
