@@ -2,6 +2,7 @@
 import torch
 import torch.nn.functional as F
 
+from stitchml import config
 from stitchml.codegen.triton_kernel import generate
 from stitchml.plan.data import EagerStep
 from planning import plan_of
@@ -35,7 +36,8 @@ def test_long_rows_use_the_looped_form_and_emit_one_loop_per_pass():
 
 def test_single_rows_are_not_packed():
     x = torch.randn(3, 3000)
-    (k,) = plan_of(lambda x: torch.softmax(x, -1), x).kernels
+    with config.override(device="H100"):  # rows too short to split into a wave of chunks
+        (k,) = plan_of(lambda x: torch.softmax(x, -1), x).kernels
     assert k.mapping.form == "row_persistent" and k.mapping.block_r == 1 and k.mapping.block_c == 4096
 
 
