@@ -86,8 +86,11 @@ def _select(ctx, node, x, dim, index):
 @register(aten.cat.default)
 def _cat(ctx, node, tensors, dim=0):
     shape, dtype = _shape(node), node.meta["val"].dtype
-    parts = [ctx.cast(t, dtype) for t in tensors if prod(ctx.shape(t)) > 0 or len(ctx.shape(t)) > 1]
     dim %= len(shape)
+    # empty operands (legacy 1-D empties included) add nothing: leave them out
+    parts = [ctx.cast(t, dtype) for t in tensors if prod(ctx.shape(t)) > 0]
+    if not parts or prod(shape) == 0:
+        return ctx.full(shape, 0, dtype)
     sizes = tuple(ctx.shape(t)[dim] for t in parts)
     if len(parts) == 1:
         return ctx.pointwise("identity", (parts[0],), shape, dtype)
@@ -147,6 +150,8 @@ def _split(ctx, node, x, sizes=None, dim=0):
 def _pad_along(ctx, grad, shape, dim, start, dtype):
     """`grad` placed at [start, start+len) of a zero tensor of `shape` along `dim`."""
     size = ctx.shape(grad)[dim]
+    if prod(ctx.shape(grad)) == 0:
+        return ctx.full(shape, 0, dtype)
     parts = []
     if start > 0:
         parts.append(ctx.full(tuple(start if i == dim else s for i, s in enumerate(shape)), 0, dtype))

@@ -136,6 +136,8 @@ class Grouper:
     def _merged_domain(self, a: Group, b: Group, producer: int, consumer: int):
         da, db = a.domain, b.domain
         na, nb = _numel(da), _numel(db)
+        if na == 0 or nb == 0:
+            return None, "empty tensor: nothing to stitch"
         if da.is_flat and db.is_flat:
             if na == nb:
                 return (da if a.rowwise else db), None
