@@ -68,11 +68,13 @@ class Lowerer:
         return fx.node.map_arg(a, lambda n: self.env[n]) if not isinstance(a, fx.Node) else self.env[a]
 
     def _placeholder(self, node):
-        shape, dtype, stride = _tensor_meta(node.meta.get("val"))
+        val = node.meta.get("val")
+        shape, dtype, stride = _tensor_meta(val)
+        if isinstance(val, torch.SymInt) or (dtype is not None and shape is None):
+            raise Unsupported(f"dynamic shapes are not supported yet (input {node.name} is symbolic: "
+                              f"{val if dtype is None else tuple(val.shape)}); the graph runs eagerly")
         if dtype is None:
-            raise Unsupported(f"non-tensor graph input {node.name}")
-        if shape is None:
-            raise Unsupported(f"symbolic shape on input {node.name}")
+            raise Unsupported(f"non-tensor graph input {node.name} ({type(val).__name__})")
         nid = self.g.add(ir.INPUT, node.name, (), shape, dtype, stride, (("index", len(self.g.inputs)),))
         self.g.inputs.append(nid)
         return Ref(nid)
