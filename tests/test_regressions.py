@@ -99,3 +99,14 @@ def test_dynamic_shapes_run_eagerly_with_a_clear_reason():
         torch.testing.assert_close(f(x), torch.softmax(x, -1) * 2)
     assert len(be.records) == 2 and be.records[0].plan.num_kernels == 1
     assert "dynamic shapes are not supported yet" in be.records[1].eager_reason
+
+
+def test_column_reduction_to_a_single_element():
+    # ELECTRA's Linear(hidden, 1) bias gradient: (N, 1) summed over dim 0; the combine
+    # kernel stored a block through a scalar pointer
+    from stitchml.testing import compare_with_eager
+
+    for shape, dims in (((10, 1), 0), ((3, 10, 1), (0, 1))):
+        torch._dynamo.reset()  # a new shape for the same function would compile a dynamic graph
+        cmp = compare_with_eager(lambda x: x.sum(dims), [torch.randn(*shape, requires_grad=True)])
+        assert all(r.plan is not None for r in cmp.backend.records)

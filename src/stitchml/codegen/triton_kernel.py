@@ -535,7 +535,9 @@ def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
             f"acc{i} = tl.full([{bc}], {ident}, {TL_DTYPE[cd]})",
             f"for r in range({rows}):",
             f"    acc{i} = {combine}(acc{i}, tl.load(part{i} + r * {cols} + c, mask=cmask{i}, other={ident}))",
-            f"tl.store(out{i} + {ix.render(off)}, {store}, mask=cmask{i})",
+            # a one-element output has a constant offset: keep the pointer a block (c * 0)
+            f"tl.store(out{i} + {ix.render(off) if ix.axes(off) else f'(c * 0 + {ix.render(off)})'}, "
+            f"{store}, mask=cmask{i})",
         ]
         params += [("partial", nid), ("out", nid)]
         names += [f"part{i}", f"out{i}"]
