@@ -86,6 +86,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
         if not config.get("fallback_on_error") and not isinstance(e, Unsupported):
             raise
         rec.eager_reason = f"{type(e).__name__}: {e}"
+        rec.plan, rec.kernels = None, {}  # nothing of the plan runs: explain must not describe it
         if not isinstance(e, Unsupported):
             warnings.warn(f"stitchml: {kind} graph runs eagerly: {rec.eager_reason}", stacklevel=2)
         rec.compile_seconds = time.perf_counter() - t0
@@ -101,12 +102,37 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
         rec.cuda_graph_note = "CUDA graphs refused: kernels draw random numbers (a captured seed would repeat)"
         warnings.warn(f"stitchml: {rec.cuda_graph_note}", stacklevel=2)
 
+    state: dict = {}
+
     def run(args):
         rec.calls += 1
-        return call(args)
+        if "eager" in state:
+            return _run_eager(gm, args)
+        if rec.calls > 1:
+            return call(args)
+        # Triton compiles each kernel at its first launch, i.e. inside the first call:
+        # a failure there is a compile failure, so this graph runs eagerly from now on
+        inputs = list(args)
+        try:
+            return call(args)
+        except Exception as e:
+            if not config.get("fallback_on_error"):
+                raise
+            rec.eager_reason = f"{type(e).__name__} at first launch: {str(e)[:300]}"
+            rec.plan, rec.kernels = None, {}
+            state["eager"] = True
+            warnings.warn(f"stitchml: {kind} graph runs eagerly: {rec.eager_reason}", stacklevel=2)
+            return _run_eager(gm, inputs)
 
     run._boxed_call = True
     return run
+
+
+def _run_eager(gm: fx.GraphModule, args) -> tuple:
+    inputs = list(args)
+    if isinstance(args, list):
+        args.clear()
+    return gm(*inputs)
 
 
 def _cuda_graph_mode(kind: str, device: torch.device, rec: CompiledGraph) -> bool:
@@ -152,9 +178,7 @@ def _replay_in_cuda_graph(call: Callable) -> Callable:
 def _eager(gm: fx.GraphModule, rec: CompiledGraph) -> Callable:
     def run(args):
         rec.calls += 1
-        inputs = list(args)
-        args.clear()
-        return gm(*inputs)
+        return _run_eager(gm, args)
 
     run._boxed_call = True
     return run

@@ -250,9 +250,16 @@ class Emitter:
         else:  # take_along
             iv = self.value(idx, index)
             src_index = tuple(None if i == dim else e for i, e in enumerate(index))
-        # negative indices count from the end, like eager
-        fixed = self._emit(self._scope_for(iv.axes), f"tl.where({iv.name} < 0, {iv.name} + {bound}, {iv.name})",
-                           iv.axes, iv.dtype)
+        # negative indices count from the end, like eager; an index still out of range is
+        # an error in eager: assert it (active in the interpreter and with TRITON_DEBUG=1)
+        # and clamp the address so no lane reads outside the buffer
+        scope = self._scope_for(iv.axes)
+        wrapped = self._emit(scope, f"tl.where({iv.name} < 0, {iv.name} + {bound}, {iv.name})", iv.axes, iv.dtype)
+        mask = self._mask(iv.axes)
+        ok = f"({wrapped.name} >= 0) & ({wrapped.name} < {bound})"
+        scope.lines.append(f"tl.device_assert({ok if not mask else f'{ok} | ~({mask})'}, "
+                           f"'index out of range')")
+        fixed = self._emit(scope, f"tl.minimum(tl.maximum({wrapped.name}, 0), {bound - 1})", iv.axes, iv.dtype)
         loaded = ix.loaded(fixed.name, bound, frozenset(iv.axes))
         src_index = tuple(loaded if e is None else e for e in src_index)
         return self.value(src, src_index)
