@@ -77,7 +77,11 @@ class LowerCtx:
         kept = tuple(s for i, s in enumerate(shape) if i not in dims)
         self._check_dtype(dtype)
         if prod(shape) == 0:
-            raise Unsupported("reduction over an empty tensor")
+            if op not in ("sum", "prod"):
+                raise Unsupported("reduction over an empty tensor")
+            # an empty sum (product) is its identity: a constant, no kernel reads `x`
+            out_shape = tuple(1 if i in dims else s for i, s in enumerate(shape)) if keepdim else kept
+            return self.full(out_shape, 0 if op == "sum" else 1, dtype)
         out = Ref(self.g.add(ir.REDUCE, op, (x,), kept, dtype, ir.contiguous_strides(kept), (("dims", dims),)))
         if keepdim:
             kshape = tuple(1 if i in dims else s for i, s in enumerate(shape))

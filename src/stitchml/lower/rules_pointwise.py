@@ -267,3 +267,59 @@ def _dropout(ctx, node, x, p, train):
     scaled = ctx.pointwise("mul", (x, 1.0 / (1.0 - p)), shape, dtype)
     out = ctx.pointwise("where", (keep, scaled, 0.0), shape, dtype)
     return (out, keep)
+
+
+# -- backward of activations whose forward our decomposition table expands -------------
+# (torch's references, computed in float32 for half types like `pw_cast_for_opmath`)
+
+def _opmath(ctx: LowerCtx, node, *xs):
+    """Output shape and dtype, the compute dtype, and `xs` cast/broadcast to it."""
+    shape, dtype = _out(node)
+    cdt = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    if cdt not in FLOAT_TYPES:
+        raise Unsupported("activation backward of a non-float tensor")
+    return shape, dtype, cdt, _operands(ctx, xs, shape, cdt)
+
+
+@register(aten.hardsigmoid_backward.default)
+def _hardsigmoid_backward(ctx, node, grad, x):
+    shape, dtype, cdt, (g, x) = _opmath(ctx, node, grad, x)
+    inside = ctx.pointwise("logical_and", (ctx.pointwise("gt", (x, -3.0), shape, torch.bool),
+                                           ctx.pointwise("lt", (x, 3.0), shape, torch.bool)), shape, torch.bool)
+    out = ctx.pointwise("where", (inside, ctx.pointwise("mul", (g, 1.0 / 6.0), shape, cdt), 0.0), shape, cdt)
+    return ctx.cast(out, dtype)
+
+
+@register(aten.hardswish_backward.default)
+def _hardswish_backward(ctx, node, grad, x):
+    shape, dtype, cdt, (g, x) = _opmath(ctx, node, grad, x)
+    slope = ctx.pointwise("add", (ctx.pointwise("truediv", (x, 3.0), shape, cdt), 0.5), shape, cdt)
+    mid = ctx.pointwise("where", (ctx.pointwise("lt", (x, 3.0), shape, torch.bool),
+                                  ctx.pointwise("mul", (g, slope), shape, cdt), g), shape, cdt)
+    out = ctx.pointwise("where", (ctx.pointwise("le", (x, -3.0), shape, torch.bool), 0.0, mid), shape, cdt)
+    return ctx.cast(out, dtype)
+
+
+@register(aten.softplus_backward.default)
+def _softplus_backward(ctx, node, grad, x, beta, threshold):
+    shape, dtype, cdt, (g, x) = _opmath(ctx, node, grad, x)
+    xb = ctx.pointwise("mul", (x, beta), shape, cdt)
+    z = ctx.pointwise("exp", (xb,), shape, cdt)
+    soft = ctx.pointwise("truediv", (ctx.pointwise("mul", (g, z), shape, cdt),
+                                     ctx.pointwise("add", (z, 1.0), shape, cdt)), shape, cdt)
+    out = ctx.pointwise("where", (ctx.pointwise("gt", (xb, threshold), shape, torch.bool), g, soft), shape, cdt)
+    return ctx.cast(out, dtype)
+
+
+@register(aten.mish_backward.default)
+def _mish_backward(ctx, node, grad, x):
+    shape, dtype, cdt, (g, x) = _opmath(ctx, node, grad, x)
+    sp = ctx.pointwise("where", (ctx.pointwise("gt", (x, 20.0), shape, torch.bool), x,
+                                 ctx.pointwise("log1p", (ctx.pointwise("exp", (x,), shape, cdt),), shape, cdt)),
+                       shape, cdt)
+    t = ctx.pointwise("tanh", (sp,), shape, cdt)
+    s = ctx.pointwise("sigmoid", (x,), shape, cdt)
+    one_m = ctx.pointwise("sub", (1.0, ctx.pointwise("mul", (t, t), shape, cdt)), shape, cdt)
+    inner = ctx.pointwise("mul", (ctx.pointwise("mul", (x, s), shape, cdt), one_m), shape, cdt)
+    out = ctx.pointwise("mul", (g, ctx.pointwise("add", (t, inner), shape, cdt)), shape, cdt)
+    return ctx.cast(out, dtype)
