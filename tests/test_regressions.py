@@ -110,3 +110,18 @@ def test_column_reduction_to_a_single_element():
         torch._dynamo.reset()  # a new shape for the same function would compile a dynamic graph
         cmp = compare_with_eager(lambda x: x.sum(dims), [torch.randn(*shape, requires_grad=True)])
         assert all(r.plan is not None for r in cmp.backend.records)
+
+
+def test_deep_element_wise_chains_generate_without_recursion_errors():
+    # code generation pulls values recursively: a 200-step chain exceeded Python's
+    # default recursion limit and the graph fell back to eager
+    def chain(x):
+        for _ in range(300):
+            x = torch.sin(x) * 0.5 + x
+        return x
+
+    be = stitchml.StitchBackend()
+    x = torch.randn(256)
+    out = torch.compile(chain, backend=be)(x)
+    assert be.records[0].eager_reason is None and be.records[0].plan.num_kernels == 1
+    torch.testing.assert_close(out, chain(x), rtol=1e-4, atol=1e-4)

@@ -3,6 +3,7 @@
     stitchml demo      compile a small transformer block, show the plan, verify against eager
     stitchml explain   show what stitchml does with the example block (--backward for training)
     stitchml config    list every knob with its environment variable and default
+    stitchml bench     benchmark stitchml against eager, Inductor and JAX (results.json/.md, plots)
 
 Without a CUDA GPU the generated Triton kernels run under the Triton interpreter
 (TRITON_INTERPRET=1, set here before triton or stitchml is imported).
@@ -29,6 +30,7 @@ if _NO_CUDA:
 
 import argparse  # noqa: E402
 import copy  # noqa: E402
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
@@ -125,6 +127,11 @@ def _problems(report, caught: list[warnings.WarningMessage]) -> list[str]:
 
 
 # --------------------------------------------------------------------------- commands
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .tools.calibrate import main as calibrate
+    return calibrate()
+
 
 def cmd_config(args: argparse.Namespace) -> int:
     from . import config
@@ -264,6 +271,45 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 1 if bad or problems else 0
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench.harness import BenchOptions, run_bench, select_cases, ttt_selected
+    opts = BenchOptions(suites=tuple(args.suite or ("all",)), cases=tuple(args.case or ()), quick=args.quick,
+                        out=args.out, dtype=args.dtype, reps=args.reps, contenders=tuple(args.contender or ()),
+                        progress=not args.no_progress, plots=not args.no_plots, resume=args.resume)
+    if args.list:
+        for spec in select_cases(opts):
+            print(f"{spec.suite:10} {spec.name:45} dtypes: {','.join(spec.dtypes)}")
+        if ttt_selected(opts):
+            print(f"{'time_to_target':10} time_to_target")
+        return 0
+    if _interpreted(_device()):
+        print("stitchml bench: no CUDA GPU in use: Triton kernels run under the interpreter; timings will be "
+              "flagged as NOT meaningful.", flush=True)
+    # `timeout` sends SIGTERM: exit through the harness's finally, which writes results.md and the
+    # plots for what was measured (results.json is already rewritten after every case)
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        run = run_bench(opts)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    failed = [(f"{r.case} {r.dtype}", r.contender, r.reason) for r in run.results if r.status == "FAILED"]
+    failed += [("time_to_target", r["contender"], r["reason"]) for r in run.time_to_target
+               if r["status"] == "FAILED"]
+    counts = Counter(r.status for r in run.results)
+    print(f"bench: {len(run.results)} results ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}), "
+          f"{len(run.time_to_target)} time-to-target rows, {run.elapsed_s:.0f} s")
+    for what, who, why in failed:
+        print(f"  FAILED {what} {who}: {why}")
+    print(f"wrote {len(run.files)} files to {run.out}:")
+    for f in run.files:
+        print(f"  {f}")
+    return 0
+
+
 # --------------------------------------------------------------------------- entry point
 
 def _add_size_args(p: argparse.ArgumentParser) -> None:
@@ -301,7 +347,50 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="list every knob: environment variable, default, help")
     p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("calibrate", help="measure this GPU's copy bandwidth and launch cost for the cost model")
+    p.set_defaults(func=cmd_calibrate)
+
+    _add_bench_parser(sub)
     return parser
+
+
+def _add_bench_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="benchmark stitchml against eager, Inductor, max-autotune and JAX",
+        description="Run benchmark suites: every contender on the same inputs, checked against eager before "
+                    "timing (a wrong or crashing contender is reported FAILED with the reason). Writes "
+                    "OUT/results.json (every sample and the environment), OUT/results.md and PNG plots. "
+                    "Without a GPU the kernels run in the Triton interpreter and timings are flagged as not "
+                    "meaningful; use --quick there.")
+    p.add_argument("--suite", action="append", choices=["micro", "models", "simulator", "time_to_target", "all"],
+                   help="suite to run (repeatable; default all)")
+    p.add_argument("--case", action="append", metavar="NAME",
+                   help="run only this case (repeatable): a full name like 'softmax_fwd[N=4096]', a family "
+                        "like 'softmax_fwd', or a glob; see --list")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes in every suite (a smoke test that runs in minutes on a CPU); also skips "
+                        "max-autotune, and on a CPU Inductor for models/simulator/time_to_target")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="output directory (default bench/results/<device>-<date>; with --quick "
+                        "bench/out/quick-<device>-<date>, which git ignores)")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "both"], default=None,
+                   help="element type of the micro and model cases (default: both; fp32 with --quick); the "
+                        "simulator and time_to_target always run fp32")
+    p.add_argument("--reps", type=int, default=None, metavar="N",
+                   help="timed repetitions per case and contender (default 100 on a GPU, 10 on a CPU, 3 with "
+                        "--quick); long cases are cut to a ~10 s budget")
+    p.add_argument("--contender", action="append", metavar="NAME",
+                   choices=["eager", "inductor", "max-autotune", "stitchml", "jax"],
+                   help="run only these contenders (repeatable; default all; eager is the baseline for speedups)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in OUT (same device): keep the rows OUT/results.json has, measure only "
+                        "the missing (case, dtype, contender) rows, rewrite the report over all of them; repeat "
+                        "a time-limited command until it says 0 results")
+    p.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    p.set_defaults(func=cmd_bench)
 
 
 def _rerun_interpreted(argv: Sequence[str]) -> int:
@@ -321,7 +410,7 @@ def _rerun_interpreted(argv: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    if _INTERPRET_TOO_LATE and args.func in (cmd_demo, cmd_explain):
+    if _INTERPRET_TOO_LATE and args.func in (cmd_demo, cmd_explain, cmd_bench):
         # triton was imported before TRITON_INTERPRET was set: its kernels would not run
         return _rerun_interpreted(argv)
     return int(args.func(args) or 0)

@@ -12,6 +12,7 @@ final loop for the element-wise outputs; row values are hoisted out of the loops
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -520,7 +521,14 @@ def view_index(g: ir.Graph, n: ir.Node, index: tuple[ix.Expr, ...]) -> tuple[ix.
 def generate(g: ir.Graph, k: KernelPlan) -> KernelSource:
     if k.mapping.form == "combine":
         return generate_combine(g, k)
-    return Emitter(g, k).emit()
+    # pulling recurses once per dependency level (a few frames per node): allow as
+    # many levels as the graph has nodes, e.g. 100 unrolled simulator steps
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, min(8 * len(g.nodes) + 1000, 200_000)))
+    try:
+        return Emitter(g, k).emit()
+    finally:
+        sys.setrecursionlimit(old)
 
 
 def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:

@@ -1,0 +1,297 @@
+"""The micro suite: single memory-intensive patterns at sizes larger than L2.
+
+Normalisations and softmax, forward and backward, at row lengths N in
+{1024, 4096, 5000, 32768, 262144} with ~2^25 elements per tensor; bias+GELU;
+residual+dropout+layer-norm; cross-entropy forward+backward over 32k and 128k
+vocabularies; AStitch's irregular shapes (<750000,32> row sum, <64,30000> row
+softmax); column sums; and AStitch's running example.  `--quick` keeps the case
+families at tiny sizes (a few thousand elements).
+
+Every case also has a JAX version (used only where JAX is installed).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from .compare import compare, tolerance
+from .workload import DTYPES, CaseSpec, CheckOutcome, JaxSpec, Workload, rand, randn
+
+FULL_N = (1024, 4096, 5000, 32768, 262144)
+QUICK_N = (1000,)          # not a power of two: masked tails are exercised
+ELEMS = 2**25            # per [rows, N] tensor at full size: 128 MB fp32, well above L2
+EPS_LN, EPS_RMS = 1e-5, 1e-6
+DROPOUT_P = 0.1
+
+
+# --------------------------------------------------------------------------- torch functions
+
+def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), w, b, EPS_LN)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # LLaMA's form: normalise in float32, cast back, then scale
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS_RMS)).to(x.dtype) * w
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, -1)
+
+
+def bias_gelu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x + b)
+
+
+def residual_dropout_layer_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor):
+    # the residual sum is returned too: the next block adds to it
+    h = r + F.dropout(x, DROPOUT_P, training=True)
+    return h, F.layer_norm(h, (h.shape[-1],), w, b, EPS_LN)
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, target)
+
+
+def row_sum(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(-1)
+
+
+def column_sum(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(0)
+
+
+def astitch_running(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor):
+    """AStitch's running example: a row reduce, an expensive element-wise op on its
+    broadcast, a column reduce, and a consumer of both."""
+    a = x + y
+    r1 = a.sum(1, keepdim=True)
+    p1 = (a / r1) ** 2
+    r2 = p1.sum(0)
+    return p1 * (r2 / z), r2
+
+
+# --------------------------------------------------------------------------- JAX versions
+# each builder gets the `jax` module and returns f(key, *arrays); the torch dtype of the
+# inputs is kept (bf16 in, bf16 out) and float32 is used inside where torch does
+
+def _jax_layer_norm(jax: Any) -> Callable[..., Any]:
+    jnp = jax.numpy
+
+    def ln(x: Any, w: Any, b: Any) -> Any:
+        xf = x.astype(jnp.float32)
+        mu = xf.mean(-1, keepdims=True)
+        var = ((xf - mu) ** 2).mean(-1, keepdims=True)
+        return ((xf - mu) * jax.lax.rsqrt(var + EPS_LN) * w.astype(jnp.float32)
+                + b.astype(jnp.float32)).astype(x.dtype)
+    return lambda key, x, w, b: ln(x, w, b)
+
+
+def _jax_rms_norm(jax: Any) -> Callable[..., Any]:
+    jnp = jax.numpy
+
+    def f(key: Any, x: Any, w: Any) -> Any:
+        xf = x.astype(jnp.float32)
+        return (xf * jax.lax.rsqrt((xf * xf).mean(-1, keepdims=True) + EPS_RMS)).astype(x.dtype) * w
+    return f
+
+
+def _jax_softmax(jax: Any) -> Callable[..., Any]:
+    jnp = jax.numpy
+    return lambda key, x: jax.nn.softmax(x.astype(jnp.float32), axis=-1).astype(x.dtype)
+
+
+def _jax_bias_gelu(jax: Any) -> Callable[..., Any]:
+    return lambda key, x, b: jax.nn.gelu(x + b, approximate=False)
+
+
+def _jax_residual_dropout_ln(jax: Any) -> Callable[..., Any]:
+    ln = _jax_layer_norm(jax)
+    jnp = jax.numpy
+
+    def f(key: Any, x: Any, r: Any, w: Any, b: Any) -> Any:
+        keep = jax.random.bernoulli(key, 1.0 - DROPOUT_P, x.shape)
+        h = r + jnp.where(keep, x / (1.0 - DROPOUT_P), jnp.zeros_like(x)).astype(x.dtype)
+        return h, ln(key, h, w, b)
+    return f
+
+
+def _jax_cross_entropy(jax: Any) -> Callable[..., Any]:
+    jnp = jax.numpy
+
+    def f(key: Any, logits: Any, target: Any) -> Any:
+        lf = logits.astype(jnp.float32)
+        lse = jax.nn.logsumexp(lf, axis=-1)
+        picked = jnp.take_along_axis(lf, target[:, None].astype(jnp.int32), axis=-1)[:, 0]
+        return (lse - picked).mean().astype(logits.dtype)
+    return f
+
+
+def _jax_row_sum(jax: Any) -> Callable[..., Any]:
+    return lambda key, x: x.sum(-1)
+
+
+def _jax_column_sum(jax: Any) -> Callable[..., Any]:
+    return lambda key, x: x.sum(0)
+
+
+def _jax_astitch(jax: Any) -> Callable[..., Any]:
+    def f(key: Any, x: Any, y: Any, z: Any) -> Any:
+        a = x + y
+        r1 = a.sum(1, keepdims=True)
+        p1 = (a / r1) ** 2
+        r2 = p1.sum(0)
+        return p1 * (r2 / z), r2
+    return f
+
+
+# --------------------------------------------------------------------------- checks
+
+def dropout_checker(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor, dtype: str,
+                    tol: float) -> Callable[[list[torch.Tensor], list[torch.Tensor]], CheckOutcome]:
+    """Dropout's result is random, so check its structure: every element of h - r is
+    either 0 (dropped) or x / (1 - p) (kept), about p of them are dropped, and the
+    layer norm matches eager's layer norm of this very h."""
+    def check(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> CheckOutcome:
+        if len(actual) != 2:
+            return CheckOutcome(False, float("inf"), f"{len(actual)} outputs, expected (h, layer_norm(h))")
+        h, y = actual
+        if h.shape != x.shape or h.dtype != x.dtype:
+            return CheckOutcome(False, float("inf"), f"h is {tuple(h.shape)}/{h.dtype}")
+        d = h.double() - r.double()
+        scaled = x.double() / (1.0 - DROPOUT_P)
+        # h was rounded to the dtype once: allow one rounding of |r| + |x / (1 - p)|
+        slack = (2e-2 if dtype == "bf16" else 1e-5) * (r.double().abs() + scaled.abs() + 1e-6)
+        kept = (d - scaled).abs() <= slack
+        dropped = d.abs() <= slack
+        stray = (~(kept | dropped)).sum().item()
+        if stray:
+            return CheckOutcome(False, float("inf"), f"{stray} elements of h - r are neither 0 nor x/(1-p)")
+        n = x.numel()
+        frac = (dropped & ~kept).sum().item() / n
+        bound = 6 * (DROPOUT_P * (1 - DROPOUT_P) / n) ** 0.5 + 2.0 / n
+        if abs(frac - DROPOUT_P) > bound + (dropped & kept).sum().item() / n:
+            return CheckOutcome(False, float("inf"), f"dropped fraction {frac:.4f}, p = {DROPOUT_P}")
+        ref = F.layer_norm(h.detach(), (h.shape[-1],), w, b, EPS_LN)
+        out = compare([y], [ref], tol, ["layer_norm(h)"])
+        out.detail = f"dropped {frac:.4f} (p={DROPOUT_P}); {out.detail}"
+        return out
+    return check
+
+
+# --------------------------------------------------------------------------- cases
+
+def _gen(name: str) -> torch.Generator:
+    # a seed per case name, so a case gets the same inputs whatever else runs
+    return torch.Generator().manual_seed(sum(map(ord, name)) % 2**31)
+
+
+def _spec(name: str, build: Callable[[str, torch.device, str], Workload], **kw: Any) -> CaseSpec:
+    return CaseSpec(name, "micro", lambda dtype, device: build(dtype, device, name), **kw)
+
+
+def _norm_softmax_cases(n_values: tuple[int, ...], quick: bool) -> list[CaseSpec]:
+    out = []
+    for n in n_values:
+        rows = 4 if quick else ELEMS // n
+
+        def ln(dtype: str, device: torch.device, name: str, n: int = n, rows: int = rows, bwd: bool = False):
+            g, dt = _gen(name), DTYPES[dtype]
+            x = randn((rows, n), dt, device, g)
+            w, b = randn((n,), dt, device, g, scale=0.1, shift=1.0), randn((n,), dt, device, g, scale=0.1)
+            if bwd:
+                for t in (x, w, b):
+                    t.requires_grad_(True)
+            return Workload(name, "micro", dtype, layer_norm, [x, w, b], mode="bwd" if bwd else "fwd",
+                            grad_targets=[x, w, b] if bwd else [], shape=f"x[{rows},{n}]",
+                            tol=tolerance("micro", dtype), jax=JaxSpec(_jax_layer_norm, (0, 1, 2)))
+
+        def rms(dtype: str, device: torch.device, name: str, n: int = n, rows: int = rows, bwd: bool = False):
+            g, dt = _gen(name), DTYPES[dtype]
+            x, w = randn((rows, n), dt, device, g), randn((n,), dt, device, g, scale=0.1, shift=1.0)
+            if bwd:
+                x.requires_grad_(True)
+                w.requires_grad_(True)
+            return Workload(name, "micro", dtype, rms_norm, [x, w], mode="bwd" if bwd else "fwd",
+                            grad_targets=[x, w] if bwd else [], shape=f"x[{rows},{n}]",
+                            tol=tolerance("micro", dtype), jax=JaxSpec(_jax_rms_norm, (0, 1)))
+
+        def sm(dtype: str, device: torch.device, name: str, n: int = n, rows: int = rows, bwd: bool = False):
+            g, dt = _gen(name), DTYPES[dtype]
+            x = randn((rows, n), dt, device, g, scale=2.0)
+            if bwd:
+                x.requires_grad_(True)
+            return Workload(name, "micro", dtype, softmax, [x], mode="bwd" if bwd else "fwd",
+                            grad_targets=[x] if bwd else [], shape=f"x[{rows},{n}]",
+                            tol=tolerance("micro", dtype), jax=JaxSpec(_jax_softmax, (0,)))
+
+        for fam, build in (("layer_norm", ln), ("rms_norm", rms), ("softmax", sm)):
+            out.append(_spec(f"{fam}_fwd[N={n}]", build))
+            out.append(_spec(f"{fam}_bwd[N={n}]", lambda d, dev, name, build=build: build(d, dev, name, bwd=True)))
+    return out
+
+
+def cases(quick: bool) -> list[CaseSpec]:
+    specs = _norm_softmax_cases(QUICK_N if quick else FULL_N, quick)
+
+    gelu_shape = (4, 1024) if quick else (8192, 4096)
+
+    def gelu(dtype: str, device: torch.device, name: str) -> Workload:
+        g, dt = _gen(name), DTYPES[dtype]
+        x, b = randn(gelu_shape, dt, device, g), randn(gelu_shape[1:], dt, device, g)
+        return Workload(name, "micro", dtype, bias_gelu, [x, b], shape=f"x{list(gelu_shape)}",
+                        tol=tolerance("micro", dtype), jax=JaxSpec(_jax_bias_gelu))
+    specs.append(_spec(f"bias_gelu[{gelu_shape[0]}x{gelu_shape[1]}]", gelu))
+
+    rdl_shape = (4, 1024) if quick else (32768, 1024)
+
+    def rdl(dtype: str, device: torch.device, name: str) -> Workload:
+        g, dt = _gen(name), DTYPES[dtype]
+        x, r = randn(rdl_shape, dt, device, g), randn(rdl_shape, dt, device, g)
+        n = rdl_shape[1]
+        w, b = randn((n,), dt, device, g, scale=0.1, shift=1.0), randn((n,), dt, device, g, scale=0.1)
+        tol = tolerance("micro", dtype)
+        return Workload(name, "micro", dtype, residual_dropout_layer_norm, [x, r, w, b],
+                        shape=f"x{list(rdl_shape)}, p={DROPOUT_P}", tol=tol,
+                        checker=dropout_checker(x, r, w, b, dtype, tol),
+                        jax=JaxSpec(_jax_residual_dropout_ln),
+                        notes="dropout is random: checked by structure (0 or x/(1-p), drop rate, LN of h)")
+    specs.append(_spec(f"residual_dropout_layer_norm[{rdl_shape[0]}x{rdl_shape[1]}]", rdl))
+
+    ce_sizes = [(2, 2048)] if quick else [(8192, 32000), (2048, 128256)]
+    for rows, vocab in ce_sizes:
+        def ce(dtype: str, device: torch.device, name: str, rows: int = rows, vocab: int = vocab) -> Workload:
+            g, dt = _gen(name), DTYPES[dtype]
+            logits = randn((rows, vocab), dt, device, g, scale=2.0).requires_grad_(True)
+            target = torch.randint(0, vocab, (rows,), generator=g).to(device)
+            return Workload(name, "micro", dtype, cross_entropy, [logits, target], mode="fwdbwd",
+                            grad_targets=[logits], shape=f"logits[{rows},{vocab}]",
+                            tol=tolerance("micro", dtype), jax=JaxSpec(_jax_cross_entropy, (0,)))
+        specs.append(_spec(f"cross_entropy_fwdbwd[V={vocab}]", ce))
+
+    def simple(fn: Callable[..., Any], jfn: Callable[[Any], Any], shape: tuple[int, ...], label: str) -> None:
+        def build(dtype: str, device: torch.device, name: str) -> Workload:
+            g, dt = _gen(name), DTYPES[dtype]
+            x = randn(shape, dt, device, g)
+            return Workload(name, "micro", dtype, fn, [x], shape=f"x{list(shape)}",
+                            tol=tolerance("micro", dtype), jax=JaxSpec(jfn))
+        specs.append(_spec(f"{label}[{shape[0]}x{shape[1]}]", build))
+
+    simple(row_sum, _jax_row_sum, (128, 32) if quick else (750000, 32), "row_sum_irregular")
+    simple(softmax, _jax_softmax, (2, 3000) if quick else (64, 30000), "row_softmax_irregular")
+    simple(column_sum, _jax_column_sum, (64, 64) if quick else (32768, 1024), "column_sum")
+
+    as_shape = (8, 256) if quick else (8192, 4096)
+
+    def running(dtype: str, device: torch.device, name: str) -> Workload:
+        g, dt = _gen(name), DTYPES[dtype]
+        # positive inputs keep the row sums away from zero (the pattern divides by them)
+        x, y = rand(as_shape, dt, device, g, low=0.5, high=1.5), rand(as_shape, dt, device, g, low=0.5, high=1.5)
+        z = rand(as_shape[1:], dt, device, g, low=0.5, high=1.5)
+        return Workload(name, "micro", dtype, astitch_running, [x, y, z], shape=f"x{list(as_shape)}",
+                        tol=tolerance("micro", dtype), jax=JaxSpec(_jax_astitch))
+    specs.append(_spec(f"astitch_running[{as_shape[0]}x{as_shape[1]}]", running))
+    return specs

@@ -1,0 +1,322 @@
+"""The models suite: whole training steps and inference calls.
+
+BERT-base (training batch 32 x 128; inference batch 1 and 32) and GPT-2 small
+(training; one batch-1 decoding step against a KV cache) from Hugging Face
+`transformers` configs with random weights (nothing is downloaded); a LLaMA-style
+decoder block (RMSNorm, rotary embeddings, SwiGLU) and a DIEN-like recommender block
+(embeddings, GRU interest extractor, attention over the behaviour sequence, AUGRU,
+MLP) written here.
+
+Dropout is 0 everywhere so that every contender can be checked value for value
+against eager (dropout kernels are measured by the micro suite).  Attention is plain
+matmul + softmax (`attn_implementation="eager"`), the same for every contender, so
+the softmax and masking are memory-intensive ops that compilers can fuse.  A
+training step is forward + backward (gradients of every parameter); the optimizer is
+not part of it.  Byte floors are not reported: matrix products dominate.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .compare import tolerance
+from .workload import DTYPES, CaseSpec, Workload
+
+# --------------------------------------------------------------------------- LLaMA-style block
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def rotary_tables(seq: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq, dtype=torch.float32), inv)
+    angles = torch.cat([angles, angles], dim=-1)           # [seq, head_dim]
+    return angles.cos(), angles.sin()
+
+
+def _rotate_half(t: torch.Tensor) -> torch.Tensor:
+    a, b = t.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm decoder block: x + attn(rms(x)) with rotary q/k and a causal mask,
+    then + down(silu(gate(rms(h))) * up(rms(h)))."""
+
+    def __init__(self, hidden: int, heads: int, ffn: int):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.attn_norm, self.mlp_norm = RMSNorm(hidden), RMSNorm(hidden)
+        self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden, bias=False) for _ in range(4))
+        self.gate, self.up = nn.Linear(hidden, ffn, bias=False), nn.Linear(hidden, ffn, bias=False)
+        self.down = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, s, hid = x.shape
+        h = self.attn_norm(x)
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        q, k, v = heads(self.q(h)), heads(self.k(h)), heads(self.v(h))
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        scores = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(self.head_dim)) + mask
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        attn = (probs @ v).transpose(1, 2).reshape(b, s, hid)
+        x = x + self.o(attn)
+        h = self.mlp_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+# --------------------------------------------------------------------------- DIEN-like block
+
+
+class DIENBlock(nn.Module):
+    """A DIEN-like click-through model: item and category embeddings of a behaviour
+    sequence, a GRU over it (interest extraction), attention of the target item over
+    the GRU states, an AUGRU (GRU whose update gate is scaled by the attention) for
+    interest evolution, and an MLP on [final interest, target, pooled history].
+    The recurrences are written out step by step (as TensorFlow's DIEN is), so each
+    step is two small matrix products and a dozen element-wise ops."""
+
+    def __init__(self, items: int, cats: int, emb: int, hidden: int, mlp: tuple[int, int]):
+        super().__init__()
+        self.item_emb, self.cat_emb = nn.Embedding(items, emb), nn.Embedding(cats, emb)
+        e2 = 2 * emb
+        self.gru_x, self.gru_h = nn.Linear(e2, 3 * hidden), nn.Linear(hidden, 3 * hidden)
+        self.query = nn.Linear(e2, hidden)
+        self.att1, self.att2 = nn.Linear(4 * hidden, 36), nn.Linear(36, 1)
+        self.au_x, self.au_h = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, 3 * hidden)
+        self.fc1, self.fc2, self.out = nn.Linear(hidden + 2 * e2, mlp[0]), nn.Linear(*mlp), nn.Linear(mlp[1], 1)
+        self.act1, self.act2 = nn.PReLU(mlp[0]), nn.PReLU(mlp[1])
+
+    @staticmethod
+    def _gru_cell(gx: torch.Tensor, gh: torch.Tensor, h: torch.Tensor, att: torch.Tensor | None) -> torch.Tensor:
+        xr, xz, xn = gx.chunk(3, -1)
+        hr, hz, hn = gh.chunk(3, -1)
+        r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+        n = torch.tanh(xn + r * hn)
+        if att is not None:           # AUGRU: attention scales the update gate
+            z = att * z
+            return (1 - z) * h + z * n
+        return (1 - z) * n + z * h
+
+    def forward(self, hist_items: torch.Tensor, hist_cats: torch.Tensor, tgt_item: torch.Tensor,
+                tgt_cat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        seq = torch.cat([self.item_emb(hist_items), self.cat_emb(hist_cats)], -1)     # [B, T, 2E]
+        tgt = torch.cat([self.item_emb(tgt_item), self.cat_emb(tgt_cat)], -1)         # [B, 2E]
+        b, t_len, _ = seq.shape
+        hidden = self.gru_h.in_features
+        gx_all = self.gru_x(seq)
+        h = seq.new_zeros(b, hidden)
+        states = []
+        for t in range(t_len):
+            m = mask[:, t:t + 1]
+            h = m * self._gru_cell(gx_all[:, t], self.gru_h(h), h, None) + (1 - m) * h
+            states.append(h)
+        hs = torch.stack(states, 1)                                                   # [B, T, H]
+        q = self.query(tgt).unsqueeze(1).expand_as(hs)
+        feats = torch.cat([hs, q, hs * q, hs - q], -1)
+        scores = self.att2(torch.sigmoid(self.att1(feats))).squeeze(-1)              # [B, T]
+        scores = scores.masked_fill(mask == 0, -1e4)
+        att = torch.softmax(scores.float(), -1).to(hs.dtype)
+        ax_all = self.au_x(hs)
+        h = seq.new_zeros(b, hidden)
+        for t in range(t_len):
+            m = mask[:, t:t + 1]
+            h = m * self._gru_cell(ax_all[:, t], self.au_h(h), h, att[:, t:t + 1]) + (1 - m) * h
+        pooled = (seq * mask.unsqueeze(-1)).sum(1)
+        z = torch.cat([h, tgt, pooled], -1)
+        return self.out(self.act2(self.fc2(self.act1(self.fc1(z))))).squeeze(-1)     # logits [B]
+
+
+# --------------------------------------------------------------------------- workloads
+
+def _params(model: nn.Module) -> tuple[list[torch.Tensor], list[str]]:
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [p for _, p in named], [n for n, _ in named]
+
+
+def _training(name: str, dtype: str, model: nn.Module, fn: Callable[..., Any], inputs: list[Any], shape: str,
+              extra_targets: list[torch.Tensor] | None = None, extra_names: list[str] | None = None) -> Workload:
+    model.train()
+    params, names = _params(model)
+    return Workload(name, "models", dtype, fn, inputs, mode="fwdbwd",
+                    grad_targets=(extra_targets or []) + params, grad_names=(extra_names or []) + names,
+                    shape=shape, min_bytes=0, tol=tolerance("models", dtype),
+                    notes="dropout 0; attention = matmul + softmax")
+
+
+def _inference(name: str, dtype: str, model: nn.Module, fn: Callable[..., Any], inputs: list[Any],
+               shape: str) -> Workload:
+    model.eval()
+    return Workload(name, "models", dtype, fn, inputs, shape=shape, min_bytes=0, tol=tolerance("models", dtype),
+                    notes="eval mode, no grad; attention = matmul + softmax")
+
+
+def _bert_config(quick: bool) -> Any:
+    import transformers
+    size = (dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=128,
+                 max_position_embeddings=32) if quick else {})   # {}: BERT-base defaults
+    return transformers.BertConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                   attn_implementation="eager", **size)
+
+
+def _gpt2_config(quick: bool) -> Any:
+    import transformers
+    size = (dict(n_embd=32, n_layer=1, n_head=2, vocab_size=128, n_positions=64) if quick else {})
+    vocab = size.get("vocab_size", 50257)
+    return transformers.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, summary_first_dropout=0.0,
+                                   bos_token_id=vocab - 1, eos_token_id=vocab - 1, attn_implementation="eager",
+                                   **size)
+
+
+def _ids(shape: tuple[int, ...], vocab: int, device: torch.device, seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def _bert_train(b: int, s: int, quick: bool) -> Callable[[str, torch.device, str], Workload]:
+    def build(dtype: str, device: torch.device, name: str) -> Workload:
+        import transformers
+        cfg = _bert_config(quick)
+        torch.manual_seed(1)
+        model = transformers.BertForMaskedLM(cfg).to(device=device, dtype=DTYPES[dtype])
+        ids, labels = _ids((b, s), cfg.vocab_size, device, 2), _ids((b, s), cfg.vocab_size, device, 3)
+        return _training(name, dtype, model, lambda i, l: model(input_ids=i, labels=l).loss, [ids, labels],
+                         f"batch {b} x seq {s}, hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers")
+    return build
+
+
+def _bert_infer(b: int, s: int, quick: bool) -> Callable[[str, torch.device, str], Workload]:
+    def build(dtype: str, device: torch.device, name: str) -> Workload:
+        import transformers
+        cfg = _bert_config(quick)
+        torch.manual_seed(1)
+        model = transformers.BertModel(cfg, add_pooling_layer=False).to(device=device, dtype=DTYPES[dtype])
+        ids = _ids((b, s), cfg.vocab_size, device, 4)
+        return _inference(name, dtype, model, lambda i: model(input_ids=i).last_hidden_state, [ids],
+                          f"batch {b} x seq {s}, hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers")
+    return build
+
+
+def _gpt2_train(b: int, s: int, quick: bool) -> Callable[[str, torch.device, str], Workload]:
+    def build(dtype: str, device: torch.device, name: str) -> Workload:
+        import transformers
+        cfg = _gpt2_config(quick)
+        torch.manual_seed(2)
+        model = transformers.GPT2LMHeadModel(cfg).to(device=device, dtype=DTYPES[dtype])
+        ids = _ids((b, s), cfg.vocab_size, device, 5)
+        return _training(name, dtype, model, lambda i: model(input_ids=i, labels=i).loss, [ids],
+                         f"batch {b} x seq {s}, hidden {cfg.n_embd}, {cfg.n_layer} layers")
+    return build
+
+
+def _gpt2_decode(past: int, quick: bool) -> Callable[[str, torch.device, str], Workload]:
+    def build(dtype: str, device: torch.device, name: str) -> Workload:
+        import transformers
+        cfg = _gpt2_config(quick)
+        torch.manual_seed(2)
+        model = transformers.GPT2LMHeadModel(cfg).to(device=device, dtype=DTYPES[dtype])
+        head_dim = cfg.n_embd // cfg.n_head
+        gen = torch.Generator().manual_seed(6)
+        kv = [torch.randn((1, cfg.n_head, past, head_dim), generator=gen).to(device, DTYPES[dtype])
+              for _ in range(2 * cfg.n_layer)]
+        ids = _ids((1, 1), cfg.vocab_size, device, 7)
+        pos = torch.full((1, 1), past, dtype=torch.long, device=device)
+
+        def decode(ids: torch.Tensor, pos: torch.Tensor, *flat_kv: torch.Tensor) -> torch.Tensor:
+            # the cache is rebuilt from fixed tensors every call, so each call is the same step
+            try:
+                cache = transformers.DynamicCache(config=cfg)
+            except TypeError:      # older transformers: no config argument
+                cache = transformers.DynamicCache()
+            for layer in range(cfg.n_layer):
+                cache.update(flat_kv[2 * layer], flat_kv[2 * layer + 1], layer)
+            return model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits
+        return _inference(name, dtype, model, decode, [ids, pos, *kv],
+                          f"1 token, KV cache of {past}, hidden {cfg.n_embd}, {cfg.n_layer} layers")
+    return build
+
+
+def _llama(b: int, s: int, quick: bool, train: bool) -> Callable[[str, torch.device, str], Workload]:
+    hidden, heads, ffn = (64, 4, 128) if quick else (4096, 32, 11008)
+
+    def build(dtype: str, device: torch.device, name: str) -> Workload:
+        dt = DTYPES[dtype]
+        torch.manual_seed(3)
+        block = LlamaBlock(hidden, heads, ffn)
+        for lin in (block.q, block.k, block.v, block.o, block.gate, block.up, block.down):
+            nn.init.normal_(lin.weight, std=0.02)
+        block = block.to(device=device, dtype=dt)
+        gen = torch.Generator().manual_seed(9)
+        x = torch.randn((b, s, hidden), generator=gen).to(device, dt)
+        cos, sin = (t.to(device, dt) for t in rotary_tables(s, hidden // heads))
+        mask = torch.full((s, s), float("-inf")).triu(1).to(device, dt)
+        shape = f"batch {b} x seq {s}, hidden {hidden}, {heads} heads, ffn {ffn}"
+        if train:
+            x.requires_grad_(True)
+            return _training(name, dtype, block, block, [x, cos, sin, mask], shape, [x], ["x"])
+        return _inference(name, dtype, block, block, [x, cos, sin, mask], shape)
+    return build
+
+
+def _dien(b: int, t_len: int, quick: bool, train: bool) -> Callable[[str, torch.device, str], Workload]:
+    items, cats, emb, hidden, mlp = (100, 10, 4, 8, (16, 8)) if quick else (100000, 1000, 18, 36, (200, 80))
+
+    def build(dtype: str, device: torch.device, name: str) -> Workload:
+        dt = DTYPES[dtype]
+        torch.manual_seed(4)
+        model = DIENBlock(items, cats, emb, hidden, mlp).to(device=device, dtype=dt)
+        gen = torch.Generator().manual_seed(10)
+        hist_items = torch.randint(0, items, (b, t_len), generator=gen).to(device)
+        hist_cats = torch.randint(0, cats, (b, t_len), generator=gen).to(device)
+        tgt_item = torch.randint(0, items, (b,), generator=gen).to(device)
+        tgt_cat = torch.randint(0, cats, (b,), generator=gen).to(device)
+        # behaviour sequences of different lengths: a prefix mask
+        lengths = torch.randint(1, t_len + 1, (b, 1), generator=gen)
+        mask = (torch.arange(t_len)[None, :] < lengths).to(device, dt)
+        inputs = [hist_items, hist_cats, tgt_item, tgt_cat, mask]
+        shape = f"batch {b}, sequence {t_len}, embedding {emb}, hidden {hidden}"
+        if train:
+            labels = torch.randint(0, 2, (b,), generator=gen).to(device, dt)
+
+            def loss(*args: torch.Tensor) -> torch.Tensor:
+                return F.binary_cross_entropy_with_logits(model(*args[:-1]), args[-1])
+            return _training(name, dtype, model, loss, inputs + [labels], shape)
+        return _inference(name, dtype, model, lambda *a: torch.sigmoid(model(*a)), inputs, shape)
+    return build
+
+
+def cases(quick: bool) -> list[CaseSpec]:
+    hf = ("transformers",)
+    bt, bs = (2, 8) if quick else (32, 128)
+    bert_infer_batches = (1,) if quick else (1, 32)
+    gb, gs = (2, 8) if quick else (8, 1024)
+    past = 8 if quick else 512
+    lb, ls = (2, 16) if quick else (2, 2048)
+    db, dt_len = (8, 4) if quick else (2048, 50)
+    builders: list[tuple[str, Callable[[str, torch.device, str], Workload], tuple[str, ...]]] = [
+        (f"bert_train[b{bt},s{bs}]", _bert_train(bt, bs, quick), hf),
+        *[(f"bert_infer[b{b},s{bs}]", _bert_infer(b, bs, quick), hf) for b in bert_infer_batches],
+        (f"gpt2_train[b{gb},s{gs}]", _gpt2_train(gb, gs, quick), hf),
+        (f"gpt2_decode[b1,past{past}]", _gpt2_decode(past, quick), hf),
+        (f"llama_block_train[b{lb},s{ls}]", _llama(lb, ls, quick, True), ()),
+        (f"llama_block_infer[b{lb},s{ls}]", _llama(lb, ls, quick, False), ()),
+        (f"dien_train[b{db},T{dt_len}]", _dien(db, dt_len, quick, True), ()),
+        (f"dien_infer[b{db},T{dt_len}]", _dien(db, dt_len, quick, False), ()),
+    ]
+    return [CaseSpec(name, "models", lambda dtype, device, name=name, b=b: b(dtype, device, name), requires=req)
+            for name, b, req in builders]
