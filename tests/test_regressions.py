@@ -125,3 +125,16 @@ def test_deep_element_wise_chains_generate_without_recursion_errors():
     out = torch.compile(chain, backend=be)(x)
     assert be.records[0].eager_reason is None and be.records[0].plan.num_kernels == 1
     torch.testing.assert_close(out, chain(x), rtol=1e-4, atol=1e-4)
+
+
+def test_size_one_cat_branch_is_read_at_zero():
+    # backward of squeeze/unsqueeze/slice: slice_backward pads a per-row sum into a
+    # cat; its size-1 branch was indexed by the column position (masked, but
+    # symbolically column-dependent), so the sum was "requested at a column index"
+    from stitchml.testing import compare_with_eager
+
+    def fn(x):
+        return x.squeeze().unsqueeze(-2) - x.squeeze().unsqueeze(-1)[:, :1]
+
+    cmp = compare_with_eager(fn, [torch.randn(1, 7, 1, 33, 1, requires_grad=True)])
+    assert all(r.plan is not None for r in cmp.backend.records)

@@ -227,7 +227,9 @@ class Emitter:
         outer = self.cond
         for ref, size in zip(n.args, sizes):
             sub = list(index)
-            sub[dim] = pos - start
+            # inside its branch a size-1 part is read at 0: say so, so that a per-row
+            # value (e.g. a reduction) is not asked for at a column-dependent index
+            sub[dim] = ix.const(0) if size == 1 else pos - start
             self.cond = outer + ((f"({p} >= {start}) & ({p} < {start + size})", frozenset(ix.axes(pos))),)
             v = self.value(ref.id, tuple(sub))
             axes |= v.axes
