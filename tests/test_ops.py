@@ -100,44 +100,14 @@ def _flat(out):
     return []
 
 
-def _compare_grad_tol(fn, inputs, grad_rtol, grad_atol):
-    """compare_with_eager, with its own tolerance for the gradients."""
-    backend = StitchBackend()
-    eager_in = [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
-                for x in inputs]
-    comp_in = [x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
-               for x in inputs]
-    expected = fn(*eager_in)
-    actual = torch.compile(fn, backend=backend)(*comp_in)
-    exp_t, act_t = _flat(expected), _flat(actual)
-    assert len(exp_t) == len(act_t), "different number of outputs"
-    for i, (a, e) in enumerate(zip(act_t, exp_t)):
-        assert a.shape == e.shape and a.dtype == e.dtype, f"output {i}: {a.shape}/{a.dtype} vs {e.shape}/{e.dtype}"
-        assert_close(a, e, f"output {i}")
-    for i, (a, e) in enumerate(zip(comp_in, eager_in)):
-        if isinstance(e, torch.Tensor):
-            assert_close(a.detach(), e.detach(), f"input {i} after the call (mutation)")
-    pairs = [(a, e, torch.randn_like(e)) for a, e in zip(act_t, exp_t) if e.requires_grad and e.dtype.is_floating_point]
-    torch.autograd.backward([e for _, e, _ in pairs], [g for _, _, g in pairs])
-    torch.autograd.backward([a for a, _, _ in pairs], [g for _, _, g in pairs])
-    for i, (a, e) in enumerate(zip(comp_in, eager_in)):
-        if isinstance(e, torch.Tensor) and e.requires_grad:
-            assert a.grad is not None, f"input {i}: no gradient"
-            assert_close(a.grad, e.grad, f"grad of input {i}", grad_rtol, grad_atol)
-    return Comparison(backend, actual, expected)
-
-
 def check(fn, inputs, *, backward=True, compiled=True, allow=(), rtol=None, atol=None, grad_rtol=None,
           grad_atol=None):
     """compare_with_eager on fresh Dynamo state; then (if `compiled`) no eager fallback
     at all, except ops whose fallback reason contains a string in `allow`."""
     torch._dynamo.reset()
     needs_grad = any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs)
-    if backward and needs_grad and (grad_rtol or grad_atol):
-        assert rtol is None and atol is None
-        cmp = _compare_grad_tol(fn, inputs, grad_rtol, grad_atol)
-    else:
-        cmp = compare_with_eager(fn, inputs, backward=backward, rtol=rtol, atol=atol)
+    cmp = compare_with_eager(fn, inputs, backward=backward and needs_grad, rtol=rtol, atol=atol,
+                             grad_rtol=grad_rtol, grad_atol=grad_atol)
     if compiled:
         assert_compiled(cmp, allow=allow)
     return cmp
