@@ -1,0 +1,870 @@
+"""Differential fuzzer: seeded random programs of memory-intensive ops, compiled by a
+fresh `StitchBackend`, checked against eager PyTorch (DESIGN §5).
+
+A program is straight-line Python source (`v3 = torch.softmax(v2, -1)`, ...), so a
+failing case prints as one reproducible line and `python -m stitchml.fuzz --seed S`
+replays it with its source.  Each case draws from its seed: dtype (fp32 / fp16 /
+bf16), with or without backward, input shapes (size-1 dims, primes, non-powers of
+two, rank ≤ 4) and layouts (contiguous, permuted, strided slices, offsets, expanded),
+2–30 ops, and a few stitchml knobs (block sizes that force looped and packed rows,
+launch fusion on or off) so small shapes still reach every kernel form.
+
+Verdict per output and per input gradient: a float64 eager run is the judge; the
+compiled error may not exceed twice eager's own error plus a small tolerance scaled
+to the result (for fp32 it may alternatively match eager within the usual fp32
+tolerance).  No verdict where eager itself overflows (inf/nan).  A case also fails if
+any graph fell back wholly to eager (`eager_reason`), if the compiled run raises, or
+if it returns non-finite values where eager does not.
+
+    python -m stitchml.fuzz -n 10000 --jobs 2     # summary; exit 1 on any failure
+    python -m stitchml.fuzz --seed 1234           # one case: its source and verdict
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import re
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import config
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_EPS = {torch.float32: 2.0 ** -23, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+ATOL_EPS = 16          # tolerance floor: this many ulps of the output's dtype, times its scale
+FP32_DIRECT = (1e-4, 1e-5)  # fp32 alternative: rtol, atol (relative to the scale) against eager
+# CPU tensors under the Triton interpreter; CUDA tensors on a GPU without it
+DEVICE = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+                      else "cpu")
+DIM_POOL = [1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 16, 17, 24, 31, 32, 33, 48, 63, 64, 100, 127, 128, 257]
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    max_numel: int      # largest tensor a program may create
+    max_input: int      # largest input
+    min_ops: int = 2
+    max_ops: int = 30
+    short_bias: bool = True  # favour short programs (the least of 3 draws; CI speed); else uniform
+    min_block: int = 128     # smallest pointwise_block / block_elems drawn (tiny blocks: many programs,
+                             # which the interpreter runs one by one)
+
+
+PROFILES = {"ci": Profile("ci", 1024, 384), "long": Profile("long", 3072, 1024, short_bias=False, min_block=32)}
+
+KNOB_CHOICES = {
+    "pointwise_block": [64, 128, 256, 1024],
+    "persistent_max_cols": [8, 16, 32, 64, 8192],
+    "loop_block_cols": [4, 8, 16, 32],
+    "block_elems": [32, 128, 512, 4096],
+    "horizontal_fusion": [True, False],
+    "global_barriers": [True, False],
+    "ilp": [True, False],
+}
+
+
+# ----------------------------------------------------------------------------- programs
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple[int, ...]
+    layout: str          # contiguous | perm:1,0,2 | step:D | offset:D | expand:D
+    grad: bool
+    scale: float = 2.0   # values uniform in [-scale, scale]
+
+
+@dataclass
+class Program:
+    seed: int
+    profile: str
+    dtype: str
+    backward: bool
+    knobs: dict[str, Any]
+    inputs: list[InputSpec]
+    lines: list[str]
+    outputs: list[str]
+
+    def source(self) -> str:
+        args = ", ".join(i.name for i in self.inputs)
+        body = [f"    {line}" for line in self.lines] + [f"    return ({''.join(o + ', ' for o in self.outputs)})"]
+        return f"def program({args}):\n" + "\n".join(body) + "\n"
+
+    def describe(self) -> str:
+        ins = ", ".join(f"{i.name}{list(i.shape)}{'' if i.layout == 'contiguous' else ':' + i.layout}"
+                        f"{'' if i.grad else ':nograd'}" for i in self.inputs)
+        knobs = ",".join(f"{k}={v}" for k, v in self.knobs.items()) or "defaults"
+        return (f"seed={self.seed} profile={self.profile} {self.dtype} {'fwd+bwd' if self.backward else 'fwd'} "
+                f"knobs[{knobs}] inputs[{ins}] | {'; '.join(self.lines)} | return {', '.join(self.outputs)}")
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.lines)
+
+
+@dataclass
+class _Value:
+    name: str
+    shape: tuple[int, ...]
+    bound: float        # rough bound of |value|, keeps exp/pow/sums in range
+    hi: bool = False    # computed in the HI dtype (float32) inside a low-precision program
+    is_input: bool = False
+
+
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
+def _fmt(shape) -> str:
+    return "(" + "".join(f"{s}, " for s in shape).rstrip(" ") + ")" if len(shape) != 1 else f"({shape[0]},)"
+
+
+class _Builder:
+    """Grows one random program; every op method returns False if it does not apply."""
+
+    def __init__(self, rng: random.Random, prof: Profile, dtype: str, backward: bool):
+        self.rng, self.prof, self.dtype, self.backward = rng, prof, dtype, backward
+        self.inputs: list[InputSpec] = []
+        self.values: list[_Value] = []
+        self.lines: list[str] = []
+        self.used: set[str] = set()
+
+    # -- helpers
+    def shape(self, budget: int | None = None, rank: int | None = None) -> tuple[int, ...]:
+        budget = budget or self.prof.max_input
+        rank = rank if rank is not None else self.rng.choice([1, 2, 2, 3, 3, 4])
+        dims: list[int] = []
+        for _ in range(rank):
+            left = budget // max(_numel(dims), 1)
+            fits = [d for d in DIM_POOL if d <= left] or [1]
+            dims.append(self.rng.choice(fits))
+        return tuple(dims)
+
+    def new_input(self, shape: tuple[int, ...], grad: bool | None = None, layout: str | None = None) -> _Value:
+        rng = self.rng
+        if layout is None:
+            kinds = ["contiguous"] * 3 + ["perm", "step", "offset", "expand"]
+            kind = rng.choice(kinds)
+            layout = "contiguous"
+            if kind == "perm" and len(shape) >= 2:
+                p = list(range(len(shape)))
+                while p == sorted(p):
+                    rng.shuffle(p)
+                layout = "perm:" + ",".join(map(str, p))
+            elif kind in ("step", "offset") and shape:
+                layout = f"{kind}:{rng.randrange(len(shape))}"
+            elif kind == "expand" and any(s > 1 for s in shape):
+                layout = f"expand:{rng.choice([d for d, s in enumerate(shape) if s > 1])}"
+        grad = self.backward if grad is None else grad and self.backward
+        spec = InputSpec(f"a{len(self.inputs)}", tuple(shape), layout, grad, rng.choice([0.5, 1.0, 2.0, 2.0]))
+        self.inputs.append(spec)
+        v = _Value(spec.name, spec.shape, spec.scale, False, True)
+        self.values.append(v)
+        return v
+
+    def emit(self, expr: str, shape, bound: float, hi: bool = False) -> _Value:
+        v = _Value(f"v{len(self.lines)}", tuple(shape), bound, hi and self.dtype != "fp32")
+        self.lines.append(f"{v.name} = {expr}")
+        self.used.update(re.findall(r"\b[av]\d+\b", expr))
+        self.values.append(v)
+        return v
+
+    def pick(self) -> _Value:
+        """Mostly the newest value (chains), sometimes an older one (a DAG)."""
+        computed = [v for v in self.values if not v.is_input]
+        if computed and self.rng.random() < 0.6:
+            return computed[-1]
+        return self.rng.choice(self.values)
+
+    def tame(self, x: _Value, limit: float) -> _Value:
+        if x.bound <= limit:
+            return x
+        if self.rng.random() < 0.5:
+            return self.emit(f"torch.tanh({x.name})", x.shape, 1.0, x.hi)
+        s = float(f"{limit / x.bound:.3g}")
+        return self.emit(f"{x.name} * {s}", x.shape, x.bound * s, x.hi)
+
+    def dim(self, x: _Value) -> int:
+        d = self.rng.randrange(len(x.shape))
+        return d - len(x.shape) if self.rng.random() < 0.3 else d
+
+    def broadcast_partner(self, x: _Value) -> tuple[_Value, tuple[int, ...]]:
+        """A second operand for a binary op, and the result shape."""
+        rng = self.rng
+        others = []
+        for v in self.values:
+            try:
+                out = torch.broadcast_shapes(x.shape, v.shape)
+            except RuntimeError:
+                continue
+            if _numel(out) <= self.prof.max_numel and len(out) <= 4 and (out == x.shape or rng.random() < 0.3):
+                others.append((v, tuple(out)))
+        if others and rng.random() < 0.45:
+            return rng.choice(others)
+        shape = list(x.shape[rng.randrange(len(x.shape) + 1):] if x.shape and rng.random() < 0.3 else x.shape)
+        for d in range(len(shape)):
+            if rng.random() < 0.3:
+                shape[d] = 1
+        if rng.random() < 0.15 and len(shape) == len(x.shape) < 4 and _numel(x.shape) * 3 <= self.prof.max_numel:
+            shape = [3] + shape  # the partner is larger: the result grows a leading dim
+            return self.new_input(tuple(shape)), tuple(torch.broadcast_shapes(x.shape, tuple(shape)))
+        return self.new_input(tuple(shape)), x.shape
+
+    # -- op families
+    def unary(self) -> bool:
+        rng, x = self.rng, self.pick()
+        table: list[tuple[str, Callable[[float], float], float]] = [  # expr, bound, max input bound
+            ("-{x}", lambda b: b, 1e9), ("{x}.abs()", lambda b: b, 1e9), ("torch.relu({x})", lambda b: b, 1e9),
+            ("torch.sigmoid({x})", lambda b: 1, 1e9), ("torch.tanh({x})", lambda b: 1, 1e9),
+            ("torch.sin({x})", lambda b: 1, 1e9), ("torch.cos({x})", lambda b: 1, 1e9),
+            ("torch.erf({x})", lambda b: 1, 1e9), ("torch.exp({x})", math.exp, 4),
+            ("torch.expm1({x})", math.exp, 4), ("torch.exp2({x})", lambda b: 2 ** b, 5),
+            ("torch.log({x}.abs() + 0.1)", lambda b: max(2.31, math.log(b + 0.1)), 1e9),
+            ("torch.log1p({x}.abs())", math.log1p, 1e9),
+            ("torch.log2({x}.abs() + 0.1)", lambda b: max(3.33, math.log2(b + 0.1)), 1e9),
+            ("torch.sqrt({x}.abs() + 0.1)", lambda b: math.sqrt(b + 0.1), 1e9),
+            ("torch.rsqrt({x}.abs() + 0.1)", lambda b: 3.2, 1e9),
+            ("torch.reciprocal({x}.abs() + 0.5)", lambda b: 2, 1e9),
+            ("{x} * {x}", lambda b: b * b, 30), ("torch.pow({x}, 2)", lambda b: b * b, 30),
+            ("{x} ** 3", lambda b: b ** 3, 8), ("torch.pow({x}.abs() + 0.1, 1.5)", lambda b: (b + 0.1) ** 1.5, 50),
+            ("torch.square({x})", lambda b: b * b, 30),
+            ("F.silu({x})", lambda b: b, 1e9), ("F.gelu({x})", lambda b: b, 1e9),
+            ("F.gelu({x}, approximate='tanh')", lambda b: b, 1e9), ("F.softplus({x})", lambda b: b + 1, 1e9),
+            ("F.leaky_relu({x}, 0.1)", lambda b: b, 1e9), ("F.elu({x})", lambda b: b, 1e9),
+            ("F.hardtanh({x}, -0.5, 0.75)", lambda b: 0.75, 1e9),
+            ("{x}.clamp(-0.6, 0.4)", lambda b: 0.6, 1e9), ("{x}.clamp(min=-0.3)", lambda b: b, 1e9),
+            ("torch.clamp_max({x}, 0.2)", lambda b: b, 1e9),
+        ]
+        if x.is_input:  # discontinuous ops only on exact inputs: low and high precision agree there
+            table += [("torch.floor({x})", lambda b: b + 1, 1e9), ("torch.ceil({x})", lambda b: b + 1, 1e9),
+                      ("torch.round({x})", lambda b: b + 1, 1e9), ("torch.trunc({x})", lambda b: b, 1e9),
+                      ("torch.sign({x})", lambda b: 1, 1e9), ("{x} * ({x} > 0.25)", lambda b: b, 1e9)]
+        expr, bound, limit = rng.choice(table)
+        if x.bound > limit:
+            x = self.tame(x, limit)
+        self.emit(expr.format(x=x.name), x.shape, bound(x.bound), x.hi)
+        return True
+
+    def binary(self) -> bool:
+        rng = self.rng
+        x = self.tame(self.pick(), 100)
+        if rng.random() < 0.25:  # with a Python scalar
+            c = rng.choice([0.5, -0.75, 1.5, 2.0, 3.0, -2.5])
+            expr, b = rng.choice([(f"{x.name} + {c}", x.bound + abs(c)), (f"{x.name} * {c}", x.bound * abs(c)),
+                                  (f"{c} - {x.name}", x.bound + abs(c)), (f"{x.name} / {c}", x.bound / abs(c)),
+                                  (f"{c} / ({x.name}.abs() + 0.5)", abs(c) * 2)])
+            self.emit(expr, x.shape, b, x.hi)
+            return True
+        y, out = self.broadcast_partner(x)
+        y = self.tame(y, 100)
+        hi = x.hi or y.hi
+        a, b = x.name, y.name
+        ops = [(f"{a} + {b}", x.bound + y.bound), (f"{a} - {b}", x.bound + y.bound),
+               (f"{a} * {b}", x.bound * y.bound), (f"{a} / ({b}.abs() + 0.5)", 2 * x.bound),
+               (f"{a} / (1 + {b} * {b})", x.bound), (f"torch.maximum({a}, {b})", max(x.bound, y.bound)),
+               (f"torch.minimum({a}, {b})", max(x.bound, y.bound)),
+               (f"torch.pow({a}.abs() + 0.5, torch.tanh({b}))", max(2.0, x.bound + 0.5))]
+        if x.hi == y.hi:  # lerp does not promote
+            ops.append((f"torch.lerp({a}, {b}, 0.25)", max(x.bound, y.bound)))
+        if y.is_input:
+            ops.append((f"torch.where({b} > 0, {a}, {a} * 0.5)", x.bound))
+            ops.append((f"{a} * ({b} < 0.3)", x.bound))
+        expr, bound = rng.choice(ops)
+        self.emit(expr, out, bound, hi)
+        return True
+
+    def where3(self) -> bool:
+        x = self.pick()
+        cond = self.new_input(x.shape[self.rng.randrange(len(x.shape) + 1):], grad=False)
+        y, out = self.broadcast_partner(x)
+        if out != x.shape:
+            return False
+        self.emit(f"torch.where({cond.name} > 0.5, {x.name}, {y.name})", x.shape, max(x.bound, y.bound), x.hi or y.hi)
+        return True
+
+    def reduce(self) -> bool:
+        rng, x = self.rng, self.pick()
+        if not x.shape:
+            return False
+        x = self.tame(x, 100)
+        r = len(x.shape)
+        dims = sorted(rng.sample(range(r), rng.randint(1, r)))
+        dims = [d - r if rng.random() < 0.3 else d for d in dims]
+        keep = rng.random() < 0.5
+        n = _numel([x.shape[d] for d in dims])
+        out = tuple(1 if (d in dims or d - r in dims) else s for d, s in enumerate(x.shape)) if keep else \
+            tuple(s for d, s in enumerate(x.shape) if d not in dims and d - r not in dims)
+        ds = f"({', '.join(map(str, dims))},)" if len(dims) > 1 or rng.random() < 0.3 else str(dims[0])
+        one = len(dims) == 1
+        k = f", keepdim={keep}"
+        ops = [(f"{x.name}.sum({ds}{k})", x.bound * n), (f"{x.name}.mean({ds}{k})", x.bound),
+               (f"{x.name}.amax({ds}{k})", x.bound), (f"{x.name}.amin({ds}{k})", x.bound),
+               (f"torch.logsumexp({x.name}, {ds}{k})", x.bound + math.log(n))]
+        if n >= 2:
+            ops.append((f"{x.name}.var({ds}, correction={rng.choice([0, 1])}{k})", x.bound ** 2))
+            if not self.backward:  # std's gradient at a constant row (std = 0) is a convention
+                ops.append((f"{x.name}.std({ds}{k})", x.bound))
+        if one:
+            d = dims[0]
+            ops += [(f"{x.name}.max({d}{k}).values", x.bound), (f"{x.name}.min({d}{k})[0]", x.bound),
+                    (f"torch.max({x.name}, {d}{k})[0]", x.bound)]
+            if n <= 6 and x.bound <= 1.5:
+                ops.append((f"{x.name}.prod({d}{k})", 1.5 ** n))
+        if len(dims) == r and not keep and rng.random() < 0.3:
+            out = ()
+            ops = [(f"{x.name}.sum()", x.bound * n), (f"{x.name}.mean()", x.bound),
+                   (f"{x.name}.amax()", x.bound), (f"{x.name}.max()", x.bound)]
+        expr, bound = rng.choice(ops)
+        self.emit(expr, out, bound, x.hi)
+        return True
+
+    def normalize(self) -> bool:
+        rng, x = self.rng, self.pick()
+        if not x.shape:
+            return False
+        x = self.tame(x, 50)
+        d = self.dim(x)
+        choice = rng.randrange(6)
+        if choice == 0:
+            self.emit(f"torch.softmax({x.name}, {d})", x.shape, 1.0, x.hi)
+        elif choice == 1:
+            self.emit(f"F.log_softmax({x.name}, dim={d})", x.shape, x.bound * 2 + math.log(x.shape[d]) + 1, x.hi)
+        elif choice in (2, 3):  # layer norm over the trailing k dims, optional affine
+            k = rng.randint(1, len(x.shape))
+            ns = x.shape[len(x.shape) - k:]
+            args = ""
+            if rng.random() < 0.6 and not x.hi:  # eager wants affine params in the input's dtype
+                w = self.new_input(ns, layout="contiguous")
+                b = self.new_input(ns, layout="contiguous") if rng.random() < 0.7 else None
+                args = f", {w.name}, {b.name if b else 'None'}"
+            self.emit(f"F.layer_norm({x.name}, {_fmt(ns)}{args})", x.shape, 4.0 * 2 * 2 + 2, x.hi)
+        elif choice == 4:  # layer norm over a non-trailing dim, by moving it last and back
+            n = x.shape[d]
+            self.emit(f"F.layer_norm({x.name}.movedim({d}, -1), ({n},)).movedim(-1, {d})", x.shape, 4.0 * 2, x.hi)
+        else:
+            if len(x.shape) < 2 or _numel(x.shape) // x.shape[1] < 2:
+                return False
+            self.emit(f"F.batch_norm({x.name}, None, None, training=True)", x.shape, 16.0, x.hi)
+        return True
+
+    def view(self) -> bool:
+        rng, x = self.rng, self.pick()
+        r = len(x.shape)
+        choice = rng.randrange(9)
+        if choice == 0 and r >= 2:
+            i, j = rng.sample(range(r), 2)
+            self.emit(f"{x.name}.transpose({i}, {j})", _swap(x.shape, i, j), x.bound, x.hi)
+        elif choice == 1 and r >= 2:
+            p = list(range(r))
+            rng.shuffle(p)
+            self.emit(f"{x.name}.permute({', '.join(map(str, p))})", tuple(x.shape[i] for i in p), x.bound, x.hi)
+        elif choice == 2 and r == 2:
+            self.emit(f"{x.name}.t()", x.shape[::-1], x.bound, x.hi)
+        elif choice in (3, 4):
+            shape = _factor(_numel(x.shape), rng)
+            self.emit(f"{x.name}.reshape({_fmt(shape)})", shape, x.bound, x.hi)
+        elif choice == 5 and r >= 2:
+            s = rng.randrange(r - 1)
+            e = rng.randrange(s + 1, r)
+            shape = x.shape[:s] + (_numel(x.shape[s:e + 1]),) + x.shape[e + 1:]
+            self.emit(f"{x.name}.flatten({s}, {e})", shape, x.bound, x.hi)
+        elif choice == 6 and r < 4:
+            d = rng.randrange(r + 1)
+            shape = x.shape[:d] + (1,) + x.shape[d:]
+            v = self.emit(f"{x.name}.unsqueeze({d})", shape, x.bound, x.hi)
+            if rng.random() < 0.5 and _numel(shape) * 3 <= self.prof.max_numel:
+                big = shape[:d] + (3,) + shape[d + 1:]
+                self.emit(f"{v.name}.expand({_fmt(big)})", big, x.bound, x.hi)
+        elif choice == 7 and 1 in x.shape:
+            d = rng.choice([d for d, s in enumerate(x.shape) if s == 1])
+            self.emit(f"{x.name}.squeeze({d})", x.shape[:d] + x.shape[d + 1:], x.bound, x.hi)
+        elif choice == 8 and self.dtype != "fp32":  # cast island
+            if x.hi:
+                self.emit(f"{x.name}.to(DT)", x.shape, x.bound)
+            else:
+                self.emit(f"{x.name}.to(HI)", x.shape, x.bound, True)
+        else:
+            return False
+        return True
+
+    def slice_cat(self) -> bool:
+        rng, x = self.rng, self.pick()
+        if not x.shape:
+            return False
+        r = len(x.shape)
+        d = rng.randrange(r)
+        n = x.shape[d]
+        choice = rng.randrange(6)
+        pre = ":, " * d
+        if choice == 0 and n >= 2:  # basic or strided slice
+            start = rng.randrange(n - 1)
+            stop = rng.randrange(start + 1, n + 1)
+            step = rng.choice([1, 1, 2, 3])
+            m = len(range(start, stop, step))
+            self.emit(f"{x.name}[{pre}{start}:{stop}{':' + str(step) if step > 1 else ''}]",
+                      x.shape[:d] + (m,) + x.shape[d + 1:], x.bound, x.hi)
+        elif choice == 1 and r >= 2:
+            i = rng.randrange(n)
+            self.emit(f"{x.name}.select({d}, {i - n if rng.random() < 0.3 else i})", x.shape[:d] + x.shape[d + 1:],
+                      x.bound, x.hi)
+        elif choice == 2 and n >= 2:  # rotate by cat of two narrows
+            k = rng.randrange(1, n)
+            self.emit(f"torch.cat([{x.name}.narrow({d}, {k}, {n - k}), {x.name}.narrow({d}, 0, {k})], {d})",
+                      x.shape, x.bound, x.hi)
+        elif choice == 3:  # cat with another tensor
+            extra = rng.choice([1, 2, 3, 5])
+            if _numel(x.shape) // n * (n + extra) > self.prof.max_numel:
+                return False
+            match = [v for v in self.values if len(v.shape) == r and v is not x and v.hi == x.hi
+                     and all(a == b for i, (a, b) in enumerate(zip(v.shape, x.shape)) if i != d)]
+            y = rng.choice(match) if match and rng.random() < 0.5 else \
+                self.new_input(x.shape[:d] + (extra,) + x.shape[d + 1:])
+            y = self.tame(y, 100)
+            parts = [x.name, y.name] if rng.random() < 0.5 else [y.name, x.name]
+            shape = x.shape[:d] + (n + y.shape[d],) + x.shape[d + 1:]
+            self.emit(f"torch.cat([{', '.join(parts)}], {d - r if rng.random() < 0.3 else d})", shape,
+                      max(x.bound, y.bound), x.hi)
+        elif choice == 4 and r < 4 and _numel(x.shape) * 2 <= self.prof.max_numel:
+            y, out = self.broadcast_partner(x)
+            if out != x.shape or y.shape != x.shape or y.hi != x.hi:
+                return False
+            s = rng.randrange(r + 1)
+            self.emit(f"torch.stack([{x.name}, {y.name}], {s})", x.shape[:s] + (2,) + x.shape[s:],
+                      max(x.bound, y.bound), x.hi)
+        elif choice == 5 and n >= 2:
+            k = rng.randrange(1, n)
+            parts = -(-n // k)
+            i = rng.randrange(parts)
+            m = len(range(i * k, min(n, (i + 1) * k)))
+            self.emit(f"{x.name}.split({k}, {d})[{i}]", x.shape[:d] + (m,) + x.shape[d + 1:], x.bound, x.hi)
+        else:
+            return False
+        return True
+
+
+def _swap(shape, i, j):
+    s = list(shape)
+    s[i], s[j] = s[j], s[i]
+    return tuple(s)
+
+
+def _factor(n: int, rng: random.Random) -> tuple[int, ...]:
+    """A random shape of rank ≤ 4 with `n` elements (size-1 dims included)."""
+    primes, m, p = [], n, 2
+    while m > 1:
+        while m % p == 0:
+            primes.append(p)
+            m //= p
+        p += 1
+    rank = rng.randint(1, 4)
+    dims = [1] * rank
+    for q in primes:
+        dims[rng.randrange(rank)] *= q
+    return tuple(dims)
+
+
+def generate(seed: int, profile: str = "ci") -> Program:
+    """The program of one seed (deterministic)."""
+    prof = PROFILES[profile]
+    rng = random.Random(seed)
+    dtype = rng.choice(["fp32", "fp32", "fp16", "bf16"])
+    backward = rng.random() < 0.5
+    knobs = {}
+    if rng.random() < 0.6:
+        for k, choices in KNOB_CHOICES.items():
+            if k in ("pointwise_block", "block_elems"):
+                choices = [c for c in choices if c >= prof.min_block]
+            if rng.random() < 0.5:
+                knobs[k] = rng.choice(choices)
+        if knobs.get("persistent_max_cols", 8192) < 8192:  # looped rows: keep the loop block below the
+            knobs["loop_block_cols"] = min(knobs.get("loop_block_cols", 2048), knobs["persistent_max_cols"])
+    lo, hi = prof.min_ops, prof.max_ops
+    draws = [rng.randint(lo, hi) for _ in range(3 if prof.short_bias else 1)]
+    target = min(draws)
+    b = _Builder(rng, prof, dtype, backward)
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        b.new_input(b.shape())
+    families = [(b.unary, 4), (b.binary, 4), (b.reduce, 2), (b.normalize, 2), (b.view, 3), (b.slice_cat, 2),
+                (b.where3, 1)]
+    fns, weights = zip(*families)
+    tries = 0
+    while len(b.lines) < target and tries < 20 * hi:
+        tries += 1
+        fn = rng.choices(fns, weights)[0]
+        fn()
+    # outputs: the values nothing else reads (the newest few), sometimes an intermediate too
+    computed = [v for v in b.values if not v.is_input]
+    outs = [v for v in computed if v.name not in b.used][-4:]
+    if rng.random() < 0.3:
+        extra = rng.choice(computed)
+        if extra not in outs:
+            outs.append(extra)
+    return Program(seed, profile, dtype, backward, knobs, b.inputs, b.lines, [v.name for v in outs])
+
+
+# ----------------------------------------------------------------------------- running
+
+def make_inputs(prog: Program) -> list[torch.Tensor]:
+    """The program's inputs in its dtype, with their layouts (deterministic per seed)."""
+    gen = torch.Generator().manual_seed(prog.seed)
+    dt = DTYPES[prog.dtype]
+    out = []
+    for spec in prog.inputs:
+        kind, _, arg = spec.layout.partition(":")
+        shape = list(spec.shape)
+        if kind == "perm":
+            p = [int(i) for i in arg.split(",")]
+            store = [shape[i] for i in p]
+        elif kind in ("step", "offset", "expand"):
+            d = int(arg)
+            store = list(shape)
+            store[d] = shape[d] * 2 if kind == "step" else (shape[d] + 1 if kind == "offset" else 1)
+        else:
+            store = shape
+        base = ((torch.rand(store, generator=gen, dtype=torch.float64) * 2 - 1) * spec.scale).to(DEVICE, dt)
+        if kind == "perm":
+            t = base.permute([p.index(i) for i in range(len(p))])
+        elif kind == "step":
+            t = base.narrow(d, 0, shape[d] * 2)[(slice(None),) * d + (slice(None, None, 2),)]
+        elif kind == "offset":
+            t = base.narrow(d, 1, shape[d])
+        elif kind == "expand":
+            t = base.expand(shape)
+        else:
+            t = base
+        assert tuple(t.shape) == spec.shape, (spec, t.shape)
+        out.append(t.detach().requires_grad_(spec.grad))
+    return out
+
+
+def _function(prog: Program, dt: torch.dtype, hi: torch.dtype) -> Callable:
+    namespace = {"torch": torch, "F": F, "DT": dt, "HI": hi}
+    exec(compile(prog.source(), f"<fuzz seed {prog.seed}>", "exec"), namespace)
+    return namespace["program"]
+
+
+def _forward_backward(fn: Callable, inputs: list[torch.Tensor], cotangents: list | None, backward: bool):
+    outs = list(fn(*inputs))
+    grads: list = []
+    if backward:
+        pairs = [(o, c) for o, c in zip(outs, cotangents) if o.requires_grad]
+        wrt = [x for x in inputs if x.requires_grad]
+        if pairs and wrt:
+            grads = list(torch.autograd.grad([o for o, _ in pairs], wrt, [c for _, c in pairs], allow_unused=True))
+    return outs, grads
+
+
+@dataclass
+class Verdict:
+    status: str              # pass | skip (eager overflow: no verdict) | fail | error (fuzzer bug)
+    message: str = ""
+    worst: float = 0.0       # largest compiled_err / allowed over the checked tensors
+
+
+def judge(name: str, comp: torch.Tensor | None, low: torch.Tensor | None, ref: torch.Tensor | None) -> Verdict:
+    """Compare one compiled tensor with eager (same dtype) and the float64 reference."""
+    if low is None and ref is None and comp is None:
+        return Verdict("pass")
+    if low is None or ref is None:  # an unused input: eager says None; compiled may give zeros
+        low = torch.zeros_like(comp) if low is None else low
+        ref = torch.zeros_like(low, dtype=torch.float64) if ref is None else ref
+    if comp is None:
+        comp = torch.zeros_like(low)
+    if comp.shape != low.shape or comp.dtype != low.dtype:
+        return Verdict("fail", f"{name}: compiled {tuple(comp.shape)}/{comp.dtype} vs eager "
+                               f"{tuple(low.shape)}/{low.dtype}")
+    if not (torch.isfinite(low).all() and torch.isfinite(ref).all()):
+        return Verdict("skip", f"{name}: eager produced inf/nan")
+    c = comp.detach().double()
+    if not torch.isfinite(c).all():
+        bad = (~torch.isfinite(c)).sum().item()
+        return Verdict("fail", f"{name}: {bad} non-finite compiled values where eager is finite")
+    ref = ref.detach().double()
+    scale = max(ref.abs().max().item() if ref.numel() else 0.0, 1.0)
+    eager_err = (low.detach().double() - ref).abs().max().item() if ref.numel() else 0.0
+    comp_err = (c - ref).abs().max().item() if ref.numel() else 0.0
+    allowed = 2 * eager_err + ATOL_EPS * _EPS[low.dtype] * scale
+    if comp_err <= allowed:
+        return Verdict("pass", worst=comp_err / allowed if allowed else 0.0)
+    if low.dtype == torch.float32:
+        direct = (c - low.detach().double()).abs().max().item()
+        r, a = FP32_DIRECT
+        direct_allowed = a * scale + r * ref.abs().max().item()
+        if direct <= direct_allowed:
+            return Verdict("pass", worst=direct / direct_allowed if direct_allowed else 0.0)
+    return Verdict("fail", f"{name}: compiled error {comp_err:.3g} > allowed {allowed:.3g} "
+                           f"(eager error {eager_err:.3g}, scale {scale:.3g})", comp_err / allowed)
+
+
+@dataclass
+class CaseResult:
+    seed: int
+    status: str
+    message: str
+    description: str
+    seconds: float
+    num_ops: int = 0
+    worst: float = 0.0
+    graphs: int = 0
+
+    def line(self) -> str:
+        return f"[{self.status.upper()}] {self.message} :: {self.description}"
+
+
+def check(prog: Program) -> CaseResult:
+    """Run one program eagerly (its dtype and float64) and compiled; the verdict."""
+    from .capture.backend import StitchBackend
+
+    t0 = time.perf_counter()
+    dt = DTYPES[prog.dtype]
+    hi = torch.float32
+
+    def result(status: str, message: str, worst: float = 0.0, graphs: int = 0) -> CaseResult:
+        return CaseResult(prog.seed, status, message, prog.describe(), time.perf_counter() - t0, prog.num_ops,
+                          worst, graphs)
+
+    # eager, in the program's dtype and in float64
+    try:
+        low_in = make_inputs(prog)
+        probe = list(_function(prog, dt, hi)(*low_in))
+        gen = torch.Generator().manual_seed(prog.seed + 7)
+        cot = [(torch.rand(o.shape, generator=gen, dtype=torch.float64) * 2 - 1).to(DEVICE, o.dtype) for o in probe]
+        low_out, low_grads = _forward_backward(_function(prog, dt, hi), make_inputs(prog), cot, prog.backward)
+        ref_in = [x.detach().double().requires_grad_(x.requires_grad) for x in make_inputs(prog)]
+        ref_out, ref_grads = _forward_backward(_function(prog, torch.float64, torch.float64), ref_in,
+                                               [c.double() for c in cot], prog.backward)
+    except Exception as e:  # the generator wrote an invalid program
+        return result("error", f"eager raised {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+
+    # compiled, with a fresh backend
+    torch._dynamo.reset()
+    backend = StitchBackend()
+    compiled = torch.compile(_function(prog, dt, hi), backend=backend, fullgraph=True)
+    with warnings.catch_warnings(record=True) as caught, \
+            config.override(poison_outputs=True, **prog.knobs):
+        warnings.simplefilter("always")
+        try:
+            comp_out, comp_grads = _forward_backward(compiled, make_inputs(prog), cot, prog.backward)
+        except Exception as e:
+            msg = str(e).strip().splitlines()
+            return result("fail", f"compiled run raised {type(e).__name__}: {(msg[0] if msg else '')[:300]}",
+                          graphs=len(backend.records))
+    torch._dynamo.reset()
+    whole = [f"{r.kind} graph ran eagerly: {r.eager_reason[:300]}" for r in backend.records if r.eager_reason]
+    if whole:
+        return result("fail", "; ".join(whole), graphs=len(backend.records))
+    if not backend.records:  # (a backward graph may legitimately be absent: views only)
+        return result("fail", "no graph was compiled")
+    ours = [str(w.message) for w in caught if "stitchml" in str(w.message)]
+    if ours:
+        return result("fail", f"warning: {ours[0][:300]}", graphs=len(backend.records))
+
+    verdicts = []
+    if len(comp_out) != len(low_out):
+        return result("fail", f"{len(comp_out)} outputs vs {len(low_out)}")
+    for i, (c, lo, r) in enumerate(zip(comp_out, low_out, ref_out)):
+        verdicts.append(judge(f"output {i}", c, lo, r))
+    if prog.backward and low_grads:
+        if len(comp_grads) != len(low_grads):
+            return result("fail", f"{len(comp_grads)} gradients vs {len(low_grads)}")
+        names = [s.name for s in prog.inputs if s.grad]
+        for n, c, lo, r in zip(names, comp_grads, low_grads, ref_grads):
+            verdicts.append(judge(f"grad {n}", c, lo, r))
+    worst = max((v.worst for v in verdicts), default=0.0)
+    fails = [v.message for v in verdicts if v.status == "fail"]
+    if fails:
+        return result("fail", "; ".join(fails), worst, len(backend.records))
+    skips = [v.message for v in verdicts if v.status == "skip"]
+    if skips:
+        return result("skip", skips[0], worst, len(backend.records))
+    return result("pass", "", worst, len(backend.records))
+
+
+def run_case(seed: int, profile: str = "ci") -> CaseResult:
+    try:
+        prog = generate(seed, profile)
+    except Exception as e:
+        return CaseResult(seed, "error", f"generator raised {type(e).__name__}: {e}", f"seed={seed}", 0.0)
+    try:
+        return check(prog)
+    except Exception as e:  # a crash of the harness itself
+        tb = traceback.format_exc().strip().splitlines()[-1]
+        return CaseResult(seed, "error", f"harness raised {type(e).__name__}: {e} ({tb})", prog.describe(), 0.0)
+
+
+def run_many(seeds, profile: str = "ci") -> list[CaseResult]:
+    return [run_case(s, profile) for s in seeds]
+
+
+# ----------------------------------------------------------------------------- reduction
+
+def _category(r: CaseResult) -> str:
+    return re.sub(r"[-+.e\d]+", "#", r.message)[:40]
+
+
+def _dce(prog: Program) -> Program:
+    needed = set(prog.outputs)
+    keep = []
+    for line in reversed(prog.lines):
+        name, expr = line.split(" = ", 1)
+        if name in needed:
+            keep.append(line)
+            needed |= set(re.findall(r"\b[av]\d+\b", expr))
+    inputs = [i for i in prog.inputs if i.name in needed]
+    return Program(prog.seed, prog.profile, prog.dtype, prog.backward, dict(prog.knobs), inputs, keep[::-1],
+                   list(prog.outputs))
+
+
+def reduce_program(prog: Program, budget: int = 200) -> tuple[Program, CaseResult]:
+    """Greedily shrink a failing program while it fails the same way: fewer outputs (down
+    to one earlier value), default knobs, contiguous inputs, no backward."""
+    first = check(prog)
+    if first.status not in ("fail", "error"):
+        return prog, first
+    want, best, best_r = _category(first), _dce(prog), first
+    tries = 0
+
+    def candidates(p: Program):
+        names = [line.split(" = ", 1)[0] for line in p.lines]
+        for v in names:
+            yield replace(p, outputs=[v])
+        for o in p.outputs:
+            if len(p.outputs) > 1:
+                yield replace(p, outputs=[x for x in p.outputs if x != o])
+        for k in p.knobs:
+            yield replace(p, knobs={a: b for a, b in p.knobs.items() if a != k})
+        for i, spec in enumerate(p.inputs):
+            if spec.layout != "contiguous":
+                yield replace(p, inputs=p.inputs[:i] + [replace(spec, layout="contiguous")] + p.inputs[i + 1:])
+        if p.backward:
+            yield replace(p, backward=False)
+
+    improved = True
+    while improved and tries < budget:
+        improved = False
+        for cand in candidates(best):
+            cand = _dce(cand)
+            if (cand.num_ops, len(cand.describe())) >= (best.num_ops, len(best.describe())):
+                continue
+            tries += 1
+            r = check(cand)
+            if r.status == first.status and _category(r) == want:
+                best, best_r, improved = cand, r, True
+                break
+            if tries >= budget:
+                break
+    return best, best_r
+
+
+# ----------------------------------------------------------------------------- command line
+
+def _worker_init() -> None:
+    torch.set_num_threads(1)
+
+
+def _timed_case(args: tuple[int, str, int]) -> CaseResult:
+    import signal
+
+    seed, profile, timeout = args
+
+    def alarm(signum, frame):
+        raise TimeoutError(f"case took over {timeout} s")
+
+    signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(timeout)
+    try:
+        return run_case(seed, profile)
+    except TimeoutError as e:
+        return CaseResult(seed, "fail", str(e), generate(seed, profile).describe(), float(timeout))
+    finally:
+        signal.alarm(0)
+
+
+def summarize(results: list[CaseResult], seconds: float) -> str:
+    by = {s: sum(r.status == s for r in results) for s in ("pass", "skip", "fail", "error")}
+    ops = sum(r.num_ops for r in results)
+    lines = [f"fuzz: {len(results)} cases ({ops} ops) in {seconds:.0f} s: {by['pass']} passed, "
+             f"{by['skip']} without verdict (eager overflow), {by['fail']} failed, {by['error']} fuzzer errors"]
+    if results:
+        worst = max(results, key=lambda r: r.worst if r.status == "pass" else 0.0)
+        lines.append(f"closest pass: seed {worst.seed}, compiled error {worst.worst:.2f}x allowed")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m stitchml.fuzz", description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", "--cases", type=int, default=200, help="number of cases (seeds start..start+n-1)")
+    p.add_argument("--start", type=int, default=0, help="first seed")
+    p.add_argument("--seed", type=int, default=None, help="run one case verbosely (its source and verdict)")
+    p.add_argument("--profile", choices=sorted(PROFILES), default="long")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    p.add_argument("--timeout", type=int, default=300, help="seconds per case before it counts as failed")
+    p.add_argument("--log", default="", help="also append every failing line to this file")
+    p.add_argument("--reduce", action="store_true", help="with --seed: shrink a failing program")
+    args = p.parse_args(argv)
+    _require_interpreter()
+
+    if args.seed is not None:
+        prog = generate(args.seed, args.profile)
+        print(prog.describe())
+        print(prog.source())
+        r = run_case(args.seed, args.profile)
+        print(r.line(), f"({r.seconds:.1f} s, {r.graphs} graphs)")
+        if args.reduce and r.status in ("fail", "error"):
+            small, rr = reduce_program(prog)
+            print("reduced:", rr.line())
+            print(small.source())
+        return 0 if r.status in ("pass", "skip") else 1
+
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    t0 = time.perf_counter()
+    seeds = range(args.start, args.start + args.cases)
+    results: list[CaseResult] = []
+    work = [(s, args.profile, args.timeout) for s in seeds]
+    if args.jobs <= 1:
+        stream = map(_timed_case, work)
+        pool = None
+    else:
+        pool = cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init,
+                                      max_tasks_per_child=200)
+        stream = pool.map(_timed_case, work, chunksize=4)
+    try:
+        for i, r in enumerate(stream, 1):
+            results.append(r)
+            if r.status in ("fail", "error"):
+                print(r.line(), flush=True)
+                if args.log:
+                    with open(args.log, "a") as f:
+                        f.write(r.line() + "\n")
+            if i % 100 == 0:
+                bad = sum(x.status in ("fail", "error") for x in results)
+                print(f"... {i}/{len(work)} cases, {bad} failing, {time.perf_counter() - t0:.0f} s", flush=True)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    print(summarize(results, time.perf_counter() - t0))
+    return 1 if any(r.status in ("fail", "error") for r in results) else 0
+
+
+def _require_interpreter() -> None:
+    if DEVICE.type == "cuda":
+        return
+    from .compiler import _interpreter_on
+    if not _interpreter_on():
+        sys.exit("stitchml.fuzz: no CUDA GPU, so set TRITON_INTERPRET=1 before starting (the Triton interpreter)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
