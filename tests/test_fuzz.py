@@ -167,7 +167,6 @@ _TWO_PASS = ("bug: wrong values: a two-pass reduction (mean, then squared deviat
              "(N, 1) tensor is planned as one column-split kernel, so the second pass uses a partial mean")
 
 
-@pytest.mark.xfail(strict=True, reason=_TWO_PASS)
 @pytest.mark.parametrize("shape", [(16, 1), (64, 1), (16, 1, 1)])
 def test_variance_over_the_leading_dim_of_a_column(shape):
     x = torch.randn(shape)

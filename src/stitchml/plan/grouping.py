@@ -85,8 +85,8 @@ class Grouper:
                 a, b = self.group_of[min(grps[0].members)], self.group_of[min(grps[i].members)]
                 if a is b or (a.domain.rows, a.domain.cols) != (b.domain.rows, b.domain.cols):
                     continue
-                if self._forbidden(a, b):
-                    continue
+                if self._forbidden(a, b) or self._reads_cross(a, b) or self._reads_cross(b, a):
+                    continue  # a reader of a column reduction needs the combined value
                 if self._creates_cycle(a, b):
                     continue
                 keep, gone = (a, b) if len(a.members) >= len(b.members) else (b, a)
