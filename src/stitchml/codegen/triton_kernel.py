@@ -22,7 +22,7 @@ from ..ir import nodes as ir
 from ..plan.data import KernelPlan
 from ..plan.graph_view import is_free
 from .triton_ops import (FLOATS, REDUCE_COMBINE, TL_DTYPE, cast_expr, compute_dtype, literal, pointwise_expr,
-                         reduce_identity)
+                         reduce_identity, store_expr)
 
 ROW, COL = "row", "col"
 
@@ -383,7 +383,7 @@ class Emitter:
         axes = ix.axes(off) | v.axes
         ptr = self._param("out", nid)
         mask = self._mask(axes) or "rmask"
-        val = v.name if compute_dtype(n.dtype) == n.dtype else f"{v.name}.to({TL_DTYPE[n.dtype]})"
+        val = store_expr(v.name, n.dtype)
         if not ix.axes(off):  # a scalar destination: make the pointer a block like the value
             mask = "rmask"
             off = ix.offset(index, n.stride)
@@ -546,7 +546,7 @@ def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
         ident = reduce_identity(n.op, cd)
         combine = REDUCE_COMBINE[n.op]
         off = ix.offset(ix.unravel(ix.var("c", cols, ROW), n.shape), n.stride)
-        store = f"acc{i}" if cd == n.dtype else f"acc{i}.to({TL_DTYPE[n.dtype]})"
+        store = store_expr(f"acc{i}", n.dtype)
         lines += [
             f"cmask{i} = c < {cols}",
             f"acc{i} = tl.full([{bc}], {ident}, {TL_DTYPE[cd]})",

@@ -206,6 +206,17 @@ def _pow(args: list[str]) -> str:
     return f"_pow({a}, {b})"
 
 
+def store_expr(x: str, dtype: torch.dtype) -> str:
+    """A compute-type value converted to the stored type.  bf16 is rounded to nearest
+    even with integer ops first: the interpreter's bf16 conversion truncates (GPUs
+    round, and rounding an already representable value again changes nothing)."""
+    if compute_dtype(dtype) == dtype:
+        return x
+    if dtype == torch.bfloat16:
+        return f"_round_bf16({x}).to(tl.bfloat16)"
+    return f"{x}.to({TL_DTYPE[dtype]})"
+
+
 def cast_expr(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     """Cast between compute types, rounding through half types like eager does."""
     if dst == torch.bool:

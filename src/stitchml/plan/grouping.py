@@ -29,8 +29,9 @@ class Group:
 
 class Grouper:
     def __init__(self, gv: GraphView, forbidden: frozenset = frozenset()):
-        # pairs of dominant ops whose kernels must stay apart (a dry run of code
-        # generation showed their index spaces do not line up)
+        # pairs of dominant ops whose kernels must stay apart, and singletons: dominant
+        # ops that must not absorb an element-wise consumer group (a dry
+        # run of code generation showed their index spaces do not line up)
         self.forbidden = forbidden
         self.gv = gv
         self.g = gv.g
@@ -157,6 +158,9 @@ class Grouper:
                           f"{db.rows}x{db.cols}")
         row, flat = (da, db) if not da.is_flat else (db, da)
         nf = _numel(flat)
+        if flat is db and any(frozenset((d,)) in self.forbidden for d in a.dominant):
+            return None, ("the per-row values would be read at a reordered index (a dry run of code generation "
+                          "failed for this fusion)")
         if nf in (row.rows * row.cols, row.rows):
             return row, None
         if flat is da and self._inlinable(a, b, consumer):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 
 from ..ir import nodes as ir
+from ..ir.dce import eliminate_dead
 from . import mapping as mapping_rules
 from .cost import kernel_bytes, predict_seconds, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
@@ -16,9 +17,13 @@ from .split import split_long_rows
 
 
 def build_plan(g: ir.Graph) -> Plan:
-    """Plan a lowered graph; the plan's `graph` may be a rewritten copy (task splitting)."""
-    g = split_long_rows(g, current_device())
+    """Plan a lowered graph; the plan's `graph` may be a rewritten copy (dead nodes
+    dropped, long rows split)."""
+    g = split_long_rows(eliminate_dead(g), current_device())
     gv = GraphView(g)
+    # What dry runs of code generation taught us: a pair {x, y} keeps the kernels of
+    # dominant ops x and y apart; a singleton {d} keeps d's kernel from absorbing
+    # consumers that read it through a reordering index map.
     forbidden: frozenset = frozenset()
     while True:
         plan = _plan_once(g, gv, forbidden)
@@ -26,18 +31,21 @@ def build_plan(g: ir.Graph) -> Plan:
         if bad is None:
             plan.search = search(plan, current_device())
             return plan
-        pairs = {frozenset((x, y)) for x in bad.dominant for y in bad.dominant if x != y}
-        if not pairs or pairs <= forbidden:
+        learned = {frozenset((x, y)) for x in bad.dominant for y in bad.dominant if x != y}
+        if not learned or learned <= forbidden:
+            learned = {frozenset((d,)) for d in bad.dominant}
+        if learned <= forbidden:
             raise RuntimeError(f"kernel {bad.name} cannot be generated and cannot be split")
-        forbidden = forbidden | pairs
+        forbidden = forbidden | learned
 
 
 def _invalid_kernel(g: ir.Graph, plan: Plan) -> KernelPlan | None:
-    """Dry-run the index analysis of every multi-dominant kernel (text only, nothing
-    compiled); return the first whose index spaces do not line up."""
+    """Dry-run the index analysis of every kernel that stitches a dominant op with
+    other members (text only, nothing compiled); return the first whose index spaces
+    do not line up."""
     from ..codegen.triton_kernel import generate
     for k in plan.kernels:
-        if len(k.dominant) > 1:
+        if k.dominant and len(k.members) > 1 and not k.combine_of:
             try:
                 generate(g, k)
             except NotImplementedError:

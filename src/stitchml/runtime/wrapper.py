@@ -22,7 +22,8 @@ class WrapperBuilder:
         self.sources = sources
         self.lines: list[str] = []
         self.names: dict[int, str] = {}
-        self.consts: dict[str, Any] = {"torch": torch, "DEVICE": device, "_seed": _seed}
+        self.consts: dict[str, Any] = {"torch": torch, "DEVICE": device, "_seed": _seed,
+                                      "_in_layout": _in_layout}
         self.nconst = 0
         self.device = device
         self.partials: set[str] = set()
@@ -174,7 +175,15 @@ class WrapperBuilder:
             t = self._const(target)
             rendered = [self._render(a) for a in args] + [f"{k}={self._render(v)}" for k, v in kwargs.items()]
             self.lines.append(f"{name} = {t}({', '.join(rendered)})")
+        if n.shape is not None and n.stride is not None and self._read_by_kernel(n.id):
+            # kernels address this value with the strides compilation predicted; an
+            # eager op may return another layout (the fake tensor's strides are not
+            # always eager's): then a copy in the predicted layout is read instead
+            self.lines.append(f"{name} = _in_layout({name}, {n.shape}, {n.stride})")
         self.names[n.id] = name
+
+    def _read_by_kernel(self, nid: int) -> bool:
+        return any(nid in k.inputs for k in self.plan.kernels)
 
 
 class _BarrierCounter:
@@ -193,6 +202,12 @@ class _BarrierCounter:
         base = self.base
         self.base += arrivals
         return self.counter, base
+
+
+def _in_layout(t: torch.Tensor, shape: tuple, stride: tuple) -> torch.Tensor:
+    if t.stride() == stride or t.numel() <= 1:
+        return t
+    return torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
 def _seed() -> int:

@@ -84,6 +84,7 @@ def check(fn, *inputs, arch: int = 90, device: str = "H100") -> list[AotResult]:
         gm = make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake")(*inputs)
         g = lower(gm)
         plan = build_plan(g)
+        g = plan.graph  # planning may rewrite the graph (dead nodes dropped, long rows split)
         sources = generate_all(g, plan, "cuda")
     module = load_module([s.source for s in sources.values()])
     results = []

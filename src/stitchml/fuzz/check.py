@@ -1,0 +1,206 @@
+"""Running one program compiled and eagerly, and the float64-judged verdict."""
+from __future__ import annotations
+
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .. import config
+from .programs import _EPS, ATOL_EPS, DEVICE, DTYPES, FP32_DIRECT, Program, generate
+
+
+def make_inputs(prog: Program) -> list[torch.Tensor]:
+    """The program's inputs in its dtype, with their layouts (deterministic per seed)."""
+    gen = torch.Generator().manual_seed(prog.seed)
+    dt = DTYPES[prog.dtype]
+    out = []
+    for spec in prog.inputs:
+        kind, _, arg = spec.layout.partition(":")
+        shape = list(spec.shape)
+        if kind == "perm":
+            p = [int(i) for i in arg.split(",")]
+            store = [shape[i] for i in p]
+        elif kind in ("step", "offset", "expand"):
+            d = int(arg)
+            store = list(shape)
+            store[d] = shape[d] * 2 if kind == "step" else (shape[d] + 1 if kind == "offset" else 1)
+        else:
+            store = shape
+        base = ((torch.rand(store, generator=gen, dtype=torch.float64) * 2 - 1) * spec.scale).to(DEVICE, dt)
+        if kind == "perm":
+            t = base.permute([p.index(i) for i in range(len(p))])
+        elif kind == "step":
+            t = base.narrow(d, 0, shape[d] * 2)[(slice(None),) * d + (slice(None, None, 2),)]
+        elif kind == "offset":
+            t = base.narrow(d, 1, shape[d])
+        elif kind == "expand":
+            t = base.expand(shape)
+        else:
+            t = base
+        assert tuple(t.shape) == spec.shape, (spec, t.shape)
+        out.append(t.detach().requires_grad_(spec.grad))
+    return out
+
+
+def _function(prog: Program, dt: torch.dtype, hi: torch.dtype) -> Callable:
+    namespace = {"torch": torch, "F": F, "DT": dt, "HI": hi}
+    exec(compile(prog.source(), f"<fuzz seed {prog.seed}>", "exec"), namespace)
+    return namespace["program"]
+
+
+def _forward_backward(fn: Callable, inputs: list[torch.Tensor], cotangents: list | None, backward: bool):
+    outs = list(fn(*inputs))
+    grads: list = []
+    if backward:
+        pairs = [(o, c) for o, c in zip(outs, cotangents) if o.requires_grad]
+        wrt = [x for x in inputs if x.requires_grad]
+        if pairs and wrt:
+            grads = list(torch.autograd.grad([o for o, _ in pairs], wrt, [c for _, c in pairs], allow_unused=True))
+    return outs, grads
+
+
+@dataclass
+class Verdict:
+    status: str              # pass | skip (eager overflow: no verdict) | fail | error (fuzzer bug)
+    message: str = ""
+    worst: float = 0.0       # largest compiled_err / allowed over the checked tensors
+
+
+def judge(name: str, comp: torch.Tensor | None, low: torch.Tensor | None, ref: torch.Tensor | None) -> Verdict:
+    """Compare one compiled tensor with eager (same dtype) and the float64 reference."""
+    if low is None and ref is None and comp is None:
+        return Verdict("pass")
+    if low is None or ref is None:  # an unused input: eager says None; compiled may give zeros
+        low = torch.zeros_like(comp) if low is None else low
+        ref = torch.zeros_like(low, dtype=torch.float64) if ref is None else ref
+    if comp is None:
+        comp = torch.zeros_like(low)
+    if comp.shape != low.shape or comp.dtype != low.dtype:
+        return Verdict("fail", f"{name}: compiled {tuple(comp.shape)}/{comp.dtype} vs eager "
+                               f"{tuple(low.shape)}/{low.dtype}")
+    if not (torch.isfinite(low).all() and torch.isfinite(ref).all()):
+        return Verdict("skip", f"{name}: eager produced inf/nan")
+    c = comp.detach().double()
+    if not torch.isfinite(c).all():
+        bad = (~torch.isfinite(c)).sum().item()
+        return Verdict("fail", f"{name}: {bad} non-finite compiled values where eager is finite")
+    ref = ref.detach().double()
+    scale = max(ref.abs().max().item() if ref.numel() else 0.0, 1.0)
+    eager_err = (low.detach().double() - ref).abs().max().item() if ref.numel() else 0.0
+    comp_err = (c - ref).abs().max().item() if ref.numel() else 0.0
+    allowed = 2 * eager_err + ATOL_EPS * _EPS[low.dtype] * scale
+    if comp_err <= allowed:
+        return Verdict("pass", worst=comp_err / allowed if allowed else 0.0)
+    if low.dtype == torch.float32:
+        direct = (c - low.detach().double()).abs().max().item()
+        r, a = FP32_DIRECT
+        direct_allowed = a * scale + r * ref.abs().max().item()
+        if direct <= direct_allowed:
+            return Verdict("pass", worst=direct / direct_allowed if direct_allowed else 0.0)
+    return Verdict("fail", f"{name}: compiled error {comp_err:.3g} > allowed {allowed:.3g} "
+                           f"(eager error {eager_err:.3g}, scale {scale:.3g})", comp_err / allowed)
+
+
+@dataclass
+class CaseResult:
+    seed: int
+    status: str
+    message: str
+    description: str
+    seconds: float
+    num_ops: int = 0
+    worst: float = 0.0
+    graphs: int = 0
+
+    def line(self) -> str:
+        return f"[{self.status.upper()}] {self.message} :: {self.description}"
+
+
+def check(prog: Program) -> CaseResult:
+    """Run one program eagerly (its dtype and float64) and compiled; the verdict."""
+    from ..capture.backend import StitchBackend
+
+    t0 = time.perf_counter()
+    dt = DTYPES[prog.dtype]
+    hi = torch.float32
+
+    def result(status: str, message: str, worst: float = 0.0, graphs: int = 0) -> CaseResult:
+        return CaseResult(prog.seed, status, message, prog.describe(), time.perf_counter() - t0, prog.num_ops,
+                          worst, graphs)
+
+    # eager, in the program's dtype and in float64
+    try:
+        low_in = make_inputs(prog)
+        probe = list(_function(prog, dt, hi)(*low_in))
+        gen = torch.Generator().manual_seed(prog.seed + 7)
+        cot = [(torch.rand(o.shape, generator=gen, dtype=torch.float64) * 2 - 1).to(DEVICE, o.dtype) for o in probe]
+        low_out, low_grads = _forward_backward(_function(prog, dt, hi), make_inputs(prog), cot, prog.backward)
+        ref_in = [x.detach().double().requires_grad_(x.requires_grad) for x in make_inputs(prog)]
+        ref_out, ref_grads = _forward_backward(_function(prog, torch.float64, torch.float64), ref_in,
+                                               [c.double() for c in cot], prog.backward)
+    except Exception as e:  # the generator wrote an invalid program
+        return result("error", f"eager raised {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+
+    # compiled, with a fresh backend
+    torch._dynamo.reset()
+    backend = StitchBackend()
+    compiled = torch.compile(_function(prog, dt, hi), backend=backend, fullgraph=True)
+    with warnings.catch_warnings(record=True) as caught, \
+            config.override(poison_outputs=True, **prog.knobs):
+        warnings.simplefilter("always")
+        try:
+            comp_out, comp_grads = _forward_backward(compiled, make_inputs(prog), cot, prog.backward)
+        except Exception as e:
+            msg = str(e).strip().splitlines()
+            return result("fail", f"compiled run raised {type(e).__name__}: {(msg[0] if msg else '')[:300]}",
+                          graphs=len(backend.records))
+    torch._dynamo.reset()
+    whole = [f"{r.kind} graph ran eagerly: {r.eager_reason[:300]}" for r in backend.records if r.eager_reason]
+    if whole:
+        return result("fail", "; ".join(whole), graphs=len(backend.records))
+    if not backend.records:  # (a backward graph may legitimately be absent: views only)
+        return result("fail", "no graph was compiled")
+    ours = [str(w.message) for w in caught if "stitchml" in str(w.message)]
+    if ours:
+        return result("fail", f"warning: {ours[0][:300]}", graphs=len(backend.records))
+
+    verdicts = []
+    if len(comp_out) != len(low_out):
+        return result("fail", f"{len(comp_out)} outputs vs {len(low_out)}")
+    for i, (c, lo, r) in enumerate(zip(comp_out, low_out, ref_out)):
+        verdicts.append(judge(f"output {i}", c, lo, r))
+    if prog.backward and low_grads:
+        if len(comp_grads) != len(low_grads):
+            return result("fail", f"{len(comp_grads)} gradients vs {len(low_grads)}")
+        names = [s.name for s in prog.inputs if s.grad]
+        for n, c, lo, r in zip(names, comp_grads, low_grads, ref_grads):
+            verdicts.append(judge(f"grad {n}", c, lo, r))
+    worst = max((v.worst for v in verdicts), default=0.0)
+    fails = [v.message for v in verdicts if v.status == "fail"]
+    if fails:
+        return result("fail", "; ".join(fails), worst, len(backend.records))
+    skips = [v.message for v in verdicts if v.status == "skip"]
+    if skips:
+        return result("skip", skips[0], worst, len(backend.records))
+    return result("pass", "", worst, len(backend.records))
+
+
+def run_case(seed: int, profile: str = "ci") -> CaseResult:
+    try:
+        prog = generate(seed, profile)
+    except Exception as e:
+        return CaseResult(seed, "error", f"generator raised {type(e).__name__}: {e}", f"seed={seed}", 0.0)
+    try:
+        return check(prog)
+    except Exception as e:  # a crash of the harness itself
+        tb = traceback.format_exc().strip().splitlines()[-1]
+        return CaseResult(seed, "error", f"harness raised {type(e).__name__}: {e} ({tb})", prog.describe(), 0.0)
+
+
+def run_many(seeds, profile: str = "ci") -> list[CaseResult]:
+    return [run_case(s, profile) for s in seeds]
