@@ -9,6 +9,7 @@ position is part of the calling convention and an eager call may have side effec
 from __future__ import annotations
 
 from .nodes import INPUT, ITEM, OPAQUE, Graph, Ref
+from .rewrite import copy_node, finish_copy
 
 
 def live_nodes(g: Graph) -> set[int]:
@@ -30,28 +31,10 @@ def eliminate_dead(g: Graph) -> Graph:
         return g
     new = Graph(inputs=[], outputs=[], fallbacks=list(g.fallbacks))
     remap: dict[int, int] = {}
-
-    def fix(a):
-        if isinstance(a, Ref):
-            return Ref(remap[a.id])
-        if isinstance(a, (tuple, list)):
-            return type(a)(fix(x) for x in a)
-        if isinstance(a, dict):
-            return {k: fix(v) for k, v in a.items()}
-        return a
-
     for n in g.nodes:
-        if n.id not in live:
-            continue
-        nid = new.add(n.kind, n.op, fix(n.args), n.shape, n.dtype, n.stride, n.attrs)
-        remap[n.id] = nid
-        if n.id in g.eager_calls:
-            target, args, kwargs = g.eager_calls[n.id]
-            new.eager_calls[nid] = (target, fix(args), fix(kwargs))
-        if n.id in g.constants:
-            new.constants[nid] = g.constants[n.id]
-    new.inputs = [remap[i] for i in g.inputs]
-    new.outputs = [fix(o) for o in g.outputs]
+        if n.id in live:
+            copy_node(new, g, n, remap)
+    finish_copy(new, g, remap)
     return new
 
 

@@ -17,6 +17,7 @@ import torch
 from .. import config
 from ..ir import nodes as ir
 from ..ir.nodes import Ref, contiguous_strides, prod
+from ..ir.rewrite import copy_node, finish_copy
 from .devices import Device
 
 SPLITTABLE = frozenset({"sum", "amax", "amin", "prod"})
@@ -57,24 +58,9 @@ def split_long_rows(g: ir.Graph, dev: Device) -> ir.Graph:
         return g
     new = ir.Graph(inputs=[], outputs=[], fallbacks=list(g.fallbacks))
     remap: dict[int, int] = {}
-
-    def fix(a):
-        if isinstance(a, Ref):
-            return Ref(remap[a.id])
-        if isinstance(a, (tuple, list)):
-            return type(a)(fix(x) for x in a)
-        return a
-
     for n in g.nodes:
-        args = tuple(fix(a) for a in n.args)
         if n.id not in plan:
-            nid = new.add(n.kind, n.op, args, n.shape, n.dtype, n.stride, n.attrs)
-            remap[n.id] = nid
-            if n.id in g.eager_calls:
-                target, eargs, ekw = g.eager_calls[n.id]
-                new.eager_calls[nid] = (target, fix(eargs), {k: fix(v) for k, v in ekw.items()})
-            if n.id in g.constants:
-                new.constants[nid] = g.constants[n.id]
+            copy_node(new, g, n, remap)
             continue
         s = plan[n.id]
         src = g[n.refs[0]]
@@ -90,8 +76,7 @@ def split_long_rows(g: ir.Graph, dev: Device) -> ir.Graph:
         final = new.add(ir.REDUCE, n.op, (Ref(part),), n.shape, n.dtype, n.stride,
                         (("dims", (len(part_shape) - 1,)), ("split_chunks", s)))
         remap[n.id] = final
-    new.inputs = [remap[i] for i in g.inputs]
-    new.outputs = [fix(o) for o in g.outputs]
+    finish_copy(new, g, remap)
     return new
 
 
