@@ -616,6 +616,71 @@ def test_cat_of_full_reduction():
     check(lambda a: torch.cat([a.sum().reshape(1), torch.zeros(209)]), [a], backward=False)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_constant_pad(dtype):
+    # positive pads are cats with a filled block, negative ones crop; backward crops
+    x = tposed(3, 6, 5, dtype=dtype, grad=True)
+
+    def fn(x):
+        return F.pad(x, (1, 2, 0, 3)) * 2, F.pad(x, (-1, 2, 2, -3), value=0.5) + 1, F.pad(x, (0, 0, 0, 0, 1, 1)).exp()
+    cmp = check(fn, [x], **tol(dtype))
+    assert_compiled(cmp, "constant_pad_nd")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_roll(dtype):
+    x = tposed(4, 7, 5, dtype=dtype, grad=True)
+
+    def fn(x):
+        return torch.roll(x, (2, -1), (1, 2)) * 3, torch.roll(x, 11) + x, torch.roll(x, 4, 0).sin()
+    cmp = check(fn, [x], **tol(dtype))
+    assert_compiled(cmp, "roll")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_repeat(dtype):
+    # backward sums the tiles back
+    x = tposed(3, 2, 5, dtype=dtype, grad=True)
+
+    def fn(x):
+        return x.repeat(2, 1, 3) * 1.5, x.repeat(2, 1, 1, 2).tanh(), x[0].repeat(1, 1)
+    cmp = check(fn, [x], **tol(dtype))
+    assert_compiled(cmp, "repeat")
+
+
+@pytest.mark.parametrize("dtype", FLOATS + [I32, I64])
+def test_arange(dtype):
+    x = rn(3, 9)
+
+    def fn(x):
+        return (x + torch.arange(9, dtype=dtype), torch.arange(-4, 23, 3, dtype=dtype) * 2,
+                torch.arange(5, -4, -2, dtype=dtype))
+    cmp = check(fn, [x], backward=False)
+    assert_compiled(cmp, "arange")
+
+
+def test_arange_fractional_runs_eagerly():
+    # start + i * step in another rounding order than eager's could differ in the last bit
+    x = rn(9)
+    out, backend = run_compiled(lambda x: x * torch.arange(0.1, 1.0, 0.1), x)
+    torch.testing.assert_close(out, x * torch.arange(0.1, 1.0, 0.1), rtol=0, atol=0)
+    assert any("fractional" in f.reason for r in backend.records for f in r.graph.fallbacks)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_index_with_one_tensor(dtype):
+    # x[:, idx] and x[idx] with multi-dim indices are index_selects of the flattened index;
+    # their backward (index_put with accumulate) runs eagerly
+    x = tposed(6, 5, 4, dtype=dtype, grad=True)
+    i2 = torch.randint(0, 5, (2, 3))
+    i1 = torch.randint(-6, 6, (7,))
+
+    def fn(x, i2, i1):
+        return x[:, i2] * 2, x[i1].exp(), x[..., i2[0]] + 1
+    cmp = check(fn, [x, i2, i1], allow=("index_put",), **tol(dtype))
+    assert_compiled(cmp, "index.Tensor")
+
+
 def test_slice_select_noncontiguous_input():
     x = tposed(4, 9, 33, grad=True)  # (4, 9, 33) with the last two dims swapped in memory
 

@@ -112,12 +112,31 @@ class Lowerer:
             return self._opaque(node, args, kwargs, "mutates its input")
         mark = len(self.g.nodes)
         try:
-            result = rule(self.ctx, node, *args, **kwargs)
+            result = self._fresh(node, rule(self.ctx, node, *args, **kwargs), mark)
             self._adopt_strides(node, result, mark)
             return result
         except Unsupported as e:
             del self.g.nodes[mark:]  # drop half-built nodes of the refused rule
             return self._opaque(node, args, kwargs, str(e))
+
+    def _fresh(self, node, result, mark: int):
+        """A rule may answer with an existing value (`roll` by a multiple of the size,
+        padding by zero).  Where eager returns a new tensor of another layout, take an
+        element-wise copy instead, so that the value carries eager's strides (a later
+        graph, e.g. the backward, reads it with those)."""
+        val = node.meta.get("val")
+        if not isinstance(result, Ref) or result.id >= mark or not isinstance(val, torch.Tensor):
+            return result
+        schema = getattr(node.target, "_schema", None)
+        if schema is None or any(r.alias_info is not None for r in schema.returns):
+            return result  # a view op: its result is meant to share the input's layout
+        n = self.g[result.id]
+        # a view node's `stride` is not its real layout (replayed views get eager's): copy
+        if n.kind != ir.VIEW and (n.stride is None or n.stride == tuple(int(s) for s in val.stride())):
+            return result
+        if n.numel <= 1:
+            return result
+        return self.ctx.pointwise("identity", (result,), n.shape, n.dtype)
 
     def _adopt_strides(self, node, result, mark: int) -> None:
         """Buffers a rule created take the strides eager gives its result (e.g. an

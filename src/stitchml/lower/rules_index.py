@@ -36,6 +36,27 @@ def _index_select(ctx, node, x, dim, index):
     return _gather_node(ctx, node, x, index, dim % nd, "index_select")
 
 
+@register(aten.index.Tensor)
+def _index(ctx, node, x, indices):
+    """x[..., idx] with one integer index tensor after leading full slices: an
+    index_select of the flattened index, its dim then unflattened to idx's shape."""
+    used = [i for i, t in enumerate(indices) if t is not None]
+    if len(used) != 1:
+        raise Unsupported("advanced indexing with several index tensors")
+    dim, idx = used[0], indices[used[0]]
+    if not isinstance(idx, Ref) or ctx.dtype(idx) not in (torch.int32, torch.int64):
+        raise Unsupported("index must be an int32/int64 tensor (boolean masks give data-dependent shapes)")
+    xshape, ishape = ctx.shape(x), ctx.shape(idx)
+    flat = (ir.prod(ishape),)
+    sel_shape = xshape[:dim] + flat + xshape[dim + 1:]
+    if len(ishape) != 1:
+        idx = ctx.reshape(idx, flat)
+    val = node.meta["val"]
+    sel = Ref(ctx.g.add(ir.GATHER, "index_select", (x, idx), sel_shape, val.dtype, contiguous_strides(sel_shape),
+                        (("dim", dim), ("bound", xshape[dim]))))
+    return ctx.reshape(sel, static_shape(val))
+
+
 @register(aten.gather.default)
 def _gather(ctx, node, x, dim, index, *, sparse_grad=False):
     nd = len(ctx.shape(x))

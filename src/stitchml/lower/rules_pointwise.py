@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ..ir import nodes as ir
 from ..ir.nodes import Ref, prod
 from .context import FLOAT_TYPES, LowerCtx, static_shape
 from .registry import Unsupported, register
@@ -246,6 +247,27 @@ def _full(ctx, node, *args, **kwargs):
     if isinstance(value, Ref):
         raise Unsupported("fill value is a tensor")
     return ctx.full(shape, value, dtype)
+
+
+@register(aten.arange.default, aten.arange.start, aten.arange.start_step)
+def _arange(ctx, node, *args, **kwargs):
+    """start + i * step from an index iota.  Integer results, and float results whose
+    values are exact integers (so no rounding order can differ from eager's)."""
+    shape, dtype = _out(node)
+    nums = [a for a in args if not isinstance(a, torch.dtype)][:3]
+    start, step = (0, 1) if len(nums) == 1 else (nums[0], nums[2] if len(nums) == 3 else 1)
+    if any(isinstance(v, Ref) for v in (start, step)):
+        raise Unsupported("arange bounds are tensors")
+    exact = all(float(v).is_integer() for v in (start, step)) and abs(start) + abs(step) * shape[0] < 2 ** 24
+    if dtype.is_floating_point and not exact:
+        raise Unsupported("arange with fractional start or step (eager's rounding order)")
+    idx = Ref(ctx.g.add(ir.POINTWISE, "iota", (), shape, torch.int64, ir.contiguous_strides(shape), (("dim", 0),)))
+    val = idx
+    if step != 1:
+        val = ctx.pointwise("mul", (val, int(step)), shape, torch.int64)
+    if start != 0:
+        val = ctx.pointwise("add", (val, int(start)), shape, torch.int64)
+    return ctx.cast(val, dtype)
 
 
 @register(aten.fill.Scalar)

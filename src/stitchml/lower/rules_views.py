@@ -1,5 +1,6 @@
 """Layout ops lowered as index maps (no copies): reshapes, permutes, expands, slices,
-selects, concatenation and plain-re-index as_strided."""
+selects, concatenation, plain-re-index as_strided, and the ops built from them:
+constant padding, roll and repeat."""
 from __future__ import annotations
 
 import torch
@@ -147,23 +148,90 @@ def _split(ctx, node, x, sizes=None, dim=0):
     return tuple(outs)
 
 
-def _pad_along(ctx, grad, shape, dim, start, dtype):
-    """`grad` placed at [start, start+len) of a zero tensor of `shape` along `dim`."""
+def _pad_along(ctx, grad, shape, dim, start, dtype, value=0):
+    """`grad` placed at [start, start+len) of a tensor of `shape` filled with `value`,
+    along `dim`."""
     size = ctx.shape(grad)[dim]
     if prod(ctx.shape(grad)) == 0:
-        return ctx.full(shape, 0, dtype)
+        return ctx.full(shape, value, dtype)
     parts = []
     if start > 0:
-        parts.append(ctx.full(tuple(start if i == dim else s for i, s in enumerate(shape)), 0, dtype))
-    parts.append(grad)
+        parts.append(ctx.full(tuple(start if i == dim else s for i, s in enumerate(shape)), value, dtype))
+    parts.append(ctx.cast(grad, dtype))
     rest = shape[dim] - start - size
     if rest > 0:
-        parts.append(ctx.full(tuple(rest if i == dim else s for i, s in enumerate(shape)), 0, dtype))
+        parts.append(ctx.full(tuple(rest if i == dim else s for i, s in enumerate(shape)), value, dtype))
+    return _concat(ctx, parts, shape, dim, dtype)
+
+
+def _concat(ctx, parts, shape, dim, dtype):
     if len(parts) == 1:
-        return ctx.pointwise("identity", (grad,), shape, dtype)
+        return ctx.pointwise("identity", (parts[0],), shape, dtype)
     sizes = tuple(ctx.shape(p)[dim] for p in parts)
     return Ref(ctx.g.add(ir.CAT, "cat", tuple(parts), shape, dtype, contiguous_strides(shape),
                          (("dim", dim), ("sizes", sizes))))
+
+
+def _narrow(ctx, x, dim, start, length):
+    shape = ctx.shape(x)
+    if start == 0 and length == shape[dim]:
+        return x
+    out = tuple(length if i == dim else s for i, s in enumerate(shape))
+    return ctx.view("slice", x, out, (("dim", dim), ("start", start), ("step", 1)))
+
+
+@register(aten.constant_pad_nd.default)
+def _constant_pad(ctx, node, x, pad, value=0):
+    """Pairs (before, after) from the last dim backwards; negative amounts crop."""
+    dtype = node.meta["val"].dtype
+    if isinstance(value, Ref):
+        raise Unsupported("pad value is a tensor")
+    for i in range(len(pad) // 2):
+        dim = len(ctx.shape(x)) - 1 - i
+        before, after = pad[2 * i], pad[2 * i + 1]
+        size = ctx.shape(x)[dim]
+        lo, hi = max(-before, 0), max(-after, 0)
+        if lo + hi >= size and (before > 0 or after > 0):
+            raise Unsupported("constant_pad_nd that crops a dim away and pads it again")
+        x = _narrow(ctx, x, dim, lo, max(size - lo - hi, 0))
+        shape = tuple(s + max(before, 0) + max(after, 0) if d == dim else s for d, s in enumerate(ctx.shape(x)))
+        if shape != ctx.shape(x):
+            x = _pad_along(ctx, x, shape, dim, max(before, 0), dtype, value)
+    return x
+
+
+@register(aten.roll.default)
+def _roll(ctx, node, x, shifts, dims=()):
+    """Each shifted dim is a cat of its two slices."""
+    dtype = node.meta["val"].dtype
+    shape = ctx.shape(x)
+    if not dims:  # roll of the flattened tensor
+        flat = ctx.reshape(x, (prod(shape),))
+        return ctx.reshape(_roll_dim(ctx, flat, shifts[0], 0, dtype), shape)
+    for shift, dim in zip(shifts, dims):
+        x = _roll_dim(ctx, x, shift, dim % len(shape), dtype)
+    return x
+
+
+def _roll_dim(ctx, x, shift, dim, dtype):
+    n = ctx.shape(x)[dim]
+    s = shift % n if n else 0
+    if s == 0:
+        return x
+    return _concat(ctx, [_narrow(ctx, x, dim, n - s, s), _narrow(ctx, x, dim, 0, n - s)], ctx.shape(x), dim,
+                   dtype)
+
+
+@register(aten.repeat.default)
+def _repeat(ctx, node, x, repeats):
+    """Tile: each dim gets a new broadcast dim before it, then the pairs are merged."""
+    shape = (1,) * (len(repeats) - len(ctx.shape(x))) + ctx.shape(x)
+    paired = tuple(v for s in shape for v in (1, s))
+    tiled = tuple(v for r, s in zip(repeats, shape) for v in (r, s))
+    out = _shape(node)
+    if prod(out) == 0:
+        return ctx.full(out, 0, node.meta["val"].dtype)
+    return ctx.reshape(ctx.broadcast_to(ctx.reshape(x, paired), tiled), out)
 
 
 @register(aten.slice_backward.default)

@@ -48,7 +48,9 @@ import torch.utils._pytree as pytree  # noqa: E402
 # the rule refuses by design), `nn.functional.embedding` (its samples use max_norm /
 # in-place renormalisation and padding_idx backward forms that are not ours), the
 # constructors `full`/`zeros`/`ones` (no tensor input: Dynamo constant-folds them),
-# `new_empty`/`empty_like` (uninitialised values cannot be compared), and the bitwise
+# `arange` (no tensor input either), `__getitem__` (its samples mix slices, ints,
+# masks and several index tensors; `index.Tensor` with one integer index is tested in
+# tests/test_ops.py), `new_empty`/`empty_like` (uninitialised values cannot be compared), and the bitwise
 # ops (their OpInfos have integer dtypes only; this sweep runs float32 and bfloat16).
 #
 # `bwd_unlowered` lists ops of an op's backward graph that have no rule (scatter_add,
@@ -102,6 +104,7 @@ MAPPING: dict[str, OpMap] = {m.opinfo: m for m in [
     _m("squeeze.multiple", "aten.squeeze"),
     _m("split.list_args", "aten.split_with_sizes"),
     _m("narrow", "aten.slice"),
+    _m("nn.functional.pad.constant", "aten.constant_pad_nd"), _m("roll"), _m("repeat"),
     # indexed reads
     _m("index_select", bwd_unlowered=("aten.index_add",)), _m("gather", bwd_unlowered=("aten.scatter_add",)),
     # composites that our decomposition table turns into lowered ops
