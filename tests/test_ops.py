@@ -622,7 +622,8 @@ def test_constant_pad(dtype):
     x = tposed(3, 6, 5, dtype=dtype, grad=True)
 
     def fn(x):
-        return F.pad(x, (1, 2, 0, 3)) * 2, F.pad(x, (-1, 2, 2, -3), value=0.5) + 1, F.pad(x, (0, 0, 0, 0, 1, 1)).exp()
+        return (F.pad(x, (1, 2, 0, 3)) * 2, F.pad(x, (-1, 2, 2, -3), value=0.5) + 1, F.pad(x, (0, 0, 0, 0, 1, 1)).exp(),
+                F.pad(x, (-5, 2), value=-2.0) + x.sum())  # all of the last dim cropped away: padding only
     cmp = check(fn, [x], **tol(dtype))
     assert_compiled(cmp, "constant_pad_nd")
 

@@ -191,9 +191,11 @@ def _constant_pad(ctx, node, x, pad, value=0):
         before, after = pad[2 * i], pad[2 * i + 1]
         size = ctx.shape(x)[dim]
         lo, hi = max(-before, 0), max(-after, 0)
-        if lo + hi >= size and (before > 0 or after > 0):
-            raise Unsupported("constant_pad_nd that crops a dim away and pads it again")
-        x = _narrow(ctx, x, dim, lo, max(size - lo - hi, 0))
+        if lo + hi >= size:  # everything cropped away: only padding is left
+            shape = tuple(size + before + after if d == dim else s for d, s in enumerate(ctx.shape(x)))
+            x = ctx.full(shape, value, dtype)
+            continue
+        x = _narrow(ctx, x, dim, lo, size - lo - hi)
         shape = tuple(s + max(before, 0) + max(after, 0) if d == dim else s for d, s in enumerate(ctx.shape(x)))
         if shape != ctx.shape(x):
             x = _pad_along(ctx, x, shape, dim, max(before, 0), dtype, value)
