@@ -256,3 +256,15 @@ def test_layer_norm_read_back_through_a_permute():
     assert backend.records[0].eager_reason is None, backend.records[0].eager_reason
     refusals = [r.reason for r in backend.records[0].plan.refusals]
     assert any("reordered index" in r for r in refusals), refusals
+
+
+def test_judge_floor_of_an_fp32_island_in_a_low_precision_program():
+    # fuzz seed 368: an fp32 mean of bf16-rounded values; eager's error was small by
+    # luck (8.9e-6); a compiled error of 5e-4 is still far below one bf16 ulp (7.8e-3),
+    # the floor there
+    ref = torch.ones(4, dtype=torch.float64)
+    low = (ref + 8.9e-6).float()
+    comp = (ref + 5e-4).float()
+    assert fuzz.judge("x", comp, low, ref).status == "fail"  # an fp32 program: fp32 floor
+    assert fuzz.judge("x", comp, low, ref, torch.bfloat16).status == "pass"
+    assert fuzz.judge("x", (ref + 0.05).float(), low, ref, torch.bfloat16).status == "fail"

@@ -17,7 +17,7 @@ def test_layer_norm_plan_is_one_regional_packed_kernel():
     assert k.mapping.form == "packed_rows" and k.mapping.block_c == 256
     assert k.mapping.block_r * k.mapping.grid >= 64
     reduces = [plan.graph[d] for d in k.dominant]
-    assert [r.op for r in reduces] == ["sum", "sum"]  # mean, then variance
+    assert [r.op for r in reduces] == ["sum", "sum", "sum"]  # mean; then sums of deviations and of their squares
     # modelled bytes: x, w, b read once, y written once
     assert k.bytes_read == (64 * 130 + 2 * 130) * 4
     assert k.bytes_written == 64 * 130 * 4
@@ -32,6 +32,22 @@ def test_long_rows_use_the_looped_form_and_emit_one_loop_per_pass():
     src = generate(plan.graph, k).source
     # max pass, sum-of-exp pass, output pass
     assert src.count("for cbase in range(0, 20000") == 3
+
+
+def test_looped_layer_norm_shares_one_loop_between_sibling_reductions():
+    # mean; then the deviations' sum and sum of squares in ONE loop; then the output:
+    # three passes over the row, not four
+    x, w, b = torch.randn(4, 20000), torch.randn(20000), torch.randn(20000)
+    plan = plan_of(lambda x, w, b: F.layer_norm(x, (20000,), w, b), x, w, b)
+    (k,) = plan.kernels
+    assert k.mapping.form == "row_looped"
+    src = generate(plan.graph, k).source
+    assert src.count("for cbase in range(0, 20000") == 3
+    # and the dependent reductions of softmax still get a loop each (max, then sum of exp)
+    plan = plan_of(lambda x: torch.softmax(x, -1) * x.sum(-1, keepdim=True), x)
+    (k,) = plan.kernels
+    src = generate(plan.graph, k).source
+    assert src.count("for cbase in range(0, 20000") == 3  # max + row sum share; sum of exp; output
 
 
 def test_single_rows_are_not_packed():

@@ -138,3 +138,38 @@ def test_size_one_cat_branch_is_read_at_zero():
 
     cmp = compare_with_eager(fn, [torch.randn(1, 7, 1, 33, 1, requires_grad=True)])
     assert all(r.plan is not None for r in cmp.backend.records)
+
+
+def test_looped_rows_with_shared_reduction_loops_match_eager():
+    # small on-chip limits force the row-looped form, where sibling reductions share a loop
+    import torch.nn.functional as F
+
+    from stitchml import config
+    from stitchml.testing import compare_with_eager
+
+    def fn(x, w, b):
+        return F.layer_norm(x, (50,), w, b), torch.softmax(x, -1) * x.sum(-1, keepdim=True), x.var(-1)
+
+    x, w, b = torch.randn(6, 50), torch.randn(50), torch.randn(50)
+    with config.override(persistent_max_cols=16, loop_block_cols=8):
+        torch._dynamo.reset()
+        cmp = compare_with_eager(fn, [x.requires_grad_(), w.requires_grad_(), b.requires_grad_()])
+    assert all(r.plan is not None for r in cmp.backend.records)
+
+
+def test_constant_rows_normalise_exactly():
+    # fuzz seed 375 (long profile): the mean of a row of equal values must be that value
+    # (eager's Welford reduction gives it exactly), or layer norm amplifies the error by
+    # 1/sqrt(eps); var_mean is the corrected two-pass algorithm, which refines the mean
+    import torch.nn.functional as F
+
+    from stitchml.capture.backend import StitchBackend
+
+    x = torch.full((31, 1), 0.4) + torch.zeros(31, 1)  # 31 equal values: sum / 31 != 0.4 in fp32
+    w = torch.randn(31, 1)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x, w: (F.layer_norm(x, (31, 1), w, None), x.var(0), x.mean(0)), backend=StitchBackend())
+    y, v, m = fn(x, w)
+    assert torch.equal(y, torch.zeros_like(y)), y.abs().max()
+    assert torch.equal(v, torch.zeros_like(v)), v
+    torch.testing.assert_close(m, x.mean(0))

@@ -38,19 +38,27 @@ def _dims(x: torch.Tensor, dim) -> list[int]:
 
 
 def var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = False):
-    """mean, then the mean of squared deviations (two-pass: stable, and both passes
-    stitch into one kernel because they share the reduction axes)."""
+    """The corrected two-pass algorithm (Chan, Golub & LeVeque): a first mean, then one
+    pass over the deviations d from it that sums d and d².  sum(d) / n refines the
+    mean (a row of equal values gets exactly that value as its mean, as eager's
+    Welford reduction does: layer norm of a constant row is exactly its bias) and
+    var = (sum(d²) - sum(d)² / n) / (n - correction).  Both passes share the
+    reduction axes, so they stitch into one kernel."""
     dims = _dims(x, dim)
     n = 1
     for d in dims:
         n *= x.shape[d]
     corr = 1 if correction is None else correction
     xc = x.float() if x.dtype in _HALF else x
-    mean = torch.sum(xc, dims, keepdim=True) / n
-    dev = xc - mean
-    var = torch.sum(dev * dev, dims, keepdim=keepdim) / max(n - corr, 0)
+    first = torch.sum(xc, dims, keepdim=True) / n
+    dev = xc - first
+    shift = torch.sum(dev, dims, keepdim=True)
+    mean = first + shift / n
+    ss = torch.sum(dev * dev, dims, keepdim=True) - shift * shift / n
+    var = torch.clamp_min(ss, 0) / max(n - corr, 0)
     if not keepdim:
         mean = torch.squeeze(mean, dims)
+        var = torch.squeeze(var, dims)
     return var.to(x.dtype), mean.to(x.dtype)
 
 

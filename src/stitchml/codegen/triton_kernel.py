@@ -72,6 +72,7 @@ class Emitter:
         self.params: list[tuple[str, int]] = []
         self.pname: dict[tuple[str, int], str] = {}
         self.levels: dict[int, set] = {}
+        self._needs_memo: dict[tuple[int, int], bool] = {}
         # conditions under which the current values are needed (a cat's branch): loads
         # are masked by them so no lane reads outside its buffer
         self.cond: tuple[tuple[str, frozenset], ...] = ()
@@ -281,11 +282,11 @@ class Emitter:
     def _reduce(self, n: ir.Node, index) -> Val:
         outer, self.cond = self.cond, tuple(c for c in self.cond if COL not in c[1])
         try:
-            return self._reduce_unmasked(n, index)
+            return self._reduce_unmasked(n, index, outer)
         finally:
             self.cond = outer
 
-    def _reduce_unmasked(self, n: ir.Node, index) -> Val:
+    def _reduce_unmasked(self, n: ir.Node, index, outer_cond=()) -> Val:
         if any(COL in ix.axes(e) for e in index):
             raise NotImplementedError("reduction requested at a column-dependent index")
         op = n.op
@@ -300,15 +301,68 @@ class Emitter:
             body = f"tl.where(rmask & cmask, {v.name}, {ident})"
             expr = f"tl.sum({body}, 1)" if op == "sum" else f"tl.reduce({body}, 1, {combine})"
             return self._emit(self.top, f"{expr}[:, None]", {ROW}, cd)
-        acc = self._new("acc")
-        self.top.lines.append(f"{acc} = tl.full([{self.m.block_r}, {self.m.block_c}], {ident}, {TL_DTYPE[cd]})")
+        # one loop over the row's column blocks for this reduction and every sibling
+        # that can share it (the deviations' sum and sum of squares of a variance):
+        # each extra loop would read the row again
+        group = [n] + self._loop_companions(n, index, outer_cond)
+        accs = []
+        for r in group:
+            acc = self._new("acc")
+            rcd = compute_dtype(r.dtype)
+            self.top.lines.append(f"{acc} = tl.full([{self.m.block_r}, {self.m.block_c}], "
+                                  f"{reduce_identity(r.op, rcd)}, {TL_DTYPE[rcd]})")
+            accs.append(acc)
         self._open_loop()
-        full, _, _ = self._reduce_input_index(n, index)
-        v = self.value(n.refs[0], full)
-        self.scopes[-1].lines.append(f"{acc} = {combine}({acc}, tl.where(rmask & cmask, {v.name}, {ident}))")
+        for r, acc in zip(group, accs):
+            full, _, _ = self._reduce_input_index(r, index)
+            v = self.value(r.refs[0], full)
+            rident = reduce_identity(r.op, compute_dtype(r.dtype))
+            self.scopes[-1].lines.append(f"{acc} = {REDUCE_COMBINE[r.op]}({acc}, "
+                                         f"tl.where(rmask & cmask, {v.name}, {rident}))")
         self._close_loop()
-        expr = f"tl.sum({acc}, 1)" if op == "sum" else f"tl.reduce({acc}, 1, {combine})"
-        return self._emit(self.top, f"{expr}[:, None]", {ROW}, cd)
+        vals = []
+        for r, acc in zip(group, accs):
+            expr = f"tl.sum({acc}, 1)" if r.op == "sum" else f"tl.reduce({acc}, 1, {REDUCE_COMBINE[r.op]})"
+            vals.append(self._emit(self.top, f"{expr}[:, None]", {ROW}, compute_dtype(r.dtype)))
+        for r, val in zip(group[1:], vals[1:]):  # found by value() when they are requested
+            self.top.cache[(r.id, index, outer_cond)] = val
+            self.levels.setdefault(r.id, set()).add(ROW)
+        return vals[0]
+
+    def _loop_companions(self, n: ir.Node, index, cond) -> list[ir.Node]:
+        """Reductions of this kernel that can be computed in `n`'s loop: same reduced
+        shape and axes, not yet computed at this index, and independent of `n`
+        (neither needs the other's result)."""
+        out = []
+        src_shape = self.g[n.refs[0]].shape
+        for mid in sorted(self.members):
+            c = self.g[mid]
+            if (c.id == n.id or c.kind != ir.REDUCE or c.op not in REDUCE_COMBINE or c.shape != n.shape
+                    or c.attr("dims") != n.attr("dims") or self.g[c.refs[0]].shape != src_shape
+                    or (c.id, index, cond) in self.top.cache or c.attr("split_chunks")):
+                continue
+            if self._needs(c.id, n.id) or self._needs(n.id, c.id):
+                continue
+            if any(self._needs(c.id, o.id) or self._needs(o.id, c.id) for o in out):
+                continue
+            out.append(c)
+        return out
+
+    def _needs(self, a: int, b: int) -> bool:
+        """Does node `a` read node `b`'s value (through this kernel's members and free nodes)?"""
+        memo = self._needs_memo
+        if (a, b) not in memo:
+            seen, stack, found = set(), [a], False
+            while stack and not found:
+                for r in self.g[stack.pop()].refs:
+                    if r == b:
+                        found = True
+                        break
+                    if r not in seen and (r in self.members or is_free(self.g[r])):
+                        seen.add(r)
+                        stack.append(r)
+            memo[(a, b)] = found
+        return memo[(a, b)]
 
     def _argreduce(self, n: ir.Node, index) -> Val:
         src = self.g[n.refs[0]]

@@ -104,6 +104,8 @@ def _stack(ctx, node, tensors, dim=0):
     """A cat of the operands, each with a new size-1 dim at `dim`."""
     shape, dtype = _shape(node), node.meta["val"].dtype
     dim %= len(shape)
+    if prod(shape) == 0:
+        return ctx.full(shape, 0, dtype)
     parts = []
     for t in tensors:
         ts = ctx.shape(t)
