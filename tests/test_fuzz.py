@@ -268,3 +268,13 @@ def test_judge_floor_of_an_fp32_island_in_a_low_precision_program():
     assert fuzz.judge("x", comp, low, ref).status == "fail"  # an fp32 program: fp32 floor
     assert fuzz.judge("x", comp, low, ref, torch.bfloat16).status == "pass"
     assert fuzz.judge("x", (ref + 0.05).float(), low, ref, torch.bfloat16).status == "fail"
+
+
+def test_cli_runs_cases_on_recycled_worker_pools(monkeypatch, capsys):
+    # a fresh pool per batch: with one case per worker per pool, 5 cases need 3 pools
+    # (an executor with max_tasks_per_child hung once its workers retired)
+    from stitchml.fuzz import cli
+    monkeypatch.setattr(cli, "RECYCLE", 1)
+    assert cli.main(["-n", "5", "--start", "7000", "--jobs", "2", "--profile", "ci"]) == 0
+    out = capsys.readouterr().out
+    assert "fuzz: 5 cases" in out and "5 passed" in out, out

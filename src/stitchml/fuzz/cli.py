@@ -97,18 +97,24 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(r.status in ("fail", "error") for r in results) else 0
 
 
+RECYCLE = 150  # cases per worker process before it is replaced
+
+
 def _run_pool(seeds: list[int], args, record: Callable[[CaseResult], None]) -> None:
-    """Cases on worker processes.  A pool whose workers die (killed from outside, or a
-    crash) or that stops making progress is replaced and the unfinished seeds are
-    resubmitted; a seed that was running when that happened 3 times counts as failed."""
+    """Cases on worker processes, a fresh pool per batch of RECYCLE cases per worker (a
+    long-lived process accumulates compiled kernels; `max_tasks_per_child` is not used
+    because the executor can hang when its workers retire).  A pool whose workers die
+    (killed from outside, or a crash) or that stops making progress is replaced and the
+    unfinished seeds are resubmitted; a seed that was running when that happened 3
+    times counts as failed."""
     import concurrent.futures as cf
     import multiprocessing as mp
 
     pending, attempts = list(seeds), {s: 0 for s in seeds}
     while pending:
-        pool = cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init,
-                                      max_tasks_per_child=200)
-        futures = {pool.submit(_timed_case, (s, args.profile, args.timeout)): s for s in pending}
+        pool = cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"), initializer=_worker_init)
+        batch = pending[:args.jobs * RECYCLE]
+        futures = {pool.submit(_timed_case, (s, args.profile, args.timeout)): s for s in batch}
         done: set[int] = set()
         lost = False
         try:
