@@ -19,7 +19,7 @@ if it returns non-finite values where eager does not.
     python -m stitchml.fuzz -n 10000 --jobs 2     # summary; exit 1 on any failure
     python -m stitchml.fuzz --seed 1234           # one case: its source and verdict
 """
-from .check import CaseResult, Verdict, check, judge, make_inputs, run_case, run_many
+from .cases import CaseResult, Verdict, check, judge, make_inputs, run_case, run_many
 from .cli import main, summarize
 from .programs import DEVICE, DTYPES, PROFILES, InputSpec, Profile, Program, generate
 from .shrink import reduce_program

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from .check import CaseResult, run_case
+from .cases import CaseResult, run_case
 from .programs import DEVICE, PROFILES, generate
 from .shrink import reduce_program
 
@@ -40,7 +40,7 @@ def summarize(results: list[CaseResult], seconds: float) -> str:
     by = {s: sum(r.status == s for r in results) for s in ("pass", "skip", "fail", "error")}
     ops = sum(r.num_ops for r in results)
     lines = [f"fuzz: {len(results)} cases ({ops} ops) in {seconds:.0f} s: {by['pass']} passed, "
-             f"{by['skip']} without verdict (eager overflow), {by['fail']} failed, {by['error']} fuzzer errors"]
+             f"{by['skip']} without verdict (eager overflow, or upstream: aot_eager equally wrong), {by['fail']} failed, {by['error']} fuzzer errors"]
     if results:
         worst = max(results, key=lambda r: r.worst if r.status == "pass" else 0.0)
         lines.append(f"closest pass: seed {worst.seed}, compiled error {worst.worst:.2f}x allowed")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from .check import CaseResult, check
+from .cases import CaseResult, check
 from .programs import Program
 
 

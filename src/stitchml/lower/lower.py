@@ -60,9 +60,28 @@ class Lowerer:
             elif node.op == "output":
                 out = self._map(node.args[0])
                 self.g.outputs = list(out) if isinstance(out, (tuple, list)) else [out]
+                self._check_output_layouts(node)
             else:
                 raise Unsupported(f"FX op {node.op} is not supported")
         return self.g
+
+    def _check_output_layouts(self, node) -> None:
+        """A kernel writes dense buffers.  An output that eager returns in a layout with
+        repeated elements (a stride-0 dim of an expanded value) and that a kernel would
+        compute cannot be given that layout: a later graph (the backward reading a saved
+        tensor) would address it with the strides it expects.  Such a graph runs eagerly."""
+        fx_outs = node.args[0] if isinstance(node.args[0], (tuple, list)) else [node.args[0]]
+        for r, fxn in zip(self.g.outputs, fx_outs):
+            val = fxn.meta.get("val") if isinstance(fxn, fx.Node) else None
+            if not isinstance(r, Ref) or not isinstance(val, torch.Tensor):
+                continue
+            n = self.g[r.id]
+            if n.kind in (ir.INPUT, ir.OPAQUE, ir.ITEM, ir.VIEW) or n.shape is None:
+                continue
+            stride = tuple(int(s) for s in val.stride())
+            if stride != n.stride and not _dense(n.shape, stride):
+                raise Unsupported(f"output {fxn.name} is expected with repeated elements (strides {stride}), "
+                                  f"which a kernel cannot write")
 
     def _map(self, a):
         return fx.node.map_arg(a, lambda n: self.env[n]) if not isinstance(a, fx.Node) else self.env[a]

@@ -217,8 +217,14 @@ def _to_copy(ctx, node, x, dtype=None, *args, **kwargs):
     return ctx.pointwise("identity", (x,), static_shape(val), val.dtype)
 
 
-@register(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
-          aten.contiguous.default)
+@register(aten.alias.default, aten.detach.default)
+def _alias(ctx, node, x):
+    # a view of the same memory: the value itself (an output of the graph is then the
+    # very tensor, with its layout, e.g. the stride-0 dims of an expanded input)
+    return x
+
+
+@register(aten.clone.default, aten.lift_fresh_copy.default, aten.contiguous.default)
 def _clone(ctx, node, x, *, memory_format=None):
     # a copy is a new buffer: model it as an identity op so it materialises with eager's strides
     shape, dtype = _out(node)
