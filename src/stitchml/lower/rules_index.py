@@ -12,9 +12,9 @@ from .registry import Unsupported, register
 aten = torch.ops.aten
 
 
-def _gather_node(ctx: LowerCtx, node, src: Ref, index: Ref, dim: int, mode: str) -> Ref:
+def _gather_node(ctx: LowerCtx, node, src: Ref, index: Ref, dim: int, mode: str, shape=None) -> Ref:
     val = node.meta["val"]
-    shape = static_shape(val)
+    shape = static_shape(val) if shape is None else shape
     if ctx.dtype(index) not in (torch.int32, torch.int64):
         raise Unsupported("index tensor must be int32 or int64")
     return Ref(ctx.g.add(ir.GATHER, mode, (src, index), shape, val.dtype, contiguous_strides(shape),
@@ -51,10 +51,8 @@ def _index(ctx, node, x, indices):
     sel_shape = xshape[:dim] + flat + xshape[dim + 1:]
     if len(ishape) != 1:
         idx = ctx.reshape(idx, flat)
-    val = node.meta["val"]
-    sel = Ref(ctx.g.add(ir.GATHER, "index_select", (x, idx), sel_shape, val.dtype, contiguous_strides(sel_shape),
-                        (("dim", dim), ("bound", xshape[dim]))))
-    return ctx.reshape(sel, static_shape(val))
+    sel = _gather_node(ctx, node, x, idx, dim, "index_select", sel_shape)
+    return ctx.reshape(sel, static_shape(node.meta["val"]))
 
 
 @register(aten.gather.default)

@@ -92,11 +92,7 @@ def _cat(ctx, node, tensors, dim=0):
     parts = [ctx.cast(t, dtype) for t in tensors if prod(ctx.shape(t)) > 0]
     if not parts or prod(shape) == 0:
         return ctx.full(shape, 0, dtype)
-    sizes = tuple(ctx.shape(t)[dim] for t in parts)
-    if len(parts) == 1:
-        return ctx.pointwise("identity", (parts[0],), shape, dtype)
-    return Ref(ctx.g.add(ir.CAT, "cat", tuple(parts), shape, dtype, contiguous_strides(shape),
-                         (("dim", dim), ("sizes", sizes))))
+    return _concat(ctx, parts, shape, dim, dtype)
 
 
 @register(aten.stack.default)
@@ -110,10 +106,7 @@ def _stack(ctx, node, tensors, dim=0):
     for t in tensors:
         ts = ctx.shape(t)
         parts.append(ctx.reshape(ctx.cast(t, dtype), ts[:dim] + (1,) + ts[dim:]))
-    if len(parts) == 1:
-        return ctx.pointwise("identity", (parts[0],), shape, dtype)
-    return Ref(ctx.g.add(ir.CAT, "cat", tuple(parts), shape, dtype, contiguous_strides(shape),
-                         (("dim", dim), ("sizes", (1,) * len(parts)))))
+    return _concat(ctx, parts, shape, dim, dtype)
 
 
 @register(aten.as_strided.default)
@@ -167,6 +160,7 @@ def _pad_along(ctx, grad, shape, dim, start, dtype, value=0):
 
 
 def _concat(ctx, parts, shape, dim, dtype):
+    """One CAT node of `parts` along `dim` (a single part is a copy)."""
     if len(parts) == 1:
         return ctx.pointwise("identity", (parts[0],), shape, dtype)
     sizes = tuple(ctx.shape(p)[dim] for p in parts)

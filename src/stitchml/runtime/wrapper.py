@@ -27,6 +27,7 @@ class WrapperBuilder:
         self.nconst = 0
         self.device = device
         self.partials: set[str] = set()
+        self.kernel_inputs = {i for k in plan.kernels for i in k.inputs}
 
     def _const(self, value: Any) -> str:
         if isinstance(value, (bool, int, float)) and not isinstance(value, bool) and value == value \
@@ -183,7 +184,7 @@ class WrapperBuilder:
         self.names[n.id] = name
 
     def _read_by_kernel(self, nid: int) -> bool:
-        return any(nid in k.inputs for k in self.plan.kernels)
+        return nid in self.kernel_inputs
 
 
 class _BarrierCounter:
