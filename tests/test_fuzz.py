@@ -317,3 +317,17 @@ def test_fuzz_cases_from_the_long_run(seed):
     # operands and a one-ulp input-sensitivity allowance
     r = fuzz.run_case(seed, "ci")
     assert r.status == "pass", r.line()
+
+
+def test_an_empty_output_has_no_layout_to_refuse():
+    # OpInfo pad samples: an empty backward output with eager strides (25, 5, 1) must not
+    # send the graph to eager (nothing is written, no element repeats)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stitchml.lower.lower import lower
+
+    gm = make_fx(lambda x: (x * 2,), tracing_mode="fake")(torch.randn(2, 0, 3))
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0][0]
+    out.meta["val"] = torch.empty_strided((2, 0, 3), (25, 5, 1))
+    g = lower(gm)
+    assert g.outputs and not g.fallbacks

@@ -76,8 +76,8 @@ class Lowerer:
             if not isinstance(r, Ref) or not isinstance(val, torch.Tensor):
                 continue
             n = self.g[r.id]
-            if n.kind in (ir.INPUT, ir.OPAQUE, ir.ITEM, ir.VIEW) or n.shape is None:
-                continue
+            if n.kind in (ir.INPUT, ir.OPAQUE, ir.ITEM, ir.VIEW) or n.shape is None or n.numel <= 1:
+                continue  # (an empty or one-element result has no repeated elements to lay out)
             stride = tuple(int(s) for s in val.stride())
             if stride != n.stride and not _dense(n.shape, stride):
                 raise Unsupported(f"output {fxn.name} is expected with repeated elements (strides {stride}), "
