@@ -23,6 +23,7 @@ from .lower.lower import lower
 from .lower.registry import Unsupported
 from .plan.data import Plan
 from .plan.planner import build_plan
+from .dynamic.runner import compile_dynamic, is_symbolic
 from .runtime.wrapper import build_callable
 
 log = logging.getLogger("stitchml")
@@ -41,6 +42,7 @@ class CompiledGraph:
     compile_seconds: float = 0.0
     calls: int = 0
     cuda_graph_note: str = ""       # why CUDA-graph replay was not used, when asked for
+    dynamic: object = None          # dynamic.runner.DynamicState for a graph with symbolic sizes
 
 
 def _device_of(gm: fx.GraphModule, example_inputs) -> torch.device:
@@ -65,6 +67,28 @@ def _interpreter_on() -> bool:
     return type(tl.sigmoid).__name__ == "InterpretedFunction"
 
 
+@dataclass
+class Built:
+    """What the static pipeline produced for one graph of fixed sizes."""
+
+    graph: Graph
+    plan: Plan
+    kernels: dict[str, KernelSource]
+
+
+def build_static(gm: fx.GraphModule, device: torch.device, *, cuda_graphs: bool = False,
+                 horizontal: bool = True) -> Built:
+    """lower → plan → codegen, for a graph whose sizes are all known (the runtime
+    wrapper is built by the caller: one per graph, or one per size bucket)."""
+    graph = lower(gm)                                                        # lower
+    with config.override(global_barriers=config.get("global_barriers") and not cuda_graphs,
+                         horizontal_fusion=config.get("horizontal_fusion") and horizontal):
+        plan = build_plan(graph)                                             # plan
+    graph = plan.graph  # planning may rewrite the graph (task splitting)
+    kernels = generate_all(graph, plan, device.type)                        # codegen
+    return Built(graph, plan, kernels)
+
+
 def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list | None = None) -> Callable:
     rec = CompiledGraph(kind)
     if records is not None:
@@ -75,13 +99,12 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
         if device.type == "cpu" and not _interpreter_on():
             raise Unsupported("CPU tensors: kernels need a GPU, or TRITON_INTERPRET=1 set before triton is "
                               "imported (the Triton interpreter)")
+        if is_symbolic(gm):  # sizes known only at run time: one plan per mapping bucket
+            return compile_dynamic(gm, kind, device, rec, build_static)
         graphs = _cuda_graph_mode(kind, device, rec)
-        rec.graph = lower(gm)                                              # lower
-        with config.override(global_barriers=config.get("global_barriers") and not graphs):
-            rec.plan = build_plan(rec.graph)                               # plan
-        rec.graph = rec.plan.graph  # planning may rewrite the graph (task splitting)
-        rec.kernels = generate_all(rec.graph, rec.plan, device.type)             # codegen
-        call, rec.wrapper_source = build_callable(rec.plan, rec.kernels, device)  # runtime
+        built = build_static(gm, device, cuda_graphs=graphs)
+        rec.graph, rec.plan, rec.kernels = built.graph, built.plan, built.kernels
+        call, rec.wrapper_source = build_callable(rec.plan, rec.kernels, device)    # runtime
     except Exception as e:  # graceful: this graph runs eagerly
         if not config.get("fallback_on_error") and not isinstance(e, Unsupported):
             raise

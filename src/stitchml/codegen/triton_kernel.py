@@ -486,8 +486,8 @@ class Emitter:
         m, dom = self.m, self.dom
         t = self.top.lines
         pid = "tl.program_id(0).to(tl.int64)" if self.idx64 else "tl.program_id(0)"
-        if self.k.partials:
-            pid = f"({pid} * {m.row_blocks} + rblk)"
+        if self.k.partials:  # the row block of the grid-stride walk below
+            pid = "rblk.to(tl.int64)" if self.idx64 else "rblk"
         if self.flat:
             t.append(f"rflat = {pid} * {m.block_r} + tl.arange(0, {m.block_r})")
         else:
@@ -534,8 +534,11 @@ class Emitter:
         params = [self.pname[p] for p in self.params]
         lines = self.top.lines
         if self.k.partials:
-            lines = (self.before + [f"for rblk in range({m.row_blocks}):"] + ["    " + x for x in lines]
-                     + self.after)
+            # programs walk the row blocks with a grid stride (the grid is written out,
+            # not tl.num_programs: as a phase of a global kernel the launch grid differs)
+            blocks = -(-dom.rows // m.block_r)
+            lines = (self.before + [f"for rblk in range(tl.program_id(0), {blocks}, {m.grid}):"]
+                     + ["    " + x for x in lines] + self.after)
         return KernelSource(self.k.name, list(self.params), params, lines, m.grid, m.num_warps,
                             {k: frozenset(v) for k, v in self.levels.items()})
 

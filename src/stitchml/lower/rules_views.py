@@ -71,8 +71,9 @@ def _slice(ctx, node, x, dim=0, start=None, end=None, step=1):
     start = 0 if start is None else start
     start = start + size if start < 0 else start
     start = min(max(start, 0), size)
-    if shape == in_shape:
-        return x
+    # a slice of the whole dim is still a view node (not `x` itself): eager returns a
+    # view, and the graph keeps one structure over the sizes of a dynamic bucket
+    # (position_ids[:, :s] is the whole buffer only at s == its length)
     return ctx.view("slice", x, shape, (("dim", dim), ("start", start), ("step", step)))
 
 

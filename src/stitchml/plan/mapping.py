@@ -9,6 +9,9 @@ and Triton's usual register budget until measured on a GPU):
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 from .. import config
 from .data import Domain, Mapping
 
@@ -21,24 +24,41 @@ def _warps(elems: int) -> int:
     return max(1, min(16, next_pow2(max(elems // 256, 1))))
 
 
+_FIXED_ROW_BLOCKS: list[bool] = []
+
+
+@contextlib.contextmanager
+def fixed_row_blocks() -> Iterator[None]:
+    """Dynamic shapes: the row (and flat) block takes its largest size instead of the
+    next power of two of the row count, so one bucket's kernels do not change with a
+    row count that is a multiple of a size (3*s rows span two powers of two within a
+    bucket of s).  Columns keep next_pow2: they define the bucket."""
+    _FIXED_ROW_BLOCKS.append(True)
+    try:
+        yield
+    finally:
+        _FIXED_ROW_BLOCKS.pop()
+
+
 def choose(domain: Domain, partials: bool = False) -> Mapping:
+    fixed = bool(_FIXED_ROW_BLOCKS)
     if domain.is_flat:
         n = domain.rows
-        block = min(config.get("pointwise_block"), next_pow2(n))
+        block = config.get("pointwise_block") if fixed else min(config.get("pointwise_block"), next_pow2(n))
         return Mapping("pointwise", block, 1, _warps(block), -(-n // block))
     rows, cols = domain.rows, domain.cols
     bc = next_pow2(cols)
     if bc <= config.get("persistent_max_cols"):
-        br = max(1, min(next_pow2(rows), config.get("block_elems") // bc))
+        cap = config.get("block_elems") // bc
+        br = max(1, cap if fixed else min(next_pow2(rows), cap))
         form = "packed_rows" if br > 1 else "row_persistent"
         blocks = -(-rows // br)
         if not partials:
             return Mapping(form, br, bc, _warps(br * bc), blocks)
-        # column partials: each program walks several row blocks so the partial
-        # buffer (programs x cols) stays small; a few waves of programs suffice
+        # column partials: each program walks several row blocks (grid-stride) so the
+        # partial buffer (programs x cols) stays small; a few waves of programs suffice
         grid = min(blocks, _partial_programs())
-        walk = -(-blocks // grid)
-        return Mapping(form, br, bc, _warps(br * bc), -(-blocks // walk), walk)
+        return Mapping(form, br, bc, _warps(br * bc), grid, -(-blocks // grid))
     bc = config.get("loop_block_cols")
     return Mapping("row_looped", 1, bc, _warps(bc), rows)
 

@@ -216,18 +216,30 @@ def _seed() -> int:
     return int(torch.randint(0, 2**31 - 1, (1,)).item())
 
 
-def build_callable(plan: Plan, sources: dict[str, KernelSource], device: torch.device) -> tuple[Callable, str]:
+def build_wrapper(plan: Plan, sources: dict[str, KernelSource], device: torch.device) -> tuple[str, dict]:
+    """The wrapper's Python source and the objects it names (dtypes, eager ops, constants)."""
     builder = WrapperBuilder(plan, sources, device)
-    code = builder.build()
-    namespace = dict(builder.consts)
+    return builder.build(), builder.consts
+
+
+def load_callable(code: str, consts: dict, sources: dict[str, KernelSource] | dict[str, str]) -> Callable:
+    """Load the kernels (one module, cached by content) and exec the wrapper."""
+    namespace = dict(consts)
     if sources:
-        module = load_module([s.source for s in sources.values()])
+        texts = [s if isinstance(s, str) else s.source for s in sources.values()]
+        module = load_module(texts)
         for name in sources:
             namespace[name] = getattr(module, name)
     debug = config.get("debug_dir")
     if debug:
+        import hashlib
         from pathlib import Path
         Path(debug).mkdir(parents=True, exist_ok=True)
-        (Path(debug) / f"wrapper_{id(plan)}.py").write_text(code)
+        (Path(debug) / f"wrapper_{hashlib.sha256(code.encode()).hexdigest()[:12]}.py").write_text(code)
     exec(compile(code, "<stitchml-wrapper>", "exec"), namespace)
-    return namespace["call"], code
+    return namespace["call"]
+
+
+def build_callable(plan: Plan, sources: dict[str, KernelSource], device: torch.device) -> tuple[Callable, str]:
+    code, consts = build_wrapper(plan, sources, device)
+    return load_callable(code, consts, sources), code

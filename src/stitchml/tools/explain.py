@@ -80,6 +80,10 @@ class Report:
         lines = []
         for rec in self.graphs:
             lines.append(f"== {rec.kind} graph ==")
+            if rec.dynamic is not None:  # buckets, templates, and why a size got its own kernels
+                lines.extend("  " + line for line in rec.dynamic.describe().split("\n"))
+                if rec.plan is not None:
+                    lines.append("  plan at the last new size:")
             if rec.plan is None:
                 lines.append(f"  runs eagerly: {rec.eager_reason}")
                 continue

@@ -1,0 +1,148 @@
+"""Running a graph whose sizes are known only at run time.
+
+Per call: read the sizes off the arguments, and
+1. a size seen before → its template, called with the sizes (no compilation at all);
+2. a new size → the static pipeline plans and generates code at that size (no kernel
+   is compiled from it), and the sources are compared with the templates of its
+   bucket; a template that equals them token for token at these sizes is reused:
+   its kernels are already compiled;
+3. no template of the bucket matches → the pipeline also runs at two other sizes of
+   the bucket (the probes), and a new template with sizes as arguments is built from
+   the three (`template.py`).  Where that is impossible the sources of this size are
+   used as they are (an *exact* template, valid for this size only) and the reason is
+   kept for `explain`.
+Any failure runs that call eagerly with a warning.  So a kernel is compiled once per
+bucket, and what runs at a size is always what the static pipeline would run there.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from .. import config
+from ..plan.mapping import fixed_row_blocks
+from ..runtime.wrapper import build_wrapper, load_callable
+from . import template as tpl
+from .shapes import Signature, bucket_of, concrete_graph, is_symbolic, probes, signature, tensor_args
+
+__all__ = ["compile_dynamic", "is_symbolic", "DynamicState"]
+
+
+@dataclass
+class DynamicState:
+    """What a dynamic graph compiled so far (inspected by tests and `explain`)."""
+
+    sig: Signature
+    templates: dict[tuple, list[tpl.Template]] = field(default_factory=dict)   # bucket -> templates
+    by_size: dict[tuple, tpl.Template] = field(default_factory=dict)
+    refusals: list[str] = field(default_factory=list)   # why a bucket got an exact template
+    eager_calls: list[str] = field(default_factory=list)
+    pipeline_runs: int = 0
+    plan_seconds: float = 0.0
+
+    @property
+    def buckets(self) -> int:
+        return len(self.templates)
+
+    @property
+    def num_templates(self) -> int:
+        return sum(len(v) for v in self.templates.values())
+
+    def kernel_sources(self) -> set[str]:
+        """Distinct texts of the kernels launched, over all buckets."""
+        return {t for ts in self.templates.values() for x in ts for t in x.launched.values()}
+
+    def describe(self) -> str:
+        lines = [f"dynamic sizes {', '.join(map(str, self.sig.symbols))}: {len(self.by_size)} sizes seen, "
+                 f"{self.buckets} buckets, {self.num_templates} templates, {len(self.kernel_sources())} distinct "
+                 f"kernels, {self.pipeline_runs} planning runs ({self.plan_seconds:.2f}s)"]
+        for key, ts in sorted(self.templates.items()):
+            for t in ts:
+                kind = "sizes as arguments" if t.generic else "exact sizes"
+                lines.append(f"  bucket {_fmt_bucket(key)}: template from {_fmt_sizes(t.sizes)} ({kind})")
+        lines += [f"  exact template: {r}" for r in self.refusals]
+        lines += [f"  eager call: {r}" for r in self.eager_calls]
+        return "\n".join(lines)
+
+
+def _fmt_bucket(key: tuple) -> str:
+    return " x ".join(f"({lo},{hi}]" for lo, hi in key)
+
+
+def _fmt_sizes(sizes: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(sizes.items(), key=lambda t: str(t[0])))
+
+
+def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec, build_static: Callable) -> Callable:
+    """The callable for a graph with symbolic sizes; `build_static(gm, device, ...)`
+    is the static pipeline (compiler.py)."""
+    try:
+        sig = signature(gm)
+    except ValueError as e:
+        from ..lower.registry import Unsupported
+        raise Unsupported(f"dynamic shapes: {e}") from None
+    state = DynamicState(sig)
+    rec.dynamic = state
+
+    def generate(values: dict):
+        t0 = time.perf_counter()
+        # no horizontal launch groups: their program-id ranges are sums of grids, which
+        # no single size expression gives (global groups have a fixed grid: kept)
+        with fixed_row_blocks():
+            built = build_static(concrete_graph(gm, sig, values), device, horizontal=False)
+        code, consts = build_wrapper(built.plan, built.kernels, device)
+        state.pipeline_runs += 1
+        state.plan_seconds += time.perf_counter() - t0
+        return built, ({n: k.source for n, k in built.kernels.items()}, code, consts)
+
+    def template_for(values: dict) -> tpl.Template:
+        key = tuple(sorted(values.items(), key=lambda t: str(t[0])))
+        if key in state.by_size:
+            return state.by_size[key]
+        bucket = tuple(bucket_of(values[s]) for s in sig.symbols)
+        built, sources = generate(values)
+        rec.graph, rec.plan, rec.kernels = built.graph, built.plan, built.kernels
+        found = next((t for t in state.templates.get(bucket, []) if t.matches(*sources, values)), None)
+        if found is None:
+            points = probes(sig, values)
+            builds = [sources] + [generate(p)[1] for p in points[1:]]
+            found = tpl.build(sig, points, builds) if len(points) > 1 else "the bucket has one size"
+            if isinstance(found, str):
+                state.refusals.append(f"{_fmt_sizes(values)}: {found}")
+                found = tpl.build(sig, points[:1], builds[:1])
+            assert found.matches(*sources, values), "a template must reproduce the sources it was built from"
+            found.call = _load(found, device)
+            state.templates.setdefault(bucket, []).append(found)
+        rec.wrapper_source = found.wrapper_text
+        state.by_size[key] = found
+        return found
+
+    def run(args):
+        rec.calls += 1
+        inputs = list(args)
+        args.clear()
+        try:
+            values = sig.bind(inputs)
+            t = template_for(values)
+            sizes = tuple(values[s] for s in sig.symbols)
+            return t.call(tensor_args(sig, inputs), sizes)
+        except Exception as e:
+            if not config.get("fallback_on_error"):
+                raise
+            reason = f"{type(e).__name__}: {str(e)[:300]}"
+            state.eager_calls.append(reason)
+            warnings.warn(f"stitchml: {kind} graph (dynamic sizes) runs eagerly for this call: {reason}",
+                          stacklevel=2)
+            return gm(*inputs)
+
+    run._boxed_call = True
+    return run
+
+
+def _load(t: tpl.Template, device: torch.device) -> Callable:
+    return load_callable(t.wrapper_text, t.consts, t.kernel_texts)

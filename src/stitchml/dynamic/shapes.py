@@ -1,0 +1,211 @@
+"""Symbolic sizes of a graph Dynamo compiled with dynamic shapes: which symbols there
+are, how to read their values from a call's arguments, which mapping bucket a value
+falls in, which probe sizes represent a bucket, and the same graph re-traced with
+every size fixed (so the static pipeline can compile it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import sympy
+import torch
+import torch.fx as fx
+
+
+def _placeholders(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _is_sym(x: Any) -> bool:
+    return isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def is_symbolic(gm: fx.GraphModule) -> bool:
+    """Whether any input has a size (or is a number) only known at run time."""
+    for n in _placeholders(gm):
+        v = n.meta.get("val")
+        if _is_sym(v) and not isinstance(v, torch.SymInt):
+            return True
+        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and (
+                any(isinstance(s, torch.SymInt) for s in tuple(v.shape) + tuple(v.stride()))
+                or isinstance(v.storage_offset(), torch.SymInt))):
+            return True
+    return False
+
+
+def _expr(x: Any, shape_env) -> sympy.Expr:
+    if isinstance(x, torch.SymInt):
+        return shape_env.simplify(x.node.expr) if shape_env is not None else x.node.expr
+    return sympy.Integer(int(x))
+
+
+@dataclass
+class Signature:
+    """The graph's inputs with their sizes as expressions of the free symbols.
+
+    `inputs[i]` is ("int", expr) for a number input, ("tensor", shape, stride, dtype,
+    device) for a tensor; `sources[sym]` is where a call's arguments give the symbol's
+    value: (input index, dim) or (input index, None) for a number input."""
+
+    inputs: list[tuple]
+    symbols: tuple[sympy.Symbol, ...]
+    sources: dict[sympy.Symbol, tuple[int, int | None]]
+    shape_env: Any
+    exprs: list[sympy.Expr]        # every size, stride and number the symbolic graph holds
+
+    def bind(self, args: Sequence[Any]) -> dict[sympy.Symbol, int]:
+        out = {}
+        for sym, (i, d) in self.sources.items():
+            a = args[i]
+            out[sym] = int(a) if d is None else int(a.shape[d])
+        return out
+
+    def holds(self, values: dict[sympy.Symbol, int]) -> bool:
+        """Whether sizes satisfy Dynamo's guards on this graph (probe sizes must: the
+        graph is only valid where they hold) and every input size is positive."""
+        env = self.shape_env
+        if env is not None:
+            for sym, v in values.items():
+                rng = env.var_to_range.get(sym)
+                if rng is not None and not (rng.lower <= v <= rng.upper):
+                    return False
+            for guard in env.guards:
+                try:
+                    if not bool(guard.expr.xreplace({s: sympy.Integer(v) for s, v in values.items()})):
+                        return False
+                except TypeError:  # refers to a symbol of another graph: not ours to check
+                    continue
+        return True
+
+
+def signature(gm: fx.GraphModule) -> Signature:
+    """Read the symbolic inputs; `ValueError` if a symbol cannot be read off the
+    arguments directly (it only appears inside a product or sum)."""
+    env = None
+    for n in _placeholders(gm):
+        v = n.meta.get("val")
+        if isinstance(v, torch.SymInt):
+            env = v.node.shape_env
+        elif isinstance(v, torch.Tensor) and getattr(v, "fake_mode", None) is not None:
+            env = env or v.fake_mode.shape_env
+    inputs, sources = [], {}
+    for i, n in enumerate(_placeholders(gm)):
+        v = n.meta.get("val")
+        if isinstance(v, torch.SymInt) or isinstance(v, int):
+            e = _expr(v, env)
+            inputs.append(("int", e))
+            if isinstance(e, sympy.Symbol):
+                sources.setdefault(e, (i, None))
+        elif isinstance(v, torch.Tensor):
+            shape = tuple(_expr(s, env) for s in v.shape)
+            stride = tuple(_expr(s, env) for s in v.stride())
+            if _expr(v.storage_offset(), env) != 0:
+                raise ValueError(f"input {n.name} has a storage offset")
+            inputs.append(("tensor", shape, stride, v.dtype, v.device))
+            for d, e in enumerate(shape):
+                if isinstance(e, sympy.Symbol):
+                    sources.setdefault(e, (i, d))
+        else:
+            raise ValueError(f"input {n.name} is a {type(v).__name__}")
+    free = set()
+    for inp in inputs:
+        for e in (inp[1:2] if inp[0] == "int" else inp[1] + inp[2]):
+            free |= sympy.sympify(e).free_symbols
+    missing = free - set(sources)
+    if missing:
+        raise ValueError(f"sizes {sorted(map(str, missing))} appear only inside expressions of the inputs' "
+                         "sizes, so a call's arguments do not give them")
+    symbols = tuple(sorted(free, key=str))
+    exprs = []
+    for node in gm.graph.nodes:
+        exprs.extend(_node_exprs(node.meta.get("val"), env))
+    return Signature(inputs, symbols, sources, env, exprs)
+
+
+def _node_exprs(v: Any, env) -> list[sympy.Expr]:
+    if isinstance(v, (list, tuple)):
+        return [e for x in v for e in _node_exprs(x, env)]
+    if isinstance(v, torch.SymInt):
+        return [_expr(v, env)]
+    if not isinstance(v, torch.Tensor):
+        return []
+    shape = [_expr(s, env) for s in v.shape]
+    out = list(shape) + [_expr(s, env) for s in v.stride()]
+    for i in range(len(shape)):  # products of adjacent dims: what flattening views produce
+        acc = sympy.Integer(1)
+        for j in range(i, len(shape)):
+            acc = acc * shape[j]
+            out.append(acc)
+    return out
+
+
+# ---------------------------------------------------------------------------- buckets
+
+def bucket_of(v: int) -> tuple[int, int]:
+    """The mapping bucket of one size: (lo, hi], powers of two, because the block
+    shapes `plan/mapping.py` chooses are powers of two of the extents (next_pow2):
+    sizes in one bucket get the same blocks and warps.  0 and 1 are their own
+    buckets (Dynamo specialises them anyway)."""
+    if v <= 1:
+        return (v - 1, v)
+    hi = 1 << (v - 1).bit_length()
+    return (hi // 2, hi)
+
+
+def probes(sig: Signature, values: dict[sympy.Symbol, int], count: int = 3) -> list[dict[sympy.Symbol, int]]:
+    """`values` first, then up to `count - 1` other sizes of the same buckets that
+    satisfy the graph's guards.  Odd sizes near both ends of the bucket are preferred:
+    they share no divisibility with the blocks, and the ends bound every monotone
+    quantity (a grid, a loop count) over the bucket."""
+    out = [dict(values)]
+    pools = {}
+    for sym, v in values.items():
+        lo, hi = bucket_of(v)
+        pool = [x for x in (hi - 1, lo + 1, (lo + hi) // 2 | 1, hi, lo + 2) if lo < x <= hi and x != v]
+        pools[sym] = list(dict.fromkeys(pool))
+    for j in range(len(max(pools.values(), key=len, default=[]))):
+        if len(out) == count:
+            break
+        # rotate per symbol so two symbols of one bucket never take the same value
+        p = {sym: (pool[(j + k) % len(pool)] if pool else values[sym])
+             for k, (sym, pool) in enumerate(sorted(pools.items(), key=lambda t: str(t[0])))}
+        if p not in out and sig.holds(p):
+            out.append(p)
+    return out
+
+
+# ---------------------------------------------------------------------------- re-trace
+
+def concrete_graph(gm: fx.GraphModule, sig: Signature, values: dict[sympy.Symbol, int]) -> fx.GraphModule:
+    """The same ATen graph with every size fixed to `values`: traced again with fake
+    tensors of those sizes (no memory, no computation); number inputs are folded in,
+    so the graph's placeholders are its tensor inputs only."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    sub = {s: sympy.Integer(v) for s, v in values.items()}
+
+    def ev(e) -> int:
+        return int(sympy.sympify(e).xreplace(sub))
+
+    mode = FakeTensorMode()
+    numbers, fakes = {}, []
+    for i, inp in enumerate(sig.inputs):
+        if inp[0] == "int":
+            numbers[i] = ev(inp[1])
+        else:
+            _, shape, stride, dtype, device = inp
+            with mode:
+                fakes.append(torch.empty_strided([ev(s) for s in shape], [ev(s) for s in stride],
+                                                 dtype=dtype, device=device))
+
+    def run(*tensors):
+        it = iter(tensors)
+        return gm(*[numbers[i] if i in numbers else next(it) for i in range(len(sig.inputs))])
+
+    with mode:
+        return make_fx(run)(*fakes)
+
+
+def tensor_args(sig: Signature, args: Sequence[Any]) -> list:
+    return [a for inp, a in zip(sig.inputs, args) if inp[0] == "tensor"]

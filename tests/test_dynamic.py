@@ -1,0 +1,230 @@
+"""Dynamic shapes (issue 4): graphs with symbolic sizes run kernels that take sizes as
+arguments, one template per mapping bucket, checked against the static pipeline at
+every new size."""
+import sympy
+import pytest
+import torch
+import torch.nn.functional as F
+
+import stitchml
+from stitchml import config
+from stitchml.dynamic import template as tpl
+from stitchml.dynamic.shapes import Signature, bucket_of, probes
+from hf_common import rel_err
+from launches import count_launches
+
+
+def _bert():
+    from transformers import BertConfig, BertModel
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=512, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0)
+    return BertModel(cfg)
+
+
+SEQ_LENS = [8, 11, 16, 23, 32, 40, 57, 64, 77, 96, 128, 141, 180, 256, 270, 333, 384, 450, 500, 512]
+
+
+@pytest.mark.slow
+def test_bert_at_twenty_sequence_lengths_compiles_twice_and_once_per_bucket():
+    model = _bert()
+    backend = stitchml.StitchBackend()
+    compiled = torch.compile(model, backend=backend)  # automatic dynamic shapes (the default)
+    params = [p for p in model.parameters()]
+    for seq in SEQ_LENS:
+        ids = torch.randint(0, 100, (2, seq))
+        out = compiled(input_ids=ids).last_hidden_state
+        grad_out = torch.randn_like(out)  # (not square().mean(): through a layer norm its gradient is ~0)
+        out.backward(grad_out)
+        got = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+        model.zero_grad()
+        ref = model(input_ids=ids).last_hidden_state
+        ref.backward(grad_out)
+        want = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        model.zero_grad()
+        assert rel_err(out, ref) < 1e-5, seq
+        for p, a, b in zip(params, got, want):
+            # (+ a floor: the attention key bias's gradient is zero up to rounding, ~1e-9)
+            assert (a - b).norm() <= 1e-4 * b.norm() + 1e-7, (seq, p.shape, rel_err(a, b))
+
+    kinds = [r.kind for r in backend.records]
+    # Dynamo called the backend twice: the first (static) graph, then one dynamic graph
+    assert kinds == ["forward", "backward", "forward", "backward"], kinds
+    static, dynamic = backend.records[:2], backend.records[2:]
+    assert all(r.dynamic is None and r.plan is not None for r in static)
+    buckets = {bucket_of(s) for s in SEQ_LENS[1:]}
+    assert len(buckets) == 6
+    for rec in dynamic:
+        st = rec.dynamic
+        assert st is not None and not st.eager_calls and not st.refusals, st.describe()
+        assert len(st.by_size) == len(SEQ_LENS) - 1
+        assert st.buckets == len(buckets) and st.num_templates == st.buckets, st.describe()
+        assert all(t.generic for ts in st.templates.values() for t in ts)
+        # each launched kernel has at most one text per bucket
+        launches = max(len(t.launched) for ts in st.templates.values() for t in ts)
+        assert len(st.kernel_sources()) <= launches * st.buckets, st.describe()
+        # a new size in a known bucket plans again but compiles nothing: 3 probes per bucket, 1 per other size
+        assert st.pipeline_runs == 3 * st.buckets + (len(SEQ_LENS) - 1 - st.buckets)
+
+
+def _softmax_ln(x, w):
+    y = torch.softmax(x, -1) * w
+    return F.layer_norm(y, (y.shape[-1],)).sum(0)
+
+
+def test_training_graph_with_a_dynamic_row_length_matches_eager_and_reuses_templates():
+    backend = stitchml.StitchBackend()
+    f = torch.compile(_softmax_ln, backend=backend)
+    for n in (8, 16, 24, 40, 33, 37, 24):
+        x = torch.randn(4, n, requires_grad=True)
+        w = torch.randn(n, requires_grad=True)
+        out = f(x, w)
+        g = torch.randn_like(out)
+        gx, gw = torch.autograd.grad(out, (x, w), g)
+        ex, ew = x.detach().requires_grad_(), w.detach().requires_grad_()
+        ref = _softmax_ln(ex, ew)
+        rx, rw = torch.autograd.grad(ref, (ex, ew), g)
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(gx, rx)
+        torch.testing.assert_close(gw, rw)
+    fw, bw = backend.records[2].dynamic, backend.records[3].dynamic
+    for st in (fw, bw):
+        # 16 | 24 | 40, 33, 37 (one bucket: 33 and 37 reuse 40's template) ; 24 again: no planning
+        assert st.buckets == 3 and st.num_templates == 3 and len(st.by_size) == 5
+        assert st.pipeline_runs == 3 * 3 + 2
+    # kernels read the sizes as arguments: the column-partial kernel of the weight gradient too
+    text = next(iter(bw.templates.values()))[0].kernel_texts
+    assert any("sz0" in t and "for rblk in range(" in t for t in text.values())
+
+
+def test_dynamic_kernels_launch_as_many_times_as_static_ones():
+    backend = stitchml.StitchBackend()
+    f = torch.compile(lambda x: torch.softmax(x, -1) * 2, backend=backend)
+    f(torch.randn(4, 8))
+    for n in (19, 21):
+        x = torch.randn(4, n)
+        with count_launches() as launches:
+            out = f(x)
+        torch.testing.assert_close(out, torch.softmax(x, -1) * 2)
+        assert launches["n"] == 1
+    assert backend.records[1].dynamic.num_templates == 1
+
+
+def test_two_dynamic_sizes_marked_dynamic():
+    backend = stitchml.StitchBackend()
+
+    def fn(x, b):
+        return F.layer_norm(torch.relu(x) + b, (x.shape[-1],))
+
+    f = torch.compile(fn, backend=backend, dynamic=True)
+    for rows, cols in ((5, 24), (7, 20), (30, 24), (6, 100)):
+        x, b = torch.randn(rows, cols), torch.randn(cols)
+        torch.testing.assert_close(f(x, b), fn(x, b))
+    st = backend.records[0].dynamic
+    assert st is not None and len(st.sig.symbols) == 2, st
+    assert not st.eager_calls
+    # (4,8]x(16,32] twice, then (16,32]x(16,32] and (4,8]x(64,128]
+    assert st.buckets == 3 and st.num_templates == 3, st.describe()
+
+
+def test_an_op_without_a_rule_runs_eagerly_inside_a_dynamic_graph():
+    backend = stitchml.StitchBackend()
+
+    def fn(x):
+        return torch.cumsum(torch.exp(x), -1) * 2 + 1
+
+    f = torch.compile(fn, backend=backend)
+    for n in (8, 12, 13):
+        x = torch.randn(3, n)
+        torch.testing.assert_close(f(x), fn(x))
+    rec = backend.records[1]
+    assert rec.dynamic.num_templates == 1 and any("cumsum" in fb.op for fb in rec.graph.fallbacks)
+
+
+def test_a_failing_size_runs_that_call_eagerly_with_a_warning(monkeypatch):
+    import stitchml.compiler as compiler
+
+    backend = stitchml.StitchBackend()
+    f = torch.compile(lambda x: torch.softmax(x, -1), backend=backend)
+    f(torch.randn(2, 8))
+    monkeypatch.setattr(compiler, "lower", lambda gm: (_ for _ in ()).throw(RuntimeError("injected")))
+    x = torch.randn(2, 20)
+    with pytest.warns(UserWarning, match="dynamic sizes.*runs eagerly for this call: RuntimeError: injected"):
+        out = f(x)
+    torch.testing.assert_close(out, torch.softmax(x, -1))
+    assert backend.records[1].dynamic.eager_calls
+
+
+def test_no_fallback_knob_raises_instead():
+    import stitchml.compiler as compiler
+
+    backend = stitchml.StitchBackend()
+    f = torch.compile(lambda x: torch.softmax(x, -1), backend=backend)
+    f(torch.randn(2, 8))
+    real = compiler.lower
+    try:
+        compiler.lower = lambda gm: (_ for _ in ()).throw(RuntimeError("injected"))
+        with config.override(fallback_on_error=False), pytest.raises(Exception, match="injected"):
+            f(torch.randn(2, 20))
+    finally:
+        compiler.lower = real
+
+
+# --------------------------------------------------------------------- templates (no kernels)
+
+def _sig(*exprs):
+    s = sympy.Symbol("s0")
+    return Signature([("int", s)], (s,), {s: (0, None)}, None, [sympy.sympify(e, locals={"s0": s}) for e in exprs]), s
+
+
+def test_buckets_are_power_of_two_ranges_and_probes_stay_inside():
+    assert [bucket_of(v) for v in (1, 2, 3, 8, 9, 512, 513)] == [(0, 1), (1, 2), (2, 4), (4, 8), (8, 16),
+                                                                 (256, 512), (512, 1024)]
+    sig, s = _sig("s0")
+    pts = probes(sig, {s: 300})
+    assert pts[0] == {s: 300} and len(pts) == 3
+    assert all(256 < p[s] <= 512 for p in pts) and len({p[s] for p in pts}) == 3
+    assert len(probes(sig, {s: 2})) == 1  # a bucket of one size
+
+
+def test_template_finds_sizes_grids_and_capped_grids():
+    sig, s = _sig("s0", "s0*768", "2*s0")
+    pts = [{s: v} for v in (300, 511, 257)]
+
+    def src(v):
+        grid = -(-2 * v // 64)
+        return ({"k0": f"@triton.jit\ndef k0(in0, out1):\n    x = tl.load(in0 + r * {v * 768}, mask=r < {2 * v})\n"
+                       f"    y = x / {float(v)}\n    z = {min(grid, 12)}\n"},
+                f"def call(args):\n    a0, = args\n    k0[({grid},)](a0, num_warps=4)\n    return (a0.reshape(({2 * v},)), )\n",
+                {})
+    t = tpl.build(sig, pts, [src(p[s]) for p in pts])
+    assert isinstance(t, tpl.Template), t
+    k = t.kernel_texts["k0"]
+    assert "def k0(in0, out1, sz0, sz1, sz2, sz3):" in k and "r * sz0" in k and "r < sz1" in k and "/ sz2" in k
+    assert "min(" in t.wrapper_text and "ks0, = sizes" in t.wrapper_text
+    for v in (260, 333, 400):  # sizes it was not built from: equal to what would be generated there
+        assert t.matches(*src(v), {s: v})
+    bad = src(333)
+    assert not t.matches(bad[0], bad[1].replace("num_warps=4", "num_warps=8"), {}, {s: 333})
+    assert not t.matches(*src(333), {s: 334})  # the numbers of another size
+
+
+def test_template_refuses_numbers_no_size_expression_gives():
+    sig, s = _sig("s0")
+    pts = [{s: v} for v in (300, 511, 257)]
+    srcs = [({"k0": f"@triton.jit\ndef k0(a):\n    x = {v * 7 + 3}\n"}, "def call(args):\n    return ()\n", {}) for v in (300, 511, 257)]
+    assert "no size expression" in tpl.build(sig, pts, srcs)
+    blocks = [({"k0": f"@triton.jit\ndef k0(a):\n    x = tl.arange(0, {v})\n"}, "def call(args):\n    return ()\n", {})
+              for v in (300, 511, 257)]
+    assert "block shape" in tpl.build(sig, pts, blocks)
+    frac = [({"k0": f"@triton.jit\ndef k0(a):\n    x = y * {1 / v!r}\n"}, "def call(args):\n    return ()\n", {})
+            for v in (300, 511, 257)]
+    assert "no size expression" in tpl.build(sig, pts, frac)
+
+
+def test_explain_shows_buckets_and_templates_of_a_dynamic_graph():
+    x, w = torch.randn(6, 24), torch.randn(24)
+    text = stitchml.explain(_softmax_ln, x, w, dynamic=True).to_text()
+    assert "dynamic sizes" in text and "(16,32]" in text and "template from" in text and "sizes as arguments" in text
+    assert "kernel k0:" in text
