@@ -105,3 +105,30 @@ def test_cuda_graph_replay_matches_plain_mode_for_batch1_gpt2():
     torch.testing.assert_close(plain, ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(graphed, ref, rtol=1e-4, atol=1e-4)
     assert all(not r.cuda_graph_note for r in be.records)
+
+
+def test_dynamic_sequence_lengths_on_gpu():
+    # GPU twin of tests/test_dynamic.py: kernels with sizes as arguments, compiled by
+    # Triton for the device once per bucket, at lengths that are not powers of two
+    import stitchml
+
+    backend = stitchml.StitchBackend()
+
+    def fn(x, w, b):
+        return F.layer_norm(torch.softmax(x, -1) * x, (x.shape[-1],), w, b)
+
+    f = torch.compile(fn, backend=backend)
+    for n in (512, 700, 1000, 777, 1024, 3000):
+        x, w, b = _randn(64, 33, n, grad=True), _randn(n, grad=True), _randn(n, grad=True)
+        out = f(x, w, b)
+        g = torch.randn_like(out)
+        got = torch.autograd.grad(out, (x, w, b), g)
+        ref_out = fn(x, w, b)
+        want = torch.autograd.grad(ref_out, (x, w, b), g)
+        torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
+        for a, e in zip(got, want):
+            torch.testing.assert_close(a, e, rtol=1e-3, atol=1e-3)
+    for rec in backend.records[2:]:
+        st = rec.dynamic
+        assert st is not None and not st.eager_calls, st
+        assert st.num_templates <= st.buckets + len(st.refusals), st.describe()

@@ -174,6 +174,7 @@ class Template:
     kernel_texts: dict[str, str]   # generated Triton source with size arguments
     wrapper_text: str              # generated `call(args, sizes)`
     symbols: tuple
+    size_arg_types: dict[str, list[str]] = field(default_factory=dict)  # kernel -> Triton types of sz0, sz1, …
     call: Callable | None = None
 
     @property
@@ -245,7 +246,7 @@ def build(sig: Signature, probes: list[dict], builds: list[tuple[dict[str, str],
     wrapper = _unit([b[1] for b in builds], cands, kernel=False)
     if isinstance(wrapper, str):
         return f"wrapper: {wrapper}"
-    kernel_texts, kernel_args = {}, {}
+    kernel_texts, kernel_args, arg_types = {}, {}, {}
     for name, u in kernels.items():
         exprs = list(dict.fromkeys(u.slots[i].text for i in sorted(u.slots)))  # one argument per expression
         arg_of = {e: f"sz{j}" for j, e in enumerate(exprs)}
@@ -255,6 +256,8 @@ def build(sig: Signature, probes: list[dict], builds: list[tuple[dict[str, str],
             text = head + "".join(f", {arg_of[e]}" for e in exprs) + sep + rest
         kernel_texts[name] = text
         kernel_args[name] = exprs
+        floats = {u.slots[i].text: u.slots[i].is_float for i in u.slots}
+        arg_types[name] = ["fp32" if floats[e] else "i32" for e in exprs]
     wtext = _substitute(wrapper, lambda i: f"({wrapper.slots[i].text})")
     lines = []
     for line in wtext.split("\n"):
@@ -268,7 +271,7 @@ def build(sig: Signature, probes: list[dict], builds: list[tuple[dict[str, str],
     assert wtext.startswith(head), wtext[:40]
     unpack = f"    {''.join(n + ', ' for n in names)}= sizes\n" if names else ""
     wtext = "def call(args, sizes):\n" + unpack + wtext[len(head):]
-    return Template(dict(probes[0]), kernels, wrapper, c0, kernel_texts, wtext, tuple(sig.symbols))
+    return Template(dict(probes[0]), kernels, wrapper, c0, kernel_texts, wtext, tuple(sig.symbols), arg_types)
 
 
 def _substitute(u: Unit, name_of: Callable[[int], str]) -> str:

@@ -6,6 +6,10 @@ and Triton's usual register budget until measured on a GPU):
 - rows that fit on chip (next pow2 ≤ `persistent_max_cols`) → whole row per program;
   short rows are packed (horizontal packing) until a program holds `block_elems`;
 - longer rows → one row per program, looping over `loop_block_cols` columns.
+Under dynamic shapes (`fixed_row_blocks`, entered by the dynamic runner) the row and
+flat blocks take their cap instead of next_pow2 of the row count, so the mapping of a
+kernel changes only with its column extent: the power-of-two size buckets of
+`dynamic/shapes.py::bucket_of`.
 """
 from __future__ import annotations
 

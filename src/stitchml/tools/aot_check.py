@@ -98,3 +98,57 @@ def check(fn, *inputs, arch: int = 90, device: str = "H100") -> list[AotResult]:
         except Exception as e:  # report, do not stop: the caller wants every kernel's verdict
             results.append(AotResult(name, False, f"{type(e).__name__}: {str(e)[:500]}"))
     return results
+
+
+def check_dynamic(fn, *inputs, arch: int = 90, device: str = "H100") -> list[AotResult]:
+    """Dynamic shapes: trace `fn` with every size symbolic, build the template of the
+    inputs' mapping buckets the way the dynamic runner does (static pipeline at the
+    probe sizes, `dynamic/template.py`), and compile every kernel it launches, with
+    its size arguments as i32/fp32 scalars, for sm_`arch`."""
+    import os
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("aot_check needs Triton out of interpreter mode (unset TRITON_INTERPRET)")
+    import triton
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ..capture.decomp import decomposition_table
+    from ..compiler import build_static
+    from ..dynamic import template as tpl
+    from ..dynamic.shapes import concrete_graph, probes, signature
+    from ..plan.mapping import fixed_row_blocks
+    from ..runtime.kernel_cache import load_module
+    from ..runtime.wrapper import build_wrapper
+
+    gm = make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="symbolic")(*inputs)
+    sig = signature(gm)
+    hints = getattr(sig.shape_env, "backed_var_to_val", None) or sig.shape_env.var_to_val  # (renamed in 2.12)
+    values = {s: int(hints[s]) for s in sig.symbols}
+    points = probes(sig, values)
+    cuda = torch.device("cuda")
+    builds, first = [], None
+    with config.override(device=device), fixed_row_blocks():
+        for p in points:
+            built = build_static(concrete_graph(gm, sig, p), cuda, horizontal=False)
+            code, consts = build_wrapper(built.plan, built.kernels, cuda)
+            builds.append(({n: k.source for n, k in built.kernels.items()}, code, consts))
+            first = first or built
+    t = tpl.build(sig, points, builds)
+    if isinstance(t, str):
+        raise RuntimeError(f"no template: {t}")
+    module = load_module(list(t.kernel_texts.values()))
+    results = []
+    for name in t.launched:
+        ks = first.kernels[name]
+        types = _signature(ks, first.graph)
+        types.update({f"sz{i}": ty for i, ty in enumerate(t.size_arg_types.get(name, []))})
+        try:
+            compiled = triton.compile(ASTSource(getattr(module, name), types, {}),
+                                      target=GPUTarget("cuda", arch, 32), options={"num_warps": ks.num_warps})
+            regs, stack = _resources(compiled.asm.get("cubin", b""))
+            nsizes = len(t.size_arg_types.get(name, []))
+            results.append(AotResult(f"{name} ({nsizes} size arguments)", True, registers=regs, spills=stack))
+        except Exception as e:
+            results.append(AotResult(name, False, f"{type(e).__name__}: {str(e)[:500]}"))
+    return results
