@@ -57,6 +57,7 @@ def test_bert_at_twenty_sequence_lengths_compiles_twice_and_once_per_bucket():
     assert len(buckets) == 6
     for rec in dynamic:
         st = rec.dynamic
+        print(f"\n{rec.kind}: {st.describe()}")  # (the figures of the issue note: pytest -s)
         assert st is not None and not st.eager_calls and not st.refusals, st.describe()
         assert len(st.by_size) == len(SEQ_LENS) - 1
         assert st.buckets == len(buckets) and st.num_templates == st.buckets, st.describe()
@@ -228,3 +229,26 @@ def test_explain_shows_buckets_and_templates_of_a_dynamic_graph():
     text = stitchml.explain(_softmax_ln, x, w, dynamic=True).to_text()
     assert "dynamic sizes" in text and "(16,32]" in text and "template from" in text and "sizes as arguments" in text
     assert "kernel k0:" in text
+
+
+def test_a_probe_size_that_fails_gives_an_exact_template_for_this_size(monkeypatch):
+    import stitchml.compiler as compiler
+
+    backend = stitchml.StitchBackend()
+    f = torch.compile(lambda x: torch.softmax(x, -1) + 1, backend=backend)
+    f(torch.randn(3, 8))
+    real = compiler.lower
+
+    def lower_only_20(gm):  # the pipeline works at the size asked for, not at the probes
+        shape = next(n.meta["val"].shape for n in gm.graph.nodes if n.op == "placeholder")
+        if shape[-1] != 20:
+            raise RuntimeError("injected probe failure")
+        return real(gm)
+
+    monkeypatch.setattr(compiler, "lower", lower_only_20)
+    x = torch.randn(3, 20)
+    torch.testing.assert_close(f(x), torch.softmax(x, -1) + 1)
+    st = backend.records[1].dynamic
+    assert not st.eager_calls and st.num_templates == 1
+    assert not next(iter(st.templates.values()))[0].generic
+    assert "failed at a probe size: RuntimeError: injected probe failure" in st.refusals[0]

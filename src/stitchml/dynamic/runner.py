@@ -110,11 +110,19 @@ def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec, bu
         found = next((t for t in state.templates.get(bucket, []) if t.matches(*sources, values)), None)
         if found is None:
             points = probes(sig, values)
-            builds = [sources] + [generate(p)[1] for p in points[1:]]
-            found = tpl.build(sig, points, builds) if len(points) > 1 else "the bucket has one size"
+            builds = [sources]
+            try:
+                builds += [generate(p)[1] for p in points[1:]]
+                found = tpl.build(sig, points, builds) if len(points) > 1 else (
+                    "the bucket has one size" if all(hi - lo == 1 for lo, hi in bucket) else
+                    "no other size of the bucket satisfies the graph's guards")
+            except Exception as e:  # a probe size the pipeline cannot compile: this size still can
+                if not config.get("fallback_on_error"):
+                    raise
+                found = f"the static pipeline failed at a probe size: {type(e).__name__}: {str(e)[:200]}"
             if isinstance(found, str):
                 state.refusals.append(f"{_fmt_sizes(values)}: {found}")
-                found = tpl.build(sig, points[:1], builds[:1])
+                found = tpl.build(sig, points[:1], builds[:1])  # exact: no numbers move
             assert found.matches(*sources, values), "a template must reproduce the sources it was built from"
             found.call = _load(found, device)
             state.templates.setdefault(bucket, []).append(found)
