@@ -252,3 +252,37 @@ def test_a_probe_size_that_fails_gives_an_exact_template_for_this_size(monkeypat
     assert not st.eager_calls and st.num_templates == 1
     assert not next(iter(st.templates.values()))[0].generic
     assert "failed at a probe size: RuntimeError: injected probe failure" in st.refusals[0]
+
+
+def test_copied_concrete_graph_lowers_like_a_retraced_one():
+    # the fast path (copy the symbolic graph, evaluate its metadata) must give the
+    # IR that tracing again at those sizes gives
+    from torch._dynamo.backends.common import aot_autograd
+    from stitchml.capture.decomp import decomposition_table
+    from stitchml.dynamic import shapes
+    from stitchml.lower.lower import lower
+
+    graphs = []
+
+    def grab(gm, ex):
+        from functorch.compile import make_boxed_func
+        graphs.append(gm)
+        return make_boxed_func(gm)
+
+    def fn(x, w):
+        y = x.reshape(x.shape[0], -1, 4).transpose(1, 2)[..., 1:] * 2
+        return F.layer_norm(torch.softmax(x, -1) * w, (x.shape[-1],)), y.sum(-1), x.shape[1] * 3
+
+    f = torch.compile(fn, backend=aot_autograd(fw_compiler=grab, bw_compiler=grab,
+                                               decompositions=decomposition_table()))
+    for n in (8, 12):
+        x, w = torch.randn(3, n, requires_grad=True), torch.randn(n, requires_grad=True)
+        out = f(x, w)
+        (out[0].sum() + out[1].sum()).backward()
+    for gm in graphs[-2:]:  # the dynamic forward and backward
+        sig = shapes.signature(gm)
+        values = {s: 20 for s in sig.symbols}
+        fast, slow = lower(shapes._copied_graph(gm, sig, values)), lower(shapes.retraced_graph(gm, sig, values))
+        strip = lambda g: [(n.kind, n.kind != "input" and n.op, n.shape, n.stride, n.dtype) for n in g.nodes]  # noqa: E731
+        assert strip(fast) == strip(slow) and fast.outputs == slow.outputs
+        assert len(fast.nodes) > 5
