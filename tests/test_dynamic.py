@@ -286,3 +286,13 @@ def test_copied_concrete_graph_lowers_like_a_retraced_one():
         strip = lambda g: [(n.kind, n.kind != "input" and n.op, n.shape, n.stride, n.dtype) for n in g.nodes]  # noqa: E731
         assert strip(fast) == strip(slow) and fast.outputs == slow.outputs
         assert len(fast.nodes) > 5
+
+
+def test_cuda_graph_mode_says_it_is_not_applied_to_dynamic_graphs():
+    backend = stitchml.StitchBackend()
+    f = torch.compile(lambda x: torch.softmax(x, -1), backend=backend)
+    with config.override(cuda_graphs=True), pytest.warns(UserWarning):
+        f(torch.randn(2, 8))
+        x = torch.randn(2, 20)
+        torch.testing.assert_close(f(x), torch.softmax(x, -1))
+    assert "dynamic sizes" in backend.records[1].cuda_graph_note

@@ -99,7 +99,10 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
         if device.type == "cpu" and not _interpreter_on():
             raise Unsupported("CPU tensors: kernels need a GPU, or TRITON_INTERPRET=1 set before triton is "
                               "imported (the Triton interpreter)")
-        if is_symbolic(gm):  # sizes known only at run time: one plan per mapping bucket
+        if is_symbolic(gm):  # sizes known only at run time: kernels compiled per mapping bucket
+            if config.get("cuda_graphs"):
+                rec.cuda_graph_note = "CUDA graphs are not applied to graphs with dynamic sizes"
+                warnings.warn(f"stitchml: {rec.cuda_graph_note}", stacklevel=2)
             return compile_dynamic(gm, kind, device, rec, build_static)
         graphs = _cuda_graph_mode(kind, device, rec)
         built = build_static(gm, device, cuda_graphs=graphs)
