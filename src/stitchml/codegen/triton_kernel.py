@@ -21,7 +21,7 @@ from ..ir import index as ix
 from ..ir import nodes as ir
 from ..plan.data import KernelPlan
 from ..plan.graph_view import is_free
-from .triton_ops import (FLOATS, REDUCE_COMBINE, TL_DTYPE, cast_expr, compute_dtype, literal, pointwise_expr,
+from .triton_ops import (REDUCE_COMBINE, TL_DTYPE, cast_expr, compute_dtype, literal, pointwise_expr,
                          reduce_identity, store_expr)
 
 ROW, COL = "row", "col"
@@ -366,7 +366,6 @@ class Emitter:
 
     def _argreduce(self, n: ir.Node, index) -> Val:
         src = self.g[n.refs[0]]
-        cd = compute_dtype(src.dtype)
         is_max = n.op == "argmax"
         best_node = ir.Node(-n.id - 1, ir.REDUCE, "amax" if is_max else "amin", n.args, n.shape, src.dtype,
                             None, n.attrs)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.nodes import Ref, prod
+from ..ir.nodes import prod
 from .context import FLOAT_TYPES, LowerCtx, static_shape
 from .registry import Unsupported, register
 
