@@ -35,15 +35,20 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
-def test_generated_kernels_compile_for_sm90():
+def _run_outside_interpreter(script: str) -> dict:
+    """Run `script` in a Python without TRITON_INTERPRET; its last stdout line is JSON."""
     pytest.importorskip("triton.backends.nvidia")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_generated_kernels_compile_for_sm90():
+    results = _run_outside_interpreter(SCRIPT)
     kernels = [(name, r) for name, rs in results.items() for r in rs]
     assert len(kernels) >= 30
     failed = [(name, r["kernel"], r["error"]) for name, r in kernels if not r["ok"]]
@@ -78,13 +83,7 @@ DYNAMIC_SCRIPT = textwrap.dedent("""
 def test_dynamic_shape_kernels_compile_for_sm90_with_sizes_as_arguments():
     # every size symbolic: the templates' kernels take sizes as i32/fp32 scalars, in
     # masks, strides, grid-stride loops and divisors; Triton must compile them for a GPU
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", DYNAMIC_SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = _run_outside_interpreter(DYNAMIC_SCRIPT)
     kernels = [(name, r) for name, rs in results.items() for r in rs]
     assert len(results["transformer_block_fwd_bwd"]) >= 10 and len(results["column_sum"]) >= 2
     failed = [(name, r["kernel"], r["error"]) for name, r in kernels if not r["ok"]]

@@ -30,7 +30,7 @@ from ..runtime.wrapper import build_wrapper, load_callable
 from . import template as tpl
 from .shapes import Signature, bucket_of, concrete_graph, is_symbolic, probes, signature, tensor_args
 
-__all__ = ["compile_dynamic", "is_symbolic", "DynamicState"]
+__all__ = ["compile_dynamic", "is_symbolic", "sources_at", "DynamicState"]
 
 
 @dataclass
@@ -78,6 +78,17 @@ def _fmt_sizes(sizes: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(sizes.items(), key=lambda t: str(t[0])))
 
 
+def sources_at(gm: fx.GraphModule, sig: Signature, values: dict, device: torch.device, build_static: Callable):
+    """The static pipeline at fixed sizes, as the dynamic runner uses it: the plan, and
+    (kernel texts, wrapper text, wrapper constants) for `template.build`/`matches`."""
+    # no horizontal launch groups: their program-id ranges are sums of grids, which
+    # no single size expression gives (global groups have a fixed grid: kept)
+    with fixed_row_blocks():
+        built = build_static(concrete_graph(gm, sig, values), device, horizontal=False)
+    code, consts = build_wrapper(built.plan, built.kernels, device)
+    return built, ({n: k.source for n, k in built.kernels.items()}, code, consts)
+
+
 def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec, build_static: Callable) -> Callable:
     """The callable for a graph with symbolic sizes; `build_static(gm, device, ...)`
     is the static pipeline (compiler.py)."""
@@ -91,14 +102,10 @@ def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec, bu
 
     def generate(values: dict):
         t0 = time.perf_counter()
-        # no horizontal launch groups: their program-id ranges are sums of grids, which
-        # no single size expression gives (global groups have a fixed grid: kept)
-        with fixed_row_blocks():
-            built = build_static(concrete_graph(gm, sig, values), device, horizontal=False)
-        code, consts = build_wrapper(built.plan, built.kernels, device)
+        built, sources = sources_at(gm, sig, values, device, build_static)
         state.pipeline_runs += 1
         state.plan_seconds += time.perf_counter() - t0
-        return built, ({n: k.source for n, k in built.kernels.items()}, code, consts)
+        return built, sources
 
     def template_for(values: dict) -> tpl.Template:
         key = tuple(sorted(values.items(), key=lambda t: str(t[0])))

@@ -116,10 +116,9 @@ def check_dynamic(fn, *inputs, arch: int = 90, device: str = "H100") -> list[Aot
     from ..capture.decomp import decomposition_table
     from ..compiler import build_static
     from ..dynamic import template as tpl
-    from ..dynamic.shapes import concrete_graph, probes, signature
-    from ..plan.mapping import fixed_row_blocks
+    from ..dynamic.runner import sources_at
+    from ..dynamic.shapes import probes, signature
     from ..runtime.kernel_cache import load_module
-    from ..runtime.wrapper import build_wrapper
 
     gm = make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="symbolic")(*inputs)
     sig = signature(gm)
@@ -128,11 +127,10 @@ def check_dynamic(fn, *inputs, arch: int = 90, device: str = "H100") -> list[Aot
     points = probes(sig, values)
     cuda = torch.device("cuda")
     builds, first = [], None
-    with config.override(device=device), fixed_row_blocks():
+    with config.override(device=device):
         for p in points:
-            built = build_static(concrete_graph(gm, sig, p), cuda, horizontal=False)
-            code, consts = build_wrapper(built.plan, built.kernels, cuda)
-            builds.append(({n: k.source for n, k in built.kernels.items()}, code, consts))
+            built, sources = sources_at(gm, sig, p, cuda, build_static)
+            builds.append(sources)
             first = first or built
     t = tpl.build(sig, points, builds)
     if isinstance(t, str):
