@@ -17,17 +17,10 @@ SCRIPT = textwrap.dedent("""
     import json, sys, torch
     sys.path.insert(0, "tests")
     from stitchml.tools.aot_check import check
-    from stitchml.tools.examples import make_block, example_inputs
+    from stitchml.tools.examples import block_training_case
     from test_planner_full import CANONICAL
     cases = {name: (fn, make()) for name, (fn, make, _, _) in CANONICAL.items()}
-    block = make_block(64, 4, 0.0, 0)
-    x, mask = example_inputs(2, 16, 64, 4)[:2]
-    params = dict(block.named_parameters())
-    def block_fwd_bwd(x, mask, *ps):
-        y = torch.func.functional_call(block, dict(zip(params, ps)), (x, mask))
-        return (y,) + torch.autograd.grad(y.sum(), (x,) + ps)
-    cases["transformer_block_fwd_bwd"] = (block_fwd_bwd, [x.requires_grad_(), mask] +
-                                          [p.detach().requires_grad_() for p in params.values()])
+    cases["transformer_block_fwd_bwd"] = block_training_case(seq=16)
     out = {}
     for name, (fn, inputs) in cases.items():
         out[name] = [r.__dict__ for r in check(fn, *inputs)]
@@ -61,18 +54,12 @@ DYNAMIC_SCRIPT = textwrap.dedent("""
     import json, torch
     import torch.nn.functional as F
     from stitchml.tools.aot_check import check_dynamic
-    from stitchml.tools.examples import make_block, example_inputs
-    block = make_block(64, 4, 0.0, 0)
-    x, mask = example_inputs(2, 20, 64, 4)[:2]
-    params = dict(block.named_parameters())
-    def block_fwd_bwd(x, mask, *ps):
-        y = torch.func.functional_call(block, dict(zip(params, ps)), (x, mask))
-        return (y,) + torch.autograd.grad(y.sum(), (x,) + ps)
+    from stitchml.tools.examples import block_training_case
     def column_sum(x, b):
         return (torch.relu(x) * b).sum(0), torch.exp(x)
+    block_fn, block_inputs = block_training_case(seq=20)
     out = {
-        "transformer_block_fwd_bwd": check_dynamic(block_fwd_bwd, x.requires_grad_(), mask,
-                                                   *[p.detach().requires_grad_() for p in params.values()]),
+        "transformer_block_fwd_bwd": check_dynamic(block_fn, *block_inputs),
         "column_sum": check_dynamic(column_sum, torch.randn(300, 40), torch.randn(40)),
     }
     print(json.dumps({k: [r.__dict__ for r in v] for k, v in out.items()}))

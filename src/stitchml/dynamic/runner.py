@@ -131,7 +131,7 @@ def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec, bu
                 state.refusals.append(f"{_fmt_sizes(values)}: {found}")
                 found = tpl.build(sig, points[:1], builds[:1])  # exact: no numbers move
             assert found.matches(*sources, values), "a template must reproduce the sources it was built from"
-            found.call = _load(found, device)
+            found.call = load_callable(found.wrapper_text, found.consts, found.kernel_texts)
             state.templates.setdefault(bucket, []).append(found)
         rec.wrapper_source = found.wrapper_text
         state.by_size[key] = found
@@ -158,6 +158,3 @@ def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec, bu
     run._boxed_call = True
     return run
 
-
-def _load(t: tpl.Template, device: torch.device) -> Callable:
-    return load_callable(t.wrapper_text, t.consts, t.kernel_texts)

@@ -159,10 +159,6 @@ def _unit(texts: list[str], cands: Candidates, kernel: bool) -> Unit | str:
     return Unit([t[1] for t in toks0], spans0, texts[0], slots)
 
 
-def _format(v: Number) -> str:
-    return repr(v)
-
-
 @dataclass
 class Template:
     """Sources of one bucket with sizes as arguments, and the checks that reuse it."""

@@ -91,3 +91,18 @@ def example_inputs(batch: int = 2, seq: int = 16, hidden: int = 64, heads: int =
     x = torch.randn(batch, seq, hidden, dtype=dtype)
     mask = causal_mask(seq, batch, dtype)
     return x.to(device), mask.to(device)
+
+
+def block_training_case(batch: int = 2, seq: int = 16, hidden: int = 64, heads: int = 4):
+    """(fn, inputs): the block's forward and its gradients w.r.t. x and every weight as
+    one function of plain tensors (weights as inputs), for tracing a whole training
+    step with make_fx (ahead-of-time compilation checks)."""
+    block = make_block(hidden, heads, 0.0, 0)
+    x, mask = example_inputs(batch, seq, hidden, heads)
+    names = [n for n, _ in block.named_parameters()]
+
+    def fwd_bwd(x, mask, *ps):
+        y = torch.func.functional_call(block, dict(zip(names, ps)), (x, mask))
+        return (y,) + torch.autograd.grad(y.sum(), (x,) + ps)
+
+    return fwd_bwd, [x.requires_grad_(), mask] + [p.detach().requires_grad_() for p in block.parameters()]
