@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.stitchml-installed
 JOBS ?= 2
 
-.PHONY: demo test test-gpu explain bench fuzz venv clean
+.PHONY: demo test test-gpu gpu explain bench fuzz opinfo venv clean browser-deps
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	TRITON_INTERPRET=1 $(BIN)/stitchml demo
+	@mkdir -p build
+	TRITON_INTERPRET=1 $(BIN)/stitchml demo --html build/demo-report.html
 
 explain: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/stitchml explain
@@ -37,7 +38,18 @@ bench: $(STAMP)
 		TRITON_INTERPRET=1 $(BIN)/stitchml bench --quick $(BENCH_ARGS); \
 	fi
 
-test: $(STAMP)
+# tests/test_report.py opens the HTML explain report in headless Chromium, and Graphviz
+# draws its graph: both come from the distribution's packages, installed here where
+# missing (as root, e.g. in CI; with sudo otherwise), so that test runs rather than skips.
+browser-deps:
+	@if ! command -v dot >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y graphviz chromium; \
+		elif command -v sudo >/dev/null 2>&1; then sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y graphviz chromium; \
+		else echo "graphviz/chromium missing and not root: tests/test_report.py will fail" \
+			"(STITCHML_SKIP_BROWSER_TESTS=1 skips it)"; fi; \
+	fi
+
+test: $(STAMP) browser-deps
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(JOBS) tests
 
 # the differential fuzzer outside pytest (docs/FUZZ.md): N random programs, seeds
@@ -51,9 +63,27 @@ FUZZ_ARGS ?=
 fuzz: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m stitchml.fuzz -n $(N) --start $(START) --jobs $(FUZZ_JOBS) $(FUZZ_ARGS)
 
+# PyTorch's whole OpInfo database (op_db) through the stitch backend, float32 forward and
+# backward (OPINFO_SAMPLES samples an op), bfloat16/float16/float64 forward (3), outputs
+# poisoned, fallback off; writes docs/OPINFO.md (counts per status and per reason).
+# Hours on 2 CPU cores under the interpreter; OPINFO_ARGS="--family '^linalg'" for a part.
+OPINFO_SAMPLES ?= 12
+OPINFO_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+OPINFO_ARGS ?=
+opinfo: $(STAMP)
+	TRITON_INTERPRET=1 $(BIN)/python -m stitchml.tools.opinfo_sweep --out docs/OPINFO.md --samples $(OPINFO_SAMPLES) \
+		--half-samples 3 --jobs $(OPINFO_JOBS) $(OPINFO_ARGS)
+
 # on a GPU machine (no package index): PYTHONPATH=src python3 -m pytest -m gpu tests
 test-gpu:
-	PYTHONPATH=src $(PY) -m pytest -q -m gpu tests
+	TRITON_INTERPRET=0 PYTHONPATH=src $(PY) -m pytest -q -m gpu tests
+
+# the whole GPU batch from source (GPU tests, calibrate, micro + models suites) into
+# bench/results/<gpu>-<date>/, resumable; GPU_STEPS picks steps (`bash tools/gpu_run.sh list`).
+# Detached on the lent machines: see bench/NOTES.md, "One-command GPU runner".
+GPU_STEPS ?=
+gpu:
+	PY=$(PY) bash tools/gpu_run.sh $(GPU_STEPS)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

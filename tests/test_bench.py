@@ -160,3 +160,144 @@ def test_list_and_bad_case_name(capsys):
         assert name in listed, name
     with pytest.raises(ValueError, match="no case matches"):
         run_bench(BenchOptions(quick=True, cases=("no_such_case",), progress=False))
+
+
+# --------------------------------------------------------------------------- the float64 judge (issue 13.1)
+
+def test_judge_accepts_reordered_long_sums_and_rejects_a_small_real_error():
+    """A column sum over 8192 rows in another summation order (what a stitched kernel
+    does) misses a fixed 1e-5 absolute tolerance by rounding alone, but is no worse than
+    eager against float64: the judge accepts it.  A 1e-4 relative error is ~1000x eager's
+    rounding: rejected."""
+    from stitchml.testing import judge_against_float64
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8192, 256, generator=g)
+    ref, eager = x.double().sum(0), x.sum(0)
+    reordered = x.view(64, 128, 256).sum(1).flip(0).cumsum(0)[-1]   # another order, sequential outer sum
+    assert (reordered - eager).abs().max() > 0                       # really rounds differently
+    ok = judge_against_float64([reordered], [eager], [ref], ["colsum"])
+    assert ok.ok, ok.report()
+    wrong = judge_against_float64([eager * (1 + 1e-4)], [eager], [ref], ["colsum"])
+    assert not wrong.ok and "FAIL colsum" in wrong.report()
+    with pytest.raises(AssertionError, match="colsum"):
+        wrong.assert_ok("column sum")
+
+
+def test_judge_zero_quantity_is_judged_at_the_groups_scale():
+    """d/dc softmax(x + c[:, None]) is zero in exact arithmetic (the BERT key-bias case):
+    eager's gradient is rounding noise, and another noise of the same size is right even
+    though its relative error is ~1; a real error of 1e-3 of the group's scale is not."""
+    from stitchml.testing import judge_against_float64
+    g = torch.Generator().manual_seed(1)
+    x64, c64 = torch.randn(64, 512, generator=g, dtype=torch.float64), torch.randn(64, generator=g,
+                                                                                   dtype=torch.float64)
+    cot = torch.randn(64, 512, generator=g, dtype=torch.float64)
+
+    def grads(x, c):
+        x, c = x.clone().requires_grad_(True), c.clone().requires_grad_(True)
+        return torch.autograd.grad(torch.softmax(x + c[:, None], -1), (x, c), cot.to(x.dtype))
+
+    ref_gx, ref_gc = grads(x64, c64)
+    gx, gc = grads(x64.float(), c64.float())
+    assert gc.abs().max() > 0 and ref_gc.norm() < 1e-6 * ref_gx.norm()  # noise in fp32, ~0 in fp64
+    other_noise = gc.flip(0)                                             # same size, other values
+    rel = ((other_noise - gc).norm() / gc.norm()).item()
+    assert rel > 0.1                                                     # a relative check would fail
+    ok = judge_against_float64([gx, other_noise], [gx, gc], [ref_gx, ref_gc], ["grad x", "grad c"])
+    assert ok.ok, ok.report()
+    bad_gc = gc + 1e-3 * ref_gx.norm() / 8                               # 64 elements: norm 1e-3 * scale
+    bad = judge_against_float64([gx, bad_gc], [gx, gc], [ref_gx, ref_gc], ["grad x", "grad c"])
+    assert not bad.ok and [r.name for r in bad.rows if not r.ok] == ["grad c"], bad.report()
+
+
+def test_compare_against_float64_with_stitch_and_a_wrong_result():
+    """End to end under the interpreter: stitch's layer norm (forward + gradients of x,
+    w, b; the w/b gradients are column sums) is judged right; the same outputs with one
+    element off by 1 % are judged wrong."""
+    import torch.nn.functional as F
+    from stitchml.testing import compare_against_float64, judge_against_float64
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(48, 96, generator=g).requires_grad_(True)
+    w = (1 + 0.1 * torch.randn(96, generator=g)).requires_grad_(True)
+    b = (0.1 * torch.randn(96, generator=g)).requires_grad_(True)
+
+    def fn(x, w, b):
+        return F.layer_norm(x, (96,), w, b)
+
+    cmp, judgement = compare_against_float64(fn, [x, w, b])
+    assert judgement.ok, judgement.report()
+    assert [r.name for r in judgement.rows] == ["output 0", "grad of input 0", "grad of input 1", "grad of input 2"]
+    assert cmp.backend.records[0].plan.num_kernels == 1
+    out = cmp.outputs.detach().clone()
+    out[3, 5] *= 1.01
+    ref = fn(x.double(), w.double(), b.double())
+    assert not judge_against_float64([out], [cmp.expected], [ref]).ok
+
+
+# --------------------------------------------------------------------------- timing that sees kernels, host and compile time
+
+def test_device_time_summary_and_timing_modes():
+    """The profiler summary adds device-activity durations (kernels and copies; other
+    events ignored) and counts kernels apart from memsets/copies; micro fwd+bwd rows are
+    graph-replayed for every contender, model rows never."""
+    from types import SimpleNamespace
+
+    from stitchml.bench.harness import graph_mode
+    from stitchml.bench.timing import summarise_device_events
+    from stitchml.bench.workload import Workload
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def ev(name, dev, us):
+        return SimpleNamespace(name=name, device_type=dev, time_range=SimpleNamespace(elapsed_us=lambda: us))
+    events = [ev("triton_fused_0", cuda, 30.0), ev("aten::mm", cpu, 500.0), ev("Memset (Device)", cuda, 2.0),
+              ev("ampere_sgemm", cuda, 70.0), ev("Memcpy DtoD (Device -> Device)", cuda, 8.0)]
+    seconds, kernels, acts = summarise_device_events(events)
+    assert seconds == pytest.approx(110e-6) and kernels == 2 and acts == 4
+
+    def w(suite, mode):
+        return Workload("c", suite, "fp32", lambda x: x, [], mode=mode)
+    assert graph_mode(w("micro", "fwdbwd")) == graph_mode(w("micro", "bwd")) == "always"
+    assert graph_mode(w("micro", "fwd")) == "auto" and graph_mode(w("models", "fwdbwd")) == "never"
+
+
+def test_stitch_compile_split_reads_what_the_records_carry():
+    from types import SimpleNamespace
+
+    from stitchml.bench.compile_time import stitch_split
+    times = [SimpleNamespace(lower_s=0.1, plan_s=0.2, codegen_s=0.3, compile_s=1.0, load_s=0.05, plan_cached=i == 1)
+             for i in range(2)]
+    recs = [SimpleNamespace(compile_seconds=2.0, times=t, first_call_seconds=0.5, kernels={"k0": 0, "k1": 1})
+            for t in times]
+    split = stitch_split(recs)
+    assert split["graphs"] == 2 and split["compile_s"] == pytest.approx(4.0) and split["kernels"] == 4
+    assert split["plan_s"] == pytest.approx(0.4) and split["triton_s"] == pytest.approx(2.0)
+    assert split["first_calls_s"] == pytest.approx(1.0) and split["plan_cache_hits"] == 1
+    old = stitch_split([SimpleNamespace(compile_seconds=1.5)])     # an older compiler: degrade, do not crash
+    assert old["compile_s"] == 1.5 and old["plan_s"] is None and old["triton_s"] is None
+
+
+def test_models_row_reports_host_time_and_compile_time(tmp_path):
+    """A model row (tiny BERT inference, interpreter): host time per step, the cold call
+    on empty caches, a fresh process on the warm caches, stitch's compile split; the
+    models table shows them; the per-row cache folders are removed afterwards."""
+    out = tmp_path / "m"
+    run = run_bench(BenchOptions(quick=True, suites=("models",), cases=("bert_infer",), out=out, progress=False,
+                                 plots=False, reps=2, contenders=("eager", "stitchml")))
+    by = {r.contender: r for r in run.results}
+    for who in ("eager", "stitchml"):
+        r = by[who]
+        assert r.status == "ok", r.reason
+        assert r.host_time and r.host_time["n"] == 2 and r.host_time["median_s"] > 0
+        assert r.compile["cold_s"] == r.cold_s > 0
+        assert r.device_time is None                      # no GPU: no profiler kernel time
+    st = by["stitchml"].compile
+    assert st["stitch"]["graphs"] == 1 and st["stitch"]["compile_s"] > 0 and st["stitch"]["kernels"] >= 1
+    assert st["other_s"] >= 0
+    warm = st["warm_cache"]
+    assert "error" not in warm, warm
+    assert warm["first_call_s"] > 0 and warm["process_s"] > warm["first_call_s"] and warm["stitch"]["graphs"] == 1
+    assert "warm_cache" not in by["eager"].compile      # nothing to compile
+    assert not any((out / "compile-caches").iterdir())
+    md = (out / "results.md").read_text()
+    assert "| GPU busy | busy % | host/step |" in md and "warm cache, fresh process" in md
+    assert "| bert_infer[b1,s8] | fp32 | stitchml |" in md

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from stitchml import compiler
+from stitchml import compiler, pipeline
 from stitchml.cli import main
 from stitchml.tools.examples import TransformerBlock, example_inputs, make_block
 
@@ -33,8 +33,8 @@ def test_demo_passes(capsys):
     assert len(section) == 3  # one per plan (inference, training)
     train_fallbacks = section[2].split("compile time")[0]
     assert re.search(r"backward +\d+ x aten\.mm\.default +compute-intensive", train_fallbacks)
-    assert re.search(r"(forward|backward) +\d+ x aten\.bmm\.default +compute-intensive", train_fallbacks)
-    assert re.search(r"inference +\d+ x aten\.bmm\.default +compute-intensive", section[1])
+    assert re.search(r"(forward|backward) +\d+ x aten\.(bmm|_scaled_dot_product_\w+)\.default +compute-intensive", train_fallbacks)
+    assert re.search(r"inference +\d+ x aten\.(bmm|_scaled_dot_product_\w+)\.default +compute-intensive", section[1])
     # every parameter gradient is checked
     for name, _ in TransformerBlock().named_parameters():
         assert re.search(rf"grad {re.escape(name)} +\S+ +ok", out), name
@@ -48,7 +48,7 @@ def test_demo_passes(capsys):
 def test_demo_reports_fail_on_wrong_compiled_result(capsys, monkeypatch):
     """Scale every floating-point output of every compiled graph by 1.001: the kernels'
     results are then wrong by a relative 1e-3 and the demo must say FAIL, exit 1."""
-    real = compiler.build_callable
+    real = pipeline.build_callable
 
     def wrong_build_callable(plan, sources, device):
         call, code = real(plan, sources, device)
@@ -60,7 +60,7 @@ def test_demo_reports_fail_on_wrong_compiled_result(capsys, monkeypatch):
 
         return wrong, code
 
-    monkeypatch.setattr(compiler, "build_callable", wrong_build_callable)
+    monkeypatch.setattr(pipeline, "build_callable", wrong_build_callable)
     rc = main(["demo"])
     out = capsys.readouterr().out
     assert rc == 1, out
@@ -77,7 +77,7 @@ def test_explain_inference(capsys):
     assert rc == 0, out
     assert "== inference graph ==" in out and "backward graph" not in out
     assert _kernel_lines(out, "regional") and _kernel_lines(out, "local")
-    assert re.search(r"eager +aten\.bmm\.default: compute-intensive", out)
+    assert re.search(r"eager +aten\.(bmm|_scaled_dot_product_\w+)\.default: compute-intensive", out)
     assert re.search(r"^total: \d+ kernels, \d+ eager ops", out, flags=re.M)
     assert "WARNING" not in out
 

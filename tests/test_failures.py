@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import stitchml
 import stitchml.codegen
 import stitchml.compiler
+import stitchml.pipeline
 import stitchml.runtime.kernel_cache
 import stitchml.runtime.wrapper
 from stitchml import config
@@ -42,11 +43,11 @@ def _raiser(stage):
 
 
 STAGES = [
-    ("lower", stitchml.compiler, "lower"),
-    ("plan", stitchml.compiler, "build_plan"),
-    ("codegen", stitchml.compiler, "generate_all"),
-    ("runtime wrapper", stitchml.compiler, "build_callable"),
-    ("kernel module load", stitchml.runtime.wrapper, "load_module"),
+    ("lower", stitchml.pipeline, "lower"),
+    ("plan", stitchml.pipeline, "build_plan"),
+    ("codegen", stitchml.pipeline, "generate_all"),
+    ("runtime wrapper", stitchml.pipeline, "build_callable"),
+    ("kernel module load", stitchml.runtime.wrapper, "load_kernels"),
 ]
 
 
@@ -78,7 +79,7 @@ def test_explain_text_and_counts_of_a_graph_that_fell_back(monkeypatch, stage, m
 
 
 def test_stage_failure_with_fallback_off_raises(monkeypatch):
-    monkeypatch.setattr(stitchml.compiler, "build_plan", _raiser("plan"))
+    monkeypatch.setattr(stitchml.pipeline, "build_plan", _raiser("plan"))
     fn, _ = _compiled(_softmax_ln)
     with config.override(fallback_on_error=False), pytest.raises(Exception, match="injected plan failure"):
         fn(torch.randn(6, 10), torch.randn(10))
@@ -98,7 +99,7 @@ def test_unwritable_cache_dir_falls_back(tmp_path):
 
 def test_backward_graph_failure_leaves_forward_compiled(monkeypatch):
     # only the second graph compiled (the backward) fails: the forward keeps its kernels
-    real = stitchml.compiler.build_plan
+    real = stitchml.pipeline.build_plan
     calls = []
 
     def second_fails(graph):
@@ -107,7 +108,7 @@ def test_backward_graph_failure_leaves_forward_compiled(monkeypatch):
             raise RuntimeError("injected plan failure")
         return real(graph)
 
-    monkeypatch.setattr(stitchml.compiler, "build_plan", second_fails)
+    monkeypatch.setattr(stitchml.pipeline, "build_plan", second_fails)
     x = torch.randn(6, 10, requires_grad=True)
     w = torch.randn(10, requires_grad=True)
     fn, backend = _compiled(_softmax_ln)
@@ -169,7 +170,7 @@ def _broken_kernels(real):
 
 
 def test_kernel_compile_failure_at_first_launch_falls_back(monkeypatch, tmp_path):
-    monkeypatch.setattr(stitchml.compiler, "generate_all", _broken_kernels(stitchml.compiler.generate_all))
+    monkeypatch.setattr(stitchml.pipeline, "generate_all", _broken_kernels(stitchml.pipeline.generate_all))
     x, w = torch.randn(6, 11), torch.randn(11)
     fn, backend = _compiled(_softmax_ln)
     with config.override(cache_dir=str(tmp_path)), pytest.warns(UserWarning, match="runs eagerly"):

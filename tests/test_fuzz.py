@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import stitchml
 import stitchml.compiler
+import stitchml.pipeline
 from stitchml import fuzz
 
 CASES = 512
@@ -80,11 +81,12 @@ def test_judge_accepts_rounding_and_rejects_wrong_values():
     assert fuzz.judge("x", low.to(torch.float32), low, ref).status == "fail"  # dtype differs
 
 
+@pytest.mark.fallback   # users' default: the fuzzer must still call a whole-graph fallback a failure
 def test_a_whole_graph_fallback_fails_the_case(monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(stitchml.compiler, "build_plan", boom)
+    monkeypatch.setattr(stitchml.pipeline, "build_plan", boom)
     r = fuzz.run_case(3, "ci")
     assert r.status == "fail" and "ran eagerly: RuntimeError: injected" in r.message
     assert r.description.startswith("seed=3 profile=ci ")
@@ -92,7 +94,7 @@ def test_a_whole_graph_fallback_fails_the_case(monkeypatch):
 
 def test_a_wrong_kernel_fails_the_case(monkeypatch):
     # every generated kernel computes 1% too much: the fuzzer must notice
-    real = stitchml.compiler.build_callable
+    real = stitchml.pipeline.build_callable
 
     def skewed(plan, kernels, device):
         call, src = real(plan, kernels, device)
@@ -101,14 +103,14 @@ def test_a_wrong_kernel_fails_the_case(monkeypatch):
             return tuple(o * 1.01 if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in call(args))
         return wrong, src
 
-    monkeypatch.setattr(stitchml.compiler, "build_callable", skewed)
+    monkeypatch.setattr(stitchml.pipeline, "build_callable", skewed)
     seed = next(s for s in range(CASES) if fuzz.generate(s, "ci").dtype == "fp32")
     r = fuzz.run_case(seed, "ci")
     assert r.status == "fail" and re.search(r"(output|grad) .*: compiled error", r.message), r.line()
 
 
 def test_reducer_shrinks_a_failing_program(monkeypatch):
-    monkeypatch.setattr(stitchml.compiler, "build_plan", lambda g: (_ for _ in ()).throw(RuntimeError("injected")))
+    monkeypatch.setattr(stitchml.pipeline, "build_plan", lambda g: (_ for _ in ()).throw(RuntimeError("injected")))
     prog = next(p for p in map(lambda s: fuzz.generate(s, "ci"), range(100)) if p.num_ops >= 6)
     small, r = fuzz.reduce_program(prog, budget=40)
     assert r.status == "fail" and small.num_ops < prog.num_ops and len(small.outputs) == 1

@@ -1,19 +1,37 @@
 """Tier 3: the same checks at real sizes on a CUDA GPU (`pytest -m gpu`).
 
-Run from source on a GPU machine:  PYTHONPATH=src python3 -m pytest -m gpu tests
-(conftest sets TRITON_INTERPRET=1 only as a default for CPU runs; on a GPU machine
-export TRITON_INTERPRET=0 so kernels are compiled for the device.)
+Run from source on a GPU machine:  TRITON_INTERPRET=0 PYTHONPATH=src python3 -m pytest -m gpu tests
+(conftest sets TRITON_INTERPRET=1 as a default for CPU runs; the fixture below refuses
+to run these tests under the interpreter).  `tools/gpu_run.sh tests` does this.
+
+How results are judged (issue 13.1): against a float64 run of the same graph, with
+stitch's error allowed a small factor over eager's own error plus a floor scaled by the
+magnitude of the tensor's group (`stitchml.testing.judge_against_float64`).  No fixed
+absolute tolerance (a fp32 column sum over 8192 rows misses 1e-5 by rounding alone),
+and nothing that is zero in exact arithmetic (BERT's key-projection bias gradient) is
+compared by its relative error.
 """
+import copy
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from stitchml import explain
-from stitchml.testing import compare_with_eager
+from stitchml.testing import compare_against_float64, judge_against_float64
 
 pytestmark = pytest.mark.gpu
 
 DEV = "cuda"
+
+
+@pytest.fixture(autouse=True)
+def _compiled_for_the_device():
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.fail("GPU tests run with TRITON_INTERPRET=0 (kernels compiled for the device), e.g. "
+                    "`TRITON_INTERPRET=0 PYTHONPATH=src python3 -m pytest -m gpu tests` or `bash tools/gpu_run.sh "
+                    "tests`")
 
 
 def _randn(*shape, dtype=torch.float32, grad=False):
@@ -34,11 +52,14 @@ CASES = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_patterns_at_real_sizes(name, dtype):
+    """Forward and every input gradient (the weight/bias gradients are column sums over
+    thousands of rows) judged against float64, in fp32 and bf16."""
     if torch.version.hip is not None:
         pytest.skip("ROCm not targeted")
     fn, shapes = CASES[name]
-    inputs = [_randn(*s, dtype=dtype, grad=dtype == torch.float32) for s in shapes]
-    cmp = compare_with_eager(fn, inputs, backward=dtype == torch.float32)
+    inputs = [_randn(*s, dtype=dtype, grad=True) for s in shapes]
+    cmp, judgement = compare_against_float64(fn, inputs, backward=True)
+    judgement.assert_ok(f"{name} {dtype}")
     fwd = cmp.backend.records[0]
     assert fwd.plan is not None and fwd.plan.num_kernels == 1, fwd.eager_reason
 
@@ -52,15 +73,17 @@ def test_residual_dropout_layer_norm_one_kernel_on_gpu():
         return F.layer_norm(r + d, (1024,), w, b), d
 
     out, d = torch.compile(fn, backend="stitch")(x, r, w, b)
-    torch.testing.assert_close(out, F.layer_norm(r + d, (1024,), w, b), rtol=1e-4, atol=1e-4)
-    assert 0.88 < (d != 0).float().mean().item() < 0.92
+    # the layer norm of the very h = r + d the kernel used: eager fp32 and float64 references
+    eager = F.layer_norm(r + d, (1024,), w, b)
+    ref = F.layer_norm(r.double() + d.double(), (1024,), w.double(), b.double())
+    judge_against_float64([out], [eager], [ref], ["layer_norm(r + d)"]).assert_ok("residual+dropout+LN")
+    kept = d != 0
+    assert torch.allclose(d[kept], (x / 0.9)[kept], rtol=1e-6, atol=0)
+    assert 0.88 < kept.float().mean().item() < 0.92
     assert explain(fn, x, r, w, b).num_kernels == 1
 
 
-@pytest.mark.parametrize("model", ["bert", "gpt2", "llama"])
-def test_hf_models_on_gpu(model):
-    transformers = pytest.importorskip("transformers")
-    import copy
+def _model_pair(transformers, model: str):
     cfgs = {
         "bert": (transformers.BertConfig, transformers.BertModel,
                  dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024,
@@ -73,18 +96,41 @@ def test_hf_models_on_gpu(model):
                        intermediate_size=512, vocab_size=1000)),
     }
     cfg_cls, model_cls, kw = cfgs[model]
-    m = model_cls(cfg_cls(**kw)).to(DEV).train()
-    mc = copy.deepcopy(m)
+    torch.manual_seed(0)
+    return model_cls(cfg_cls(**kw)).to(DEV).train()
+
+
+@pytest.mark.parametrize("model", ["bert", "gpt2", "llama"])
+def test_hf_models_on_gpu(model):
+    """Output and every parameter gradient judged against a float64 copy of the model.
+    BERT's key-projection bias gradient is zero in exact arithmetic (softmax is
+    invariant to a per-row shift): it is judged at the scale of the gradients, not by
+    its own relative error."""
+    transformers = pytest.importorskip("transformers")
+    m = _model_pair(transformers, model)
+    mc, m64 = copy.deepcopy(m), copy.deepcopy(m).double()
     ids = torch.randint(0, 1000, (4, 128), device=DEV)
     ref = m(input_ids=ids)[0]
     out = torch.compile(mc, backend="stitch")(input_ids=ids)[0]
-    g = torch.randn_like(ref)
-    ref.backward(g)
-    out.backward(g)
-    assert (out - ref).norm() / ref.norm() <= 1e-4
-    for (n, p), (_, q) in zip(m.named_parameters(), mc.named_parameters()):
+    out64 = m64(input_ids=ids)[0]
+    g = torch.randn(ref.shape, device=DEV, dtype=torch.float64)
+    ref.backward(g.float())
+    out.backward(g.float())
+    out64.backward(g)
+    names, acts, eags, refs, groups = ["output"], [out], [ref], [out64], ["output"]
+    for (n, p), (_, q), (_, r) in zip(m.named_parameters(), mc.named_parameters(), m64.named_parameters()):
         if p.grad is not None:
-            assert (q.grad - p.grad).norm() / p.grad.norm().clamp_min(1e-12) <= 1e-4, n
+            assert q.grad is not None, f"{n}: stitch gives no gradient"
+            names.append(n)
+            acts.append(q.grad)
+            eags.append(p.grad)
+            refs.append(r.grad)
+            groups.append("grad")
+    judgement = judge_against_float64(acts, eags, refs, names, groups=groups)
+    judgement.assert_ok(model)
+    if model == "bert":  # the case this judge exists for is really there
+        kb = [r for r in judgement.rows if r.name.endswith("attention.self.key.bias")]
+        assert kb and all(r.ref_norm < 1e-6 * r.scale for r in kb), [r.line() for r in kb]
 
 
 def test_cuda_graph_replay_matches_plain_mode_for_batch1_gpt2():
@@ -92,9 +138,11 @@ def test_cuda_graph_replay_matches_plain_mode_for_batch1_gpt2():
     from stitchml import StitchBackend, config
     cfg = transformers.GPT2Config(n_embd=768, n_layer=12, n_head=12, vocab_size=50257)
     m = transformers.GPT2LMHeadModel(cfg).to(DEV).eval()
+    m64 = copy.deepcopy(m).double()
     ids = torch.randint(0, 50257, (1, 64), device=DEV)
     with torch.no_grad():
         ref = m(input_ids=ids).logits
+        ref64 = m64(input_ids=ids).logits
         plain = torch.compile(m, backend=StitchBackend())(input_ids=ids).logits
         torch._dynamo.reset()
         with config.override(cuda_graphs=True):
@@ -102,8 +150,7 @@ def test_cuda_graph_replay_matches_plain_mode_for_batch1_gpt2():
             f = torch.compile(m, backend=be)
             for _ in range(3):  # warm-up, capture, replays
                 graphed = f(input_ids=ids).logits
-    torch.testing.assert_close(plain, ref, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(graphed, ref, rtol=1e-4, atol=1e-4)
+    judge_against_float64([plain, graphed], [ref, ref], [ref64, ref64], ["plain", "graphed"]).assert_ok()
     assert all(not r.cuda_graph_note for r in be.records)
 
 
@@ -120,15 +167,50 @@ def test_dynamic_sequence_lengths_on_gpu():
     f = torch.compile(fn, backend=backend)
     for n in (512, 700, 1000, 777, 1024, 3000):
         x, w, b = _randn(64, 33, n, grad=True), _randn(n, grad=True), _randn(n, grad=True)
+        x64, w64, b64 = (t.detach().double().requires_grad_(True) for t in (x, w, b))
         out = f(x, w, b)
         g = torch.randn_like(out)
         got = torch.autograd.grad(out, (x, w, b), g)
         ref_out = fn(x, w, b)
         want = torch.autograd.grad(ref_out, (x, w, b), g)
-        torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
-        for a, e in zip(got, want):
-            torch.testing.assert_close(a, e, rtol=1e-3, atol=1e-3)
+        out64 = fn(x64, w64, b64)
+        want64 = torch.autograd.grad(out64, (x64, w64, b64), g.double())
+        judge_against_float64([out, *got], [ref_out, *want], [out64, *want64],
+                              ["out", "grad x", "grad w", "grad b"],
+                              groups=["out", "grad", "grad", "grad"]).assert_ok(f"n={n}")
     for rec in backend.records[2:]:
         st = rec.dynamic
         assert st is not None and not st.eager_calls, st
         assert st.num_templates <= st.buckets + len(st.refusals), st.describe()
+
+
+def test_bench_rows_see_kernels_host_and_compile_time(tmp_path):
+    """The measurement itself (issues 12.5, 13.2, 14.5) at --quick sizes on the GPU: a
+    backward micro row is replayed from a CUDA graph for every contender (or says why
+    not), every row has profiler device time and kernel counts, a model row has host
+    time, GPU-busy fraction and a warm-cache fresh-process compile figure."""
+    from stitchml.bench import BenchOptions, run_bench
+    run = run_bench(BenchOptions(quick=True, cases=("layer_norm_bwd", "softmax_fwd", "bert_infer"), out=tmp_path,
+                                 progress=False, plots=False, reps=10, contenders=("eager", "inductor", "stitchml")))
+    assert run.environment["timings_meaningful"] is True
+    by = {(r.case.split("[")[0], r.contender): r for r in run.results}
+    for (case, who), r in by.items():
+        assert r.status == "ok", (case, who, r.reason)
+        dev = r.device_time
+        assert dev and dev["kernels_per_step"] >= 1 and 0 < dev["median_s"], (case, who, dev)
+        assert 0 < r.busy_fraction < 5, (case, who, r.busy_fraction)
+    for who in ("eager", "inductor", "stitchml"):
+        t = by[("layer_norm_bwd", who)].timing
+        # eager's backward must capture (else the harness's capture is wrong); a compiler's
+        # refusal is reported in the row, with its reason
+        if who == "eager" or not t.get("graph_capture_failed"):
+            assert t["method"].startswith("cuda-graph replay"), (who, t)
+        else:
+            assert any("capture failed" in n for n in t["notes"]), (who, t)
+        m = by[("bert_infer", who)]
+        assert m.host_time and m.host_time["median_s"] > 0 and m.host_time["meaningful"]
+        assert m.compile and m.compile["cold_s"] > 0
+        if who != "eager":
+            assert "error" not in m.compile["warm_cache"], m.compile["warm_cache"]
+            assert m.compile["warm_cache"]["first_call_s"] > 0
+    assert by[("bert_infer", "stitchml")].compile["stitch"]["compile_s"] > 0

@@ -139,8 +139,72 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from .runtime.cache_admin import clear, info
+    if args.action == "clear":
+        print(clear())
+    else:
+        print(info())
+    return 0
+
+
+def _explain_args_ok(args: argparse.Namespace) -> str | None:
+    """Bad `--html` paths and device names are reported before anything compiles."""
+    from .plan.devices import UnknownDevice, table_device
+    from .tools.report_html import ReportError, check_writable
+    try:
+        if getattr(args, "html", None):
+            check_writable(args.html)
+        for name in ([args.device] if getattr(args, "device", None) else []) + list(getattr(args, "what_if", None)
+                                                                                 or []):
+            table_device(name)
+    except (ReportError, UnknownDevice) as e:
+        return str(e)
+    return None
+
+
+def _explain_extras(args: argparse.Namespace, report, out) -> int:
+    """--what-if / --json / --html after the report was built."""
+    import json as _json
+
+    from .tools.whatif import format_table
+    table = None
+    if args.what_if is not None or args.json or args.html:
+        # the device override is in force here: the report was planned for args.device
+        table = report.what_if(None, list(args.what_if) if args.what_if else None)
+    if args.json:
+        print(_json.dumps(table, indent=2), file=out)
+    elif args.what_if is not None:
+        print(format_table(table))
+    if args.html:
+        from .tools.report_html import ReportError
+        try:
+            path = report.to_html(args.html, what_if=table, title="stitchml explain: example transformer block")
+        except ReportError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"HTML report: {os.path.abspath(path)}")
+    return 0
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
+    import contextlib
+
     import stitchml
+    from . import config
+    bad = _explain_args_ok(args)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
+    out = sys.stdout  # --json: only the JSON object goes here, the rest to stderr
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext(), \
+            config.override(**({"device": args.device} if args.device else {})):
+        report, rc = _cmd_explain(args, stitchml)
+        extra = _explain_extras(args, report, out)
+    return extra or rc
+
+
+def _cmd_explain(args: argparse.Namespace, stitchml):
     device = _device()
     block, x, mask = _block_and_inputs(args, args.dropout if args.backward else 0.0, device)
     print(_describe(args, block, x, mask, device))
@@ -159,7 +223,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     problems = _problems(report, caught)
     for p in problems:
         print(f"WARNING: {p}")
-    return 1 if problems else 0
+    return report, (1 if problems else 0)
 
 
 def _run_compiled(block, inputs: Sequence[torch.Tensor], backend, *, train: bool,
@@ -184,7 +248,7 @@ def _run_eager(block, inputs: Sequence[torch.Tensor], *, train: bool, cotangent:
 
 
 def _demo_section(title: str, block, x: torch.Tensor, mask: torch.Tensor, *, train: bool,
-                  cotangent: torch.Tensor | None, checks: list, problems: list) -> None:
+                  cotangent: torch.Tensor | None, checks: list, problems: list):
     """Run `block` eagerly and compiled (fresh copies, fresh backend), print the plan,
     append (name, relative error) to `checks` and anything that went wrong to `problems`."""
     import traceback
@@ -209,11 +273,11 @@ def _demo_section(title: str, block, x: torch.Tensor, mask: torch.Tensor, *, tra
     _print_plan(title, report)
     if actual is None:
         checks.append((f"{tag} output", float("inf")))
-        return
+        return report
     problems.extend(f"{tag}: {p}" for p in _problems(report, caught))
     checks.append((f"{tag} output", _rel_err(actual, expected)))
     if not train:
-        return
+        return report
     checks.append(("grad x", _rel_err(x_c.grad, x_e.grad) if x_c.grad is not None else float("inf")))
     comp_params = dict(comp_blk.named_parameters())
     for name, p_e in eager_blk.named_parameters():
@@ -223,6 +287,7 @@ def _demo_section(title: str, block, x: torch.Tensor, mask: torch.Tensor, *, tra
             problems.append(f"training: no gradient for {name}")
         else:
             checks.append((f"grad {name}", _rel_err(p_c.grad, p_e.grad)))
+    return report
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -246,8 +311,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     #    compiled compute the same numbers
     gen = torch.Generator().manual_seed(args.seed + 1)
     cot = torch.randn(x.shape, generator=gen, dtype=x.dtype).to(device)
-    _demo_section("training forward + backward (train mode, dropout p=0)", block, x, mask, train=True,
-                  cotangent=cot, checks=checks, problems=problems)
+    train_report = _demo_section("training forward + backward (train mode, dropout p=0)", block, x, mask,
+                                 train=True, cotangent=cot, checks=checks, problems=problems)
+    if args.html:  # the explain report of the training step, as a page
+        from .tools.report_html import ReportError
+        try:
+            path = train_report.to_html(args.html, title="stitchml demo: transformer block training step")
+            print(f"HTML explain report (training step): {os.path.abspath(path)}\n")
+        except ReportError as e:
+            problems.append(str(e))
 
     # 3. verdict
     print(f"--- verification against eager (relative error ||compiled - eager|| / ||eager||, "
@@ -279,7 +351,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench.harness import BenchOptions, run_bench, select_cases, ttt_selected
     opts = BenchOptions(suites=tuple(args.suite or ("all",)), cases=tuple(args.case or ()), quick=args.quick,
                         out=args.out, dtype=args.dtype, reps=args.reps, contenders=tuple(args.contender or ()),
-                        progress=not args.no_progress, plots=not args.no_plots, resume=args.resume)
+                        progress=not args.no_progress, plots=not args.no_plots, resume=args.resume,
+                        compile_time=not args.no_compile_time)
     if args.list:
         for spec in select_cases(opts):
             print(f"{spec.suite:10} {spec.name:45} dtypes: {','.join(spec.dtypes)}")
@@ -320,6 +393,12 @@ def _add_size_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed for weights and inputs (default 0)")
 
 
+def cmd_ops(args) -> int:
+    from .tools.opstable import table
+    print(table(), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stitchml",
@@ -333,6 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    f"gradient against eager PyTorch (relative error <= {TOLERANCE:g}). "
                                    "Exit code 1 on failure.")
     _add_size_args(p)
+    p.add_argument("--html", metavar="OUT.html", default=None,
+                   help="also write the explain report of the training step as a self-contained HTML page")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("explain", help="show what stitchml does with the example block",
@@ -343,10 +424,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training mode: compile and run forward and backward")
     p.add_argument("--dropout", type=float, default=0.0,
                    help="dropout probability with --backward (default 0.0; eval mode never drops)")
+    p.add_argument("--what-if", nargs="*", metavar="DEVICE", default=None,
+                   help="predict the step time of the chosen plan and of alternatives (rules, no-global, "
+                        "no-horizontal, unfused, the chosen plan on the other devices; or only on the DEVICEs "
+                        "named)")
+    p.add_argument("--device", metavar="NAME", default=None,
+                   help="device of the device table to predict for (H100, H200, A100, cpu; default: the "
+                        "visible GPU, else cpu)")
+    p.add_argument("--json", action="store_true",
+                   help="print the what-if table as one JSON object on stdout (everything else to stderr)")
+    p.add_argument("--html", metavar="OUT.html", default=None,
+                   help="write the self-contained HTML report (graph, kernels, roofline, refusals, what-if)")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("config", help="list every knob: environment variable, default, help")
     p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("ops", help="every core ATen op as stitched, library (with why) or eager (with why)")
+    p.set_defaults(func=cmd_ops)
+
+    p = sub.add_parser("cache", help="what the on-disk caches hold (plans, kernel sources, modules, "
+                                     "calibrations), or clear them")
+    p.add_argument("action", choices=["info", "clear"])
+    p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("calibrate", help="measure this GPU's copy bandwidth and launch cost for the cost model")
     p.set_defaults(func=cmd_calibrate)
@@ -381,12 +481,16 @@ def _add_bench_parser(sub) -> None:
                    help="timed repetitions per case and contender (default 100 on a GPU, 10 on a CPU, 3 with "
                         "--quick); long cases are cut to a ~10 s budget")
     p.add_argument("--contender", action="append", metavar="NAME",
-                   choices=["eager", "inductor", "max-autotune", "stitchml", "jax"],
+                   choices=["eager", "inductor", "max-autotune", "inductor-ro", "stitchml", "stitchml-nograph",
+                            "jax"],
                    help="run only these contenders (repeatable; default all; eager is the baseline for speedups)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in OUT (same device): keep the rows OUT/results.json has, measure only "
                         "the missing (case, dtype, contender) rows, rewrite the report over all of them; repeat "
                         "a time-limited command until it says 0 results")
+    p.add_argument("--no-compile-time", action="store_true",
+                   help="models suite: skip the compile-time measurement (cold call on empty caches, then a "
+                        "fresh process on the warm caches: one more compile per row)")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")

@@ -1,4 +1,6 @@
-"""The pipeline, top to bottom: lower → plan → codegen → runtime.
+"""Compiling one captured graph: the static pipeline (`pipeline.py`: lower → plan →
+codegen → load) for fixed sizes, the dynamic runner for symbolic ones, and what
+happens when something fails.
 
 `compile_graph` is called by the capture stage for every ATen graph (inference,
 training forward, training backward).  If any stage fails, the graph runs eagerly
@@ -15,16 +17,15 @@ from typing import Callable
 import torch
 import torch.fx as fx
 
-from . import config
-from .codegen import generate_all
+from . import config, pipeline
 from .codegen.triton_kernel import KernelSource
-from .ir.nodes import Graph
-from .lower.lower import lower
-from .lower.registry import Unsupported
-from .plan.data import Plan
-from .plan.planner import build_plan
 from .dynamic.runner import compile_dynamic, is_symbolic
-from .runtime.wrapper import build_callable
+from .fallback import graph_falls_back, may_fall_back
+from .ir.nodes import Graph
+from .lower.registry import Unsupported
+from .pipeline import Built, StageTimes
+from .runtime import cuda_graphs
+from .plan.data import Plan
 
 log = logging.getLogger("stitchml")
 
@@ -43,6 +44,8 @@ class CompiledGraph:
     calls: int = 0
     cuda_graph_note: str = ""       # why CUDA-graph replay was not used, when asked for
     dynamic: object = None          # dynamic.runner.DynamicState for a graph with symbolic sizes
+    times: StageTimes = field(default_factory=StageTimes)   # where compile time went
+    first_call_seconds: float = 0.0  # the first call (kernels compiled or loaded there) included
 
 
 def _device_of(gm: fx.GraphModule, example_inputs) -> torch.device:
@@ -67,26 +70,10 @@ def _interpreter_on() -> bool:
     return type(tl.sigmoid).__name__ == "InterpretedFunction"
 
 
-@dataclass
-class Built:
-    """What the static pipeline produced for one graph of fixed sizes."""
-
-    graph: Graph
-    plan: Plan
-    kernels: dict[str, KernelSource]
-
-
 def build_static(gm: fx.GraphModule, device: torch.device, *, cuda_graphs: bool = False,
                  horizontal: bool = True) -> Built:
-    """lower → plan → codegen, for a graph whose sizes are all known (the runtime
-    wrapper is built by the caller: one per graph, or one per size bucket)."""
-    graph = lower(gm)                                                        # lower
-    with config.override(global_barriers=config.get("global_barriers") and not cuda_graphs,
-                         horizontal_fusion=config.get("horizontal_fusion") and horizontal):
-        plan = build_plan(graph)                                             # plan
-    graph = plan.graph  # planning may rewrite the graph (task splitting)
-    kernels = generate_all(graph, plan, device.type)                        # codegen
-    return Built(graph, plan, kernels)
+    """The static pipeline (kept under this name for the dynamic runner and tools)."""
+    return pipeline.build_static(gm, device, cuda_graphs=cuda_graphs, horizontal=horizontal)
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list | None = None) -> Callable:
@@ -100,21 +87,18 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
             raise Unsupported("CPU tensors: kernels need a GPU, or TRITON_INTERPRET=1 set before triton is "
                               "imported (the Triton interpreter)")
         if is_symbolic(gm):  # sizes known only at run time: kernels compiled per mapping bucket
-            if config.get("cuda_graphs"):
-                rec.cuda_graph_note = "CUDA graphs are not applied to graphs with dynamic sizes"
-                warnings.warn(f"stitchml: {rec.cuda_graph_note}", stacklevel=2)
+            cuda_graphs.enabled(kind, device, rec, dynamic=True)  # (records why not)
             return compile_dynamic(gm, kind, device, rec, build_static)
-        graphs = _cuda_graph_mode(kind, device, rec)
-        built = build_static(gm, device, cuda_graphs=graphs)
-        rec.graph, rec.plan, rec.kernels = built.graph, built.plan, built.kernels
-        call, rec.wrapper_source = build_callable(rec.plan, rec.kernels, device)    # runtime
+        graphs = cuda_graphs.enabled(kind, device, rec)
+        built = pipeline.build_static(gm, device)   # lower, plan, codegen (barrier counters are graph-safe)
+        rec.graph, rec.plan, rec.kernels, rec.times = built.graph, built.plan, built.kernels, built.times
+        call, rec.wrapper_source = pipeline.load(built, device)                    # kernels, wrapper
     except Exception as e:  # graceful: this graph runs eagerly
         if not config.get("fallback_on_error") and not isinstance(e, Unsupported):
             raise
         rec.eager_reason = f"{type(e).__name__}: {e}"
         rec.plan, rec.kernels = None, {}  # nothing of the plan runs: explain must not describe it
-        if not isinstance(e, Unsupported):
-            warnings.warn(f"stitchml: {kind} graph runs eagerly: {rec.eager_reason}", stacklevel=2)
+        graph_falls_back(kind, rec.eager_reason, e)  # one warning per graph; raises under strict
         rec.compile_seconds = time.perf_counter() - t0
         return _eager(gm, rec)
     rec.compile_seconds = time.perf_counter() - t0
@@ -122,11 +106,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
         log.warning("stitchml %s graph: %d kernels, %d eager ops (%.2fs)", kind, rec.plan.num_kernels,
                     len(rec.plan.steps) - rec.plan.num_kernels, rec.compile_seconds)
 
-    if graphs and not any(k.seeds for k in rec.plan.kernels):
-        call = _replay_in_cuda_graph(call)
-    elif graphs:
-        rec.cuda_graph_note = "CUDA graphs refused: kernels draw random numbers (a captured seed would repeat)"
-        warnings.warn(f"stitchml: {rec.cuda_graph_note}", stacklevel=2)
+    if graphs:  # captured at the second call, replayed after (runtime/cuda_graphs.py)
+        call = cuda_graphs.wrap(call, rec)
 
     state: dict = {}
 
@@ -139,10 +120,13 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
         # Triton compiles each kernel at its first launch, i.e. inside the first call:
         # a failure there is a compile failure, so this graph runs eagerly from now on
         inputs = list(args)
+        t_first = time.perf_counter()
         try:
-            return call(args)
+            out = call(args)
+            rec.first_call_seconds = time.perf_counter() - t_first
+            return out
         except Exception as e:
-            if not config.get("fallback_on_error"):
+            if not may_fall_back():
                 raise
             rec.eager_reason = f"{type(e).__name__} at first launch: {str(e)[:300]}"
             rec.plan, rec.kernels = None, {}
@@ -159,46 +143,6 @@ def _run_eager(gm: fx.GraphModule, args) -> tuple:
     if isinstance(args, list):
         args.clear()
     return gm(*inputs)
-
-
-def _cuda_graph_mode(kind: str, device: torch.device, rec: CompiledGraph) -> bool:
-    if not config.get("cuda_graphs"):
-        return False
-    if device.type != "cuda":
-        rec.cuda_graph_note = f"CUDA graphs need a CUDA device; {kind} graph on {device.type} runs without them"
-        warnings.warn(f"stitchml: {rec.cuda_graph_note}", stacklevel=3)
-        return False
-    if kind != "inference":
-        rec.cuda_graph_note = "CUDA graphs are applied to inference graphs only"
-        return False
-    return True
-
-
-def _replay_in_cuda_graph(call: Callable) -> Callable:
-    """Warm up once, capture one call on static input buffers, then replay: copy the
-    new inputs in, replay, and return copies of the static outputs (the next replay
-    overwrites them)."""
-    state: dict = {}
-
-    def run(args):
-        inputs = list(args)
-        args.clear()
-        if "graph" not in state:
-            out = call(list(inputs))                      # warm-up: compiles kernels
-            torch.cuda.synchronize()
-            static = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_out = call(list(static))
-            state.update(graph=graph, static=static, out=static_out)
-            return out
-        for dst, src in zip(state["static"], inputs):
-            if isinstance(dst, torch.Tensor):
-                dst.copy_(src)
-        state["graph"].replay()
-        return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in state["out"])
-
-    return run
 
 
 def _eager(gm: fx.GraphModule, rec: CompiledGraph) -> Callable:

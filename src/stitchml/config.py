@@ -56,13 +56,57 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Choose launch-level stitching (global / horizontal / separate) by ILP (scipy HiGHS); off = rules."),
     Knob("ilp_time_limit", "STITCHML_ILP_TIME_LIMIT", 0.5, float,
          "Seconds HiGHS may spend per region before the rule-based choice is kept."),
-    Knob("cuda_graphs", "STITCHML_CUDA_GRAPHS", False, _bool,
-         "Capture each compiled inference graph in a CUDA graph and replay it (cuts host launch overhead "
-         "for small batches). CUDA only; refused, with a message, on CPU or when kernels draw random numbers."),
+    Knob("cuda_graphs", "STITCHML_CUDA_GRAPHS", True, _bool,
+         "Capture each compiled graph (inference, training forward and backward) in a CUDA graph at its second "
+         "call and replay it: parameters and stable inputs are read in place, only changing inputs are copied; "
+         "kernels' seeds come from a device buffer redrawn per replay. CUDA only; refusals (CPU sync, dynamic "
+         "sizes, mutated copied inputs, a failed capture) are recorded for explain."),
+    Knob("reuse_buffers", "STITCHML_REUSE_BUFFERS", True, _bool,
+         "The runtime wrapper gives a kernel output the storage of a dead intermediate buffer of the same "
+         "size and dtype (never a graph output's) instead of allocating."),
     Knob("device", "STITCHML_DEVICE", "", str,
          "Device the cost model predicts for (H100, H200, A100, cpu); empty = the visible GPU, else cpu."),
     Knob("verbose", "STITCHML_VERBOSE", False, _bool,
          "Log each compiled graph's plan summary."),
+    Knob("plan_search", "STITCHML_PLAN_SEARCH", "ilp", lambda s: s.strip().lower(),
+         "How the plan is searched: `ilp` (HiGHS decides merges and launch grouping per region, the rule "
+         "plan as warm start and fallback) or `rules` (the AStitch rules and rule-based launch groups only)."),
+    Knob("strict", "STITCHML_STRICT", False, _bool,
+         "CI mode: every fallback to eager (a whole graph, or an op with no lowering rule) raises "
+         "stitchml.fallback.StrictFallbackError naming the op or graph and the reason, instead of "
+         "running eagerly with a warning. Library ops by design (matmul, sort, topk) still run."),
+    Knob("plan_cache", "STITCHML_PLAN_CACHE", True, _bool,
+         "Keep planned and generated graphs on disk (under cache_dir), keyed by the lowered graph, knobs, "
+         "device and stitchml's source: a second process compiling the same model skips planning and "
+         "code generation."),
+    Knob("compile_workers", "STITCHML_COMPILE_WORKERS", -1, int,
+         "Processes that compile a graph's distinct kernels in parallel before its first launch (GPU only); "
+         "-1 = one per CPU core (at most 16), 0 = no pool (Triton compiles each kernel at its first launch)."),
+    Knob("direct_launch", "STITCHML_DIRECT_LAUNCH", True, _bool,
+         "Launch compiled kernels through a launcher bound once (Triton's compiled-kernel entry point, no "
+         "JIT dispatch per call); off = every launch goes through Triton's JIT. GPU only."),
+    Knob("linear_ce", "STITCHML_LINEAR_CE", True, _bool,
+         "Rewrite an LM head (h @ Wᵀ, optional bias and tanh softcap) followed by cross-entropy into the "
+         "chunked fused op (stitchml::linear_cross_entropy): the [tokens, vocab] logits are never "
+         "materialised; grad_h and grad_W are computed in the forward pass. Refused when the logits escape."),
+    Knob("linear_ce_chunk", "STITCHML_LINEAR_CE_CHUNK", 0, int,
+         "Tokens per chunk in the fused linear + cross-entropy op; 0 = auto (a chunk's logits no larger than "
+         "the hidden states h but at least 64 tokens, rounded down to a power of two)."),
+    Knob("linear_ce_fp32_grad_w", "STITCHML_LINEAR_CE_FP32_GRAD_W", False, _bool,
+         "Fused linear + cross-entropy with bf16/fp16 weights: sum grad_W over token chunks in an fp32 buffer "
+         "(one rounding, like eager; costs 2x W's size) instead of in place in W's dtype (one rounding per chunk)."),
+    Knob("linear_ce_grads_in_forward", "STITCHML_LINEAR_CE_GRADS_IN_FORWARD", True, _bool,
+         "Fused linear + cross-entropy: compute grad_h and grad_W in the forward pass (one logits product per "
+         "chunk; the gradients live until backward). Off: the forward keeps one float per token and the "
+         "backward recomputes each chunk's logits (one more product; nothing of W's size held across the step)."),
+    Knob("attention_sdpa", "STITCHML_ATTENTION_SDPA", True, _bool,
+         "Rewrite a captured math attention (q·kᵀ, scale, additive/boolean/causal mask, softmax, dropout, ·v) "
+         "into F.scaled_dot_product_attention, so a fused attention kernel runs instead of the score tensor "
+         "going to memory."),
+    Knob("gemm_epilogue", "STITCHML_GEMM_EPILOGUE", False, _bool,
+         "Rewrite linear + (bias, GELU, tanh-GELU, SiLU, relu, silu*mul, residual add, cast) into one Triton GEMM "
+         "with the element-wise work in its epilogue (stitchml::linear_epilogue). Off by default: the GEMM "
+         "template is untuned and not yet measured against cuBLAS on a GPU."),
 ]}
 
 _overrides: list[dict[str, Any]] = []

@@ -2,6 +2,7 @@
 input mutations, on the same fresh inputs.  Used by our tests; usable by users."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -82,3 +83,157 @@ def compare_with_eager(fn: Callable, inputs: Sequence[Any], *, backward: bool = 
                 assert a.grad is not None, f"input {i}: no gradient"
                 assert_close(a.grad, e.grad, f"grad of input {i}", grad_rtol or rtol, grad_atol or atol)
     return Comparison(backend, actual, expected)
+
+
+# --------------------------------------------------------------------------- judging against float64
+
+@dataclass
+class JudgedTensor:
+    """One tensor's verdict: errors are Frobenius norms of the difference from the
+    float64 run, in float64."""
+
+    name: str
+    err_actual: float        # ||actual - reference||
+    err_eager: float         # ||eager - reference||  (eager's own rounding error)
+    allowed: float           # factor * err_eager + floor
+    ref_norm: float          # ||reference||
+    scale: float             # the group's magnitude (largest reference norm in the group)
+    ok: bool
+    why: str = ""
+
+    def line(self) -> str:
+        rel = self.scale if self.scale > 0 else 1.0
+        return (f"{'ok  ' if self.ok else 'FAIL'} {self.name}: err {self.err_actual:.3e} (eager {self.err_eager:.3e}, "
+                f"allowed {self.allowed:.3e}; /scale {self.err_actual / rel:.2e}, ref norm {self.ref_norm:.3e})"
+                + (f" {self.why}" if self.why else ""))
+
+
+@dataclass
+class Judgement:
+    rows: list[JudgedTensor]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.rows)
+
+    def report(self) -> str:
+        return "\n".join(r.line() for r in self.rows)
+
+    def assert_ok(self, what: str = "") -> None:
+        assert self.ok, f"{what + ': ' if what else ''}stitch's error exceeds the allowance over eager's:\n" \
+                        + "\n".join(r.line() for r in self.rows if not r.ok)
+
+
+def _unit_roundoff(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps / 2 if dtype.is_floating_point else 0.0
+
+
+def _norm64(t: torch.Tensor) -> float:
+    return torch.linalg.vector_norm(t.double()).item() if t.numel() else 0.0
+
+
+def judge_against_float64(actual: Sequence[torch.Tensor], eager: Sequence[torch.Tensor],
+                          reference: Sequence[torch.Tensor], names: Sequence[str] | None = None, *,
+                          groups: Sequence[str] | None = None, factor: float = 4.0, rel_floor_ulps: float = 8.0,
+                          abs_floor_ulps: float = 8.0) -> Judgement:
+    """Judge `actual` (stitch) by its error against a float64 run of the same graph,
+    allowing `factor` times eager's own error against that run, plus a floor:
+
+        ||actual - ref||  <=  factor * ||eager - ref||  +  u * (rel_floor_ulps * ||ref|| + abs_floor_ulps * S)
+
+    u is the unit roundoff of the tensor's dtype and S the group's scale: the largest
+    ||ref|| among the tensors of its group (`groups[i]`, e.g. "output"/"grad"; default
+    one group).  The floor covers an eager result that happens to be exact.  A quantity
+    that is zero in exact arithmetic (BERT's key-projection bias gradient) is never
+    judged relative to its own norm (noise against noise): its allowance is eager's
+    noise times `factor` plus the absolute floor at the group's scale.  Summation-order
+    differences (long column sums) are judged the same way: stitch may round
+    differently from eager, not much worse.  Non-finite values must sit where the
+    reference (or eager) has them, with the same values."""
+    n = len(reference)
+    if not (len(actual) == len(eager) == n):
+        raise ValueError(f"{len(actual)} actual, {len(eager)} eager, {n} reference tensors")
+    names = list(names) if names is not None else [f"result {i}" for i in range(n)]
+    groups = list(groups) if groups is not None else ["all"] * n
+    ref_norms = [_norm64(r.detach()) if r.dtype.is_floating_point else 0.0 for r in reference]
+    scale: dict[str, float] = {}
+    for g, rn in zip(groups, ref_norms):
+        scale[g] = max(scale.get(g, 0.0), rn)
+    rows = []
+    for name, g, a, e, r, rn in zip(names, groups, actual, eager, reference, ref_norms):
+        a, e, r = a.detach().cpu(), e.detach().cpu(), r.detach().cpu()
+        s = scale[g]
+
+        def row(ok: bool, ea: float = math.inf, ee: float = 0.0, allowed: float = 0.0, why: str = "") -> JudgedTensor:
+            return JudgedTensor(name, ea, ee, allowed, rn, s, ok, why)
+
+        if tuple(a.shape) != tuple(e.shape) or tuple(a.shape) != tuple(r.shape):
+            rows.append(row(False, why=f"shape {tuple(a.shape)} vs eager {tuple(e.shape)}, ref {tuple(r.shape)}"))
+            continue
+        if a.dtype != e.dtype:
+            rows.append(row(False, why=f"dtype {a.dtype} != eager's {e.dtype}"))
+            continue
+        if not a.dtype.is_floating_point:
+            bad = (a != e).sum().item()
+            rows.append(row(bad == 0, 0.0 if bad == 0 else math.inf, why="" if bad == 0 else f"{bad} elements differ"))
+            continue
+        a64, e64, r64 = a.double(), e.double(), r.double()
+        finite = torch.isfinite(r64) & torch.isfinite(e64)
+        # where reference or eager is not finite, stitch must give the same non-finite value as one of them
+        odd = ~finite & ~((a64 == r64) | (a64 == e64) | (a64.isnan() & (r64.isnan() | e64.isnan())))
+        if (~torch.isfinite(a64) & finite).any() or odd.any():
+            k = int((~torch.isfinite(a64) & finite).sum().item() + odd.sum().item())
+            rows.append(row(False, why=f"{k} non-finite or mismatched values where the reference/eager differ"))
+            continue
+        ea = _norm64((a64 - r64)[finite])
+        ee = _norm64((e64 - r64)[finite])
+        u = _unit_roundoff(a.dtype)
+        allowed = factor * ee + u * (rel_floor_ulps * rn + abs_floor_ulps * s)
+        rows.append(row(ea <= allowed, ea, ee, allowed))
+    return Judgement(rows)
+
+
+def _to64(x: Any) -> Any:
+    if isinstance(x, torch.Tensor) and x.dtype.is_floating_point:
+        return x.detach().double().requires_grad_(x.requires_grad)
+    return _clone(x)
+
+
+def compare_against_float64(fn: Callable, inputs: Sequence[Any], *, backward: bool = True, factor: float = 4.0,
+                            backend: StitchBackend | None = None, seed: int = 0) -> tuple[Comparison, Judgement]:
+    """`fn` compiled with stitchml, eagerly in the inputs' dtypes, and eagerly in float64
+    on float64 copies of the inputs; outputs and (with `backward`) the gradients of every
+    input that requires grad, for one random cotangent, judged by
+    `judge_against_float64` (outputs and gradients are separate groups).  Returns the
+    comparison (with the backend, for kernel counts) and the judgement; call
+    `judgement.assert_ok()` to fail a test."""
+    backend = backend or StitchBackend()
+    eager_in = [_clone(x) for x in inputs]
+    comp_in = [_clone(x) for x in inputs]
+    ref_in = [_to64(x) for x in inputs]
+    expected = fn(*eager_in)
+    reference = fn(*ref_in)
+    actual = torch.compile(fn, backend=backend)(*comp_in)
+    exp_t, act_t, ref_t = _flat(expected), _flat(actual), _flat(reference)
+    if not (len(exp_t) == len(act_t) == len(ref_t)):
+        raise AssertionError(f"outputs: {len(act_t)} compiled, {len(exp_t)} eager, {len(ref_t)} float64")
+    names = [f"output {i}" for i in range(len(exp_t))]
+    groups = ["output"] * len(exp_t)
+    acts, eags, refs = list(act_t), list(exp_t), list(ref_t)
+    if backward and any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs):
+        gen = torch.Generator().manual_seed(seed)
+        cots = [torch.randn(e.shape, generator=gen, dtype=torch.float64).to(e.device)
+                if e.requires_grad and e.dtype.is_floating_point else None for e in exp_t]
+        for outs in (exp_t, act_t, ref_t):
+            pairs = [(o, c.to(o.dtype)) for o, c in zip(outs, cots) if c is not None]
+            torch.autograd.backward([o for o, _ in pairs], [c for _, c in pairs])
+        for i, (a, e, r) in enumerate(zip(comp_in, eager_in, ref_in)):
+            if isinstance(e, torch.Tensor) and e.requires_grad:
+                assert a.grad is not None and e.grad is not None and r.grad is not None, f"input {i}: no gradient"
+                acts.append(a.grad)
+                eags.append(e.grad)
+                refs.append(r.grad)
+                names.append(f"grad of input {i}")
+                groups.append("grad")
+    judgement = judge_against_float64(acts, eags, refs, names, groups=groups, factor=factor)
+    return Comparison(backend, actual, expected), judgement

@@ -11,6 +11,7 @@ import os
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -26,6 +27,9 @@ class RunContext:
     interpreted: bool
     # suites where Inductor is not run (see harness.make_context)
     inductor_skip_suites: frozenset[str] = frozenset()
+    # models suite: measure cold / warm-cache compile (bench/compile_time.py) under cache_root
+    compile_time: bool = False
+    cache_root: Path | None = None
 
 
 @dataclass
@@ -117,13 +121,17 @@ def build_step(w: Workload, fn: Callable[..., Any]) -> tuple[Callable[[], list[t
                 return [o.detach() for o in outs] + grads_of(outs, retain=False)
         return fwdbwd, False
 
-    held: dict[str, list[torch.Tensor]] = {}
+    held: dict[str, Any] = {}
+    on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
 
     def bwd() -> list[torch.Tensor]:
-        # the forward runs once (in the cold call); every later call is the backward only
+        # the forward runs once (in the cold call); every later call is the backward only.
+        # Autograd runs backward ops on the stream their forward ran on: called from another
+        # stream (a CUDA-graph capture's), the forward is re-run there first, once
+        stream = torch.cuda.current_stream() if on_cuda else None
         with torch.enable_grad():
-            if "outs" not in held:
-                held["outs"] = flat_tensors(fn(*inputs))
+            if "outs" not in held or held["stream"] != stream:
+                held["outs"], held["stream"] = flat_tensors(fn(*inputs)), stream
             outs = held["outs"]
             return [o.detach() for o in outs] + grads_of(outs, retain=True)
     return bwd, False
@@ -184,8 +192,49 @@ class InductorMaxAutotune(Inductor):
         return super().skip_reason(w, ctx)
 
 
+class InductorReduceOverhead(Inductor):
+    """`torch.compile(mode="reduce-overhead")`: Inductor with its CUDA graphs, the
+    baseline for stitchml's CUDA-graph mode (models suite; the micro suite replays every
+    contender from a graph already)."""
+
+    name = "inductor-ro"
+    mode = "reduce-overhead"
+
+    def skip_reason(self, w: Workload, ctx: RunContext) -> tuple[str, str] | None:
+        if ctx.device.type != "cuda":
+            return ("skipped", "CPU: reduce-overhead is Inductor's CUDA-graph mode")
+        if w.suite != "models":
+            return ("skipped", "micro/simulator rows are replayed from a CUDA graph for every contender already")
+        return super().skip_reason(w, ctx)
+
+
 class Stitch(TorchContender):
+    """stitchml with its configured defaults (CUDA-graph mode as `cuda_graphs` says),
+    except in the micro suite, where the harness captures every contender's step in a
+    CUDA graph itself and stitch's own graphs (a capture inside a capture) are off."""
+
     name = "stitchml"
+    cuda_graphs: bool | None = None      # None: the knob's value
+
+    def _graphs(self, w: Workload) -> bool | None:
+        return False if w.suite == "micro" else self.cuda_graphs
+
+    def prepare(self, w: Workload, ctx: RunContext) -> Prepared:
+        from .. import config
+        graphs = self._graphs(w)
+        if graphs is None:
+            return super().prepare(w, ctx)
+        with config.override(cuda_graphs=graphs):
+            p = super().prepare(w, ctx)
+        inner = p.step
+
+        def step() -> Any:
+            # the knob may be read per call by the runtime, not only at compile time
+            with config.override(cuda_graphs=graphs):
+                return inner()
+        p.step = step
+        p.notes.append(f"stitchml cuda_graphs={graphs}")
+        return p
 
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         from ..capture.backend import StitchBackend
@@ -310,8 +359,23 @@ class Jax(Contender):
                         allow_graph=False)
 
 
+class StitchNoGraphs(Stitch):
+    """stitchml with CUDA graphs off: the issue-12 rows "without CUDA graphs".  Skipped
+    where it would be the same run as `stitchml` (knob off, or the micro suite)."""
+
+    name = "stitchml-nograph"
+    cuda_graphs = False
+
+    def skip_reason(self, w: Workload, ctx: RunContext) -> tuple[str, str] | None:
+        from .. import config
+        if w.suite == "micro" or not config.get("cuda_graphs"):
+            return ("skipped", "same run as stitchml here (its CUDA-graph mode is off)")
+        return None
+
+
 def default_contenders() -> list[Contender]:
-    return [Eager(), Inductor(), InductorMaxAutotune(), Stitch(), Jax()]
+    return [Eager(), Inductor(), InductorMaxAutotune(), InductorReduceOverhead(), Stitch(), StitchNoGraphs(), Jax()]
 
 
-CONTENDER_NAMES = ("eager", "inductor", "max-autotune", "stitchml", "jax")
+CONTENDER_NAMES = ("eager", "inductor", "max-autotune", "inductor-ro", "stitchml", "stitchml-nograph", "jax")
+STITCH_CONTENDERS = ("stitchml", "stitchml-nograph")

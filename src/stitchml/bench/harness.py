@@ -26,8 +26,8 @@ from . import environment
 from .compare import compare
 from .contenders import (CONTENDER_NAMES, Contender, Prepared, RunContext, build_step, default_contenders,
                          make_cotangents)
-from .timing import (CPU_BUDGET_S, QUICK_CPU_BUDGET_S, Timing, count_cuda_kernels, peak_memory, time_cpu,
-                     time_gpu, time_host, wall_call)
+from .timing import (CPU_BUDGET_S, QUICK_CPU_BUDGET_S, Timing, peak_memory, profile_device, time_cpu, time_gpu,
+                     time_host, time_host_per_step, wall_call)
 from .workload import CaseSpec, CheckOutcome, Workload, flat_tensors, floor_bytes
 
 SUITES = ("micro", "models", "simulator", "time_to_target")
@@ -46,6 +46,7 @@ class BenchOptions:
     plots: bool = True
     device: str | None = None             # None: cuda if available
     resume: bool = False                  # continue OUT/results.json: keep its rows, measure only missing ones
+    compile_time: bool = True             # models suite: cold call on empty caches + a warm-cache fresh process
 
     def dtypes(self) -> tuple[str, ...]:
         d = self.dtype or ("fp32" if self.quick else "both")
@@ -83,6 +84,14 @@ class CaseResult:
     notes: list[str] = field(default_factory=list)
     traceback: str = ""
     elapsed_s: float = 0.0                # wall time of this contender on this case, compile included
+    # kernel time per step (torch.profiler on a GPU: sum of device-activity durations), and
+    # device time / wall median (busy << 1: the host is the bottleneck)
+    device_time: dict[str, Any] | None = None
+    busy_fraction: float | None = None
+    # host time per step (from a synchronised start to the call's return), models suite / GPU
+    host_time: dict[str, Any] | None = None
+    # models suite: cold (empty caches), warm cache in a fresh process, stitch's split
+    compile: dict[str, Any] | None = None
     run_date: str = ""                    # date_utc of the run that measured it (--resume merges runs)
 
     @property
@@ -197,11 +206,20 @@ def reference(w: Workload) -> list[torch.Tensor]:
     return [t.detach().clone() for t in step()]
 
 
-def _time(p: Prepared, ctx: RunContext, reps: int, warm_s: float) -> Timing:
+def graph_mode(w: Workload) -> str:
+    """How a GPU row is timed: micro forward+backward rows replayed from a CUDA graph for
+    every contender (autograd's host work would drown ~100 µs of kernels); model rows
+    never (host overhead is part of a training step); the rest: graphs below 10 µs."""
+    if w.suite == "micro" and w.mode != "fwd":
+        return "always"
+    return "never" if w.suite == "models" else "auto"
+
+
+def _time(p: Prepared, ctx: RunContext, reps: int, warm_s: float, w: Workload) -> Timing:
     if p.timer == "host":
         return time_host(p.step, ctx.device, reps, warm_s)
     if ctx.device.type == "cuda":
-        return time_gpu(p.step, ctx.device, reps, allow_graph=p.allow_graph)
+        return time_gpu(p.step, ctx.device, reps, allow_graph=p.allow_graph, graph=graph_mode(w))
     budget = QUICK_CPU_BUDGET_S if ctx.quick else CPU_BUDGET_S
     return time_cpu(p.step, reps, interpreted=ctx.interpreted, warm_s=warm_s, budget_s=budget)
 
@@ -210,6 +228,49 @@ def _release() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def host_reps(w: Workload, ctx: RunContext, reps: int) -> int:
+    """0 = not measured: on a CPU only for model rows (one call under the interpreter is slow)."""
+    if ctx.device.type == "cuda":
+        return min(reps, 20)
+    return min(reps, 2) if w.suite == "models" else 0
+
+
+def _compile_root(ctx: RunContext, w: Workload, c: Contender) -> Path | None:
+    """Empty cache folders for a models row's cold call (None: not measured)."""
+    if not ctx.compile_time or w.suite != "models" or ctx.cache_root is None:
+        return None
+    safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in f"{w.name}-{w.dtype}-{c.name}")
+    root = ctx.cache_root / safe
+    from .compile_time import cleanup
+    cleanup(root)
+    return root
+
+
+def _measure_compile(c: Contender, w: Workload, ctx: RunContext, res: CaseResult, root: Path) -> None:
+    from . import compile_time as ct
+    from .contenders import STITCH_CONTENDERS
+    backend = getattr(c, "backend", None) if c.name in STITCH_CONTENDERS else None
+    split = ct.stitch_split(backend.records) if backend is not None else None
+    res.compile = ct.summarise(res.cold_s, split)
+    res.compile["method"] = ("cold: first call in the bench process with empty Triton/Inductor/stitchml cache "
+                             "folders; warm: first call in a fresh process sharing those folders (Inductor's "
+                             "compile workers are per bench process)")
+    if c.name != "eager" and _compiles(c):
+        files = res.compile["cache_files"] = ct.cache_files(root)
+        mine = "STITCHML_CACHE_DIR" if backend is not None else "TORCHINDUCTOR_CACHE_DIR"
+        if files[mine] == 0:
+            res.notes.append(f"the cold call wrote nothing under its {mine}: the 'warm cache' figure may be a "
+                             "second cold compile")
+        res.compile["warm_cache"] = ct.fresh_process(w.name, w.dtype, c.name, root, quick=ctx.quick)
+    ct.cleanup(root)
+
+
+def _compiles(c: Contender) -> bool:
+    """torch.compile contenders (the fresh process rebuilds them by name)."""
+    from .contenders import TorchContender
+    return c.name in CONTENDER_NAMES and isinstance(c, TorchContender)
 
 
 def run_contender(c: Contender, w: Workload, ref: list[torch.Tensor], ref_variant: list[torch.Tensor] | None,
@@ -238,9 +299,17 @@ def run_contender(c: Contender, w: Workload, ref: list[torch.Tensor], ref_varian
             if not got.ok:
                 res.status, res.reason = "FAILED", f"wrong answer (deterministic twin): {got.detail}"
                 return res
-        p = c.prepare(w, ctx)
+        root = _compile_root(ctx, w, c)
+        if root is not None:
+            from .compile_time import isolated_caches
+            with isolated_caches(root):
+                p = c.prepare(w, ctx)
+        else:
+            p = c.prepare(w, ctx)
         res.cold_s = p.cold_s
         res.notes.extend(p.notes)
+        if root is not None:
+            _measure_compile(c, w, ctx, res, root)
         got = _check(w, p.first, ref)
         res.check = {"ok": got.ok, "max_rel_err": got.max_rel_err, "tolerance": w.tol, "detail": got.detail}
         if not got.ok:
@@ -252,15 +321,22 @@ def run_contender(c: Contender, w: Workload, ref: list[torch.Tensor], ref_varian
         res.launches, res.launches_source, res.eager_ops = c.launches(snapshot, p, ctx)
         if c.name == "stitchml" and w.expect_stitch_kernels is not None and res.launches != w.expect_stitch_kernels:
             problems.append(f"expected {w.expect_stitch_kernels} launch(es) per call, the plan has {res.launches}")
-        timing = _time(p, ctx, reps, res.warm_s)
+        timing = _time(p, ctx, reps, res.warm_s, w)
         res.timing = timing.to_json()
         if res.min_bytes and timing.median_s > 0:
             res.gbps = res.min_bytes / timing.median_s / 1e9
             res.pct_of_copy_bw = 100.0 * res.min_bytes / timing.median_s / copy_bw
         if p.timer == "device":
             res.peak_mem_bytes, res.peak_mem_note = peak_memory(p.step, ctx.device)
-            if ctx.device.type == "cuda" and c.name == "stitchml":
-                res.device_ops_profiled = count_cuda_kernels(p.step)
+            prof = profile_device(p.step, ctx.device)
+            if prof is not None:
+                res.device_time = prof.to_json()
+                res.device_ops_profiled = prof.activities
+                if timing.median_s > 0:
+                    res.busy_fraction = prof.median_s / timing.median_s
+            n_host = host_reps(w, ctx, reps)
+            if n_host:
+                res.host_time = time_host_per_step(p.step, ctx.device, n_host).to_json()
         else:
             res.peak_mem_note = "n/a (JAX allocations are not visible to torch)"
         if problems:
@@ -360,7 +436,7 @@ def make_context(opts: BenchOptions) -> RunContext:
     # smoke test cannot afford; micro cases (small graphs) still run it
     cpu_quick = opts.quick and device.type == "cpu"
     skip = frozenset({"models", "simulator", "time_to_target"}) if cpu_quick else frozenset()
-    return RunContext(device, opts.quick, interpreted, skip)
+    return RunContext(device, opts.quick, interpreted, skip, compile_time=opts.compile_time)
 
 
 def run_bench(opts: BenchOptions, contenders: list[Contender] | None = None) -> BenchRun:
@@ -376,6 +452,7 @@ def run_bench(opts: BenchOptions, contenders: list[Contender] | None = None) -> 
     reps = default_reps(opts, ctx.device)
     out = Path(opts.out) if opts.out else default_out(opts, ctx.device)
     out.mkdir(parents=True, exist_ok=True)
+    ctx.cache_root = out / "compile-caches"     # emptied per models row, removed after it
 
     env = environment.capture(ctx.device, opts.quick, ctx.interpreted)
     copy_bw = env["copy_bandwidth"]["bytes_per_s"]

@@ -82,11 +82,22 @@ def speedups(results: list["CaseResult"]) -> dict[tuple[str, str, str], float]:
     return out
 
 
+def _dev(r: "CaseResult") -> str:
+    """Device (kernel) time per call from the profiler, or —."""
+    d = r.device_time or {}
+    return fmt_time(d.get("median_s"))
+
+
+def _graph_mark(r: "CaseResult") -> str:
+    method = (r.timing or {}).get("method", "")
+    return " (g)" if "graph" in method else ""
+
+
 def _suite_table(results: list["CaseResult"]) -> list[str]:
     sp = speedups(results)
-    lines = ["| case | dtype | contender | median | IQR | × eager | GB/s | % copy BW | launches/call | "
+    lines = ["| case | dtype | contender | median | IQR | device time | × eager | GB/s | % copy BW | launches/call | "
              "cold call | warm call | peak mem | status |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         t = r.timing or {}
         launches = "n/a" if r.launches is None else str(r.launches)
@@ -96,11 +107,60 @@ def _suite_table(results: list["CaseResult"]) -> list[str]:
             launches += f" [profiler: {r.device_ops_profiled}]"
         x = sp.get((r.case, r.dtype, r.contender))
         lines.append(" | ".join([
-            f"| {r.case}", r.dtype, r.contender, fmt_time(t.get("median_s")), fmt_time(t.get("iqr_s")),
-            f"{x:.2f}" if x else "—",
+            f"| {r.case}", r.dtype, r.contender, fmt_time(t.get("median_s")) + _graph_mark(r),
+            fmt_time(t.get("iqr_s")), _dev(r), f"{x:.2f}" if x else "—",
             f"{r.gbps:.1f}" if r.gbps is not None else "—",
             f"{r.pct_of_copy_bw:.1f}" if r.pct_of_copy_bw is not None else "—",
             launches, fmt_time(r.cold_s), fmt_time(r.warm_s), _fmt_bytes(r.peak_mem_bytes), _status(r) + " |"]))
+    return lines
+
+
+def _split(r: "CaseResult") -> str:
+    st = (r.compile or {}).get("stitch")
+    if not st:
+        return "—"
+    parts = [f"{k} {fmt_time(st.get(k + '_s'))}" for k in ("lower", "plan", "codegen", "triton", "load")
+             if st.get(k + "_s") is not None]
+    if not parts:
+        parts = [f"compile {fmt_time(st.get('compile_s'))}"]
+    other = (r.compile or {}).get("other_s")
+    hits = f", {st['plan_cache_hits']} plan-cache hits" if st.get("plan_cache_hits") else ""
+    return ", ".join(parts) + (f"; other {fmt_time(other)}" if other is not None else "") + \
+        f" ({st.get('graphs')} graphs, {st.get('kernels')} kernels{hits})"
+
+
+def _warm_cache(r: "CaseResult") -> str:
+    wc = (r.compile or {}).get("warm_cache")
+    if not wc:
+        return "—"
+    if "error" in wc:
+        return "error: " + str(wc["error"]).replace("|", "/")[:60]
+    st = wc.get("stitch") or {}
+    hits = f", {st['plan_cache_hits']}/{st.get('graphs')} plan-cache hits" if st.get("plan_cache_hits") else ""
+    extra = f" (stitch compile {fmt_time(st.get('compile_s'))}{hits})" if st else ""
+    return fmt_time(wc.get("first_call_s")) + extra
+
+
+def _models_table(results: list["CaseResult"]) -> list[str]:
+    """Where a training/inference step's time goes, per contender: wall (CUDA events),
+    GPU-busy (profiler kernel time), host time to issue the step, launches, and compile."""
+    sp = speedups(results)
+    lines = ["| case | dtype | contender | wall median | IQR | × eager | GPU busy | busy % | host/step | "
+             "launches/step | cold call (empty caches) | warm cache, fresh process | stitch compile split | "
+             "peak mem | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        t, h = r.timing or {}, r.host_time or {}
+        x = sp.get((r.case, r.dtype, r.contender))
+        dev = r.device_time or {}
+        launches = dev.get("kernels_per_step", r.launches)
+        lines.append(" | ".join([
+            f"| {r.case}", r.dtype, r.contender, fmt_time(t.get("median_s")), fmt_time(t.get("iqr_s")),
+            f"{x:.2f}" if x else "—", fmt_time(dev.get("median_s")),
+            f"{100 * r.busy_fraction:.0f}%" if r.busy_fraction is not None else "—",
+            fmt_time(h.get("median_s")), "n/a" if launches is None else str(launches),
+            fmt_time((r.compile or {}).get("cold_s", r.cold_s)), _warm_cache(r), _split(r),
+            _fmt_bytes(r.peak_mem_bytes), _status(r) + " |"]))
     return lines
 
 
@@ -161,8 +221,18 @@ def to_markdown(run: "BenchRun", plot_files: list[Path], plot_note: str) -> str:
     results, ttt = run.all_results(), run.all_time_to_target()
     for suite in ("micro", "models", "simulator"):
         rows = [r for r in results if r.suite == suite]
-        if rows:
-            lines += [f"## {suite}", ""] + _suite_table(rows) + [""]
+        if rows and suite == "models":
+            lines += [f"## {suite}", "",
+                      "wall = CUDA events around the step, no CUDA graph of the harness's (host overhead counted); "
+                      "GPU busy = sum of device-activity durations per step (torch.profiler); busy % = busy / wall "
+                      "(far below 100%: the host is the bottleneck); host/step = from a synchronised start to the "
+                      "call's return; launches/step = device activities (kernels) the profiler saw, else the plan's "
+                      "count; cold call with empty compile caches; warm cache = first call of a fresh process that "
+                      "shares the cold call's caches.", ""] + _models_table(rows) + [""]
+        elif rows:
+            lines += [f"## {suite}", "",
+                      "(g) = replayed from a CUDA graph (micro forward+backward rows: every contender); device time "
+                      "= kernel time per call from the profiler (GPU only).", ""] + _suite_table(rows) + [""]
     if ttt:
         lines += ["## time_to_target", "",
                   "Steps and training wall time until the training loss reaches the target (the compile, in the "

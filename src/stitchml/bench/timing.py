@@ -35,6 +35,7 @@ class Timing:
     method: str
     meaningful: bool
     notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)   # more figures of the same measurement
 
     @property
     def median_s(self) -> float:
@@ -50,7 +51,7 @@ class Timing:
     def to_json(self) -> dict[str, Any]:
         return {"method": self.method, "meaningful": self.meaningful, "notes": self.notes,
                 "median_s": self.median_s, "iqr_s": self.iqr_s, "n": len(self.samples_s),
-                "samples_s": self.samples_s}
+                "samples_s": self.samples_s, **self.extra}
 
 
 def sync(device: torch.device) -> None:
@@ -91,7 +92,10 @@ def _event_samples(run: Callable[[], Any], flush: L2Flusher, reps: int) -> list[
 
 
 def _graph_of(step: Callable[[], Any]) -> Callable[[], Any]:
-    """Capture `step` into a CUDA graph (warmed up on a side stream, as capture requires)."""
+    """Capture `step` into a CUDA graph (warmed up on a side stream, as capture requires).
+    The capture runs on that same side stream: a backward-only step re-runs its forward
+    on the stream it is called from (autograd runs backward ops on their forward's
+    stream), once during warm-up, so the captured call is the backward alone."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -99,12 +103,23 @@ def _graph_of(step: Callable[[], Any]) -> Callable[[], Any]:
             step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=side):
         step()
+    torch.cuda.synchronize()
     return graph.replay
 
 
-def time_gpu(step: Callable[[], Any], device: torch.device, reps: int, *, allow_graph: bool) -> Timing:
+def time_gpu(step: Callable[[], Any], device: torch.device, reps: int, *, allow_graph: bool,
+             graph: str = "auto") -> Timing:
+    """`graph`: "auto" (replay from a CUDA graph only steps under 10 µs, when
+    `allow_graph`), "always" (forward+backward micro rows: every contender's step is
+    replayed from a graph, so autograd's host work is not timed; the plain-event median
+    is kept in the notes; a failed capture falls back to plain events and says so), or
+    "never" (model rows: host overhead is part of what is measured)."""
+    if graph == "always":
+        return _time_gpu_graphed(step, device, reps)
+    if graph == "never":
+        allow_graph = False
     flush = L2Flusher(device)
     for _ in range(3):          # warm-up (the compile already happened in the first call)
         step()
@@ -137,6 +152,122 @@ def time_gpu(step: Callable[[], Any], device: torch.device, reps: int, *, allow_
         elif est < CUDA_GRAPH_BELOW_S:
             notes.append("sub-10 µs step not graph-captured (backward steps are not); includes launch overhead")
     return Timing(_event_samples(run, flush, n), method, True, notes)
+
+
+def _time_gpu_graphed(step: Callable[[], Any], device: torch.device, reps: int) -> Timing:
+    flush = L2Flusher(device)
+    for _ in range(3):
+        step()
+    plain = _event_samples(step, flush, 10)
+    notes = [f"plain CUDA events (host overhead included): median {statistics.median(plain) * 1e6:.1f} µs"]
+    try:
+        replay = _graph_of(step)
+    except Exception as e:  # capture is best effort: the plain events stand, and say so
+        torch.cuda.synchronize()
+        notes.append(f"CUDA graph capture failed ({type(e).__name__}: {str(e)[:160]}); timed with plain events "
+                     "(host overhead included; see device time)")
+        timing = time_gpu(step, device, reps, allow_graph=False)
+        timing.notes = notes + timing.notes
+        timing.extra["graph_capture_failed"] = True
+        return timing
+    est = statistics.median(_event_samples(replay, flush, 5))
+    n = reps
+    if est * reps > GPU_BUDGET_S:
+        n = max(10, int(GPU_BUDGET_S / max(est, 1e-9)))
+        notes.append(f"reps cut from {reps} to {n} to stay within ~{GPU_BUDGET_S:.0f} s")
+    samples = _event_samples(replay, flush, n)
+    del replay
+    # back on this stream once, untimed, AFTER the replays (a backward-only step re-runs its
+    # forward here and drops the one the graph reads): what runs next (memory, profiler) is plain
+    step()
+    torch.cuda.synchronize()
+    return Timing(samples, "cuda-graph replay (every contender), cuda-events, L2 flushed", True, notes,
+                  {"plain_events_median_s": statistics.median(plain)})
+
+
+# --------------------------------------------------------------------------- device (kernel) time, host time
+
+@dataclass
+class DeviceProfile:
+    """Per step: the sum of the durations of the device activities the profiler saw
+    (kernels, memsets, copies), and how many of each.  busy = kernel time: it excludes
+    the gaps in which the GPU waits for the host."""
+
+    samples_s: list[float]
+    kernels: int
+    activities: int
+    method: str = "torch.profiler (CUDA activity), sum of device-activity durations per step"
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.samples_s) if self.samples_s else float("nan")
+
+    def to_json(self) -> dict[str, Any]:
+        t = Timing(self.samples_s, self.method, True)
+        return {"method": self.method, "median_s": t.median_s, "iqr_s": t.iqr_s, "n": len(self.samples_s),
+                "samples_s": self.samples_s, "kernels_per_step": self.kernels,
+                "activities_per_step": self.activities}
+
+
+def summarise_device_events(events: Any) -> tuple[float, int, int]:
+    """(seconds, kernels, activities) over the device events of one profiled step.
+    `events` are profiler FunctionEvents; the device ones have device_type CUDA and a
+    time_range on the GPU clock.  Memsets and copies count as activities, not kernels."""
+    cuda = torch.autograd.DeviceType.CUDA
+    total_us, kernels, acts = 0.0, 0, 0
+    for evt in events:
+        if getattr(evt, "device_type", None) != cuda:
+            continue
+        acts += 1
+        name = str(getattr(evt, "name", "") or getattr(evt, "key", ""))
+        if not name.lower().startswith(("memcpy", "memset")):
+            kernels += 1
+        tr = getattr(evt, "time_range", None)
+        total_us += tr.elapsed_us() if tr is not None else 0.0
+    return total_us * 1e-6, kernels, acts
+
+
+def profile_device(step: Callable[[], Any], device: torch.device, reps: int = 5) -> DeviceProfile | None:
+    """Kernel time per step from torch.profiler: each rep is profiled on its own (the
+    L2 flush runs before the profiler starts, so it is not counted).  None on the CPU
+    or when the profiler gives nothing."""
+    if device.type != "cuda":
+        return None
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        flush = L2Flusher(device)
+        samples, kernels, acts = [], 0, 0
+        for _ in range(reps):
+            flush()
+            torch.cuda.synchronize(device)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize(device)
+            s, kernels, acts = summarise_device_events(prof.events())
+            if acts == 0:
+                return None
+            samples.append(s)
+        return DeviceProfile(samples, kernels, acts)
+    except Exception:   # the profiler is a measurement aid: its failure must not fail a row
+        return None
+
+
+def time_host_per_step(step: Callable[[], Any], device: torch.device, reps: int) -> Timing:
+    """Host time per step: the device is idle when each call starts (synchronised), and
+    the clock stops when the call returns, before synchronising: what the Python thread
+    spends issuing the step (a step that syncs inside, or fills the launch queue, is
+    counted up to that wait).  Also the thread's CPU time, in the notes."""
+    samples, cpu = [], []
+    for _ in range(reps):
+        sync(device)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        step()
+        samples.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+        sync(device)
+    meaningful = device.type == "cuda"
+    return Timing(samples, "host perf_counter from a synchronised start to the call's return (no sync)",
+                  meaningful, [], {"thread_cpu_median_s": statistics.median(cpu)})
 
 
 def time_cpu(step: Callable[[], Any], reps: int, *, interpreted: bool, warm_s: float, budget_s: float) -> Timing:

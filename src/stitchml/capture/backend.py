@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
+from .. import patterns
 from ..compiler import CompiledGraph, compile_graph
 from .decomp import decomposition_table
 
@@ -19,6 +20,7 @@ class StitchBackend:
         self.records: list[CompiledGraph] = []
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs) -> Callable:
+        patterns.rewrite(gm, example_inputs)  # Dynamo-level rewrites (issue 15); records in patterns.LOG
         training = torch.is_grad_enabled() and any(
             isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
         fw_kind = "forward" if training else "inference"

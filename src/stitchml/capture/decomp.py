@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch._decomp import get_decompositions
 
+from . import decomp_window
+
 aten = torch.ops.aten
 
 FROM_TORCH = [
@@ -24,6 +26,15 @@ FROM_TORCH = [
     aten.mse_loss_backward, aten.binary_cross_entropy_with_logits, aten.huber_loss, aten.frac,
     aten.sgn, aten.hardtanh_backward, aten.leaky_relu_backward, aten.elu_backward, aten.rsub,
     aten.std_mean, aten.linalg_vector_norm, aten.tril, aten.triu, aten.baddbmm, aten.addmm,
+    # issue 18: each lands on ops with a lowering rule (tests/test_coverage_decomp.py)
+    aten.native_group_norm, aten.native_group_norm_backward, aten._weight_norm_interface,
+    aten.select_scatter, aten.index_add, aten._safe_softmax,
+    aten.reflection_pad1d, aten.reflection_pad2d, aten.reflection_pad3d,
+    aten.reflection_pad1d_backward, aten.reflection_pad2d_backward,
+    aten.replication_pad1d, aten.replication_pad2d, aten.replication_pad3d,
+    aten.upsample_nearest1d, aten.upsample_nearest2d, aten.upsample_nearest3d, aten._upsample_nearest_exact2d,
+    aten.upsample_bilinear2d, aten.upsample_linear1d, aten.im2col, aten.col2im,
+    aten.unfold, aten.unfold_backward, aten._adaptive_avg_pool2d,
 ]
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -70,10 +81,44 @@ def std(x, dim=None, *, correction=None, keepdim=False):
     return torch.sqrt(var_mean(x, dim, correction=correction, keepdim=keepdim)[0])
 
 
+def batch_norm_functional(x, weight, bias, running_mean, running_var, training: bool, momentum: float,
+                          eps: float):
+    """`_native_batch_norm_legit_functional` in training: the statistics of var_mean's
+    two-pass algorithm, and the output from the deviations d = x - first mean, minus
+    the mean's small correction (never x - mean: with few values per channel on a large
+    offset, the rounded mean's error would be scaled up by the inverse std).  Eval mode
+    is torch's decomposition."""
+    if not training:
+        from torch._decomp import decomposition_table as torch_table
+        return torch_table[aten._native_batch_norm_legit_functional.default](
+            x, weight, bias, running_mean, running_var, training, momentum, eps)
+    dims = [0] + list(range(2, x.dim()))
+    n = x.numel() // x.shape[1]
+    xc = x.float() if x.dtype in _HALF else x
+    first = torch.sum(xc, dims, keepdim=True) / n
+    dev = xc - first
+    shift = torch.sum(dev, dims, keepdim=True) / n
+    var = torch.clamp_min(torch.sum(dev * dev, dims, keepdim=True) / n - shift * shift, 0)
+    rstd = torch.rsqrt(var + eps)
+    out = (dev - shift) * rstd
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    if weight is not None:
+        out = out * weight.reshape(shape)
+    if bias is not None:
+        out = out + bias.reshape(shape)
+    mean = torch.squeeze(first + shift, dims)
+    var = torch.squeeze(var, dims)
+    new_mean = momentum * mean + (1 - momentum) * running_mean
+    new_var = momentum * (var * (n / max(n - 1, 1))) + (1 - momentum) * running_var
+    return (out.to(x.dtype), mean, torch.squeeze(rstd, dims), new_mean.to(running_mean.dtype),
+            new_var.to(running_var.dtype))
+
+
 def _own() -> dict:
     table = {}
     for packet, fn in ((aten.var_mean, var_mean), (aten.var, var), (aten.std, std)):
         table[packet.correction] = fn
+    table[aten._native_batch_norm_legit_functional.default] = batch_norm_functional
     return table
 
 
@@ -82,4 +127,5 @@ def decomposition_table() -> dict:
     packets = [p for p in FROM_TORCH if p not in (aten.addmm, aten.baddbmm)]  # keep GEMMs whole
     table = get_decompositions(packets)
     table.update(_own())
+    table.update(decomp_window.table())  # pooling, scans, strided slice_backward, a few backwards
     return table

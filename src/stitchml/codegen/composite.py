@@ -10,7 +10,9 @@
 """
 from __future__ import annotations
 
-import re
+import ast
+import io
+import tokenize
 
 from .triton_kernel import KernelSource
 
@@ -18,7 +20,8 @@ BARRIER = '''
 @triton.jit
 def _grid_barrier(counter, target):
     # every program adds 1; all wait until the count reaches `target`.  The counter
-    # only grows: the host passes a new base per launch, so no reset is needed.
+    # only grows: the host passes a new base per launch, so no reset is needed (under
+    # CUDA graphs the wrapper zeroes it before the launch instead: a replay repeats bases).
     tl.debug_barrier()
     tl.atomic_add(counter, 1, sem="release", scope="gpu")
     seen = tl.atomic_add(counter, 0, sem="acquire", scope="gpu")
@@ -27,23 +30,54 @@ def _grid_barrier(counter, target):
     tl.debug_barrier()
 '''
 
-_ASSIGN = re.compile(r"^\s*(\w+)\s*=")
-_LOOP = re.compile(r"^\s*for (\w+) in")
+
+def _as_function(body: list[str]) -> str:
+    return "def _body():\n" + "".join("    " + line + "\n" for line in body)
+
+
+def local_names(ks: KernelSource) -> set[str]:
+    """Every name a kernel body binds (parameters, assignment and loop targets, tuple
+    targets included), read from its syntax tree."""
+    names = set(ks.param_names)
+    for node in ast.walk(ast.parse(_as_function(ks.body))):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
 
 
 def _renamed(ks: KernelSource, prefix: str, pid: str) -> tuple[list[str], list[str]]:
-    names = set(ks.param_names)
-    for line in ks.body:
-        for pat in (_ASSIGN, _LOOP):
-            m = pat.match(line)
-            if m:
-                names.add(m.group(1))
-    pattern = re.compile(r"\b(" + "|".join(sorted(map(re.escape, names), key=len, reverse=True)) + r")\b")
-
-    def sub(text: str) -> str:
-        return pattern.sub(lambda m: prefix + m.group(1), text).replace("tl.program_id(0)", pid)
-
-    return [sub(line) for line in ks.body], [prefix + p for p in ks.param_names]
+    """The body with its own names prefixed and `tl.program_id(0)` replaced by `pid`.
+    Works on tokens: attribute names (`tl.sum`) and keyword names (`axis=`) are never
+    renamed, whatever locals the body has."""
+    names = local_names(ks)
+    text = _as_function(ks.body)
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    toks = [t for t in tokenize.generate_tokens(io.StringIO(text).readline)]
+    edits: list[tuple[int, int, str]] = []
+    depth = 0
+    for i, t in enumerate(toks):
+        if t.type == tokenize.OP:
+            depth += (t.string in "([{") - (t.string in ")]}")
+        if t.type != tokenize.NAME:
+            continue
+        a = starts[t.start[0] - 1] + t.start[1]
+        b = starts[t.end[0] - 1] + t.end[1]
+        prev, nxt = toks[i - 1].string, toks[i + 1].string if i + 1 < len(toks) else ""
+        if t.string == "tl" and nxt == "." and [x.string for x in toks[i + 2:i + 6]] == ["program_id", "(", "0", ")"]:
+            edits.append((a, starts[toks[i + 5].end[0] - 1] + toks[i + 5].end[1], pid))
+        elif t.string in names and prev != "." and not (nxt == "=" and depth > 0) and t.string != "_body":
+            edits.append((a, b, prefix + t.string))
+    out, pos = [], 0
+    for a, b, new in edits:
+        out.append(text[pos:a])
+        out.append(new)
+        pos = b
+    out.append(text[pos:])
+    lines = "".join(out).split("\n")[1:]
+    body = [line[4:] for line in lines if line.strip()]
+    return body, [prefix + p for p in ks.param_names]
 
 
 def horizontal(name: str, members: list[KernelSource]) -> KernelSource:

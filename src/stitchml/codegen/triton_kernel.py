@@ -54,7 +54,11 @@ class KernelSource:
 
     @property
     def source(self) -> str:
-        return (f"@triton.jit\ndef {self.name}({', '.join(self.param_names)}):\n"
+        # a seed or barrier base changes every call: specialising on its value (== 1, a
+        # multiple of 16) would compile a new variant for some calls
+        fresh = [n for (kind, _), n in zip(self.params, self.param_names) if kind in ("seed", "base")]
+        deco = f"@triton.jit(do_not_specialize={fresh!r})" if fresh else "@triton.jit"
+        return (f"{deco}\ndef {self.name}({', '.join(self.param_names)}):\n"
                 + "\n".join("    " + line for line in self.body) + "\n")
 
 

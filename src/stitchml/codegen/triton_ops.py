@@ -15,6 +15,9 @@ TL_DTYPE = {
     torch.int64: "tl.int64", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
 }
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# smallest magnitude from which every value of the compute type is an integer (round is identity)
+ROUND_EXACT = {torch.float32: "8388608.0", torch.float64: "4503599627370496.0",
+               torch.float16: "8388608.0", torch.bfloat16: "8388608.0"}
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -87,14 +90,15 @@ def _tanh(x):
 
 
 @triton.jit
-def _round(x):
-    # half to even, like torch.round
+def _round(x, big):
+    # half to even, like torch.round; |x| >= big (2**23 in float32, 2**52 in float64)
+    # is already an integer
     f = tl.floor(x)
     d = x - f
     r = tl.where(d > 0.5, f + 1.0, f)
     odd = (f - 2.0 * tl.floor(f * 0.5)) == 1.0
     r = tl.where((d == 0.5) & odd, f + 1.0, r)
-    return tl.where(tl.abs(x) >= 8388608.0, x, r)
+    return tl.where(tl.abs(x) >= big, x, r)
 
 
 @triton.jit
@@ -121,6 +125,35 @@ def _round_bf16(x):
 
 
 @triton.jit
+def _atan2(y, x):
+    # float32: the octant of (x, y) by symmetries, then atan on [-tan(pi/8), tan(pi/8)]
+    # (beyond tan(pi/8): pi/4 + atan((q - 1) / (q + 1))) by an odd polynomial fitted by
+    # least squares (max error 2e-8); signed zeros and infinities as C's atan2
+    ax = tl.abs(x)
+    ay = tl.abs(y)
+    hi = tl.where(ax > ay, ax, ay)
+    lo = tl.where(ax > ay, ay, ax)
+    q = tl.where(hi == 0.0, 0.0, tl.where(lo == hi, 1.0, lo / hi))
+    big = q > 0.41421356237309503
+    t = tl.where(big, (q - 1.0) / (q + 1.0), q)
+    s = t * t
+    p = 0.04638938190946034
+    p = p * s - 0.08420205568319714
+    p = p * s + 0.11033398843972068
+    p = p * s - 0.1428095139981978
+    p = p * s + 0.1999985914379384
+    p = p * s - 0.33333331839137686
+    r = t + t * s * p
+    r = tl.where(big, r + 0.7853981633974483, r)
+    r = tl.where(ay > ax, 1.5707963267948966 - r, r)
+    xneg = (x < 0) | ((x == 0) & ((1.0 / x) < 0))
+    r = tl.where(xneg, 3.141592653589793 - r, r)
+    yneg = (y < 0) | ((y == 0) & ((1.0 / y) < 0))
+    r = tl.where(yneg, -r, r)
+    return tl.where((x != x) | (y != y), x + y, r)
+
+
+@triton.jit
 def _pow(a, b):
     # C pow: odd integer powers keep the base's sign (-0.0 included), finite negative
     # bases to non-integer powers are nan, (-1) ** +-inf == 1, x ** 0 == 1 ** y == 1
@@ -133,6 +166,56 @@ def _pow(a, b):
     r = tl.where((a == -1.0) & (tl.abs(b) == float("inf")), 1.0, r)
     r = tl.where((b == 0) | (a == 1.0), 1.0, r)
     return r
+
+@triton.jit
+def _lgamma_pos(x):
+    # x >= 0.5: Stirling's series at y >= 8 (below 8: at y = x + 8, shifted back by
+    # log(x (x+1) ... (x+7)); not above, where that product would overflow)
+    small = x < 8.0
+    xs = tl.where(small, x, 1.0)
+    p = xs * (xs + 1.0) * (xs + 2.0) * (xs + 3.0) * (xs + 4.0) * (xs + 5.0) * (xs + 6.0) * (xs + 7.0)
+    y = tl.where(small, x + 8.0, x)
+    r = 1.0 / (y * y)
+    s = (((-5.952380952380952e-04 * r + 7.936507936507937e-04) * r - 2.777777777777778e-03) * r
+         + 8.333333333333333e-02) / y
+    return (y - 0.5) * tl.log(y) - y + 0.9189385332046727 + s - tl.where(small, tl.log(tl.abs(p)), 0.0)
+
+
+@triton.jit
+def _lgamma(x):
+    # reflection below 0.5: lgamma(x) = log(pi / |sin(pi x)|) - lgamma(1 - x), the sine
+    # taken of x reduced modulo 2 (exact), so large negative x keep their accuracy
+    xr = x - 2.0 * tl.floor(x * 0.5)
+    refl = 1.1447298858494002 - tl.log(tl.abs(tl.sin(3.141592653589793 * xr))) - _lgamma_pos(1.0 - x)
+    r = tl.where(x < 0.5, refl, _lgamma_pos(tl.where(x < 0.5, 1.0, x)))
+    r = tl.where((x <= 0) & (x == tl.floor(x)), float("inf"), r)
+    return tl.where(tl.abs(x) == float("inf"), float("inf"), r)
+
+
+@triton.jit
+def _digamma_pos(x):
+    # x >= 0.5: digamma(x + 8) by its asymptotic series, minus 1/x + ... + 1/(x+7)
+    s = (1.0 / x + 1.0 / (x + 1.0) + 1.0 / (x + 2.0) + 1.0 / (x + 3.0) + 1.0 / (x + 4.0) + 1.0 / (x + 5.0)
+         + 1.0 / (x + 6.0) + 1.0 / (x + 7.0))
+    y = x + 8.0
+    r = 1.0 / (y * y)
+    t = r * (8.333333333333333e-02 - r * (8.333333333333333e-03 - r * (3.968253968253968e-03
+             - r * (4.166666666666667e-03 - r * 7.575757575757576e-03))))
+    return tl.log(y) - 0.5 / y - t - s
+
+
+@triton.jit
+def _digamma(x):
+    # reflection below 0.5: digamma(x) = digamma(1 - x) - pi / tan(pi x) (tan has period 1:
+    # x reduced exactly first); eager's values at the poles: -inf at +0, +inf at -0, nan
+    # at negative integers
+    a = 3.141592653589793 * (x - tl.floor(x))
+    refl = _digamma_pos(1.0 - x) - 3.141592653589793 * tl.cos(a) / tl.sin(a)
+    r = tl.where(x < 0.5, refl, _digamma_pos(tl.where(x < 0.5, 1.0, x)))
+    r = tl.where((x < 0) & (x == tl.floor(x)), float("nan"), r)
+    r = tl.where(x == 0, tl.where((1.0 / x) < 0, float("inf"), float("-inf")), r)
+    r = tl.where(x == float("inf"), x, r)
+    return tl.where(x == float("-inf"), float("nan"), r)
 '''
 
 # (format, needs float)  — operands already share the compute dtype
@@ -140,7 +223,10 @@ BINARY = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
     "maximum": "_nanmax({0}, {1})", "minimum": "_nanmin({0}, {1})",
     "clamp_min": "_nanmax({0}, {1})", "clamp_max": "_nanmin({0}, {1})",
-    "floordiv": "_floordiv({0}, {1})",
+    "floordiv": "_floordiv({0}, {1})", "atan2": "_atan2({0}, {1})",
+    # C semantics (issue 18, lower/rules_intdiv.py): integer `//` truncates, `%` (ints and
+    # floats) takes the dividend's sign; the rules build Python's rounding from them
+    "tdiv": "({0} // {1})", "fmod": "({0} % {1})",
     "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})",
     "logical_and": "({0} & {1})", "logical_or": "({0} | {1})", "logical_xor": "({0} ^ {1})",
     "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
@@ -152,9 +238,10 @@ UNARY = {
     "sin": "tl.sin({0})", "cos": "tl.cos({0})", "tanh": "_tanh({0})",
     "sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))", "erf": "tl.erf({0})", "abs": "tl.abs({0})",
     "neg": "(-{0})", "reciprocal": "(1.0 / {0})", "floor": "tl.floor({0})", "ceil": "tl.ceil({0})",
-    "round": "_round({0})", "trunc": "tl.where({0} < 0, tl.ceil({0}), tl.floor({0}))",
+    "trunc": "tl.where({0} < 0, tl.ceil({0}), tl.floor({0}))",
     "bitwise_not": "(~{0})", "logical_not": "({0} == 0)", "identity": "{0}",
     "relu": "tl.where({0} < 0, 0, {0})", "isnan": "({0} != {0})",
+    "lgamma": "_lgamma({0})", "digamma": "_digamma({0})",
 }
 
 
@@ -171,6 +258,10 @@ def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_d
         return BINARY[op].format(a, b)
     if op in BINARY:
         return BINARY[op].format(*args)
+    if op == "sqrt" and out_dtype == torch.float64:
+        return f"tl.sqrt({args[0]})"  # `sqrt_rn` takes float32 only; float64 sqrt is IEEE-rounded
+    if op == "round":
+        return f"_round({args[0]}, {ROUND_EXACT[out_dtype]})"
     if op in UNARY:
         return UNARY[op].format(*args)
     if op == "sign":
@@ -185,15 +276,16 @@ def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_d
     if op == "where":
         return f"tl.where({args[0]}, {args[1]}, {args[2]})"
     if op == "pow":
-        return _pow(args)
+        return _pow(args, out_dtype)
     raise NotImplementedError(f"no Triton expression for pointwise op {op!r}")
 
 
-def _pow(args: list[str]) -> str:
+def _pow(args: list[str], dtype: torch.dtype = torch.float32) -> str:
     a, b = args
+    sqrt = "tl.sqrt" if dtype == torch.float64 else "tl.sqrt_rn"
     # the exponents eager special-cases (CPU and CUDA pow kernels), computed the same way;
     # x ** 0 is 1 even for inf and nan
-    special = {"2.0": f"({a} * {a})", "1.0": a, "3.0": f"({a} * {a} * {a})", "0.5": f"tl.sqrt_rn({a})",
+    special = {"2.0": f"({a} * {a})", "1.0": a, "3.0": f"({a} * {a} * {a})", "0.5": f"{sqrt}({a})",
                "-1.0": f"(1.0 / {a})", "-0.5": f"tl.rsqrt({a})", "-2.0": f"(1.0 / ({a} * {a}))",
                "0.0": f"tl.where({a} != {a}, 1.0, 1.0)"}
     if b in special:

@@ -26,7 +26,7 @@ import torch.fx as fx
 
 from .. import config
 from ..plan.mapping import fixed_row_blocks
-from ..runtime.wrapper import build_wrapper, load_callable
+from ..runtime.wrapper import build_program, load_callable
 from . import template as tpl
 from .shapes import Signature, bucket_of, concrete_graph, is_symbolic, probes, signature, tensor_args
 
@@ -80,13 +80,13 @@ def _fmt_sizes(sizes: dict) -> str:
 
 def sources_at(gm: fx.GraphModule, sig: Signature, values: dict, device: torch.device, build_static: Callable):
     """The static pipeline at fixed sizes, as the dynamic runner uses it: the plan, and
-    (kernel texts, wrapper text, wrapper constants) for `template.build`/`matches`."""
+    (kernel texts, wrapper steps, wrapper constants) for `template.build`/`matches`."""
     # no horizontal launch groups: their program-id ranges are sums of grids, which
     # no single size expression gives (global groups have a fixed grid: kept)
     with fixed_row_blocks():
         built = build_static(concrete_graph(gm, sig, values), device, horizontal=False)
-    code, consts = build_wrapper(built.plan, built.kernels, device)
-    return built, ({n: k.source for n, k in built.kernels.items()}, code, consts)
+    program = build_program(built.plan, built.kernels, device, generic=True)
+    return built, ({n: k.source for n, k in built.kernels.items()}, program, program.consts)
 
 
 def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec, build_static: Callable) -> Callable:
@@ -147,7 +147,7 @@ def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec, bu
             sizes = tuple(values[s] for s in sig.symbols)
             return t.call(tensor_args(sig, inputs), sizes)
         except Exception as e:
-            if not config.get("fallback_on_error"):
+            if not config.get("fallback_on_error") or config.get("strict"):
                 raise
             reason = f"{type(e).__name__}: {str(e)[:300]}"
             state.eager_calls.append(reason)

@@ -99,8 +99,8 @@ def signature(gm: fx.GraphModule) -> Signature:
         elif isinstance(v, torch.Tensor):
             shape = tuple(_expr(s, env) for s in v.shape)
             stride = tuple(_expr(s, env) for s in v.stride())
-            if _expr(v.storage_offset(), env) != 0:
-                raise ValueError(f"input {n.name} has a storage offset")
+            # (a storage offset is no obstacle: kernels address an input from its data
+            # pointer, which includes the offset, so the offset never enters the code)
             inputs.append(("tensor", shape, stride, v.dtype, v.device))
             for d, e in enumerate(shape):
                 if isinstance(e, sympy.Symbol):
@@ -216,7 +216,7 @@ def _copied_graph(gm: fx.GraphModule, sig: Signature, values: dict[sympy.Symbol,
             raise _NotConcrete(f"{x} has symbols without a value")
         return bool(e) if isinstance(x, torch.SymBool) else (float(e) if isinstance(x, torch.SymFloat) else int(e))
 
-    def concrete(v):
+    def concrete(v, placeholder: bool = False):
         if _is_sym(v):
             return number(v)
         if isinstance(v, (list, tuple)):
@@ -224,7 +224,14 @@ def _copied_graph(gm: fx.GraphModule, sig: Signature, values: dict[sympy.Symbol,
         if isinstance(v, torch.Tensor):
             shape = [concrete(x) for x in v.shape]
             stride = [concrete(x) for x in v.stride()]
-            offset = concrete(v.storage_offset())
+            try:
+                offset = concrete(v.storage_offset())
+            except _NotConcrete:
+                if not placeholder:
+                    raise
+                # an input's offset (a KV-cache slice at a symbolic position) is read by
+                # nothing: kernels take the input's data pointer, offset included
+                offset = 0
             return _Sized(shape, stride, offset, v.dtype, v.device)
         if v is None or isinstance(v, (int, float, bool, torch.dtype, torch.device, str)):
             return v
@@ -239,6 +246,9 @@ def _copied_graph(gm: fx.GraphModule, sig: Signature, values: dict[sympy.Symbol,
                 env[node] = concrete(val)
                 continue
             new = graph.placeholder(node.name)
+            new.meta["val"] = concrete(val, placeholder=True)
+            env[node] = new
+            continue
         elif node.op == "call_function":
             if _is_sym(val) or isinstance(val, (int, float, bool)):  # size arithmetic: a number now
                 env[node] = concrete(val)

@@ -13,19 +13,26 @@ which numbers in its output move with the sizes, and as which expression of them
 Otherwise there is no template and the reason says why.  A template is then checked
 against what the static pipeline generates at every new size before it is used there
 (`Template.matches`), so a guess that happened to fit the probes is never trusted.
+
+Kernels are compared as Triton source tokens; the wrapper is compared as data: the
+steps of `runtime/steps.py`, field by field (`StepUnit`), its moving numbers replaced
+by `Expr`s and its launches given the kernels' size arguments before it is rendered.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 import tokenize
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import sympy
 import torch
 
-from ..runtime.wrapper import _BarrierCounter
+from ..runtime.cuda_graphs import SeedBuffer
+from ..runtime.steps import Expr, Launch, Program, Sym
+from ..runtime.wrapper import Checker, _BarrierCounter
 from .shapes import Signature
 
 Number = int | float
@@ -159,13 +166,106 @@ def _unit(texts: list[str], cands: Candidates, kernel: bool) -> Unit | str:
     return Unit([t[1] for t in toks0], spans0, texts[0], slots)
 
 
+# ----------------------------------------------------------------------------- the wrapper, as steps
+
+def _walk(obj: Any, visit: Callable[[Any], Any]) -> Any:
+    """`obj` rebuilt with every leaf (number, string, name, dtype, ...) replaced by
+    `visit(leaf)`, in a fixed order (steps, then dataclass fields, then items)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        visit(("node", type(obj).__name__))
+        return dataclasses.replace(obj, **{f.name: _walk(getattr(obj, f.name), visit)
+                                           for f in dataclasses.fields(obj) if f.init})
+    if isinstance(obj, (tuple, list)):
+        visit(("seq", type(obj).__name__, len(obj)))
+        items = [_walk(x, visit) for x in obj]
+        return tuple(items) if isinstance(obj, tuple) else items
+    return visit(obj)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _leaves(steps: list) -> list:
+    """The steps' leaves in order; value names (`v12`, `p30`: IR node ids) renamed in
+    order of appearance, so a graph that lost a no-op node at some size (a slice of a
+    whole buffer) still compares equal where it computes the same."""
+    out: list = []
+    names: dict[str, str] = {}
+
+    def visit(x: Any) -> Any:
+        if isinstance(x, (str, Sym)) and not isinstance(x, Expr) and _VALUE_NAME.match(str(x)):
+            x = ("name", names.setdefault(str(x), f"#{len(names)}"))
+        elif _is_num(x):
+            x = ("num", x)
+        out.append(x)
+        return x
+
+    _walk(list(steps), visit)
+    return out
+
+
+@dataclass
+class StepUnit:
+    """The wrapper of one bucket: probe 0's steps and leaves, and the slots (leaf
+    index -> size expression) of the numbers that move."""
+
+    steps: list
+    leaves: list
+    slots: dict[int, Slot]
+
+    def matches(self, steps: list, args: tuple) -> bool:
+        leaves = _leaves(steps)
+        if len(leaves) != len(self.leaves):
+            return False
+        for i, (got, fixed) in enumerate(zip(leaves, self.leaves)):
+            slot = self.slots.get(i)
+            if slot is None:
+                if got != fixed:
+                    return False
+            elif not (isinstance(got, tuple) and got[0] == "num" and got[1] == slot.fn(*args)
+                      and isinstance(got[1], float) == slot.is_float):
+                return False
+        return True
+
+    def with_exprs(self) -> list:
+        """Probe 0's steps, each moving number replaced by its `Expr`."""
+        pos = iter(range(len(self.leaves)))
+
+        def visit(x: Any) -> Any:
+            i = next(pos)
+            return Expr(self.slots[i].text) if i in self.slots else x
+
+        return _walk(list(self.steps), visit)
+
+
+def _step_unit(programs: list[Program], cands: Candidates) -> StepUnit | str:
+    parsed = [_leaves(p.steps) for p in programs]
+    first = parsed[0]
+    if any(len(p) != len(first) or q.num_inputs != programs[0].num_inputs for p, q in zip(parsed[1:], programs[1:])):
+        return "the wrapper's steps differ between sizes of the bucket"
+    slots: dict[int, Slot] = {}
+    for i, leaf in enumerate(first):
+        others = [p[i] for p in parsed[1:]]
+        if all(o == leaf for o in others):
+            continue
+        nums = [leaf] + others
+        if not all(isinstance(x, tuple) and x[0] == "num" for x in nums):
+            return f"the wrapper's steps differ between sizes of the bucket (near {leaf!r})"
+        slot = cands.find(tuple(x[1] for x in nums))
+        if slot is None:
+            return f"no size expression gives the numbers {[x[1] for x in nums]} of the probes"
+        slots[i] = slot
+    return StepUnit(list(programs[0].steps), first, slots)
+
+
 @dataclass
 class Template:
     """Sources of one bucket with sizes as arguments, and the checks that reuse it."""
 
     sizes: dict                    # the sizes it was built from (probe 0)
     kernels: dict[str, Unit]
-    wrapper: Unit
+    wrapper: StepUnit
     consts: dict
     kernel_texts: dict[str, str]   # generated Triton source with size arguments
     wrapper_text: str              # generated `call(args, sizes)`
@@ -177,22 +277,21 @@ class Template:
     def launched(self) -> dict[str, str]:
         """The kernels the wrapper launches (members of a global group are only
         phases of its kernel), name -> text."""
-        heads = {line.strip().split("[", 1)[0] for line in self.wrapper_text.split("\n") if "[(" in line}
+        heads = {st.kernel for st in self.wrapper.steps if isinstance(st, Launch)}
         return {n: t for n, t in self.kernel_texts.items() if n in heads}
 
     @property
     def generic(self) -> bool:
         return any(u.slots for u in list(self.kernels.values()) + [self.wrapper])
 
-    def matches(self, kernel_texts: dict[str, str], wrapper_text: str, consts: dict, values: dict) -> bool:
-        """Whether the template, at `values`, is token for token the source the static
-        pipeline generated at those sizes."""
+    def matches(self, kernel_texts: dict[str, str], program: Program, consts: dict, values: dict) -> bool:
+        """Whether the template, at `values`, is what the static pipeline generated at
+        those sizes: kernels token for token, the wrapper step for step."""
         if set(kernel_texts) != set(self.kernels) or not _same_consts(consts, self.consts):
             return False
         args = tuple(values[s] for s in self.symbols)
-        pairs = [(self.kernels[n], kernel_texts[n]) for n in self.kernels] + [(self.wrapper, wrapper_text)]
-        for unit, text in pairs:
-            toks, _ = _tokens(text)
+        for name, unit in self.kernels.items():
+            toks, _ = _tokens(kernel_texts[name])
             if len(toks) != len(unit.tokens):
                 return False
             for i, ((_, s), fixed) in enumerate(zip(toks, unit.tokens)):
@@ -202,7 +301,7 @@ class Template:
                         return False
                 elif _number(s) != slot.fn(*args) or isinstance(_number(s), float) != slot.is_float:
                     return False
-        return True
+        return self.wrapper.matches(program.steps, args)
 
 
 def _same_consts(a: dict, b: dict) -> bool:
@@ -216,14 +315,14 @@ def _same_consts(a: dict, b: dict) -> bool:
                 return False
         elif type(x) is not type(y):
             return False
-        elif isinstance(x, _BarrierCounter):
-            continue  # per-wrapper state (the grid-barrier counter), not a value
+        elif isinstance(x, (_BarrierCounter, Checker, SeedBuffer)):
+            continue  # per-wrapper state (the grid-barrier counter, eager-result checks), not a value
         elif x != y:
             return False
     return True
 
 
-def build(sig: Signature, probes: list[dict], builds: list[tuple[dict[str, str], str, dict]]) -> Template | str:
+def build(sig: Signature, probes: list[dict], builds: list[tuple[dict[str, str], Program, dict]]) -> Template | str:
     """A template from the sources generated at each probe (probe 0 first), or the
     reason there is none."""
     k0, w0, c0 = builds[0]
@@ -239,7 +338,7 @@ def build(sig: Signature, probes: list[dict], builds: list[tuple[dict[str, str],
         if isinstance(u, str):
             return f"kernel {name}: {u}"
         kernels[name] = u
-    wrapper = _unit([b[1] for b in builds], cands, kernel=False)
+    wrapper = _step_unit([b[1] for b in builds], cands)
     if isinstance(wrapper, str):
         return f"wrapper: {wrapper}"
     kernel_texts, kernel_args, arg_types = {}, {}, {}
@@ -254,19 +353,10 @@ def build(sig: Signature, probes: list[dict], builds: list[tuple[dict[str, str],
         kernel_args[name] = exprs
         floats = {u.slots[i].text: u.slots[i].is_float for i in u.slots}
         arg_types[name] = ["fp32" if floats[e] else "i32" for e in exprs]
-    wtext = _substitute(wrapper, lambda i: f"({wrapper.slots[i].text})")
-    lines = []
-    for line in wtext.split("\n"):
-        name = line.strip().split("[", 1)[0]
-        if kernel_args.get(name) and line.strip().startswith(f"{name}[("):
-            line = line.replace(", num_warps=", "".join(f", {a}" for a in kernel_args[name]) + ", num_warps=", 1)
-        lines.append(line)
-    wtext = "\n".join(lines)
-    names = [f"ks{i}" for i in range(len(sig.symbols))]
-    head = "def call(args):\n"
-    assert wtext.startswith(head), wtext[:40]
-    unpack = f"    {''.join(n + ', ' for n in names)}= sizes\n" if names else ""
-    wtext = "def call(args, sizes):\n" + unpack + wtext[len(head):]
+    steps = [dataclasses.replace(st, size_args=tuple(f"({e})" for e in kernel_args[st.kernel]))
+             if isinstance(st, Launch) and kernel_args.get(st.kernel) else st for st in wrapper.with_exprs()]
+    program = Program(steps, builds[0][1].num_inputs, c0)
+    wtext = program.render(sizes=tuple(f"ks{i}" for i in range(len(sig.symbols))))
     return Template(dict(probes[0]), kernels, wrapper, c0, kernel_texts, wtext, tuple(sig.symbols), arg_types)
 
 

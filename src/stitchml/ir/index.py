@@ -117,6 +117,8 @@ def bounds(e: Expr) -> tuple[int, int]:
 def floordiv(e: Expr, d: int) -> Expr:
     if d == 1:
         return e
+    if d == 0:  # a zero extent: the domain is empty, no element is ever addressed
+        return const(0)
     lo, hi = bounds(e)
     if lo >= 0 and hi < d:
         return const(0)
@@ -140,7 +142,7 @@ def floordiv(e: Expr, d: int) -> Expr:
 
 
 def mod(e: Expr, m: int) -> Expr:
-    if m == 1:
+    if m <= 1:  # (m == 0: a zero extent, the domain is empty; nothing is ever addressed)
         return const(0)
     lo, hi = bounds(e)
     if lo >= 0 and hi < m:
@@ -148,6 +150,12 @@ def mod(e: Expr, m: int) -> Expr:
     if lo >= 0:
         kept = _make([(a, k) for a, k in e.terms if k % m != 0], e.const % m)
         klo, khi = bounds(kept)
+        if klo < 0:
+            # negative coefficients (a reversed dim: 49 - i) can make the reduced
+            # expression negative, where Triton's `%` (the sign of the dividend) would
+            # differ from the floor modulo: shift it by a multiple of m to stay >= 0
+            shift = m * (-(klo // m))
+            kept, klo, khi = kept + shift, klo + shift, khi + shift
         if klo >= 0 and khi < m:
             return kept
         return Expr(((Mod(kept, m), 1),), 0)
@@ -200,6 +208,8 @@ def flatten(index: tuple[Expr, ...], shape: tuple[int, ...]) -> Expr:
 
 
 def unravel(flat: Expr, shape: tuple[int, ...]) -> tuple[Expr, ...]:
+    if 0 in shape:  # an empty shape: no position exists, and every stride below would be 0
+        return tuple(const(0) for _ in shape)
     out, stride = [], 1
     for s in reversed(shape):
         out.append(const(0) if s == 1 else mod(floordiv(flat, stride), s))

@@ -77,6 +77,9 @@ class LowerCtx:
         kept = tuple(s for i, s in enumerate(shape) if i not in dims)
         self._check_dtype(dtype)
         if prod(shape) == 0:
+            if prod(kept) == 0:  # an empty result: nothing to reduce, no kernel (issue 19)
+                out_shape = tuple(1 if i in dims else s for i, s in enumerate(shape)) if keepdim else kept
+                return self.full(out_shape, 0, dtype)
             if op not in ("sum", "prod"):
                 raise Unsupported("reduction over an empty tensor")
             # an empty sum (product) is its identity: a constant, no kernel reads `x`

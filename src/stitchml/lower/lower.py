@@ -12,9 +12,13 @@ import operator
 import torch
 import torch.fx as fx
 
+from ..fallback import no_rule_reason
 from ..ir import nodes as ir
 from ..ir.nodes import Ref
+from ..patterns import gemm_op, linear_ce_op  # register stitchml:: fused ops (issue 15)
 from . import rules_index, rules_pointwise, rules_random, rules_reduce, rules_views  # noqa: F401
+from . import rules_intdiv, rules_scatter, rules_window  # noqa: F401  (issue 18; after rules_pointwise)
+from . import rules_complex  # complex values as pairs of reals (issue 19)
 from .context import LowerCtx, static_shape
 from .registry import RULES, Unsupported
 
@@ -30,6 +34,8 @@ COMPUTE_INTENSIVE = {
     aten._scaled_dot_product_efficient_attention_backward.default,
     aten._scaled_dot_product_flash_attention_backward.default,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+    *(op._opoverload for op in linear_ce_op.OPS),   # chunked mm + our own row kernel (patterns/)
+    gemm_op.linear_epilogue._opoverload,            # our Triton GEMM with a stitched epilogue (patterns/)
 }
 
 
@@ -58,7 +64,7 @@ class Lowerer:
             elif node.op == "get_attr":
                 self.env[node] = self._constant(node)
             elif node.op == "output":
-                out = self._map(node.args[0])
+                out = rules_complex.unpair(self, self._map(node.args[0]))  # complex outputs
                 self.g.outputs = list(out) if isinstance(out, (tuple, list)) else [out]
                 self._check_output_layouts(node)
             else:
@@ -116,6 +122,8 @@ class Lowerer:
             return base[node.args[1]] if isinstance(base, (tuple, list)) else self._item(node, base)
         args = self._map(node.args)
         kwargs = self._map(node.kwargs)
+        if rules_complex.involves_complex(node):  # complex values are lowered as pairs of reals
+            return rules_complex.lower(self, node, args, kwargs)
         if any(isinstance(a, Ref) and self.g[a.id].kind == ir.OPAQUE and self.g[a.id].shape is None
                for a in ir._iter_refs(list(args) + list(kwargs.values()))):
             return self._opaque(node, args, kwargs, "consumes a multi-output eager op")
@@ -125,14 +133,15 @@ class Lowerer:
         if node.target in COMPUTE_INTENSIVE:
             return self._opaque(node, args, kwargs, "compute-intensive: vendor library")
         rule = RULES.get(node.target)
-        if rule is None:
-            return self._opaque(node, args, kwargs, "no lowering rule")
+        if rule is None:  # (raises under STITCHML_STRICT; library ops get their own reason)
+            return self._opaque(node, args, kwargs, no_rule_reason(node.target))
         if getattr(node.target, "_schema", None) is not None and node.target._schema.is_mutable:
             return self._opaque(node, args, kwargs, "mutates its input")
         mark = len(self.g.nodes)
         try:
             result = self._fresh(node, rule(self.ctx, node, *args, **kwargs), mark)
             self._adopt_strides(node, result, mark)
+            _empty_to_constants(self.g, mark)
             return result
         except Unsupported as e:
             del self.g.nodes[mark:]  # drop half-built nodes of the refused rule
@@ -195,6 +204,18 @@ class Lowerer:
         shape, dtype, stride = _tensor_meta(node.meta.get("val"))
         nid = self.g.add(ir.ITEM, "getitem", (Ref(base.id),), shape, dtype, stride, (("index", node.args[1]),))
         return Ref(nid)
+
+
+def _empty_to_constants(g: ir.Graph, mark: int) -> None:
+    """A value with no elements needs no kernel: every node a rule built (from `mark`)
+    that would be computed in one but has a zero-size shape becomes an empty constant
+    (a free node the wrapper allocates), so no kernel has an empty domain and no index
+    map ever divides by a zero extent.  Views stay views (eager returns views)."""
+    for n in g.nodes[mark:]:
+        if (n.shape is not None and 0 in n.shape and n.kind in ir.STITCHABLE | {ir.SCATTER_ADD}
+                and n.kind != ir.VIEW and not (n.kind == ir.POINTWISE and n.op == "full")):
+            g.nodes[n.id] = dataclasses.replace(n, kind=ir.POINTWISE, op="full", args=(),
+                                                attrs=(("value", 0),))
 
 
 def _dense(shape, stride) -> bool:

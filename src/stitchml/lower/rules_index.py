@@ -6,7 +6,7 @@ import torch
 
 from ..ir import nodes as ir
 from ..ir.nodes import Ref, contiguous_strides
-from .context import LowerCtx, static_shape
+from .context import FLOAT_TYPES, LowerCtx, static_shape
 from .registry import Unsupported, register
 
 aten = torch.ops.aten
@@ -30,29 +30,146 @@ def _embedding(ctx, node, weight, indices, padding_idx=-1, scale_grad_by_freq=Fa
 
 @register(aten.index_select.default)
 def _index_select(ctx, node, x, dim, index):
-    nd = len(ctx.shape(x))
-    if nd == 0 or len(ctx.shape(index)) != 1:
-        raise Unsupported("index_select of a 0-d tensor or with a 0-d index")
-    return _gather_node(ctx, node, x, index, dim % nd, "index_select")
+    nd, out = len(ctx.shape(x)), static_shape(node.meta["val"])
+    if nd == 0:  # a 0-d input: the only valid index is 0, so the value itself (issue 19)
+        return ctx.pointwise("identity", (ctx.reshape(x, out),), out, ctx.dtype(x))
+    if len(ctx.shape(index)) == 0:  # a 0-d index selects like a one-element one
+        index = ctx.reshape(index, (1,))
+    if len(ctx.shape(index)) != 1:
+        raise Unsupported("index_select with an index of more than one dim")
+    shape = tuple(ctx.shape(index)[0] if i == dim % nd else s for i, s in enumerate(ctx.shape(x)))
+    return ctx.reshape(_gather_node(ctx, node, x, index, dim % nd, "index_select", shape), out)
 
 
-@register(aten.index.Tensor)
+def _broadcast_shape(shapes) -> tuple[int, ...]:
+    nd = max((len(s) for s in shapes), default=0)
+    out = [1] * nd
+    for s in shapes:
+        for i, d in enumerate(s, nd - len(s)):
+            if d != 1:
+                if out[i] not in (1, d):
+                    raise Unsupported(f"index tensors of shapes {shapes} do not broadcast")
+                out[i] = d
+    return tuple(out)
+
+
+class _Indexed:
+    """Advanced indexing `x[..., i0, ..., i1, ...]` (index tensors on some dims, full
+    slices elsewhere) as one linear index into a dim of a view of x:
+
+    x is permuted so that the indexed dims come first in order (where torch puts the
+    broadcast index dims first: indexed dims separated by a slice) or stay in place
+    (adjacent indexed dims), then reshaped to (pre, K, post) with K the product of the
+    indexed sizes, and the index tensors, broadcast to one shape I, combine into
+    L = sum_j i_j * stride_j over (pre, K, post)'s middle dim.  Negative indices are
+    wrapped per dim; an index out of range in any dim becomes an out-of-range L, so the
+    gather's bounds assertion still fires (L alone could land in range)."""
+
+    def __init__(self, ctx: LowerCtx, x: Ref, indices) -> None:
+        xshape = ctx.shape(x)
+        indices = list(indices) + [None] * (len(xshape) - len(indices))
+        used = [i for i, t in enumerate(indices) if t is not None]
+        if not used:
+            raise Unsupported("indexing without index tensors")
+        for i in used:
+            t = indices[i]
+            if not isinstance(t, Ref) or ctx.dtype(t) not in (torch.int32, torch.int64):
+                raise Unsupported("index must be an int32/int64 tensor (boolean masks give data-dependent shapes)")
+        self.adjacent = used == list(range(used[0], used[-1] + 1))
+        self.ishape = _broadcast_shape([ctx.shape(indices[i]) for i in used])
+        order = used + [d for d in range(len(xshape)) if d not in used] if not self.adjacent else None
+        if order is not None and order != list(range(len(xshape))):
+            x = ctx.view("permute", x, tuple(xshape[d] for d in order), (("dims", tuple(order)),))
+            xshape = ctx.shape(x)
+            first = 0
+        else:
+            first = used[0]
+        self.perm = order if order is not None and order != list(range(len(order))) else None
+        self.pre, self.post = xshape[:first], xshape[first + len(used):]
+        sizes = [xshape[first + k] for k in range(len(used))]
+        self.K = ir.prod(sizes)
+        self.view_shape = xshape  # x after the permute
+        self.x3 = ctx.reshape(x, (ir.prod(self.pre), self.K, ir.prod(self.post)))
+        i64, ish = torch.int64, self.ishape
+        lin, bad, stride = None, None, self.K
+        for t, size in zip([indices[i] for i in used], sizes):
+            stride //= size
+            t = ctx.broadcast_to(ctx.cast(t, i64), ish)
+            neg = ctx.pointwise("lt", (t, 0), ish, torch.bool)
+            t = ctx.pointwise("where", (neg, ctx.pointwise("add", (t, size), ish, i64), t), ish, i64)
+            if len(used) > 1:
+                out = ctx.pointwise("logical_or", (ctx.pointwise("lt", (t, 0), ish, torch.bool),
+                                                   ctx.pointwise("ge", (t, size), ish, torch.bool)), ish, torch.bool)
+                bad = out if bad is None else ctx.pointwise("logical_or", (bad, out), ish, torch.bool)
+            term = t if stride == 1 else ctx.pointwise("mul", (t, stride), ish, i64)
+            lin = term if lin is None else ctx.pointwise("add", (lin, term), ish, i64)
+        if bad is not None:
+            lin = ctx.pointwise("where", (bad, 2 * self.K, lin), ish, i64)
+        self.lin = ctx.reshape(lin, (ir.prod(ish),)) if len(ish) != 1 else lin
+
+    def result_shape(self) -> tuple[int, ...]:
+        return tuple(self.pre) + tuple(self.ishape) + tuple(self.post)
+
+
+@register(aten.index.Tensor, aten._unsafe_index.Tensor)
 def _index(ctx, node, x, indices):
-    """x[..., idx] with one integer index tensor after leading full slices: an
-    index_select of the flattened index, its dim then unflattened to idx's shape."""
-    used = [i for i, t in enumerate(indices) if t is not None]
-    if len(used) != 1:
-        raise Unsupported("advanced indexing with several index tensors")
-    dim, idx = used[0], indices[used[0]]
-    if not isinstance(idx, Ref) or ctx.dtype(idx) not in (torch.int32, torch.int64):
-        raise Unsupported("index must be an int32/int64 tensor (boolean masks give data-dependent shapes)")
-    xshape, ishape = ctx.shape(x), ctx.shape(idx)
-    flat = (ir.prod(ishape),)
-    sel_shape = xshape[:dim] + flat + xshape[dim + 1:]
-    if len(ishape) != 1:
-        idx = ctx.reshape(idx, flat)
-    sel = _gather_node(ctx, node, x, idx, dim, "index_select", sel_shape)
+    """x[..., i0, :, i1] with integer index tensors (broadcast together, negative
+    indices wrapped): an index_select of the linearised index on a (pre, K, post) view."""
+    if not ctx.shape(x):
+        raise Unsupported("indexing a 0-d tensor")
+    a = _Indexed(ctx, x, indices)
+    n = ir.prod(a.ishape)
+    sel = _gather_node(ctx, node, a.x3, a.lin, 1, "index_select", (ir.prod(a.pre), n, ir.prod(a.post)))
     return ctx.reshape(sel, static_shape(node.meta["val"]))
+
+
+def _refuse_nondeterministic(what: str) -> None:
+    if torch.are_deterministic_algorithms_enabled():
+        raise Unsupported(f"{what} adds with atomics (order-dependent rounding) and "
+                          "torch.use_deterministic_algorithms(True) is set")
+
+
+def _scatter_add_rows(ctx: LowerCtx, values: Ref, lin: Ref, rows: int, cols: int) -> Ref:
+    """out[rows, cols] (float32, zero-initialised) with values[m, :] added into row
+    lin[m] by atomics: the scatter-add kernel form of embedding's backward."""
+    _refuse_nondeterministic("scatter-add")
+    vals = ctx.cast(values, torch.float32)
+    shape = (rows, cols)
+    return Ref(ctx.g.add(ir.SCATTER_ADD, "index_put", (vals, lin), shape, torch.float32,
+                         contiguous_strides(shape), (("padding_idx", None),)))
+
+
+@register(aten.index_put.default, aten._unsafe_index_put.default)
+def _index_put(ctx, node, x, indices, values, accumulate=False):
+    """x.index_put(indices, values, accumulate=True): the values of each index position
+    added into x's (linearised) row by atomics, then x added.  Duplicate indices add up,
+    like eager.  Without accumulate, duplicate positions have no defined winner: eager."""
+    val = node.meta["val"]
+    if not accumulate:
+        raise Unsupported("index_put without accumulate (a write whose duplicate positions have no defined "
+                          "order) runs eagerly")
+    if val.dtype not in FLOAT_TYPES:
+        raise Unsupported("index_put accumulate into an integer tensor runs eagerly")
+    shape = static_shape(val)
+    a = _Indexed(ctx, x, indices)
+    # bring values to the order (pre, I, post) of the linearised view, then rows = I
+    v = ctx.broadcast_to(ctx.cast(values, val.dtype), a.result_shape())
+    npre, ni = len(a.pre), len(a.ishape)
+    if npre:
+        dims = tuple(range(npre, npre + ni)) + tuple(range(npre)) + tuple(range(npre + ni, len(a.result_shape())))
+        v = ctx.view("permute", v, tuple(a.result_shape()[d] for d in dims), (("dims", dims),))
+    m, r = ir.prod(a.ishape), ir.prod(a.pre) * ir.prod(a.post)
+    v2 = ctx.reshape(v, (m, r))  # rows: index positions; columns: the (pre, post) elements
+    acc = _scatter_add_rows(ctx, v2, a.lin, a.K, r)              # (K, pre*post)
+    # back to x's layout: (K, pre, post) -> (pre, K, post) -> the (permuted) view -> x
+    acc = ctx.reshape(acc, (a.K, ir.prod(a.pre), ir.prod(a.post)))
+    acc = ctx.view("permute", acc, (ir.prod(a.pre), a.K, ir.prod(a.post)), (("dims", (1, 0, 2)),))
+    acc = ctx.reshape(acc, a.view_shape)
+    if a.perm is not None:
+        inv = tuple(a.perm.index(d) for d in range(len(a.perm)))
+        acc = ctx.view("permute", acc, shape, (("dims", inv),))
+    total = ctx.pointwise("add", (ctx.cast(x, torch.float32), acc), shape, torch.float32)
+    return ctx.cast(total, val.dtype) if val.dtype != torch.float32 else total
 
 
 @register(aten.gather.default)
@@ -69,6 +186,10 @@ def _scatter_value(ctx, node, x, dim, index, value):
     shape = static_shape(node.meta["val"])
     ishape = ctx.shape(index)
     nd = len(shape)
+    if nd == 0:  # 0-d: `value` where the index is 0 (the only index eager accepts)
+        dtype = node.meta["val"].dtype
+        hit = ctx.pointwise("eq", (ctx.cast(index, torch.int64), 0), (), torch.bool)
+        return ctx.pointwise("where", (hit, value, ctx.cast(x, dtype)), (), dtype)
     dim %= nd
     if len(ishape) != nd or ishape[dim] != 1 or any(ishape[i] != shape[i] for i in range(nd) if i != dim):
         raise Unsupported("scatter with more than one index per row")

@@ -147,7 +147,7 @@ UNARY = {
     "tanh": aten.tanh, "sigmoid": aten.sigmoid, "erf": aten.erf, "abs": aten.abs, "neg": aten.neg,
     "reciprocal": aten.reciprocal, "floor": aten.floor, "ceil": aten.ceil, "round": aten.round,
     "trunc": aten.trunc, "sign": aten.sign, "bitwise_not": aten.bitwise_not, "relu": aten.relu,
-    "isnan": aten.isnan, "isinf": aten.isinf,
+    "isnan": aten.isnan, "isinf": aten.isinf, "lgamma": aten.lgamma, "digamma": aten.digamma,
 }
 
 
@@ -162,12 +162,38 @@ def _unary(op):
             return ctx.pointwise("logical_not", (x,), shape, dtype)
         if op in ("floor", "ceil", "round", "trunc") and dtype not in FLOAT_TYPES:
             return ctx.pointwise("identity", (x,), shape, dtype)
+        if op in ("lgamma", "digamma") and dtype not in FLOAT_TYPES:
+            raise Unsupported(f"{op} of an integer tensor")
         return ctx.pointwise(op, (ctx.cast(x, dtype),), shape, dtype)
     return rule
 
 
 for _op, _packet in UNARY.items():
     register(_packet.default)(_unary(_op))
+
+
+@register(aten.polygamma.default)
+def _polygamma(ctx, node, n, x):
+    if n != 0:
+        raise Unsupported("polygamma of order >= 1 has no kernel form valid for every argument (only order 0)")
+    return _unary("digamma")(ctx, node, x)
+
+
+@register(aten.nan_to_num.default)
+def _nan_to_num(ctx, node, x, nan=None, posinf=None, neginf=None):
+    shape, dtype = _out(node)
+    if dtype not in FLOAT_TYPES:
+        return ctx.pointwise("identity", (x,), shape, dtype)
+    info = torch.finfo(dtype)
+    cd = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    v = ctx.cast(x, cd)
+    out = ctx.pointwise("where", (ctx.pointwise("isnan", (v,), shape, torch.bool), 0.0 if nan is None else nan, v),
+                        shape, cd)
+    out = ctx.pointwise("where", (ctx.pointwise("eq", (v, float("inf")), shape, torch.bool),
+                                  info.max if posinf is None else posinf, out), shape, cd)
+    out = ctx.pointwise("where", (ctx.pointwise("eq", (v, float("-inf")), shape, torch.bool),
+                                  info.min if neginf is None else neginf, out), shape, cd)
+    return ctx.cast(out, dtype)
 
 
 @register(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar)
@@ -265,9 +291,12 @@ def _arange(ctx, node, *args, **kwargs):
     if any(isinstance(v, Ref) for v in (start, step)):
         raise Unsupported("arange bounds are tensors")
     exact = all(float(v).is_integer() for v in (start, step)) and abs(start) + abs(step) * shape[0] < 2 ** 24
-    if dtype.is_floating_point and not exact:
-        raise Unsupported("arange with fractional start or step (eager's rounding order)")
     idx = Ref(ctx.g.add(ir.POINTWISE, "iota", (), shape, torch.int64, ir.contiguous_strides(shape), (("dim", 0),)))
+    if dtype.is_floating_point and not exact:
+        # fractional: start + i * step in float64, rounded once to the result type (eager
+        # computes it in its accumulation type; the two agree to within one rounding)
+        val = ctx.pointwise("mul", (ctx.cast(idx, torch.float64), float(step)), shape, torch.float64)
+        return ctx.cast(ctx.pointwise("add", (val, float(start)), shape, torch.float64), dtype)
     val = idx
     if step != 1:
         val = ctx.pointwise("mul", (val, int(step)), shape, torch.int64)

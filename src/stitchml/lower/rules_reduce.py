@@ -60,14 +60,24 @@ def _minmax(op):
         out_dtype = node.meta["val"].dtype
         if not ctx.shape(x):
             return _scalar_input(ctx, x, node)
-        if out_dtype == torch.bool:
-            raise Unsupported(f"{op} of a bool tensor")
+        if out_dtype == torch.bool:  # max of bools is any, min is all: reduced as int32 (issue 19)
+            r = ctx.reduce(op, ctx.cast(x, torch.int32), _dims(ctx, x, dim), keepdim, torch.int32)
+            return ctx.cast(r, torch.bool)
         return ctx.reduce(op, x, _dims(ctx, x, dim), keepdim, out_dtype)
     return rule
 
 
 register(aten.amax.default, aten.max.default, prims.amax.default)(_minmax("amax"))
 register(aten.amin.default, aten.min.default, prims.amin.default)(_minmax("amin"))
+
+
+@register(aten.aminmax.default)
+def _aminmax(ctx, node, x, *, dim=None, keepdim=False):
+    """(amin, amax): two reductions of the same rows (issue 19)."""
+    class _nth:  # one output of the node, as `_first` does for the first
+        def __init__(self, i):
+            self.meta, self.target = {"val": node.meta["val"][i]}, node.target
+    return (_minmax("amin")(ctx, _nth(0), x, dim, keepdim), _minmax("amax")(ctx, _nth(1), x, dim, keepdim))
 
 
 def _arg(op):
@@ -104,3 +114,20 @@ class _first:
     def __init__(self, node):
         self.meta = {"val": node.meta["val"][0]}
         self.target = node.target
+
+
+def _logical(op: str):
+    """all / any of a tensor: count the zero (non-zero) elements in int32 and compare
+    (bool reductions have no combine of their own)."""
+    def rule(ctx, node, x, dim=None, keepdim=False):
+        shape = static_shape(node.meta["val"])
+        if not ctx.shape(x):
+            return ctx.pointwise("ne", (x, 0), shape, torch.bool)
+        hit = ctx.pointwise("eq" if op == "all" else "ne", (x, 0), ctx.shape(x), torch.bool)
+        count = ctx.reduce("sum", ctx.cast(hit, torch.int32), _dims(ctx, x, dim), keepdim, torch.int32)
+        return ctx.pointwise("eq" if op == "all" else "gt", (count, 0), shape, torch.bool)
+    return rule
+
+
+register(aten.all.default, aten.all.dim, aten.all.dims)(_logical("all"))
+register(aten.any.default, aten.any.dim, aten.any.dims)(_logical("any"))

@@ -1,6 +1,6 @@
 """Layout ops lowered as index maps (no copies): reshapes, permutes, expands, slices,
 selects, concatenation, plain-re-index as_strided, and the ops built from them:
-constant padding, roll and repeat."""
+constant padding, roll, repeat, and diagonals (diagonal, diag_embed, diagonal_scatter)."""
 from __future__ import annotations
 
 import torch
@@ -113,12 +113,16 @@ def _stack(ctx, node, tensors, dim=0):
 @register(aten.as_strided.default)
 def _as_strided(ctx, node, x, size, stride, storage_offset=None):
     src = ctx.node(x)
-    if src.kind != ir.INPUT or src.stride != contiguous_strides(src.shape):
-        raise Unsupported("as_strided is only a plain re-index of a contiguous graph input")
+    # a graph input or a computed value (not a view: its strides are not its storage)
+    # laid out contiguously: as_strided re-indexes its elements in that order
+    if src.kind == ir.VIEW or src.stride != contiguous_strides(src.shape):
+        raise Unsupported("as_strided is only a plain re-index of a contiguous buffer")
     val = node.args[0].meta["val"]
     if val.storage_offset() != 0:
         raise Unsupported("as_strided of an input with a storage offset")
     off = 0 if storage_offset is None else storage_offset
+    if off + sum((n - 1) * st for n, st in zip(size, stride) if n > 0) >= max(src.numel, 1):
+        raise Unsupported("as_strided reaches past the elements of its operand")
     return ctx.view("as_strided", x, _shape(node), (("stride", tuple(stride)), ("offset", off)))
 
 
@@ -251,3 +255,95 @@ def _select_backward(ctx, node, grad, input_sizes, dim, index):
     index = index + shape[dim] if index < 0 else index
     g = ctx.reshape(grad, tuple(1 if i == dim else s for i, s in enumerate(shape)))
     return _pad_along(ctx, g, shape, dim, index, node.meta["val"].dtype)
+
+
+# -- diagonals (issue 19): strided views and their scatter, as index maps ------------------
+
+def _iota(ctx, shape, dim):
+    return Ref(ctx.g.add(ir.POINTWISE, "iota", (), shape, torch.int64, contiguous_strides(shape), (("dim", dim),)))
+
+
+def _diag_embed_canonical(ctx, src, base, n, m, offset, dtype):
+    """A (*o, n, m) value: `src` (*o, L) on the diagonal `offset`, `base` elsewhere
+    (a Ref of that shape, or a number).  Element (i, j) of the diagonal is src[i] for
+    offset >= 0 and src[j] below the main diagonal."""
+    o = ctx.shape(src)[:-1]
+    shape = o + (n, m)
+    k = len(o)
+    along = n if offset >= 0 else m  # src is indexed by i (rows) or by j (columns)
+    src = _pad_along(ctx, ctx.cast(src, dtype), o + (along,), k, 0, dtype)
+    src = ctx.reshape(src, o + ((n, 1) if offset >= 0 else (1, m)))
+    src = ctx.broadcast_to(src, shape)
+    diff = ctx.pointwise("sub", (_iota(ctx, shape, k + 1), _iota(ctx, shape, k)), shape, torch.int64)
+    on = ctx.pointwise("eq", (diff, offset), shape, torch.bool)
+    return ctx.pointwise("where", (on, src, base), shape, dtype)
+
+
+def _diag_perm(nd, d1, d2):
+    others = [i for i in range(nd) if i not in (d1, d2)]
+    return tuple(others) + (d1, d2)
+
+
+@register(aten.diagonal.default)
+def _diagonal(ctx, node, x, offset=0, dim1=0, dim2=1):
+    """A strided view: the matrix dims moved last and flattened, then a slice with step
+    m + 1 from the diagonal's first element."""
+    shape = ctx.shape(x)
+    nd = len(shape)
+    d1, d2 = dim1 % nd, dim2 % nd
+    out = _shape(node)
+    if prod(out) == 0:
+        return ctx.full(out, 0, node.meta["val"].dtype)
+    perm = _diag_perm(nd, d1, d2)
+    y = x if perm == tuple(range(nd)) else ctx.view("permute", x, tuple(shape[i] for i in perm), (("dims", perm),))
+    n, m = shape[d1], shape[d2]
+    o = tuple(shape[i] for i in perm[:-2])
+    flat = ctx.reshape(y, o + (n * m,))
+    start = offset if offset >= 0 else -offset * m
+    return ctx.view("slice", flat, out, (("dim", len(o)), ("start", start), ("step", m + 1)))
+
+
+@register(aten.diagonal_scatter.default)
+def _diagonal_scatter(ctx, node, x, src, offset=0, dim1=0, dim2=1):
+    shape, dtype = ctx.shape(x), node.meta["val"].dtype
+    nd = len(shape)
+    d1, d2 = dim1 % nd, dim2 % nd
+    perm = _diag_perm(nd, d1, d2)
+    cshape = tuple(shape[i] for i in perm)
+    xc = ctx.cast(x, dtype) if perm == tuple(range(nd)) else ctx.view("permute", ctx.cast(x, dtype), cshape,
+                                                                      (("dims", perm),))
+    out = _diag_embed_canonical(ctx, src, xc, shape[d1], shape[d2], offset, dtype)
+    inv = tuple(perm.index(i) for i in range(nd))
+    return out if perm == tuple(range(nd)) else ctx.view("permute", out, shape, (("dims", inv),))
+
+
+@register(aten.diagonal_backward.default)
+def _diagonal_backward(ctx, node, grad, input_sizes, offset, dim1, dim2):
+    shape, dtype = _shape(node), node.meta["val"].dtype
+    nd = len(shape)
+    d1, d2 = dim1 % nd, dim2 % nd
+    perm = _diag_perm(nd, d1, d2)
+    out = _diag_embed_canonical(ctx, grad, 0.0 if dtype.is_floating_point else 0, shape[d1], shape[d2], offset, dtype)
+    inv = tuple(perm.index(i) for i in range(nd))
+    return out if perm == tuple(range(nd)) else ctx.view("permute", out, shape, (("dims", inv),))
+
+
+@register(aten.diag_embed.default)
+def _diag_embed(ctx, node, x, offset=0, dim1=-2, dim2=-1):
+    shape, dtype = _shape(node), node.meta["val"].dtype
+    nd = len(shape)
+    d1, d2 = dim1 % nd, dim2 % nd
+    size = shape[d1]
+    canon = _diag_embed_canonical(ctx, x, 0, size, size, offset, dtype)
+    # canonical dims (*batch, i, j) -> output positions: i at d1, j at d2, batch in order
+    perm, b = [], 0
+    for k in range(nd):
+        if k == d1:
+            perm.append(nd - 2)
+        elif k == d2:
+            perm.append(nd - 1)
+        else:
+            perm.append(b)
+            b += 1
+    perm = tuple(perm)
+    return canon if perm == tuple(range(nd)) else ctx.view("permute", canon, shape, (("dims", perm),))

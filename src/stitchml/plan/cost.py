@@ -39,7 +39,9 @@ def unfused_bytes(g: ir.Graph) -> int:
 def predict_seconds(k: KernelPlan, dev=None) -> float:
     """Modelled time of one kernel: launch cost plus bytes over bandwidth, scaled by
     how much of the machine the grid occupies (too few programs cannot saturate
-    DRAM; a partial last wave is paid in full)."""
+    DRAM; a partial last wave is paid in full) and by the form's measured efficiency
+    (1.0 until `stitchml calibrate` measured it); atomic adds (scatter kernels) pay
+    the calibrated per-element atomic cost."""
     from .devices import current_device
     dev = dev or current_device()
     warps = max(k.mapping.num_warps, 1)
@@ -49,6 +51,42 @@ def predict_seconds(k: KernelPlan, dev=None) -> float:
     waves = -(-grid // slots)
     occupancy = min(1.0, grid / slots) if waves == 1 else grid / (waves * slots)
     # a quarter of the slots busy already saturates DRAM on these parts
-    efficiency = min(1.0, occupancy * 4)
+    efficiency = min(1.0, occupancy * 4) * dev.efficiency(k.mapping.form)
     mem = (k.bytes_read + k.bytes_written) / (dev.bandwidth * max(efficiency, 1.0 / slots))
-    return dev.launch_s + mem
+    atomics = dev.atomic_s * k.domain.rows * k.domain.cols if k.scheme == "scatter" else 0.0
+    return dev.launch_s + mem + atomics
+
+
+def group_seconds(kind: str, kernels: list[KernelPlan], dev) -> float:
+    """Modelled time of a launch group: one launch, the members' memory time, and a
+    grid barrier between consecutive phases of a global group."""
+    mem = sum(predict_seconds(k, dev) - dev.launch_s for k in kernels)
+    if kind != "global":
+        return dev.launch_s + mem
+    # a persistent grid capped at the resident programs moves bytes slower than the
+    # separate launches do: `stitchml calibrate` measures by how much ("global" efficiency)
+    return dev.launch_s + mem / dev.efficiency("global") + (len(kernels) - 1) * dev.barrier_s
+
+
+def plan_seconds(plan, dev) -> float:
+    """The plan's kernels and launch groups priced on `dev` (same structure: the
+    plan as chosen, moved to another device)."""
+    by_name = {k.name: k for k in plan.kernels}
+    grouped = {m for g in plan.groups for m in g.members}
+    total = sum(predict_seconds(k, dev) for k in plan.kernels if k.name not in grouped)
+    return total + sum(group_seconds(g.kind, [by_name[m] for m in g.members], dev) for g in plan.groups)
+
+
+def unfused_seconds(g: ir.Graph, dev) -> tuple[float, int]:
+    """Modelled time and launch count if every memory-intensive primitive op ran as
+    its own kernel (the eager what-if; the ops that run eagerly anyway are left out
+    of every plan's figure alike)."""
+    gv = GraphView(g)
+    total, n = 0.0, 0
+    for node in g.nodes:
+        if is_free(node) or node.kind not in ir.STITCHABLE | {ir.SCATTER_ADD}:
+            continue
+        nbytes = _nbytes(node) + sum(_nbytes(g[s]) for s in gv.sources[node.id])
+        total += dev.launch_s + nbytes / dev.bandwidth
+        n += 1
+    return total, n

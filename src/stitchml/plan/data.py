@@ -110,10 +110,16 @@ class Plan:
         return [s for s in self.steps if isinstance(s, KernelPlan)]
 
     @property
+    def launched(self) -> list[str]:
+        """Names of the kernels launched per call: a global or horizontal group launches
+        as its composite kernel (named after the group), never its members one by one."""
+        grouped = {m for g in self.groups for m in g.members}
+        return [k.name for k in self.kernels if k.name not in grouped] + [g.name for g in self.groups]
+
+    @property
     def num_kernels(self) -> int:
         """GPU kernels launched per call: a global or horizontal group counts once."""
-        grouped = {m for g in self.groups for m in g.members}
-        return len([k for k in self.kernels if k.name not in grouped]) + len(self.groups)
+        return len(self.launched)
 
     def group_of(self, kernel_name: str) -> LaunchGroup | None:
         for g in self.groups:

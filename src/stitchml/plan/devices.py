@@ -1,16 +1,24 @@
-"""Device table for the cost model.
+"""Device table for the cost model, and the calibrations that override it.
 
 Bandwidths are measured device-to-device copy rates (bytes read + written), not
 datasheet peaks: H100 ~3.0 TB/s and H200 ~4.3 TB/s were measured on this project's
 lent machines (DESIGN §7); A100 is the commonly reported ~1.6 TB/s copy rate.
 Launch and barrier costs are estimates until `stitchml calibrate` measures them
 (AStitch measured a barrier-only kernel at ~2.5–2.7 µs on a V100).
+
+A calibration is one JSON file per (device name, torch version, triton version) under
+`<cache_dir>/calibration/`: a measurement taken with another torch or Triton (whose
+launch path and code generation differ) is not used.  The file holds every figure
+`stitchml calibrate` measured; the cost model reads the ones it uses (copy bandwidth,
+launch, barrier, atomics, per-form efficiency) and says it is `calibrated`.
 """
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from .. import config
 
@@ -27,6 +35,17 @@ class Device:
     max_warps_per_sm: int = 64
     l2_bytes: int = 50 * 2**20
     source: str = "table"   # table | calibrated
+    atomic_s: float = 0.0   # extra time per element of an atomic add (0 = not modelled)
+    # measured efficiency of each kernel form relative to a plain copy (1.0 = copy speed);
+    # a tuple of (form, factor) pairs so the Device stays hashable
+    form_efficiency: tuple[tuple[str, float], ...] = ()
+    calibration_file: str = ""  # where the calibrated figures came from
+
+    def efficiency(self, form: str) -> float:
+        for f, e in self.form_efficiency:
+            if f == form:
+                return max(min(e, 1.0), 0.05)
+        return 1.0
 
 
 DEVICES: dict[str, Device] = {
@@ -38,14 +57,80 @@ DEVICES: dict[str, Device] = {
 }
 
 
-def calibration_path() -> Path:
-    return Path(config.get("cache_dir")) / "calibration.json"
+class UnknownDevice(ValueError):
+    """A device name the table lacks (raised with the names it has)."""
+
+
+def table_device(name: str) -> Device:
+    """The table entry for `name` (case-insensitive), or UnknownDevice."""
+    for k, d in DEVICES.items():
+        if k.lower() == str(name).strip().lower():
+            return d
+    raise UnknownDevice(f"unknown device {name!r}: the device table has {', '.join(DEVICES)}")
+
+
+def _versions() -> tuple[str, str]:
+    try:
+        import torch
+        tv = torch.__version__.split("+")[0]
+    except Exception:  # pragma: no cover
+        tv = "none"
+    try:
+        import triton
+        rv = triton.__version__
+    except Exception:  # pragma: no cover
+        rv = "none"
+    return tv, rv
+
+
+def calibration_path(name: str, versions: tuple[str, str] | None = None) -> Path:
+    """`<cache_dir>/calibration/<device>-torch<v>-triton<v>.json`."""
+    tv, rv = versions or _versions()
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{name}-torch{tv}-triton{rv}")
+    return Path(config.get("cache_dir")) / "calibration" / f"{safe}.json"
+
+
+_cache: dict[tuple, Device] = {}
+
+
+def load_calibration(base: Device, versions: tuple[str, str] | None = None) -> Device:
+    """`base` with the figures of its calibration file applied (source='calibrated'),
+    or `base` unchanged when there is none or it is unreadable (the table stands)."""
+    path = calibration_path(base.name, versions)
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        return base
+    key = (base, str(path), stamp)
+    if key in _cache:
+        return _cache[key]
+    try:
+        data = json.loads(path.read_text())
+        if data.get("name") != base.name:
+            raise ValueError("calibration of another device")
+        eff = tuple(sorted((str(f), float(e)) for f, e in (data.get("form_efficiency") or {}).items()))
+        dev = replace(base, bandwidth=float(data["bandwidth"]), launch_s=float(data["launch_s"]),
+                      barrier_s=float(data.get("barrier_s", base.barrier_s)),
+                      atomic_s=float(data.get("atomic_s", base.atomic_s)), form_efficiency=eff,
+                      source="calibrated", calibration_file=str(path))
+    except (ValueError, KeyError, TypeError, OSError):
+        dev = base  # a broken calibration file is ignored; the table stands
+    _cache[key] = dev
+    return dev
+
+
+def get_device(name: str | None = None) -> Device:
+    """The named device (calibrated if a calibration exists); None = `current_device()`."""
+    if not name:
+        return current_device()
+    return load_calibration(table_device(name))
 
 
 def current_device() -> Device:
     """The device the cost model predicts for: the `device` knob, else the visible
     GPU's name matched against the table, else the CPU entry; calibrated values
-    (from `stitchml calibrate`) override the table's."""
+    (from `stitchml calibrate`) override the table's.  An unknown `device` knob is an
+    error (UnknownDevice), not a silent guess."""
     name = config.get("device")
     if not name:
         name = "cpu"
@@ -56,21 +141,31 @@ def current_device() -> Device:
                 name = next((k for k in DEVICES if k in gpu), "H100")
         except Exception:
             pass
-    dev = DEVICES.get(name, DEVICES["H100"])
-    path = calibration_path()
-    if path.exists():
-        try:
-            data = json.loads(path.read_text())
-            if data.get("name") == dev.name:
-                dev = replace(dev, bandwidth=float(data["bandwidth"]), launch_s=float(data["launch_s"]),
-                              source="calibrated")
-        except (ValueError, KeyError, OSError):
-            pass  # a broken calibration file is ignored; the table stands
-    return dev
+    return load_calibration(table_device(name))
 
 
-def save_calibration(dev: Device) -> Path:
-    path = calibration_path()
+def save_calibration(dev: Device, measurements: dict[str, Any] | None = None,
+                     versions: tuple[str, str] | None = None) -> Path:
+    """Write `dev`'s figures plus everything measured (`measurements`) to its
+    calibration file, atomically."""
+    path = calibration_path(dev.name, versions)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(dev), indent=2))
+    tv, rv = versions or _versions()
+    data = asdict(dev)
+    data["form_efficiency"] = dict(dev.form_efficiency)
+    data.update(source="calibrated", torch=tv, triton=rv, measurements=measurements or {})
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path)
     return path
+
+
+def describe_source(dev: Device) -> str:
+    """One line for reports: where the device's figures come from."""
+    if dev.source == "calibrated":
+        return f"calibrated ({dev.calibration_file})"
+    return "table values (not calibrated: run `stitchml calibrate` on the GPU)"
+
+
+__all__ = ["Device", "DEVICES", "UnknownDevice", "table_device", "get_device", "current_device",
+           "calibration_path", "load_calibration", "save_calibration", "describe_source"]

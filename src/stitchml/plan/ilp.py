@@ -11,24 +11,43 @@ time saved, Σ s_j·(launch − barrier_j); subject to
   - horizontal joins only between launch-bound kernels (bounds),
   - a launch holds at most MAX_SEGMENT kernels (window constraints: the register and
     compile-time budget of one launch).
-The rule-based grouping is the incumbent: the ILP result is used only if its
-modelled time is no worse, so the plan can never be worse than the rules under the
-model.  Solved per region, under a time cap.
+The rule-based grouping is the incumbent, region by region: a region takes the ILP's
+grouping only where it is strictly faster under the model, so the plan is never
+worse than the rules; `SearchReport.per_region` says which plan won each region and
+by how much (`explain` prints it).  Solved per region, under a time cap
+(`ilp_time_limit`); a region the solver does not finish keeps the rule plan.
+
+Merges stay with the rules: on the BERT training graphs (1 layer, batch 2, seq 128,
+H100 table) none of the 202 single producer/consumer cuts of the rule plan, nor
+stitching its 2 refused cheap broadcasts, lowers the predicted time (bytes and
+launches only grow), so a merge search would only spend planning time; see
+bench/NOTES.md.  `plan_search=rules` turns the search off.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from .. import config
-from .cost import predict_seconds
+from .cost import group_seconds, predict_seconds
 from .data import KernelPlan, LaunchGroup, Plan
 from .devices import Device
 from .launches import form_groups, wave_capacity
 
 MAX_SEGMENT = 8
+
+
+@dataclass
+class RegionResult:
+    """Which plan won one region (kernels between two eager ops) and by how much."""
+    region: str            # first..last kernel name
+    kernels: int
+    winner: str            # ilp | rules | tie
+    rule_s: float
+    chosen_s: float
+    note: str = ""
 
 
 @dataclass
@@ -41,6 +60,11 @@ class SearchReport:
     regions: int = 0
     variables: int = 0
     note: str = ""
+    per_region: list = field(default_factory=list)   # RegionResult per region with 2+ kernels
+
+    @property
+    def regions_won(self) -> int:
+        return sum(1 for r in self.per_region if r.winner == "ilp")
 
 
 def _regions(plan: Plan) -> list[list[KernelPlan]]:
@@ -67,28 +91,51 @@ def search(plan: Plan, dev: Device) -> SearchReport:
     form_groups(plan, dev)
     rule_groups = list(plan.groups)
     rule_s = plan.predicted_s
-    if not config.get("ilp"):
-        return SearchReport("rules", rule_s, rule_s, note="ILP disabled")
+    if not config.get("ilp") or config.get("plan_search") == "rules":
+        return SearchReport("rules", rule_s, rule_s, note="ILP disabled (plan_search=rules)"
+                            if config.get("plan_search") == "rules" else "ILP disabled")
     t0 = time.perf_counter()
     cap = config.get("ilp_time_limit")
     groups: list[LaunchGroup] = []
-    nvars, worst_gap, status = 0, 0.0, []
+    nvars, worst_gap, notes, results = 0, 0.0, [], []
     for region in _regions(plan):
+        names = {k.name for k in region}
+        mine = [g for g in rule_groups if set(g.members) <= names]
+        rule_r = _region_seconds(region, mine)
         chosen, gap, ok = _solve_region(region, dev, cap)
         nvars += len(region) - 1
         worst_gap = max(worst_gap, gap)
-        if not ok:
-            status.append("region solved by rules (solver failed or timed out)")
-            chosen = None
-        groups.extend(_to_groups(region, chosen, dev, len(groups)) if chosen is not None else [])
-    plan.groups = groups
-    ilp_s = plan.predicted_s
+        label = f"{region[0].name}..{region[-1].name}"
+        if not ok:   # the rule plan stands for this region
+            notes.append(f"{label}: solver failed or timed out")
+            groups.extend(mine)
+            results.append(RegionResult(label, len(region), "rules", rule_r, rule_r, "solver failed or timed out"))
+            continue
+        ilp_groups = _to_groups(region, chosen, dev, 0)
+        ilp_r = _region_seconds(region, ilp_groups)
+        if ilp_r < rule_r - 1e-12:
+            groups.extend(ilp_groups)
+            results.append(RegionResult(label, len(region), "ilp", rule_r, ilp_r, _describe(ilp_groups)))
+        else:        # ties and losses keep the rule plan (the incumbent)
+            groups.extend(mine)
+            results.append(RegionResult(label, len(region), "tie" if ilp_r <= rule_r + 1e-12 else "rules",
+                                        rule_r, rule_r, _describe(mine)))
+    plan.groups = [replace(g, name=f"g{i}") for i, g in enumerate(groups)]
+    chosen_s = plan.predicted_s
     solve = time.perf_counter() - t0
-    if ilp_s > rule_s or status:
-        plan.groups = rule_groups
-        return SearchReport("rules", rule_s, rule_s, solve, worst_gap, len(_regions(plan)), nvars,
-                            "; ".join(status) or "ILP plan was not better under the model")
-    return SearchReport("ilp", rule_s, ilp_s, solve, worst_gap, len(_regions(plan)), nvars)
+    won = sum(1 for r in results if r.winner == "ilp")
+    method = "ilp" if won else "rules"
+    note = f"ILP won {won} of {len(results)} regions" + (f"; {'; '.join(notes)}" if notes else "")
+    return SearchReport(method, rule_s, chosen_s, solve, worst_gap, len(results), nvars, note, results)
+
+
+def _region_seconds(region: list[KernelPlan], groups: list[LaunchGroup]) -> float:
+    grouped = {m for g in groups for m in g.members}
+    return sum(k.predicted_s for k in region if k.name not in grouped) + sum(g.predicted_s for g in groups)
+
+
+def _describe(groups: list[LaunchGroup]) -> str:
+    return ", ".join(f"{g.kind} {'+'.join(g.members)}" for g in groups) or "separate launches"
 
 
 def _join_value(region: list[KernelPlan], j: int, dev: Device) -> tuple[float, str]:
@@ -97,7 +144,10 @@ def _join_value(region: list[KernelPlan], j: int, dev: Device) -> tuple[float, s
     if dep:
         if not config.get("global_barriers"):
             return 0.0, "none"
-        return dev.launch_s - dev.barrier_s, "global"
+        # a calibrated global-scheme efficiency below 1 costs memory time too (counted for
+        # both kernels of every join: conservative; the plan is re-priced exactly after)
+        slow = (1.0 / dev.efficiency("global") - 1.0) * sum(predict_seconds(k, dev) - dev.launch_s for k in (a, b))
+        return dev.launch_s - dev.barrier_s - slow, "global"
     if not config.get("horizontal_fusion"):
         return 0.0, "none"
     launch_bound = all(predict_seconds(k, dev) - dev.launch_s <= 2 * dev.launch_s for k in (a, b))
@@ -147,12 +197,12 @@ def _to_groups(region: list[KernelPlan], joins, dev: Device, start: int) -> list
 
 
 def _group(seg: list[KernelPlan], kind: str, dev: Device, index: int) -> LaunchGroup:
-    mem = sum(predict_seconds(k, dev) - dev.launch_s for k in seg)
     n = len(seg)
     if kind == "global":
         warps = max(k.mapping.num_warps for k in seg)
         grid = min(max(k.mapping.grid for k in seg), wave_capacity(dev, warps))
         return LaunchGroup(f"g{index}", "global", tuple(k.name for k in seg), grid,
-                           dev.launch_s + mem + (n - 1) * dev.barrier_s, f"ILP: {n - 1} barriers replace launches")
+                           group_seconds("global", seg, dev), f"ILP: {n - 1} barriers replace launches")
     return LaunchGroup(f"g{index}", "horizontal", tuple(k.name for k in seg), sum(k.mapping.grid for k in seg),
-                       dev.launch_s + mem, f"ILP: {n} independent launch-bound kernels in one launch")
+                       group_seconds("horizontal", seg, dev),
+                       f"ILP: {n} independent launch-bound kernels in one launch")

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from .. import config
-from .cost import predict_seconds
+from .cost import group_seconds, predict_seconds
 from .data import KernelPlan, LaunchGroup, Plan
 from .devices import Device, current_device
 
@@ -64,7 +64,7 @@ def _global(plan: Plan, dev: Device) -> None:
             warps = max(c.mapping.num_warps for c in chain)
             grid = min(max(c.mapping.grid for c in chain), wave_capacity(dev, warps))
             separate = sum(predict_seconds(c, dev) for c in chain)
-            fused = dev.launch_s + sum(_mem_s(c, dev) for c in chain) + (n - 1) * dev.barrier_s
+            fused = group_seconds("global", chain, dev)
             if fused < separate:
                 plan.groups.append(LaunchGroup(
                     f"g{len(plan.groups)}", "global", tuple(c.name for c in chain), grid, fused,

@@ -1,12 +1,16 @@
 """Content-addressed caches of generated code, in memory and on disk.
 
-- Kernel sources: keyed by sha256 of (compiler version, the kernel plan, the IR nodes
-  it reads, config knobs that change code, device kind).  A second process compiling
-  the same model loads them instead of generating code (`STATS["generated"]` counts
-  real generations).  Entries carry a checksum of their payload: a truncated or
-  corrupted entry is detected, rebuilt with a warning, never loaded blindly.
-- Kernel modules: Triton's `@jit` needs a source file it can inspect, so the module
-  text is written (atomically) to a file named by its own hash.
+- Kernel sources: keyed by sha256 of (code generator's own source, the kernel plan,
+  the IR nodes it reads, code knobs, device kind), with node ids *renumbered* in the
+  order the kernel reads them.  The same layer's kernel in layer 1 and layer 12 (equal
+  up to node ids) therefore has one key: it is generated once per process, and a
+  second process generates none (`STATS["generated"]` counts real generations).
+  Entries carry a checksum of their payload: a truncated or corrupted entry is
+  detected, rebuilt with a warning, never loaded blindly.
+- Kernel modules: one module per kernel *body* (the text without its name), so
+  kernels equal up to their name share one Triton function, which Triton compiles
+  once, across layers and graphs.  Triton's `@jit` needs a source file it can inspect,
+  so the module text is written (atomically) to a file named by its hash.
 
 Writes go to a private temporary file first and are published with `os.replace`, so
 processes compiling at once never see half-written entries.  Directory:
@@ -14,25 +18,26 @@ processes compiling at once never see half-written entries.  Directory:
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib.util
 import json
 import os
+import re
 import tempfile
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Any, Callable
 
 from .. import config
 from ..codegen.composite import BARRIER
 from ..codegen.triton_kernel import KernelSource
 from ..codegen.triton_ops import PRELUDE
 
-FORMAT = 1
-STATS = {"generated": 0, "disk_hits": 0, "rebuilt": 0}
+FORMAT = 2
+STATS = {"generated": 0, "disk_hits": 0, "memory_hits": 0, "rebuilt": 0, "modules": 0}
 _MODULES: dict[str, ModuleType] = {}
+_SOURCES: dict[str, dict] = {}  # key -> payload (node ids canonical)
 # knobs that change generated code (the rest only change planning, which is in the key)
 _CODE_KNOBS = ("pointwise_block", "persistent_max_cols", "loop_block_cols", "block_elems")
 
@@ -41,16 +46,21 @@ def source_key(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:32]
 
 
-def _root() -> Path:
+def cache_root() -> Path:
     return Path(config.get("cache_dir"))
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Publish `data` at `path` all at once (a private temporary file, then a rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 _CODE_HASH: list[str] = []
@@ -61,69 +71,203 @@ def compiler_version() -> str:
     never reads entries made by another (a package version alone would not notice
     an edited checkout)."""
     if not _CODE_HASH:
-        from ..codegen import composite, triton_kernel, triton_ops
+        from ..codegen import triton_kernel
         from ..ir import index
         h = hashlib.sha256()
-        for mod in (triton_kernel, triton_ops, composite, index):
-            h.update(Path(mod.__file__).read_bytes())
+        for path in sorted(Path(triton_kernel.__file__).parent.glob("*.py")):  # every emitter module
+            h.update(path.read_bytes())
+        h.update(Path(index.__file__).read_bytes())
         _CODE_HASH.append(h.hexdigest()[:16])
     return _CODE_HASH[0]
 
 
-def kernel_key(g, k, device_kind: str) -> str:
-    __version__ = compiler_version()
-    nodes = sorted({m for m in k.members} | set(k.inputs) | {r for m in k.members for r in g[m].refs})
-    closure = set(nodes)
+# ----------------------------------------------------------------------------- keys
+
+def _closure(g, k) -> list[int]:
+    """The nodes a kernel's code reads: members, inputs, and the views/point-wise
+    nodes pulled through between them, in id order."""
+    nodes = {m for m in k.members} | set(k.inputs) | {r for m in k.members for r in g[m].refs}
     stack = list(nodes)
-    while stack:  # views and constants pulled through are part of what the code reads
+    while stack:
         n = g[stack.pop()]
+        if n.id in k.inputs:
+            continue
         for r in n.refs:
-            if r not in closure:
-                closure.add(r)
+            if r not in nodes:
+                nodes.add(r)
                 if g[r].kind in ("view", "pointwise") and r not in k.inputs:
                     stack.append(r)
-    payload = repr((FORMAT, __version__, device_kind, [repr(g[i]) for i in sorted(closure)],
-                    repr(dataclasses.replace(k, predicted_s=0.0)),
+    return sorted(nodes)
+
+
+def _renumber(a: Any, ids: dict[int, int]) -> Any:
+    from ..ir.nodes import Ref
+    if isinstance(a, Ref):
+        return ("ref", ids.get(a.id, "ext"))
+    if isinstance(a, (tuple, list)):
+        return tuple(_renumber(x, ids) for x in a)
+    return a
+
+
+def canonical_kernel(g, k) -> tuple[str, list[int]]:
+    """A text that describes everything the code generator reads for kernel `k`, with
+    node ids replaced by their position in the kernel's closure, and that closure.
+    Two kernels with equal texts generate equal code up to node ids."""
+    closure = _closure(g, k)
+    ids = {nid: i for i, nid in enumerate(closure)}
+    parts = []
+    for nid in closure:
+        n = g[nid]
+        if nid in k.inputs:  # read from memory: only its layout matters
+            parts.append(("in", n.kind, n.shape, str(n.dtype), n.stride))
+        else:
+            parts.append((n.kind, n.op, _renumber(n.args, ids), n.shape, str(n.dtype), n.stride,
+                          _renumber(n.attrs, ids)))
+    plan = (k.domain, k.mapping, k.scheme,
+            *(tuple(ids.get(x, "ext") for x in t) for t in (k.members, k.outputs, k.inputs, k.dominant,
+                                                             k.seeds, k.partials)),
+            tuple((ids.get(a, "ext"), ids.get(b, "ext"), s) for a, b, s in k.stitches),
+            bool(k.combine_of))
+    return repr((parts, plan)), closure
+
+
+def kernel_key(g, k, device_kind: str) -> str:
+    text, _ = canonical_kernel(g, k)
+    payload = repr((FORMAT, compiler_version(), device_kind, text,
                     [(name, config.get(name)) for name in _CODE_KNOBS]))
     return hashlib.sha256(payload.encode()).hexdigest()[:40]
 
 
-def cached_kernel(key: str, generate: Callable[[], KernelSource]) -> KernelSource:
-    path = _root() / "generated" / f"{key}.json"
-    if path.exists():
-        try:
-            data = json.loads(path.read_text())
-            payload = data["payload"]
-            if data.get("format") != FORMAT or data.get("key") != key or \
-                    hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest() != data["sha256"]:
-                raise ValueError("checksum or key mismatch")
-            STATS["disk_hits"] += 1
-            return KernelSource(payload["name"], [tuple(p) for p in payload["params"]], payload["param_names"],
-                                payload["body"], payload["grid"], payload["num_warps"],
-                                {int(k): frozenset(v) for k, v in payload["levels"].items()})
-        except (ValueError, KeyError, TypeError) as e:
-            STATS["rebuilt"] += 1
-            warnings.warn(f"stitchml: corrupted kernel cache entry {path} ({e}); rebuilding it", stacklevel=2)
-    ks = generate()
-    STATS["generated"] += 1
-    payload = {"name": ks.name, "params": [list(p) for p in ks.params], "param_names": ks.param_names,
-               "body": ks.body, "grid": ks.grid, "num_warps": ks.num_warps,
-               "levels": {str(k): sorted(v) for k, v in ks.levels.items()}}
-    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-    _atomic_write(path, json.dumps({"format": FORMAT, "key": key, "sha256": digest, "payload": payload}))
-    return ks
+# ----------------------------------------------------------------------------- sources
+
+def _to_payload(ks: KernelSource, ids: dict[int, int]) -> dict:
+    canon = lambda nid: ids[nid] if nid >= 0 else nid  # noqa: E731 (counter/base params use -1)
+    return {"params": [[kind, canon(nid)] for kind, nid in ks.params], "param_names": ks.param_names,
+            "body": ks.body, "grid": ks.grid, "num_warps": ks.num_warps,
+            "levels": {str(canon(n)): sorted(v) for n, v in ks.levels.items()}}
+
+
+def _from_payload(name: str, p: dict, closure: list[int]) -> KernelSource:
+    actual = lambda i: closure[i] if i >= 0 else i  # noqa: E731
+    return KernelSource(name, [(kind, actual(i)) for kind, i in p["params"]], list(p["param_names"]),
+                        list(p["body"]), p["grid"], p["num_warps"],
+                        {actual(int(i)): frozenset(v) for i, v in p["levels"].items()})
+
+
+def _checksum(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _read_entry(path: Path, key: str) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        payload = data["payload"]
+        if data.get("format") != FORMAT or data.get("key") != key or _checksum(payload) != data["sha256"]:
+            raise ValueError("checksum or key mismatch")
+        return payload
+    except (ValueError, KeyError, TypeError) as e:
+        STATS["rebuilt"] += 1
+        warnings.warn(f"stitchml: corrupted kernel cache entry {path} ({e}); rebuilding it", stacklevel=3)
+        return None
+
+
+def cached_payload(key: str, generate: Callable[[], dict]) -> dict:
+    """The payload stored under `key` (memory, then disk), else `generate()`'s, stored."""
+    if key in _SOURCES:
+        STATS["memory_hits"] += 1
+        return _SOURCES[key]
+    path = cache_root() / "generated" / f"{key}.json"
+    payload = _read_entry(path, key)
+    if payload is not None:
+        STATS["disk_hits"] += 1
+    else:
+        payload = generate()
+        STATS["generated"] += 1
+        atomic_write(path, json.dumps({"format": FORMAT, "key": key, "sha256": _checksum(payload),
+                                       "payload": payload}))
+    _SOURCES[key] = payload
+    return payload
+
+
+def cached_kernel(g, k, device_kind: str, generate: Callable[[], KernelSource]) -> KernelSource:
+    """Kernel `k`'s source, generated once per content (see the module doc)."""
+    key = kernel_key(g, k, device_kind)
+    _, closure = canonical_kernel(g, k)
+    ids = {nid: i for i, nid in enumerate(closure)}
+    payload = cached_payload(key, lambda: _to_payload(generate(), ids))
+    return _from_payload(k.name, payload, closure)
+
+
+# ----------------------------------------------------------------------------- modules
+
+_DEF = re.compile(r"^@triton\.jit(\([^\n]*\))?\ndef (\w+)\(", re.M)
+
+
+def _body_key(text: str) -> tuple[str, str]:
+    """(hash of the kernel text with its own name blanked, that name)."""
+    m = _DEF.search(text)
+    if m is None:
+        raise ValueError("not a generated kernel: no `@triton.jit def`")
+    name = m.group(2)
+    blank = text[:m.start(2)] + "KERNEL" + text[m.end(2):]
+    return source_key(PRELUDE + BARRIER + blank), name
+
+
+def load_kernels(sources: dict[str, str]) -> dict[str, Any]:
+    """The Triton function of every kernel text, by the name the caller uses for it.
+    Texts equal up to the kernel's name share one function (one module per body),
+    so Triton compiles such kernels once."""
+    out = {}
+    for name, text in sources.items():
+        key, own = _body_key(text)
+        module = _MODULES.get(key)
+        if module is None:
+            fn = f"k_{key[:24]}"
+            m = _DEF.search(text)
+            body = text[:m.start(2)] + fn + text[m.end(2):]
+            source = PRELUDE + BARRIER + "\n\n" + body + f"\n\nKERNEL = {fn}\n"
+            path = cache_root() / "kernels" / f"sk_{key}.py"
+            if not path.exists() or path.read_text() != source:  # missing or damaged: (re)publish
+                atomic_write(path, source)
+            spec = importlib.util.spec_from_file_location(f"stitchml_kernels_{key}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            _MODULES[key] = module
+            STATS["modules"] += 1
+        out[name] = module.KERNEL
+    return out
+
+
+def module_path(text: str) -> Path:
+    """Where `load_kernels` writes the module of this kernel text."""
+    return cache_root() / "kernels" / f"sk_{_body_key(text)[0]}.py"
 
 
 def load_module(kernel_sources: list[str]) -> ModuleType:
+    """All kernel texts in one module, each under its own name (tools that want one
+    namespace, e.g. the ahead-of-time compile check)."""
     source = PRELUDE + BARRIER + "\n\n" + "\n\n".join(kernel_sources)
     key = source_key(source)
     if key in _MODULES:
         return _MODULES[key]
-    path = _root() / "kernels" / f"sk_{key}.py"
-    if not path.exists() or path.read_text() != source:  # missing or damaged: (re)publish
-        _atomic_write(path, source)
-    spec = importlib.util.spec_from_file_location(f"stitchml_kernels_{key}", path)
+    path = cache_root() / "kernels" / f"sm_{key}.py"
+    if not path.exists() or path.read_text() != source:
+        atomic_write(path, source)
+    spec = importlib.util.spec_from_file_location(f"stitchml_module_{key}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     _MODULES[key] = module
     return module
+
+
+def drop_memory() -> None:
+    """Forget what this process generated and loaded (tests of cross-process reuse)."""
+    _SOURCES.clear()
+    _MODULES.clear()
+
+
+__all__ = ["STATS", "atomic_write", "cache_root", "cached_kernel", "cached_payload", "canonical_kernel",
+           "compiler_version", "drop_memory", "kernel_key", "load_kernels", "load_module", "module_path",
+           "source_key"]

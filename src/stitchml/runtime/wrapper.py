@@ -1,8 +1,23 @@
-"""A generated straight-line Python function that runs one compiled graph: allocate
-outputs, launch kernels, call eager ops, return the graph's outputs.  No plan is
-interpreted at call time."""
+"""The runtime wrapper of one compiled graph: its steps built from the plan
+(`runtime/steps.py` holds the step types), optimised as data, rendered to a
+straight-line Python function and executed.  No plan is interpreted at call time.
+
+- views: a chain of reshape / permute / expand / slice / select of a tensor whose
+  layout is known at compile time (our buffers, graph inputs, checked eager results)
+  becomes one `_view(base, size, stride, offset)` (a C++ reinterpret); where eager
+  would copy (a reshape of a non-viewable layout) or the base's layout is unknown,
+  the ops are replayed as they are;
+- eager results are checked (dtype, shape, strides) against what the plan assumed
+  where something other than an eager op reads them; a difference is absorbed (cast,
+  or copy into the predicted layout) and logged once; checks that passed on the first
+  call are dropped from the wrapper used afterwards;
+- buffers: an output buffer takes the storage of a dead buffer of the same storage
+  size and dtype (never a graph output's or anything it may alias); every name is
+  deleted after its last use, so memory returns to the allocator early.
+"""
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import torch
@@ -13,98 +28,175 @@ from ..ir import nodes as ir
 from ..ir.nodes import Ref
 from ..plan.data import EagerStep, KernelPlan, Plan
 from ..plan.graph_view import is_free
-from .kernel_cache import load_module
+from .kernel_cache import load_kernels
+from .launcher import bind_launchers
+from .cuda_graphs import SeedBuffer, device_seed_source, device_seeds_wanted
+from .steps import (Alloc, Barrier, Check, DrawSeeds, EagerCall, Free, Item, Launch, Layout, Program, Replay,
+                    Return, Sym, View, defines, storage_elems, view_layout)
+
+log = logging.getLogger("stitchml")
+
+try:  # one C++ call per view (what Inductor's generated code uses too)
+    from torch._C._dynamo.guards import _reinterpret_tensor as _view
+except ImportError:  # pragma: no cover
+    def _view(t: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
+        return t.as_strided(size, stride, t.storage_offset() + offset)
 
 
-class WrapperBuilder:
-    def __init__(self, plan: Plan, sources: dict[str, KernelSource], device: torch.device):
+class ProgramBuilder:
+    def __init__(self, plan: Plan, sources: dict[str, KernelSource], device: torch.device,
+                 device_seeds: bool = False, generic: bool = False):
         self.plan, self.g = plan, plan.graph
+        # generic (dynamic templates): no decision that holds only at these exact sizes
+        # (a view that happens to equal its base, buffers that happen to match in size),
+        # so the steps have the same structure at every size of a bucket
+        self.generic = generic
+        # CUDA-graph mode: seeds read from a device buffer, barrier counters zeroed per launch
+        self.device_seeds = device_seeds
+        self.nseeds = 0
         self.sources = sources
-        self.lines: list[str] = []
+        self.steps: list = []
         self.names: dict[int, str] = {}
-        self.consts: dict[str, Any] = {"torch": torch, "DEVICE": device, "_seed": _seed,
-                                      "_in_layout": _in_layout}
+        self.known: dict[str, Layout] = {}     # names whose layout is known at compile time
+        self.checker = Checker()
+        self.consts: dict[str, Any] = {"torch": torch, "DEVICE": device, "_seed": _seed, "_view": _view,
+                                       "CHECK": self.checker}
         self.nconst = 0
         self.device = device
         self.partials: set[str] = set()
-        self.kernel_inputs = {i for k in plan.kernels for i in k.inputs}
+        self.users = self.g.users()
+        self.outputs = set(self.g.output_ids())
 
+    # -- names and constants
     def _const(self, value: Any) -> str:
-        if isinstance(value, (bool, int, float)) and not isinstance(value, bool) and value == value \
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
                 and abs(value) != float("inf"):
             return repr(value)
         if isinstance(value, (bool, type(None), str)):
             return repr(value)
+        if isinstance(value, torch.dtype):
+            return str(value)
         self.nconst += 1
         name = f"C{self.nconst}"
         self.consts[name] = value
         return name
 
-    def _render(self, a: Any) -> str:
+    def _tree(self, a: Any, uses: list[str]) -> Any:
+        """An argument as a tree of lists, tuples, numbers and `Sym`s (value names,
+        namespace names)."""
         if isinstance(a, Ref):
-            return self.need(a.id)
+            name = self.need(a.id)
+            uses.append(name)
+            return Sym(name)
         if isinstance(a, list):
-            return "[" + ", ".join(self._render(x) for x in a) + "]"
+            return [self._tree(x, uses) for x in a]
         if isinstance(a, tuple):
-            return "(" + "".join(self._render(x) + ", " for x in a) + ")"
-        return self._const(a)
+            return tuple(self._tree(x, uses) for x in a)
+        text = self._const(a)
+        if isinstance(a, (int, float, bool, str, type(None))) and text == repr(a):
+            return a
+        return Sym(text)
 
     def need(self, nid: int) -> str:
-        """Python name of node `nid`'s tensor, replaying free nodes eagerly if needed."""
+        """Name of node `nid`'s tensor; a free node (view, constant) is materialised
+        here, a view chain as one strided view where its base's layout is known."""
         if nid in self.names:
             return self.names[nid]
         n = self.g[nid]
         if not is_free(n):
             raise RuntimeError(f"node %{nid} ({n.kind}.{n.op}) used before it is computed (planner bug)")
         name = f"v{nid}"
-        self.lines.append(f"{name} = {self._replay(n)}")
+        if n.kind != ir.VIEW:  # full / iota: a fresh contiguous tensor
+            self.steps.append(self._constant(name, n))
+            self.known[name] = Layout(n.shape, ir.contiguous_strides(n.shape))
+            self.names[nid] = name
+            return name
+        root = nid
+        while self.g[root].kind == ir.VIEW and root not in self.names:
+            root = self.g[root].refs[0]
+        self.need(root)
+        collapsed = self._collapse(nid)
+        if collapsed is not None:
+            base, lay, ops = collapsed
+            if lay == self.known[base] and nid not in self.outputs and not self.generic:
+                self.names[nid] = base  # the same tensor: no step at all
+                return base
+            self.steps.append(View(name, base, Layout(lay.shape, lay.stride, lay.offset), ops))
+            self.known[name] = Layout(lay.shape, lay.stride)
+        else:
+            src = self.need(n.refs[0])
+            self.steps.append(self._replay(name, n, src))
         self.names[nid] = name
         return name
 
-    def _replay(self, n: ir.Node) -> str:
+    def _collapse(self, nid: int) -> tuple[str, Layout, tuple[str, ...]] | None:
+        """(base name, layout relative to it, ops) of a view chain, or None."""
+        if nid in self.names:
+            name = self.names[nid]
+            lay = self.known.get(name)
+            return None if lay is None else (name, lay, ())
+        n = self.g[nid]
+        if n.kind != ir.VIEW:
+            return None
+        src = self._collapse(n.refs[0])
+        if src is None:
+            return None
+        base, lay, ops = src
+        new = view_layout(n.op, lay, n.shape, dict(n.attrs))
+        return None if new is None else (base, new, ops + (n.op,))
+
+    def _constant(self, name: str, n: ir.Node) -> Replay:
         if n.op == "full":
-            return (f"torch.full({n.shape}, {self._const(n.attr('value'))}, dtype={self._const(n.dtype)}, "
-                    f"device=DEVICE)")
-        if n.op == "iota":
-            d = n.attr("dim")
-            view = [1] * len(n.shape)
-            view[d] = n.shape[d]
-            return f"torch.arange({n.shape[d]}, device=DEVICE).reshape({tuple(view)}).expand({n.shape}).contiguous()"
-        src = self.need(n.refs[0])
+            return Replay(name, "torch.full({0}, {1}, dtype={2}, device=DEVICE)",
+                          (n.shape, self._tree(n.attr("value"), []), Sym(str(n.dtype))))
+        d = n.attr("dim")  # iota
+        view = [1] * len(n.shape)
+        view[d] = n.shape[d]
+        return Replay(name, "torch.arange({0}, device=DEVICE).reshape({1}).expand({2}).contiguous()",
+                      (n.shape[d], tuple(view), n.shape))
+
+    def _replay(self, name: str, n: ir.Node, src: str) -> Replay:
+        s = Sym(src)
         if n.op == "reshape":
-            return f"{src}.reshape({n.shape})"
+            return Replay(name, "{0}.reshape({1})", (s, n.shape), src)
         if n.op == "permute":
-            return f"{src}.permute({n.attr('dims')})"
+            return Replay(name, "{0}.permute({1})", (s, tuple(n.attr("dims"))), src)
         if n.op == "expand":
-            return f"{src}.expand({n.shape})"
+            return Replay(name, "{0}.expand({1})", (s, n.shape), src)
         if n.op == "slice":
             dim, start, step = n.attr("dim"), n.attr("start"), n.attr("step")
             end = start + (n.shape[dim] - 1) * step + 1 if n.shape[dim] else start
-            return f"torch.ops.aten.slice.Tensor({src}, {dim}, {start}, {end}, {step})"
+            return Replay(name, "torch.ops.aten.slice.Tensor({0}, {1}, {2}, {3}, {4})", (s, dim, start, end, step), src)
         if n.op == "select":
-            return f"{src}.select({n.attr('dim')}, {n.attr('index')})"
+            return Replay(name, "{0}.select({1}, {2})", (s, n.attr("dim"), n.attr("index")), src)
         if n.op == "as_strided":
-            return f"torch.as_strided({src}, {n.shape}, {n.attr('stride')}, {n.attr('offset')})"
+            return Replay(name, "torch.as_strided({0}, {1}, {2}, {3})",
+                          (s, n.shape, tuple(n.attr("stride")), n.attr("offset")), src)
         raise NotImplementedError(f"replay of {n.op}")
 
-    def build(self) -> str:
-        L = self.lines
+    # -- the steps
+    def build(self) -> Program:
         for i, nid in enumerate(self.g.inputs):
             self.names[nid] = f"a{i}"
+            n = self.g[nid]
+            if n.shape is not None and n.stride is not None:
+                self.known[f"a{i}"] = Layout(n.shape, n.stride)  # (kernels rely on it too: guarded by Dynamo)
         for nid, value in self.g.constants.items():
-            self.names[nid] = self._const(value)
+            self.names[nid] = name = self._const(value)
+            self.known[name] = Layout(tuple(value.shape), tuple(value.stride()))
         for step in self.plan.steps:
             if isinstance(step, KernelPlan):
                 self._kernel(step)
             else:
                 self._eager(step)
-        outs = [self._render(o) for o in self.g.outputs]
-        L.append("return (" + "".join(o + ", " for o in outs) + ")")
-        head = ["def call(args):"]
-        if self.g.inputs:
-            head.append("    " + "".join(f"a{i}, " for i in range(len(self.g.inputs))) + "= args")
-        head.append("    args.clear()")
-        return "\n".join(head + ["    " + line for line in L]) + "\n"
+        outs = tuple(self._tree(o, []) for o in self.g.outputs)
+        self.steps.append(Return(outs))
+        if self.nseeds:
+            self.consts["SEEDS"] = SeedBuffer(self.nseeds, self.device)
+            self.steps.insert(0, DrawSeeds(self.nseeds))
+        steps = reuse_buffers(self.steps) if config.get("reuse_buffers") and not self.generic else self.steps
+        steps = insert_frees(steps, len(self.g.inputs))
+        return Program(steps, len(self.g.inputs), self.consts)
 
     def _kernel(self, k: KernelPlan) -> None:
         group = self.plan.group_of(k.name)
@@ -115,14 +207,22 @@ class WrapperBuilder:
             self._launch(self.sources[group.name], [kernels[m] for m in group.members], group.kind)
 
     def _launch(self, ks: KernelSource, kernels: list[KernelPlan], kind: str = "") -> None:
-        args = []
+        args, writes = [], []
+        poison = bool(config.get("poison_outputs"))
         for pkind, nid in ks.params:
             if pkind == "out":
                 if nid not in self.names:
                     n = self.g[nid]
-                    self.lines.append(f"v{nid} = {self._alloc(n)}")
-                    self.names[nid] = f"v{nid}"
+                    name = f"v{nid}"
+                    self.steps.append(Alloc(name, n.shape, n.stride, n.dtype, zero=n.kind == ir.SCATTER_ADD,
+                                            poison=poison and n.kind != ir.SCATTER_ADD))
+                    self.names[nid] = name
+                    self.known[name] = Layout(n.shape, n.stride)
                 args.append(self.names[nid])
+                writes.append(self.names[nid])
+            elif pkind == "seed" and self.device_seeds:
+                args.append(f"s{self.nseeds}")
+                self.nseeds += 1
             elif pkind == "seed":
                 args.append("_seed()")
             elif pkind == "partial":
@@ -130,15 +230,15 @@ class WrapperBuilder:
                 if pname not in self.partials:  # allocated by the producing kernel, read by its combine
                     n = self.g[nid]
                     producer = next(k for k in self.plan.kernels if nid in k.partials)
-                    dtype = self._const(torch.float32 if n.dtype in (torch.float16, torch.bfloat16) else n.dtype)
-                    self.lines.append(f"{pname} = torch.empty(({producer.mapping.grid}, {n.numel}), "
-                                      f"dtype={dtype}, device=DEVICE)")
+                    dtype = torch.float32 if n.dtype in (torch.float16, torch.bfloat16) else n.dtype
+                    shape = (producer.mapping.grid, n.numel)
+                    self.steps.append(Alloc(pname, shape, ir.contiguous_strides(shape), dtype))
                     self.partials.add(pname)
                 args.append(pname)
+                writes.append(pname)
             elif pkind == "counter":
                 self.consts.setdefault("BARRIER", _BarrierCounter(self.device))
-                barriers = len(kernels) - 1
-                self.lines.append(f"counter, base = BARRIER.take({barriers * ks.grid})")
+                self.steps.append(Barrier((len(kernels) - 1) * ks.grid, reset=self.device_seeds))
                 args.append("counter")
             elif pkind == "base":
                 args.append("base")
@@ -149,42 +249,160 @@ class WrapperBuilder:
         missing = {o for k in kernels for o in k.outputs} - written
         if missing:
             raise RuntimeError(f"kernel {ks.name} does not write outputs {sorted(missing)}")
-        extra = ""
+        maxnreg = None
         if kind == "global" and self.device.type == "cuda":
             from ..plan.launches import MAXNREG
-            extra = f", maxnreg={MAXNREG}"  # keeps the residency assumption of the barrier grid
-        self.lines.append(f"{ks.name}[({ks.grid},)]({', '.join(args)}, num_warps={ks.num_warps}{extra})")
-
-    def _alloc(self, n: ir.Node) -> str:
-        dtype = self._const(n.dtype)
-        if n.kind == ir.SCATTER_ADD:  # accumulated into with atomics
-            return f"torch.zeros({n.shape}, dtype={dtype}, device=DEVICE)"
-        alloc = f"torch.empty_strided({n.shape}, {n.stride}, dtype={dtype}, device=DEVICE)"
-        if config.get("poison_outputs"):
-            poison = "float('nan')" if n.dtype.is_floating_point else (
-                "True" if n.dtype == torch.bool else str(torch.iinfo(n.dtype).max))
-            return f"{alloc}.fill_({poison})"
-        return alloc
+            maxnreg = MAXNREG  # keeps the residency assumption of the barrier grid
+        self.steps.append(Launch(ks.name, ks.grid, tuple(args), ks.num_warps, maxnreg, tuple(writes)))
 
     def _eager(self, step: EagerStep) -> None:
         n = self.g[step.node]
         name = f"v{n.id}"
         if n.kind == ir.ITEM:
-            self.lines.append(f"{name} = {self.need(n.refs[0])}[{n.attr('index')}]")
+            self.steps.append(Item(name, self.need(n.refs[0]), n.attr("index")))
         else:
             target, args, kwargs = self.g.eager_calls[n.id]
-            t = self._const(target)
-            rendered = [self._render(a) for a in args] + [f"{k}={self._render(v)}" for k, v in kwargs.items()]
-            self.lines.append(f"{name} = {t}({', '.join(rendered)})")
-        if n.shape is not None and n.stride is not None and self._read_by_kernel(n.id):
-            # kernels address this value with the strides compilation predicted; an
-            # eager op may return another layout (the fake tensor's strides are not
-            # always eager's): then a copy in the predicted layout is read instead
-            self.lines.append(f"{name} = _in_layout({name}, {n.shape}, {n.stride})")
+            uses: list[str] = []
+            trees = tuple(self._tree(a, uses) for a in args)
+            kw = tuple((k, self._tree(v, uses)) for k, v in kwargs.items())
+            self.steps.append(EagerCall(name, self._const(target), trees, kw, tuple(dict.fromkeys(uses)),
+                                        n.op, _may_alias(target)))
         self.names[n.id] = name
+        if n.shape is not None and n.stride is not None and n.dtype is not None and self._metadata_matters(n.id):
+            # kernels, views and later graphs (a saved tensor read by the backward's
+            # kernels) address this value as the plan predicted it: checked, not trusted
+            op = f"{self.g[n.refs[0]].op}[{n.attr('index')}]" if n.kind == ir.ITEM else n.op
+            self.steps.append(Check(name, n.shape, n.stride, n.dtype, self.checker.register(op), op))
+            self.known[name] = Layout(n.shape, n.stride)
 
-    def _read_by_kernel(self, nid: int) -> bool:
-        return nid in self.kernel_inputs
+    def _metadata_matters(self, nid: int) -> bool:
+        if nid in self.outputs:
+            return True
+        return any(self.g[u].kind not in (ir.OPAQUE, ir.ITEM) for u in self.users[nid])
+
+
+# ------------------------------------------------------------------------ passes
+
+def _may_alias(target: Any) -> bool:
+    """Whether an eager op's result may share storage with its arguments: a view op
+    or one that mutates (its schema says so); unknown callables are assumed to."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return True
+    return schema.is_mutable or any(r.alias_info is not None for r in schema.returns)
+
+
+def _aliases(steps: list) -> dict[str, set[str]]:
+    """For each value name, the allocated buffers (Alloc names) it may share storage
+    with.  An eager result may alias any of its tensor arguments (conservative)."""
+    out: dict[str, set[str]] = {}
+    for s in steps:
+        if isinstance(s, Alloc):
+            out[s.name] = {s.name}
+        elif isinstance(s, (View, Replay, Item, EagerCall, Check)):
+            roots: set[str] = set()
+            for r in (s.reads() if not isinstance(s, EagerCall) or s.may_alias else ()):
+                roots |= out.get(r, set())
+            out[s.name] = out.get(s.name, set()) | roots
+    return out
+
+
+def reuse_buffers(steps: list) -> list:
+    """Give an Alloc the storage of a dead buffer of equal storage size and dtype.
+    A buffer is dead after the last step reading any name that may alias it; buffers
+    a graph output may alias are never reused, nor zero-initialised ones."""
+    aliases = _aliases(steps)
+    last: dict[str, int] = {}
+    pinned: set[str] = set()
+    for i, s in enumerate(steps):
+        names = list(s.reads()) + ([defines(s)] if defines(s) else [])
+        for name in names:
+            for root in aliases.get(name, ()):
+                last[root] = i
+        if isinstance(s, Return):
+            for v in s.reads():
+                pinned |= aliases.get(v, set())
+    dies: dict[int, list[str]] = {}
+    for root, i in last.items():
+        dies.setdefault(i, []).append(root)
+    allocs = {s.name: s for s in steps if isinstance(s, Alloc)}
+    pool: dict[tuple, list[str]] = {}
+    out = []
+    for i, s in enumerate(steps):
+        if isinstance(s, Alloc) and not s.zero and s.name not in pinned:
+            key = (storage_elems(s.shape, s.stride), s.dtype)
+            if key[0] and pool.get(key):
+                donor = allocs[pool[key].pop()]
+                same = donor.shape == s.shape and donor.stride == s.stride
+                s = Alloc(s.name, s.shape, s.stride, s.dtype, poison=s.poison, reuse=donor.name, reuse_same=same)
+        out.append(s)
+        for root in dies.get(i, ()):
+            a = allocs.get(root)
+            if a is not None and not a.zero and root not in pinned:
+                pool.setdefault((storage_elems(a.shape, a.stride), a.dtype), []).append(root)
+    return out
+
+
+def insert_frees(steps: list, num_inputs: int) -> list:
+    """`del` each value name after the step that reads it last (inputs included: the
+    boxed calling convention hands them over), except names returned."""
+    last: dict[str, int] = {f"a{i}": -1 for i in range(num_inputs)}
+    returned: set[str] = set()
+    for i, s in enumerate(steps):
+        d = defines(s)
+        if d:
+            last.setdefault(d, i)
+        for r in s.reads():
+            last[r] = i
+        if isinstance(s, Return):
+            returned |= set(s.reads())
+    frees: dict[int, list[str]] = {}
+    for name, i in last.items():
+        if name not in returned and name[:1] in "avp":
+            frees.setdefault(i, []).append(name)
+    out = [Free(tuple(frees[-1]))] if frees.get(-1) else []
+    for i, s in enumerate(steps):
+        out.append(s)
+        if frees.get(i) and not isinstance(s, Return):
+            out.append(Free(tuple(frees[i])))
+    return out
+
+
+# --------------------------------------------------------------------- run time
+
+class Checker:
+    """Checks of one graph's eager results against the plan's metadata.  `passed`:
+    checks that saw what was predicted; `fixed`: check → what was absorbed."""
+
+    def __init__(self) -> None:
+        self.ops: list[str] = []
+        self.passed: set[int] = set()
+        self.fixed: dict[int, str] = {}
+
+    def register(self, op: str) -> int:
+        self.ops.append(op)
+        return len(self.ops) - 1
+
+    def __call__(self, t: Any, shape: tuple, stride: tuple, dtype: torch.dtype, index: int) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            raise RuntimeError(f"eager op {self.ops[index]} returned {type(t).__name__}, the plan assumed a tensor")
+        if tuple(t.shape) != shape:
+            raise RuntimeError(f"eager op {self.ops[index]} returned shape {tuple(t.shape)}, the plan assumed {shape}")
+        same_layout = t.numel() <= 1 or all(a == b for n, a, b in zip(shape, t.stride(), stride) if n > 1)
+        if t.dtype == dtype and same_layout:
+            self.passed.add(index)
+            return t
+        what = []
+        if t.dtype != dtype:
+            what.append(f"dtype {t.dtype} (plan: {dtype})")
+        if not same_layout:
+            what.append(f"strides {t.stride()} (plan: {stride})")
+        out = torch.empty_strided(shape, stride, dtype=dtype, device=t.device).copy_(t)
+        if index not in self.fixed:
+            self.fixed[index] = ", ".join(what)
+            log.warning("stitchml: eager op %s returned %s; converted to what the plan assumed",
+                        self.ops[index], self.fixed[index])
+        return out
 
 
 class _BarrierCounter:
@@ -204,11 +422,14 @@ class _BarrierCounter:
         self.base += arrivals
         return self.counter, base
 
-
-def _in_layout(t: torch.Tensor, shape: tuple, stride: tuple) -> torch.Tensor:
-    if t.stride() == stride or t.numel() <= 1:
-        return t
-    return torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t)
+    def reset(self):
+        """CUDA-graph mode: the counter zeroed on the stream before the launch (captured
+        as a memset, so every replay starts from 0) and a base of 0."""
+        if self.counter is None:
+            self.counter = torch.zeros(1, dtype=torch.int64, device=self.device)
+        else:
+            self.counter.zero_()
+        return self.counter, 0
 
 
 def _seed() -> int:
@@ -216,30 +437,69 @@ def _seed() -> int:
     return int(torch.randint(0, 2**31 - 1, (1,)).item())
 
 
+def build_program(plan: Plan, sources: dict[str, KernelSource], device: torch.device,
+                  device_seeds: bool = False, generic: bool = False) -> Program:
+    """The wrapper of a plan as steps (inspect `.steps`; `.render()` is its source).
+    `device_seeds`: kernels read their seeds from a device buffer redrawn per call
+    (what a captured CUDA graph needs; the kernels must be `device_seed_source`'s).
+    `generic`: steps whose structure does not depend on size coincidences (the
+    dynamic runner's templates): no view elided for equalling its base, no buffer reuse."""
+    return ProgramBuilder(plan, sources, device, device_seeds, generic).build()
+
+
 def build_wrapper(plan: Plan, sources: dict[str, KernelSource], device: torch.device) -> tuple[str, dict]:
-    """The wrapper's Python source and the objects it names (dtypes, eager ops, constants)."""
-    builder = WrapperBuilder(plan, sources, device)
-    return builder.build(), builder.consts
+    """The wrapper's Python source and the objects it names (eager ops, constants)."""
+    program = build_program(plan, sources, device)
+    return program.render(), program.consts
 
 
-def load_callable(code: str, consts: dict, sources: dict[str, KernelSource] | dict[str, str]) -> Callable:
-    """Load the kernels (one module, cached by content) and exec the wrapper."""
+def _exec(code: str, namespace: dict) -> Callable:
+    exec(compile(code, "<stitchml-wrapper>", "exec"), namespace)
+    return namespace["call"]
+
+
+def load_callable(code: str, consts: dict, sources: dict[str, KernelSource] | dict[str, str],
+                  program: Program | None = None) -> Callable:
+    """Load the kernels (one module, cached by content) and exec the wrapper.  With
+    the `program`, the wrapper used after the first call drops the checks that passed."""
     namespace = dict(consts)
     if sources:
-        texts = [s if isinstance(s, str) else s.source for s in sources.values()]
-        module = load_module(texts)
-        for name in sources:
-            namespace[name] = getattr(module, name)
+        # kernels equal up to their name share one Triton function; each name gets a
+        # launcher bound at load time (runtime/launcher.py), same call shape as the JIT
+        functions = load_kernels({n: s if isinstance(s, str) else s.source for n, s in sources.items()})
+        namespace.update(bind_launchers(functions))
     debug = config.get("debug_dir")
     if debug:
         import hashlib
         from pathlib import Path
         Path(debug).mkdir(parents=True, exist_ok=True)
         (Path(debug) / f"wrapper_{hashlib.sha256(code.encode()).hexdigest()[:12]}.py").write_text(code)
-    exec(compile(code, "<stitchml-wrapper>", "exec"), namespace)
-    return namespace["call"]
+    first = _exec(code, namespace)
+    checker = consts.get("CHECK")
+    if program is None or not program.of_type(Check):
+        return first
+    state = {"fn": first}
+
+    def call(args):
+        fn = state["fn"]
+        out = fn(args)
+        if fn is first:  # checks ran once: keep only those that had something to absorb
+            call.source = program.render(drop_checks=checker.passed - set(checker.fixed))
+            state["fn"] = _exec(call.source, namespace)
+        return out
+
+    call.source = code  # (the source that runs now)
+    return call
 
 
-def build_callable(plan: Plan, sources: dict[str, KernelSource], device: torch.device) -> tuple[Callable, str]:
-    code, consts = build_wrapper(plan, sources, device)
-    return load_callable(code, consts, sources), code
+def build_callable(plan: Plan, sources: dict[str, KernelSource], device: torch.device,
+                   device_seeds: bool | None = None) -> tuple[Callable, str]:
+    """The graph's callable and its wrapper's source.  Where the graph may be captured
+    in a CUDA graph, kernels read their seeds from device memory."""
+    if device_seeds is None:
+        device_seeds = device_seeds_wanted(device)
+    program = build_program(plan, sources, device, device_seeds)
+    if device_seeds:
+        sources = {n: device_seed_source(ks) for n, ks in sources.items()}
+    code = program.render()
+    return load_callable(code, program.consts, sources, program), code

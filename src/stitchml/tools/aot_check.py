@@ -85,7 +85,7 @@ def check(fn, *inputs, arch: int = 90, device: str = "H100") -> list[AotResult]:
         g = lower(gm)
         plan = build_plan(g)
         g = plan.graph  # planning may rewrite the graph (dead nodes dropped, long rows split)
-        sources = generate_all(g, plan, "cuda")
+        sources = generate_all(g, plan)
     module = load_module([s.source for s in sources.values()])
     results = []
     for name, ks in sources.items():

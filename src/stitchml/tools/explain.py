@@ -13,7 +13,7 @@ import torch
 from ..capture.backend import StitchBackend
 from ..compiler import CompiledGraph
 from ..ir.nodes import Fallback
-from ..plan.devices import current_device
+from ..plan.devices import current_device, describe_source
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,27 @@ class Report:
     def predicted_us(self) -> float:
         return sum(r.plan.predicted_s for r in self.graphs if r.plan is not None) * 1e6
 
+    @property
+    def plans(self) -> list:
+        return [r.plan for r in self.graphs if r.plan is not None]
+
+    def what_if(self, device: str | None = None, devices: list[str] | None = None) -> dict[str, Any]:
+        """Predicted step time of the chosen plan and its alternatives (rules,
+        no-global, no-horizontal, unfused, the chosen plan on the other devices):
+        `{"device", "chosen", "plans": [{"name", "predicted_us", "kernels", "launches"}, ...]}`.
+        An unknown device name raises `UnknownDevice` (a ValueError)."""
+        from .whatif import what_if
+        return what_if(self.plans, device, devices)
+
+    def to_html(self, path: str, measured_us: dict[str, float] | None = None, title: str = "",
+                what_if: dict[str, Any] | None = None) -> str:
+        """Write the self-contained HTML report (graph coloured by kernel and scheme,
+        per-kernel bytes and times, roofline chart, refusals, eager ops, what-if
+        table) to `path` and return the path.  `measured_us`: kernel name
+        (`forward:k3`) -> measured time, shown beside the prediction."""
+        from .report_html import write_html
+        return write_html(self, path, measured_us=measured_us, title=title, what_if=what_if)
+
     def to_text(self) -> str:
         lines = []
         for rec in self.graphs:
@@ -87,6 +108,8 @@ class Report:
             if rec.plan is None:
                 lines.append(f"  runs eagerly: {rec.eager_reason}")
                 continue
+            if rec.cuda_graph_note:  # why this graph is not replayed in a CUDA graph
+                lines.append(f"  CUDA graphs: {rec.cuda_graph_note}")
             g = rec.graph
             for step in rec.plan.steps:
                 if hasattr(step, "members"):
@@ -105,11 +128,16 @@ class Report:
                 lines.append(f"  launch search: {s.method}, modelled {s.chosen_s * 1e6:.1f} us vs rules "
                              f"{s.rule_s * 1e6:.1f} us, {s.variables} variables, solved in {s.solve_s * 1e3:.1f} ms, "
                              f"gap {s.gap:.0%}{'; ' + s.note if s.note else ''}")
+                for r in getattr(s, "per_region", []):
+                    if r.winner == "ilp":
+                        lines.append(f"    region {r.region}: ILP wins, {r.rule_s * 1e6:.1f} -> "
+                                     f"{r.chosen_s * 1e6:.1f} us "
+                                     f"(saves {(r.rule_s - r.chosen_s) * 1e6:.2f} us): {r.note}")
             for r in rec.plan.refusals:
                 lines.append(f"  not fused %{r.producer}({g[r.producer].op}) -> %{r.consumer}({g[r.consumer].op}): "
                              f"{r.reason}")
         dev = current_device()
-        lines.append(f"predicted on {dev.name} ({dev.source}): {self.predicted_us:.1f} us")
+        lines.append(f"predicted on {dev.name}: {self.predicted_us:.1f} us; cost-model figures: {describe_source(dev)}")
         lines.append(f"total: {self.num_kernels} kernels, {len(self.fallbacks)} eager ops; modelled "
                      f"{_mb(self.modelled_bytes)} vs {_mb(self.unfused_bytes)} unfused (one kernel per op)")
         return "\n".join(lines)
@@ -129,3 +157,39 @@ def explain(fn: Callable, *example_inputs: Any, backward: bool = False, **compil
         loss = sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad)
         loss.backward()
     return Report(backend.records)
+
+
+def plan_report(model: Callable, *example_inputs: Any, backward: bool = True) -> Report:
+    """A Report from planning only: the model's AOT forward (and backward) graphs are
+    lowered and planned, no kernel is generated or run (the model itself runs
+    eagerly).  For reports on models too large to run under the interpreter."""
+    import time
+
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from ..capture.decomp import decomposition_table
+    from ..lower.lower import lower
+    from ..plan.planner import build_plan
+
+    records: list[CompiledGraph] = []
+
+    def planned(kind: str):
+        def compiler(gm, inputs):
+            t0 = time.perf_counter()
+            g = lower(gm)
+            plan = build_plan(g)
+            records.append(CompiledGraph(kind, graph=plan.graph, plan=plan,
+                                         compile_seconds=time.perf_counter() - t0))
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=planned("forward"), bw_compiler=planned("backward"),
+                           decompositions=decomposition_table())
+    out = torch.compile(model, backend=backend)(*example_inputs)
+    if backward:
+        outs = out if isinstance(out, (tuple, list)) else (getattr(out, "last_hidden_state", out),)
+        loss = sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad)
+        loss.backward()
+    return Report(records)

@@ -1,0 +1,323 @@
+"""Our decompositions of window and scan ops (issue 18): each reduces to strided slices,
+zero-interleaving pads, element-wise ops and reductions, which all stitch; no atomics.
+
+- pooling (avg_pool2d, max_pool2d_with_indices and their backwards): a k x k window is
+  k*k strided slices of the padded input, combined element-wise.  The backward places
+  each window offset's share back with a strided `slice_backward` (zeros interleaved)
+  and sums the k*k placements: a gather form, deterministic, no scatter.
+- strided `slice_backward` (torch has no rule for step > 1 that we lower): the gradient
+  with step-1 zeros interleaved, then placed with a step-1 slice_backward.
+- scans (cumsum, cumprod, logcumsumexp) along rows of at most `SCAN_MAX_ROW` elements:
+  a masked reduction over the row (out[i] = sum_j x[j] * [j <= i]), i.e. a row kernel
+  with the (i, j) square as its domain, stitched with its neighbours.  Quadratic in the
+  row length, which is fine for the short rows these ops see in models (positions,
+  expert counts); longer rows stay eager (the decomposition declines).
+- `_weight_norm_interface_backward`, `upsample_nearest2d_backward`,
+  `replication_pad2d_backward` (index_put with accumulate: the scatter-add form).
+Any case a decomposition does not cover returns NotImplemented: the op stays whole and
+runs eagerly with its reason.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+aten = torch.ops.aten
+
+SCAN_MAX_ROW = 1024  # longest scanned row decomposed (the masked square is row² elements)
+
+
+def _pair(v, default=None) -> tuple[int, int]:
+    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+        v = default
+    if isinstance(v, int):
+        return (v, v)
+    return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
+
+
+def _out_size(n: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    span = d * (k - 1) + 1
+    num = n + 2 * p - span
+    out = (-(-num // s) if ceil_mode else num // s) + 1
+    if ceil_mode and (out - 1) * s >= n + p:  # the last window must start inside input or left padding
+        out -= 1
+    return out
+
+
+def _padded(x: torch.Tensor, ph: int, pw: int, need_h: int, need_w: int, value: float) -> torch.Tensor:
+    """x padded by ph/pw before and up to need_h/need_w in all (negative: crop)."""
+    h, w = x.shape[-2], x.shape[-1]
+    return aten.constant_pad_nd(x, [pw, need_w - w - pw, ph, need_h - h - ph], value)
+
+
+def _window(xp: torch.Tensor, i: int, j: int, oh: int, ow: int, sh: int, sw: int) -> torch.Tensor:
+    return xp[..., i: i + (oh - 1) * sh + 1: sh, j: j + (ow - 1) * sw + 1: sw]
+
+
+def _place(g: torch.Tensor, i: int, j: int, hp: int, wp: int, sh: int, sw: int) -> torch.Tensor:
+    """The adjoint of `_window`: g put back at the window's positions of a (hp, wp) grid."""
+    nd = g.dim()
+    sizes = list(g.shape[:-1]) + [wp]
+    g = aten.slice_backward(g, sizes, nd - 1, j, j + (g.shape[-1] - 1) * sw + 1, sw)
+    sizes = list(g.shape[:-2]) + [hp, wp]
+    return aten.slice_backward(g, sizes, nd - 2, i, i + (g.shape[-2] - 1) * sh + 1, sh)
+
+
+def slice_backward(grad, input_sizes, dim: int, start, end, step: int):
+    if step == 1:
+        return NotImplemented
+    dim %= len(input_sizes)
+    n = input_sizes[dim]
+    start = 0 if start is None else (start + n if start < 0 else start)
+    start = min(max(start, 0), n)
+    m = grad.shape[dim]
+    if m == 0:
+        return grad.new_zeros(input_sizes)
+    # interleave step-1 zeros after each element: (.., m, step) -> (.., m * step)
+    zshape = list(grad.shape[:dim + 1]) + [step - 1] + list(grad.shape[dim + 1:])
+    g = torch.cat([grad.unsqueeze(dim + 1), grad.new_zeros(zshape)], dim + 1).flatten(dim, dim + 1)
+    keep = min(m * step, n - start)
+    g = g.narrow(dim, 0, keep)
+    return aten.slice_backward(g, input_sizes, dim, start, start + keep, 1)
+
+
+def _counts(h: int, w: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw: int, ph: int, pw: int,
+            include_pad: bool, device) -> torch.Tensor:
+    """avg_pool2d's divisor per output position, (oh, ow): window elements inside the
+    padded input (count_include_pad) or inside the input."""
+    def along(o, n, k, s, p):
+        start = torch.arange(o, device=device) * s - p
+        end = torch.clamp_max(start + k, n + p)
+        if not include_pad:
+            start = torch.clamp_min(start, 0)
+            end = torch.clamp_max(end, n)
+        return end - start
+    return (along(oh, h, kh, sh, ph).unsqueeze(1) * along(ow, w, kw, sw, pw).unsqueeze(0))
+
+
+def _avg_setup(x, kernel_size, stride, padding, ceil_mode):
+    kh, kw = _pair(kernel_size)
+    sh, sw = _pair(stride, (kh, kw))
+    ph, pw = _pair(padding, 0)
+    h, w = x.shape[-2], x.shape[-1]
+    oh, ow = _out_size(h, kh, sh, ph, 1, ceil_mode), _out_size(w, kw, sw, pw, 1, ceil_mode)
+    return kh, kw, sh, sw, ph, pw, h, w, oh, ow
+
+
+def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    if not x.is_floating_point():
+        return NotImplemented
+    kh, kw, sh, sw, ph, pw, h, w, oh, ow = _avg_setup(x, kernel_size, stride, padding, ceil_mode)
+    hp, wp = (oh - 1) * sh + kh, (ow - 1) * sw + kw
+    xp = _padded(x, ph, pw, hp, wp, 0.0)
+    total = None
+    for i in range(kh):
+        for j in range(kw):
+            win = _window(xp, i, j, oh, ow, sh, sw)
+            total = win if total is None else total + win
+    if divisor_override:
+        return total / divisor_override
+    return total / _counts(h, w, oh, ow, kh, kw, sh, sw, ph, pw, count_include_pad, x.device).to(x.dtype)
+
+
+def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    if not grad.is_floating_point():
+        return NotImplemented
+    kh, kw, sh, sw, ph, pw, h, w, oh, ow = _avg_setup(x, kernel_size, stride, padding, ceil_mode)
+    hp, wp = (oh - 1) * sh + kh, (ow - 1) * sw + kw
+    if divisor_override:
+        g = grad / divisor_override
+    else:
+        g = grad / _counts(h, w, oh, ow, kh, kw, sh, sw, ph, pw, count_include_pad, x.device).to(grad.dtype)
+    acc = None
+    for i in range(kh):
+        for j in range(kw):
+            part = _place(g, i, j, hp, wp, sh, sw)
+            acc = part if acc is None else acc + part
+    return _padded(acc, -ph, -pw, h, w, 0.0)  # crop the padding back off
+
+
+def _max_setup(x, kernel_size, stride, padding, dilation, ceil_mode):
+    kh, kw = _pair(kernel_size)
+    sh, sw = _pair(stride, (kh, kw))
+    ph, pw = _pair(padding, 0)
+    dh, dw = _pair(dilation, 1)
+    h, w = x.shape[-2], x.shape[-1]
+    oh, ow = _out_size(h, kh, sh, ph, dh, ceil_mode), _out_size(w, kw, sw, pw, dw, ceil_mode)
+    hp, wp = (oh - 1) * sh + dh * (kh - 1) + 1, (ow - 1) * sw + dw * (kw - 1) + 1
+    return kh, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow, hp, wp
+
+
+def _positions(oh, ow, sh, sw, ph, pw, i, j, h, w, device):
+    """(flat input index, inside the input) of window offset (i, j) per output position."""
+    r = torch.arange(oh, device=device).unsqueeze(1) * sh + (i - ph)
+    c = torch.arange(ow, device=device).unsqueeze(0) * sw + (j - pw)
+    inside = (r >= 0) & (r < h) & (c >= 0) & (c < w)
+    return r * w + c, inside
+
+
+def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    if not x.is_floating_point() or x.dim() not in (3, 4):
+        return NotImplemented
+    kh, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow, hp, wp = _max_setup(x, kernel_size, stride, padding,
+                                                                      dilation, ceil_mode)
+    xp = _padded(x, ph, pw, hp, wp, -math.inf)
+    offsets = [(i, j) for i in range(kh) for j in range(kw)]
+    # eager's index of an all -inf window is its first position inside the input
+    first = None
+    for i, j in reversed(offsets):
+        pos, inside = _positions(oh, ow, sh, sw, ph, pw, i * dh, j * dw, h, w, x.device)
+        first = pos if first is None else torch.where(inside, pos, first)
+    best = torch.full_like(_window(xp, 0, 0, oh, ow, sh, sw), -math.inf)
+    idx = first.expand(best.shape)
+    for i, j in offsets:
+        v = _window(xp, i * dh, j * dw, oh, ow, sh, sw)
+        pos, _ = _positions(oh, ow, sh, sw, ph, pw, i * dh, j * dw, h, w, x.device)
+        take = (v > best) | torch.isnan(v)  # the first maximum wins; NaN propagates, as in eager
+        best = torch.where(take, v, best)
+        idx = torch.where(take, pos, idx)
+    return best, idx
+
+
+def max_pool2d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    if not grad.is_floating_point() or x.dim() not in (3, 4):
+        return NotImplemented
+    kh, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow, hp, wp = _max_setup(x, kernel_size, stride, padding,
+                                                                      dilation, ceil_mode)
+    acc = None
+    for i in range(kh):
+        for j in range(kw):
+            pos, _ = _positions(oh, ow, sh, sw, ph, pw, i * dh, j * dw, h, w, x.device)
+            share = torch.where(indices == pos, grad, 0.0)
+            part = _place(share, i * dh, j * dw, hp, wp, sh, sw)
+            acc = part if acc is None else acc + part
+    return _padded(acc, -ph, -pw, h, w, 0.0)
+
+
+def _adaptive_avg_pool2d_backward(grad, x):
+    """Windows [floor(o*n/out), ceil((o+1)*n/out)): when they tile the input evenly
+    this is avg_pool2d's backward; other sizes decline (eager)."""
+    h, w = x.shape[-2], x.shape[-1]
+    oh, ow = grad.shape[-2], grad.shape[-1]
+    if h % oh or w % ow:
+        return NotImplemented
+    k = (h // oh, w // ow)
+    return avg_pool2d_backward(grad, x, k, k, 0, False, True, None)
+
+
+# ------------------------------------------------------------------------- scans
+
+def _scan_mask(n: int, device) -> torch.Tensor:
+    i = torch.arange(n, device=device)
+    return i.unsqueeze(1) >= i.unsqueeze(0)  # [i, j]: j <= i
+
+
+def _scan(x, dim: int, combine: str):
+    if x.dim() == 0:
+        return NotImplemented
+    dim %= x.dim()
+    n = x.shape[dim]
+    if n > SCAN_MAX_ROW or n <= 1:
+        return NotImplemented
+    xm = x.movedim(dim, -1).unsqueeze(-2)            # (..., 1, j)
+    mask = _scan_mask(n, x.device)                     # (i, j)
+    if combine == "sum":
+        out = torch.where(mask, xm, 0).sum(-1)
+    elif combine == "prod":
+        out = torch.where(mask, xm, 1).prod(-1)
+    else:  # logsumexp
+        masked = torch.where(mask, xm, -math.inf)
+        top = masked.amax(-1, keepdim=True)
+        top = torch.where(torch.isinf(top), 0, top)
+        out = (torch.log(torch.exp(masked - top).sum(-1, keepdim=True)) + top).squeeze(-1)
+    return out.movedim(-1, dim)
+
+
+def cumsum(x, dim: int, *, dtype=None):
+    if dtype is not None:
+        x = x.to(dtype)
+    elif not x.is_floating_point():
+        x = x.to(torch.int64)  # eager promotes integer (and bool) cumsum to int64
+    return _scan(x, dim, "sum")
+
+
+def cumprod(x, dim: int, *, dtype=None):
+    if dtype is not None:
+        x = x.to(dtype)
+    elif not x.is_floating_point():
+        x = x.to(torch.int64)
+    return _scan(x, dim, "prod")
+
+
+def logcumsumexp(x, dim: int):
+    if not x.is_floating_point():
+        return NotImplemented
+    return _scan(x, dim, "logsumexp")
+
+
+# ------------------------------------------------------------- other backwards
+
+def weight_norm_backward(grad_w, saved_v, saved_g, saved_norms, dim: int):
+    """w = v * g / |v| (norm over every dim but `dim`): the two gradients in closed form."""
+    dims = [d for d in range(saved_v.dim()) if d != dim % max(saved_v.dim(), 1)]
+    dot = (grad_w * saved_v).sum(dims, keepdim=True)
+    grad_g = (dot / saved_norms).to(saved_g.dtype)
+    grad_v = (saved_g / saved_norms) * (grad_w - saved_v * (dot / (saved_norms * saved_norms)))
+    return grad_v, grad_g
+
+
+def _add_at(grad, input_shape, rows: torch.Tensor, cols: torch.Tensor):
+    """The adjoint of x[..., rows[:, None], cols[None, :]]: an index_put with accumulate."""
+    zero = grad.new_zeros(input_shape)
+    return aten.index_put(zero, [None] * (grad.dim() - 2) + [rows.unsqueeze(1), cols.unsqueeze(0)], grad, True)
+
+
+def upsample_nearest2d_backward(grad, output_size, input_size, scales_h=None, scales_w=None):
+    h, w = input_size[-2], input_size[-1]
+    oh, ow = output_size
+
+    def src(o, n, scale):
+        s = (1.0 / scale) if scale else n / o
+        return torch.clamp_max((torch.arange(o, device=grad.device, dtype=torch.float32) * s).to(torch.int64), n - 1)
+    return _add_at(grad, input_size, src(oh, h, scales_h), src(ow, w, scales_w))
+
+
+def replication_pad2d_backward(grad, x, padding):
+    left, _, top, _ = padding
+    h, w = x.shape[-2], x.shape[-1]
+    rows = torch.clamp(torch.arange(grad.shape[-2], device=grad.device) - top, 0, h - 1)
+    cols = torch.clamp(torch.arange(grad.shape[-1], device=grad.device) - left, 0, w - 1)
+    return _add_at(grad, x.shape, rows, cols)
+
+
+def slice_scatter(x, src, dim: int = 0, start=None, end=None, step: int = 1):
+    """x with src written at x[start:end:step] along dim: src placed (slice_backward,
+    zeros elsewhere) where a placed mask is set, x elsewhere."""
+    n = x.shape[dim]
+    placed = aten.slice_backward(src.to(x.dtype), x.shape, dim, 0 if start is None else start,
+                                 n if end is None else end, step)
+    hit = aten.slice_backward(torch.ones_like(src, dtype=x.dtype if x.is_floating_point() else torch.float32),
+                              x.shape, dim, 0 if start is None else start, n if end is None else end, step)
+    return torch.where(hit != 0, placed, x)
+
+
+def table() -> dict:
+    out = {
+        aten.slice_backward.default: slice_backward,
+        aten.slice_scatter.default: slice_scatter,
+        aten.avg_pool2d.default: avg_pool2d,
+        aten.avg_pool2d_backward.default: avg_pool2d_backward,
+        aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
+        aten.max_pool2d_with_indices_backward.default: max_pool2d_with_indices_backward,
+        aten._adaptive_avg_pool2d_backward.default: _adaptive_avg_pool2d_backward,
+        aten.cumsum.default: cumsum,
+        aten.cumprod.default: cumprod,
+        aten.logcumsumexp.default: logcumsumexp,
+        aten._weight_norm_interface_backward.default: weight_norm_backward,
+        aten.upsample_nearest2d_backward.default: upsample_nearest2d_backward,
+        aten.replication_pad2d_backward.default: replication_pad2d_backward,
+    }
+    return out

@@ -1,0 +1,78 @@
+"""What happens when something cannot be stitched (issue 18.1): never silently.
+
+- a whole graph that runs eagerly warns once (one warning per compiled graph) with its
+  reason, and `explain` shows the reason (`CompiledGraph.eager_reason`);
+- a single op without a lowering rule runs eagerly between kernels with the reason
+  "no lowering rule"; ops we leave to ATen on purpose (sort, topk: library ops, like a
+  matrix product) carry their own reason instead;
+- under the knob `strict` (STITCHML_STRICT=1, for CI) both raise `StrictFallbackError`
+  naming the op (or graph) and the reason.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from . import config
+
+aten = torch.ops.aten
+
+NO_RULE = "no lowering rule"
+
+# Ops we leave to ATen by design, with why: not stitched, not a "no lowering rule" gap.
+LIBRARY_OPS: dict[object, str] = {
+    aten.sort.default: "library op: sorting networks are not a stitched kernel form",
+    aten.sort.stable: "library op: sorting networks are not a stitched kernel form",
+    aten.topk.default: "library op: selection (top-k) is not a stitched kernel form",
+    aten._local_scalar_dense.default: "library op: reads a value back to the host",
+    aten.nonzero.default: "library op: data-dependent output shape",
+    aten.masked_select.default: "library op: data-dependent output shape",
+    aten.unique_consecutive.default: "library op: data-dependent output shape",
+    aten._unique2.default: "library op: data-dependent output shape",
+}
+
+
+# Library ops of other packages, by name (their op objects exist only once the package
+# is imported): Hugging Face MoE's grouped matrix product is a matmul.
+LIBRARY_OP_NAMES: dict[str, str] = {
+    "transformers.grouped_mm_fallback.default": "compute-intensive: grouped matrix product (vendor library)",
+    "transformers.grouped_mm_fallback_backward.default": "compute-intensive: grouped matrix product (vendor library)",
+}
+
+
+class StrictFallbackError(RuntimeError):
+    """Raised under `STITCHML_STRICT=1` where stitchml would otherwise run something eagerly."""
+
+
+def strict() -> bool:
+    return bool(config.get("strict"))
+
+
+def may_fall_back() -> bool:
+    """Whether a failure may turn into eager execution (else it propagates)."""
+    return bool(config.get("fallback_on_error")) and not strict()
+
+
+def no_rule_reason(target: object) -> str:
+    """The reason an op without a lowering rule runs eagerly; raises under strict
+    (library ops are by design, so they never raise)."""
+    if target in LIBRARY_OPS:
+        return LIBRARY_OPS[target]
+    if str(target) in LIBRARY_OP_NAMES:
+        return LIBRARY_OP_NAMES[str(target)]
+    if strict():
+        raise StrictFallbackError(f"stitchml strict: op {target} would run eagerly: {NO_RULE}")
+    return NO_RULE
+
+
+def graph_falls_back(kind: str, reason: str, error: BaseException | None = None) -> None:
+    """A whole graph is about to run eagerly (compiler.compile_graph's except branch).
+    Strict: raise instead (an op-level strict error passes through unchanged).  Else one
+    warning for this graph with its reason."""
+    if isinstance(error, StrictFallbackError):
+        raise error
+    if strict():
+        raise StrictFallbackError(f"stitchml strict: the whole {kind} graph would run eagerly: {reason}") \
+            from error
+    warnings.warn(f"stitchml: {kind} graph runs eagerly: {reason}", stacklevel=3)

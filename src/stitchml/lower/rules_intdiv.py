@@ -1,0 +1,62 @@
+"""Integer floor division and remainder with Python's rounding (issue 18): from C's
+truncating quotient q and remainder r (sign of the dividend), the floor quotient is
+q - 1 and the remainder r + b where r != 0 and r, b differ in sign.  (Float
+floor_divide keeps rules_pointwise's rule; float remainder is built the same way from
+fmod.)  Division by zero is undefined in a kernel, where eager raises for integers."""
+from __future__ import annotations
+
+import torch
+
+from .context import FLOAT_TYPES, LowerCtx, static_shape
+from .registry import RULES, Unsupported, register
+
+aten = torch.ops.aten
+
+
+def _operands(ctx: LowerCtx, a, b, shape, dtype):
+    return tuple(ctx.broadcast_to(ctx.cast(v, dtype), shape) if not isinstance(v, (int, float, bool)) else v
+                 for v in (a, b))
+
+
+def _fix(ctx: LowerCtx, r, b, shape):
+    """r != 0 and sign(r) != sign(b): where Python's rounding differs from C's."""
+    rz = ctx.pointwise("ne", (r, 0), shape, torch.bool)
+    rneg = ctx.pointwise("lt", (r, 0), shape, torch.bool)
+    bneg = ctx.pointwise("lt", (b, 0), shape, torch.bool) if not isinstance(b, (int, float)) else b < 0
+    differ = ctx.pointwise("ne", (rneg, bneg), shape, torch.bool) if not isinstance(bneg, bool) else (
+        rneg if not bneg else ctx.pointwise("logical_not", (rneg,), shape, torch.bool))
+    return ctx.pointwise("logical_and", (rz, differ), shape, torch.bool)
+
+
+_float_floor_divide = {t: RULES[t] for t in (aten.floor_divide.default, aten.floor_divide.Scalar) if t in RULES}
+
+
+def _floor_divide(ctx, node, a, b):
+    val = node.meta["val"]
+    if val.dtype in FLOAT_TYPES:
+        rule = _float_floor_divide.get(node.target)
+        if rule is None:
+            raise Unsupported("floor_divide of floats has no rule")
+        return rule(ctx, node, a, b)
+    if val.dtype == torch.bool:
+        raise Unsupported("floor_divide of bools")
+    shape, dtype = static_shape(val), val.dtype
+    a, b = _operands(ctx, a, b, shape, dtype)
+    q = ctx.pointwise("tdiv", (a, b), shape, dtype)
+    r = ctx.pointwise("fmod", (a, b), shape, dtype)
+    return ctx.pointwise("sub", (q, ctx.cast(_fix(ctx, r, b, shape), dtype)), shape, dtype)
+
+
+def _remainder(ctx, node, a, b):
+    val = node.meta["val"]
+    if val.dtype == torch.bool:
+        raise Unsupported("remainder of bools")
+    shape, dtype = static_shape(val), val.dtype
+    a, b = _operands(ctx, a, b, shape, dtype)
+    r = ctx.pointwise("fmod", (a, b), shape, dtype)
+    return ctx.pointwise("where", (_fix(ctx, r, b, shape), ctx.pointwise("add", (r, b), shape, dtype), r),
+                         shape, dtype)
+
+
+register(aten.floor_divide.default, aten.floor_divide.Scalar)(_floor_divide)
+register(aten.remainder.Tensor, aten.remainder.Scalar)(_remainder)

@@ -1,0 +1,167 @@
+"""Scatters (issue 18): `scatter_add` / `scatter_reduce(sum)` into the scatter-add
+kernel form (atomics; refused under torch.use_deterministic_algorithms(True)), and
+`_unsafe_masked_index` (a gather whose masked-off positions take a fill value)."""
+from __future__ import annotations
+
+import torch
+
+from ..ir import nodes as ir
+from ..ir.nodes import Ref, contiguous_strides
+from .context import FLOAT_TYPES, LowerCtx, static_shape
+from .registry import Unsupported, register
+from .rules_index import _index, _scatter_add_rows
+
+aten = torch.ops.aten
+
+
+def _iota(ctx: LowerCtx, shape, dim: int) -> Ref:
+    return Ref(ctx.g.add(ir.POINTWISE, "iota", (), shape, torch.int64, contiguous_strides(shape),
+                         (("dim", dim),)))
+
+
+def _scatter_sum(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bool = True) -> Ref:
+    val = node.meta["val"]
+    if val.dtype not in FLOAT_TYPES:
+        raise Unsupported("scatter-add into an integer tensor runs eagerly")
+    shape = static_shape(val)
+    nd = len(shape)
+    if nd == 0:
+        raise Unsupported("scatter of a 0-d tensor")
+    dim %= nd
+    ishape = ctx.shape(index)
+    if len(ishape) != nd:
+        raise Unsupported("scatter needs index of the same rank as the input")
+    if any(ishape[d] > ctx.shape(src)[d] for d in range(nd)):
+        raise Unsupported("scatter index larger than src")
+    # the element of src at p goes to x at p with dim replaced by index[p]: linear index
+    i64 = torch.int64
+    idx = ctx.cast(index, i64)
+    neg = ctx.pointwise("lt", (idx, 0), ishape, torch.bool)
+    idx = ctx.pointwise("where", (neg, ctx.pointwise("add", (idx, shape[dim]), ishape, i64), idx), ishape, i64)
+    lin, stride = None, 1
+    for d in reversed(range(nd)):
+        coord = idx if d == dim else _iota(ctx, ishape, d)
+        term = coord if stride == 1 else ctx.pointwise("mul", (coord, stride), ishape, i64)
+        lin = term if lin is None else ctx.pointwise("add", (lin, term), ishape, i64)
+        stride *= shape[d]
+    m = ir.prod(ishape)
+    if tuple(ctx.shape(src)) != tuple(ishape):  # only the part of src the index covers is scattered
+        src = _narrowed(ctx, src, ishape)
+    vals = ctx.reshape(ctx.cast(src, val.dtype), (m, 1))
+    acc = ctx.reshape(_scatter_add_rows(ctx, vals, ctx.reshape(lin, (m,)), ir.prod(shape), 1), shape)
+    if include_self:
+        acc = ctx.pointwise("add", (ctx.cast(x, torch.float32), acc), shape, torch.float32)
+    return ctx.cast(acc, val.dtype)
+
+
+def _narrowed(ctx: LowerCtx, src: Ref, ishape) -> Ref:
+    for d, n in enumerate(ishape):
+        if ctx.shape(src)[d] != n:
+            shape = tuple(n if i == d else s for i, s in enumerate(ctx.shape(src)))
+            src = ctx.view("slice", src, shape, (("dim", d), ("start", 0), ("step", 1)))
+    return src
+
+
+@register(aten.scatter_add.default)
+def _scatter_add(ctx, node, x, dim, index, src):
+    return _scatter_sum(ctx, node, x, dim, index, src)
+
+
+@register(aten.scatter_reduce.two)
+def _scatter_reduce(ctx, node, x, dim, index, src, reduce, *, include_self=True):
+    if reduce != "sum":
+        raise Unsupported(f"scatter_reduce {reduce!r} runs eagerly (only 'sum' has a kernel form)")
+    if not include_self:
+        raise Unsupported("scatter_reduce with include_self=False runs eagerly")
+    return _scatter_sum(ctx, node, x, dim, index, src)
+
+
+@register(aten._unsafe_masked_index.default)
+def _masked_index(ctx, node, x, mask, indices, fill):
+    """where(mask, x[indices], fill): masked-off indices may be out of range, so every
+    index is clamped into its dim first (the gather then reads a real element)."""
+    xshape = ctx.shape(x)
+    val = node.meta["val"]
+    shape = static_shape(val)
+    clamped = []
+    for d, t in enumerate(indices):
+        if t is None:
+            clamped.append(None)
+            continue
+        ts = ctx.shape(t)
+        t = ctx.cast(t, torch.int64)
+        t = ctx.pointwise("where", (ctx.pointwise("lt", (t, 0), ts, torch.bool), 0, t), ts, torch.int64)
+        hi = xshape[d] - 1
+        t = ctx.pointwise("where", (ctx.pointwise("gt", (t, hi), ts, torch.bool), hi, t), ts, torch.int64)
+        clamped.append(t)
+    got = _index(ctx, node, x, clamped)
+    m = ctx.broadcast_to(mask, shape)
+    return ctx.pointwise("where", (m, got, fill), shape, val.dtype)
+
+
+@register(aten.histc.default)
+def _histc(ctx, node, x, bins=100, min=0, max=0):
+    """Counts of x in `bins` equal bins over [min, max] (x == max in the last bin, x
+    outside ignored): ones added at each element's bin by the scatter-add form.  Adding
+    ones in float32 is exact below 2^24 per bin, so the atomics' order cannot change
+    the result: allowed under deterministic algorithms too."""
+    val = node.meta["val"]
+    if val.dtype not in FLOAT_TYPES or not isinstance(min, (int, float)) or not isinstance(max, (int, float)):
+        raise Unsupported("histc of a non-float tensor or with tensor bounds")
+    if not min < max:
+        raise Unsupported("histc with min >= max takes its range from the data (a reduction first): eager")
+    xs = ctx.shape(x)
+    n = ir.prod(xs)
+    if n >= 1 << 24:
+        raise Unsupported("histc of 2^24 elements or more (float32 counts would round)")
+    flat = ctx.reshape(ctx.cast(x, torch.float32), (n,)) if xs != (n,) else ctx.cast(x, torch.float32)
+    f32, sh = torch.float32, (n,)
+    pos = ctx.pointwise("mul", (ctx.pointwise("sub", (flat, float(min)), sh, f32), float(bins) / (max - min)), sh, f32)
+    b = ctx.cast(ctx.pointwise("trunc", (pos,), sh, f32), torch.int64)
+    b = ctx.pointwise("where", (ctx.pointwise("ge", (b, bins), sh, torch.bool), bins - 1, b), sh, torch.int64)
+    inside = ctx.pointwise("logical_and", (ctx.pointwise("ge", (flat, float(min)), sh, torch.bool),
+                                            ctx.pointwise("le", (flat, float(max)), sh, torch.bool)), sh, torch.bool)
+    b = ctx.pointwise("where", (inside, b, 0), sh, torch.int64)
+    ones = ctx.cast(inside, f32)
+    acc = Ref(ctx.g.add(ir.SCATTER_ADD, "histc", (ctx.reshape(ones, (n, 1)), b), (bins, 1), f32,
+                        contiguous_strides((bins, 1)), (("padding_idx", None),)))
+    return ctx.cast(ctx.reshape(acc, (bins,)), val.dtype)
+
+
+@register(aten.copy.default)
+def _copy(ctx, node, x, src, non_blocking=False):
+    """The functional copy: src broadcast and cast to x's shape and dtype (x's values
+    are all overwritten)."""
+    val = node.meta["val"]
+    shape = static_shape(val)
+    out = ctx.broadcast_to(ctx.cast(src, val.dtype) if isinstance(src, Ref) else src, shape)
+    if not isinstance(out, Ref):
+        return ctx.full(shape, out, val.dtype)
+    return ctx.pointwise("identity", (out,), shape, val.dtype)
+
+
+@register(aten.as_strided_scatter.default)
+def _as_strided_scatter(ctx, node, x, src, size, stride, storage_offset=None):
+    """x (contiguous) with src written at as_strided(x, size, stride, offset), where that
+    view is a contiguous run of x's elements [offset, offset + numel): the run replaced
+    by src's elements (a cat along x's flattened elements).  Other views run eagerly."""
+    from .rules_views import _concat
+    val = node.meta["val"]
+    shape = static_shape(val)
+    off = storage_offset or 0
+    n, total = ir.prod(size), ir.prod(shape)
+    if (ctx.node(x).stride != contiguous_strides(ctx.shape(x)) or tuple(stride) != contiguous_strides(tuple(size))
+            or off + n > total):
+        raise Unsupported("as_strided_scatter of a view that is not a contiguous run of a contiguous tensor")
+    dtype = val.dtype
+    flat_src = ctx.reshape(ctx.cast(src, dtype), (n,))
+    if n == total:
+        return ctx.pointwise("identity", (ctx.reshape(flat_src, shape),), shape, dtype)
+    flat_x = ctx.reshape(ctx.cast(x, dtype), (total,))
+    parts = []
+    if off:
+        parts.append(ctx.view("slice", flat_x, (off,), (("dim", 0), ("start", 0), ("step", 1))))
+    parts.append(flat_src)
+    if off + n < total:
+        parts.append(ctx.view("slice", flat_x, (total - off - n,), (("dim", 0), ("start", off + n), ("step", 1))))
+    return ctx.reshape(_concat(ctx, parts, (total,), 0, dtype), shape)

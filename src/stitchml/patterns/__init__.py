@@ -1,0 +1,50 @@
+"""Pattern rewrites on the Dynamo graph, before AOTAutograd (issue 15).
+
+Each rewrite is a module with one job; `rewrite` runs the enabled ones in order and
+returns what each did or why it refused (`PatternRecord`, plain data).  The records
+of every call are also appended to `LOG` (bounded) so `explain` can show them.
+
+- `linear_ce` (knob `linear_ce`): LM head matmul + cross-entropy → the chunked fused
+  op of `linear_ce_op`;
+- `attention` (knob `attention_sdpa`): math attention (q·kᵀ, scale, mask, softmax,
+  dropout, ·v) → `scaled_dot_product_attention`;
+- `gemm_epilogue` (knob `gemm_epilogue`, off by default): linear + bias / activation /
+  silu·mul / residual / cast → one Triton GEMM with the epilogue (`gemm_op`).
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch.fx as fx
+
+from .. import config
+from .common import PatternRecord
+
+LOG: list[PatternRecord] = []
+_LOG_MAX = 1000
+
+
+def rewrite(gm: fx.GraphModule, example_inputs=None) -> list[PatternRecord]:
+    """Apply the enabled rewrites to gm in place; return their records."""
+    from . import attention, gemm_epilogue, linear_ce
+    records: list[PatternRecord] = []
+    for knob, module in (("linear_ce", linear_ce), ("attention_sdpa", attention),
+                         ("gemm_epilogue", gemm_epilogue)):
+        if not config.get(knob):
+            continue
+        try:
+            records += module.rewrite(gm)
+        except Exception as e:  # a bug in a rewrite must not cost the user the compile
+            if not config.get("fallback_on_error"):
+                raise
+            warnings.warn(f"stitchml: pattern {knob} failed: {type(e).__name__}: {e}", stacklevel=2)
+            records.append(PatternRecord(knob, False, "<graph>", f"internal error: {type(e).__name__}: {e}"))
+    if any(r.applied for r in records):
+        gm.graph.lint()
+        gm.recompile()
+    LOG.extend(records)
+    del LOG[:-_LOG_MAX]
+    return records
+
+
+__all__ = ["rewrite", "LOG", "PatternRecord"]

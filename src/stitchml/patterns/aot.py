@@ -1,0 +1,56 @@
+"""The fused ops' Triton kernels compiled ahead of time for a GPU target, no GPU
+needed (as `tools/aot_check.py` does for generated kernels), with the launch
+configurations the ops use on CUDA; registers and spills reported.  Must run where
+Triton is not in interpreter mode."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import gemm_op, linear_ce_op
+
+_CE_SIG = {"z_ptr": "*{dt}", "z_stride": "i32", "tgt_ptr": "*i64", "loss_ptr": "*fp32", "lse_ptr": "*fp32",
+           "count_ptr": "*fp32", "V": "i32", "ignore_index": "i32", "smooth": "fp32", "softcap": "fp32"}
+_GEMM_PTRS = ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "m_ptr", "y_ptr", "z_ptr")
+_GEMM_INTS = ("M", "N", "K", "sxm", "sxk", "swn", "swk", "srm", "srn", "smm", "smn")
+
+
+def _compile(fn, sig: dict, consts: dict, warps: int, arch: int) -> dict[str, Any]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ..tools.aot_check import _resources
+    sig = dict(sig, **{k: "constexpr" for k in consts})
+    try:
+        compiled = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", arch, 32),
+                                  options={"num_warps": warps})
+    except Exception as e:  # report every kernel's verdict
+        return {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+    regs, spills = _resources(compiled.asm.get("cubin", b""))
+    return {"ok": True, "registers": regs, "spills": spills}
+
+
+def check(arch: int = 90) -> dict[str, dict[str, Any]]:
+    """{kernel variant: {ok, registers, spills | error}} for the variants the ops launch."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("patterns.aot.check needs Triton out of interpreter mode")
+    out = {}
+    for dt in ("bf16", "fp32"):
+        for vocab, has_lse in ((1000, False), (128256, False), (128256, True)):
+            block = linear_ce_op.launch_block(vocab)
+            sig = {k: v.format(dt=dt) for k, v in _CE_SIG.items()}
+            consts = {"HAS_SOFTCAP": True, "WRITE_GRAD": True, "HAS_LSE": has_lse, "BLOCK": block}
+            name = f"ce_rows_{dt}_block{block}" + ("_backward" if has_lse else "")
+            out[name] = _compile(linear_ce_op._ce_rows_kernel, sig, consts, linear_ce_op.launch_warps(block), arch)
+        bm, bn, bk = gemm_op.CUDA_TILE
+        sig = {**{p: f"*{dt}" for p in _GEMM_PTRS}, **{i: "i32" for i in _GEMM_INTS}}
+        consts = dict(ACT=3, HAS_BIAS=True, HAS_RES=True, HAS_MUL=True, SAVE_PRE=True, UPCAST=False,
+                      BM=bm, BN=bn, BK=bk)
+        out[f"gemm_epilogue_{dt}"] = _compile(gemm_op._gemm_epilogue_kernel, sig, consts, gemm_op.CUDA_WARPS, arch)
+    return out
+
+
+if __name__ == "__main__":
+    import json
+    print(json.dumps(check()))

@@ -1,0 +1,271 @@
+"""Rewrite: attention written out as math → `F.scaled_dot_product_attention`.
+
+Matched on the Dynamo graph from the second matrix product back:
+
+    s = q @ kᵀ                       (matmul / bmm; kᵀ any [..., E, S] value)
+    s = s / c  |  s * c              (optional scale, next to the product)
+    s = s + m                        (additive float mask)
+      | s.masked_fill(b, -inf)       (boolean mask, True = masked out)
+      | torch.where(b, s, -inf)      (boolean mask, True = kept)
+    p = softmax(s, -1)               (optionally in float32 and cast back)
+    p = dropout(p, rate, training)   (optional)
+    out = p @ v
+
+becomes `scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)`.
+A boolean mask built in the graph as `tril(ones(L, S, dtype=bool))` becomes
+`is_causal=True` (no mask tensor at all); any other boolean mask is passed as one.
+A fill value that is a very large finite negative number (finfo.min, as Hugging
+Face writes masks) is passed as an additive mask of that value, which gives the same
+probabilities (the masked scores round to the fill value either way).  Every
+intermediate must have exactly one user: scores or probabilities that are returned
+(output_attentions) or reused refuse the rewrite, with that reason.
+
+Numerics: rows whose every key is masked with -inf give NaN in eager and may give 0
+in a fused backend; that case is not matched differently (it cannot be seen at
+compile time).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from .common import NoMatch, PatternRecord, Refused, arg, is_number, kind, only_user, static_shape, value
+
+_NEG_FILL = -1e30   # finite fills at or below this act like -inf after softmax (in fp32, bf16 and fp16 alike)
+
+
+@dataclass
+class Match:
+    out: fx.Node
+    q: fx.Node
+    k_t: fx.Node                     # the [..., E, S] operand of the first product
+    v: fx.Node
+    scale: float = 1.0
+    mask: fx.Node | None = None      # additive float mask, or bool mask (True = keep)
+    mask_kind: str = "none"          # none | additive | bool | inverted-bool | causal | fill
+    fill: float = 0.0
+    dropout_p: float = 0.0
+    dead: list[fx.Node] = field(default_factory=list)
+
+
+def _dropout(node: fx.Node) -> float:
+    # F.dropout(input, p=0.5, training=True, inplace=False) / torch.dropout(input, p, train)
+    p = arg(node, 1, "p", 0.5)
+    training = arg(node, 2, "training" if node.target is F.dropout else "train", True)
+    if not is_number(p) or not isinstance(training, bool):
+        raise Refused(f"{node.name}: dropout rate or training flag is not a constant")
+    if arg(node, 3, "inplace", False):
+        raise Refused(f"{node.name}: in-place dropout")
+    return float(p) if training else 0.0
+
+
+def _causal(node) -> bool:
+    """A bool mask built in the graph as tril(ones(L, S)) (optionally cast to bool)."""
+    v = value(node)
+    if v is None or v.dtype != torch.bool or v.dim() != 2:
+        return False
+    if kind(node) in ("bool", "to"):
+        node = node.args[0]
+    return kind(node) == "tril" and arg(node, 1, "diagonal", 0) == 0 and kind(node.args[0]) == "ones"
+
+
+def _scores_operand(node: fx.Node) -> fx.Node:
+    """The operand of a scale or mask step that carries the scores."""
+    k = kind(node)
+    if k in ("masked_fill", "div"):
+        scores = node.args[0]
+    elif k == "where":
+        scores = node.args[1]
+    else:  # add / mul: the operand that comes from the product (through earlier steps)
+        cands = [a for a in node.args[:2] if _reaches_product(a, 3)]
+        if len(cands) != 1:
+            raise Refused(f"{node.name}: cannot tell the scores from the other operand")
+        scores = cands[0]
+    if not isinstance(scores, fx.Node):
+        raise Refused(f"{node.name}: the scores are not a graph value")
+    return scores
+
+
+def _reaches_product(node, depth: int) -> bool:
+    """Whether node is a matmul or a scale/mask step over one (within depth steps)."""
+    k = kind(node)
+    if k == "matmul":
+        return True
+    if depth == 0 or k not in ("div", "mul", "add", "masked_fill", "where"):
+        return False
+    return any(_reaches_product(a, depth - 1) for a in node.args[:3] if isinstance(a, fx.Node))
+
+
+def _mask(m: Match, node: fx.Node, scores: fx.Node) -> None:
+    """Read the mask step at node into m."""
+    k = kind(node)
+    if k == "add":
+        mask = node.args[1] if node.args[0] is scores else node.args[0]
+        mv = value(mask)
+        if mv is None or not mv.dtype.is_floating_point:
+            raise Refused(f"{node.name}: the additive mask is not a float tensor")
+        if mv.dtype != value(m.q).dtype:
+            raise Refused(f"{node.name}: mask dtype {mv.dtype} differs from the query's {value(m.q).dtype}")
+        m.mask, m.mask_kind = mask, "additive"
+        return
+    if k == "masked_fill":
+        bmask, fill = arg(node, 1, "mask"), arg(node, 2, "value")
+        keep_when = False   # masked_fill masks where True
+    else:  # where(cond, scores, fill)
+        bmask, fill = node.args[0], node.args[2]
+        keep_when = True
+    if not is_number(fill) or (fill != float("-inf") and fill > _NEG_FILL):
+        raise Refused(f"{node.name}: fill value {fill!r} is not -inf or a huge negative constant")
+    bv = value(bmask)
+    if bv is None or bv.dtype != torch.bool:
+        raise Refused(f"{node.name}: the mask is not a boolean tensor")
+    if fill != float("-inf"):
+        m.mask, m.mask_kind, m.fill = bmask, "fill" if keep_when else "fill-inverted", float(fill)
+        return
+    inner = bmask.args[0] if not keep_when and kind(bmask) == "invert" else None
+    if keep_when and _causal(bmask):
+        m.mask_kind = "causal"
+        m.dead += _construction(bmask)
+    elif inner is not None and _causal(inner):
+        m.mask_kind = "causal"
+        m.dead += [bmask] + _construction(inner)
+    else:
+        m.mask, m.mask_kind = bmask, "bool" if keep_when else "inverted-bool"
+
+
+def _construction(node: fx.Node) -> list[fx.Node]:
+    """The nodes of a causal mask's construction (cast, tril, ones), outermost first."""
+    out = []
+    while isinstance(node, fx.Node) and kind(node) in ("bool", "to", "tril", "ones"):
+        out.append(node)
+        node = node.args[0] if node.args and kind(node) != "ones" else None
+    return out
+
+
+def match(out: fx.Node) -> Match:
+    p = out.args[0]
+    m = Match(out, None, None, out.args[1])
+    cur = p
+    while kind(cur) in ("dropout", "to", "float"):  # between softmax and the product
+        only_user(cur, "the attention probabilities")
+        if kind(cur) == "dropout":
+            if m.dropout_p:
+                raise Refused("two dropouts")
+            m.dropout_p = _dropout(cur)
+        m.dead.append(cur)
+        cur = cur.args[0]
+    if kind(cur) != "softmax":
+        raise NoMatch()  # a product of something else (no attention here)
+    only_user(cur, "the attention probabilities")
+    ndim = len(static_shape(cur))
+    if arg(cur, 1, "dim") not in (-1, ndim - 1):
+        raise Refused(f"{cur.name}: softmax is not over the key dim")
+    m.dead.append(cur)
+    cur = cur.args[0]
+    while kind(cur) in ("to", "float"):
+        only_user(cur, "the attention scores")
+        m.dead.append(cur)
+        cur = cur.args[0]
+    # scale and mask steps, read from softmax inwards; interpreted once q's dtype is known
+    steps: list[tuple[fx.Node, fx.Node]] = []   # (step, its scores operand)
+    while kind(cur) in ("add", "masked_fill", "where", "div", "mul"):
+        only_user(cur, "the attention scores")
+        scores = _scores_operand(cur)
+        steps.append((cur, scores))
+        cur = scores
+    if kind(cur) != "matmul":
+        raise Refused(f"{getattr(cur, 'name', cur)} is not the q·kᵀ product")
+    only_user(cur, "the attention scores")
+    m.q, m.k_t = cur.args[0], cur.args[1]
+    m.dead.append(cur)
+    qs, kts, vs = static_shape(m.q), static_shape(m.k_t), static_shape(m.v)
+    if not (len(qs) == len(kts) == len(vs) >= 3) or qs[:-2] != kts[:-2] or qs[:-2] != vs[:-2]:
+        raise Refused(f"q {qs}, kᵀ {kts}, v {vs}: batch dims differ (broadcast/grouped attention not matched)")
+    if kts[-2] != qs[-1] or vs[-2] != kts[-1]:
+        raise Refused(f"q {qs}, kᵀ {kts}, v {vs} do not line up as attention")
+    dts = {value(x).dtype for x in (m.q, m.k_t, m.v)}
+    if len(dts) != 1 or not next(iter(dts)).is_floating_point:
+        raise Refused(f"q, k, v dtypes {sorted(map(str, dts))}")
+    # steps from the product outwards: an optional scale, then an optional mask
+    steps.reverse()
+    for i, (node, scores) in enumerate(steps):
+        k = kind(node)
+        if k in ("div", "mul") and i == 0:
+            c = node.args[1] if node.args[0] is scores else node.args[0]
+            if not is_number(c) or c == 0:
+                raise Refused(f"{node.name}: the scale is not a constant")
+            m.scale = 1.0 / c if k == "div" else float(c)
+        elif k in ("add", "masked_fill", "where") and m.mask_kind == "none":
+            _mask(m, node, scores)
+        else:
+            raise Refused(f"{node.name} ({k}) between q·kᵀ and softmax is not a scale followed by one mask")
+        m.dead.append(node)
+    if value(out).dtype != value(m.q).dtype:
+        raise Refused(f"the result is {value(out).dtype}, the inputs {value(m.q).dtype}")
+    return m
+
+
+def _transpose_last(node: fx.Node) -> fx.Node | None:
+    """x when node is x with its last two dims swapped."""
+    k = kind(node)
+    nd = len(static_shape(node))
+    if k == "getattr" and node.args[1] == "mT" or k == "t" and nd == 2:
+        return node.args[0]
+    if k == "transpose" and sorted(d % nd for d in node.args[1:3]) == [nd - 2, nd - 1]:
+        return node.args[0]
+    if k == "permute":
+        dims = list(node.args[1]) if isinstance(node.args[1], (list, tuple)) else list(node.args[1:])
+        return node.args[0] if [d % nd for d in dims] == list(range(nd - 2)) + [nd - 1, nd - 2] else None
+    return None
+
+
+def apply(gm: fx.GraphModule, m: Match) -> str:
+    g = gm.graph
+    with g.inserting_before(m.out):
+        k = _transpose_last(m.k_t)
+        if k is None:
+            k = g.call_function(torch.transpose, (m.k_t, -2, -1))
+        else:
+            m.dead.append(m.k_t)  # erased if nothing else reads kᵀ
+        mask = m.mask
+        if m.mask_kind == "inverted-bool":
+            mask = g.call_function(torch.logical_not, (mask,))
+        elif m.mask_kind in ("fill", "fill-inverted"):  # keep → 0, masked → the fill value, in q's dtype
+            keep = mask if m.mask_kind == "fill" else g.call_function(torch.logical_not, (mask,))
+            mask = g.call_function(torch.where, (keep, 0.0, m.fill))
+            mask = g.call_method("to", (mask, value(m.q).dtype))
+        sdpa = g.call_function(F.scaled_dot_product_attention, (m.q, k, m.v), dict(
+            attn_mask=mask, dropout_p=m.dropout_p, is_causal=m.mask_kind == "causal", scale=m.scale))
+    sdpa.meta.update({key: v for key, v in m.out.meta.items() if key in ("example_value", "val", "stack_trace",
+                                                                           "nn_module_stack", "source_fn_stack")})
+    m.out.replace_all_uses_with(sdpa)
+    dead = [m.out] + m.dead
+    while True:  # erase the chain (each node once its users are gone)
+        free = [n for n in dead if not n.users]
+        if not free:
+            break
+        for n in free:
+            g.erase_node(n)
+            dead.remove(n)
+    return (f"{m.out.name}: scaled_dot_product_attention(mask={m.mask_kind}, dropout_p={m.dropout_p}, "
+            f"scale={m.scale:.6g}): the score tensor stays inside the attention kernel")
+
+
+def rewrite(gm: fx.GraphModule) -> list[PatternRecord]:
+    records = []
+    for node in list(gm.graph.nodes):
+        if node.graph is not gm.graph or kind(node) != "matmul" or kind(node.args[0]) not in (
+                "softmax", "dropout", "to", "float"):
+            continue
+        try:
+            m = match(node)
+        except NoMatch:
+            continue
+        except Refused as e:
+            records.append(PatternRecord("attention", False, node.name, str(e)))
+            continue
+        records.append(PatternRecord("attention", True, node.name, apply(gm, m)))
+    return records

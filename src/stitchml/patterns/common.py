@@ -1,0 +1,107 @@
+"""What the pattern rewrites share: the record each one leaves, and a reading of
+Dynamo's FX nodes (torch functions, operators and tensor methods) as one op name."""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class PatternRecord:
+    """One rewrite applied or refused, as plain data (shown by `explain`)."""
+
+    pattern: str            # "linear_ce" | "attention"
+    applied: bool
+    anchor: str             # FX node the match started from (the loss, the second matmul)
+    detail: str             # what the rewrite produced, or why it refused
+
+    def line(self) -> str:
+        verb = "rewritten" if self.applied else "refused"
+        return f"{self.pattern} at {self.anchor}: {verb}: {self.detail}"
+
+
+class Refused(Exception):
+    """A match that does not fit; the message is the reason recorded."""
+
+
+class NoMatch(Exception):
+    """Not an instance of the pattern at all (nothing worth recording)."""
+
+
+_FUNCTIONS: dict[Any, str] = {
+    torch._C._nn.linear: "linear", F.linear: "linear",
+    operator.matmul: "matmul", torch.matmul: "matmul", torch.bmm: "matmul",
+    operator.truediv: "div", torch.div: "div", operator.mul: "mul", torch.mul: "mul",
+    operator.add: "add", torch.add: "add",
+    torch.tanh: "tanh", operator.getitem: "getitem", getattr: "getattr",
+    F.cross_entropy: "cross_entropy", F.nll_loss: "nll_loss",
+    F.log_softmax: "log_softmax", torch.log_softmax: "log_softmax",
+    F.softmax: "softmax", torch.softmax: "softmax", F.dropout: "dropout", torch.dropout: "dropout",
+    torch.tril: "tril", torch.ones: "ones", operator.invert: "invert", torch.logical_not: "invert",
+    torch.masked_fill: "masked_fill", torch.where: "where", torch.transpose: "transpose",
+    torch.reshape: "reshape", torch.t: "t", torch.permute: "permute",
+    F.gelu: "gelu", F.silu: "silu", F.relu: "relu", torch.relu: "relu",
+}
+_METHODS = {"float": "float", "to": "to", "type_as": "to", "type": "to", "bfloat16": "to", "half": "to",
+            "view": "view", "reshape": "view", "contiguous": "contiguous", "transpose": "transpose",
+            "softmax": "softmax", "log_softmax": "log_softmax", "masked_fill": "masked_fill", "tanh": "tanh",
+            "mul": "mul", "div": "div", "add": "add", "t": "t", "permute": "permute", "bool": "bool",
+            "logical_not": "invert", "tril": "tril", "relu": "relu"}
+
+
+def kind(node: Any) -> str | None:
+    """The op a Dynamo node performs, by one name; None for anything else."""
+    if not isinstance(node, fx.Node):
+        return None
+    if node.op == "call_function":
+        try:
+            return _FUNCTIONS.get(node.target)
+        except TypeError:  # unhashable target
+            return None
+    if node.op == "call_method":
+        return _METHODS.get(node.target)
+    return None
+
+
+def value(node: Any) -> torch.Tensor | None:
+    """The example (fake) tensor Dynamo recorded for a node, if any."""
+    if not isinstance(node, fx.Node):
+        return None
+    v = node.meta.get("example_value", node.meta.get("val"))
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def static_shape(node: Any) -> tuple[int, ...]:
+    v = value(node)
+    if v is None:
+        raise Refused(f"{getattr(node, 'name', node)} has no recorded tensor value")
+    try:
+        return tuple(int(s) for s in v.shape)
+    except Exception:
+        raise Refused(f"{node.name} has symbolic sizes (dynamic shapes are not matched yet)") from None
+
+
+def arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
+    """Positional argument i or keyword `name` (the function and method forms agree:
+    a method's self is args[0])."""
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(name, default)
+
+
+def only_user(node: fx.Node, what: str) -> fx.Node:
+    """The single consumer of node; refuse when the value escapes to another use."""
+    users = list(node.users)
+    if len(users) != 1:
+        names = ", ".join(u.name for u in users) or "nothing"
+        raise Refused(f"{what} ({node.name}) is also used elsewhere ({names}): it would have to be materialised")
+    return users[0]
+
+
+def is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)

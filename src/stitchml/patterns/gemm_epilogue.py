@@ -1,0 +1,137 @@
+"""Rewrite: a linear layer and the element-wise work after it → one GEMM with a
+stitched epilogue (`gemm_op.fused_linear`).
+
+Matched on the Dynamo graph from each `linear(x, W, b)` / `x @ Wᵀ` forward, through
+values with exactly one user, in this order (each step optional, at least one):
+
+    + b            a bias of the output dim (when the product has none)
+    act            F.gelu (exact or tanh), F.silu, relu
+    * m            only after silu: SwiGLU's silu(x W1ᵀ) * (x W3ᵀ); m any same-shaped value
+    + r            residual, same shape
+    .to(dtype)     a float cast of the result
+
+The knob `gemm_epilogue` is off by default: the Triton GEMM template is untuned and
+whether it beats cuBLAS + a stitched element-wise kernel has not been measured on a
+GPU (the cost-model choice between the two is not built either).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from .common import PatternRecord, Refused, arg, kind, static_shape, value
+from .gemm_op import fused_linear
+from .linear_ce import _plain_transpose
+
+_STAGES = ("bias", "act", "mul", "residual", "cast")
+
+
+def _sole_user(node: fx.Node) -> fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _other(node: fx.Node, cur: fx.Node):
+    a, b = node.args[0], node.args[1] if len(node.args) > 1 else None
+    return b if a is cur else a
+
+
+def _step(nxt: fx.Node, cur: fx.Node, out_shape, dtype, act: str | None):
+    """(stage, payload) when nxt is an epilogue step over cur, else None."""
+    k = kind(nxt)
+    if k in ("gelu", "silu", "relu") and nxt.args[0] is cur:
+        if k == "gelu":
+            approx = arg(nxt, 1, "approximate", "none")
+            return ("act", "gelu" if approx == "none" else "gelu_tanh" if approx == "tanh" else None)
+        if arg(nxt, 1, "inplace", False):
+            return None
+        return ("act", k)
+    if k in ("add", "mul") and len(nxt.args) == 2 and not nxt.kwargs:
+        other = _other(nxt, cur)
+        ov = value(other)
+        if ov is None or ov.dtype != dtype:
+            return None
+        shape = tuple(ov.shape)
+        if k == "add" and shape == (out_shape[-1],):
+            return ("bias", other)
+        if shape != tuple(out_shape):
+            return None
+        if k == "mul":
+            return ("mul", other) if act == "silu" else None
+        return ("residual", other)
+    if k in ("to", "float"):
+        v = value(nxt)
+        if v is not None and v.dtype.is_floating_point and v.dtype != torch.float64 and v.device == value(cur).device:
+            return ("cast", v.dtype)
+    return None
+
+
+def match(node: fx.Node):
+    """(x, weight, transposed, bias, steps, chain) for a product with an epilogue, or None."""
+    k = kind(node)
+    if k == "linear":
+        x, weight, bias, transposed = node.args[0], node.args[1], arg(node, 2, "bias"), False
+    else:
+        x, weight, bias, transposed = node.args[0], node.args[1], None, True
+    if not isinstance(x, fx.Node) or not isinstance(weight, fx.Node) or value(weight) is None \
+            or value(weight).dim() != 2 or value(x) is None or value(x).dim() < 2:
+        return None  # not a linear layer (batched matmul, vector product)
+    out_shape = static_shape(node)
+    dtype = value(node).dtype
+    steps: dict[str, object] = {}
+    chain: list[fx.Node] = []
+    cur, last_stage = node, -1
+    while (nxt := _sole_user(cur)) is not None:
+        st = _step(nxt, cur, out_shape, dtype, steps.get("act"))
+        if st is None or st[1] is None or _STAGES.index(st[0]) <= last_stage:
+            break
+        if st[0] == "bias" and bias is not None:
+            break
+        if st[0] == "bias":
+            bias = st[1]
+        steps[st[0]] = st[1]
+        last_stage = _STAGES.index(st[0])
+        chain.append(nxt)
+        cur = nxt
+        if st[0] == "cast":
+            break
+    if cur is node:
+        return None
+    if value(x).dtype != value(weight).dtype or dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise Refused(f"dtypes {value(x).dtype} x {value(weight).dtype}: only float32, bfloat16, float16")
+    if transposed and _plain_transpose(weight):
+        weight, transposed = weight.args[0], False
+    return x, weight, transposed, bias, steps, chain
+
+
+def rewrite(gm: fx.GraphModule) -> list[PatternRecord]:
+    g = gm.graph
+    records = []
+    for node in list(g.nodes):
+        if node.graph is not g or kind(node) not in ("linear", "matmul"):
+            continue
+        try:
+            m = match(node)
+        except Refused as e:
+            records.append(PatternRecord("gemm_epilogue", False, node.name, str(e)))
+            continue
+        if m is None:
+            continue
+        x, weight, transposed, bias, steps, chain = m
+        last = chain[-1]
+        with g.inserting_before(last):
+            w = g.call_function(torch.t, (weight,)) if transposed else weight
+            fused = g.call_function(fused_linear, (x, w, bias), dict(
+                act=steps.get("act", "none"), residual=steps.get("residual"), mul=steps.get("mul"),
+                out_dtype=steps.get("cast")))
+        fused.meta.update({k: v for k, v in last.meta.items() if k in ("example_value", "val", "stack_trace",
+                                                                         "nn_module_stack")})
+        last.replace_all_uses_with(fused)
+        for n in chain[::-1] + [node]:
+            if not n.users:
+                g.erase_node(n)
+        desc = " -> ".join(f"{s}={v}" if s in ("act", "cast") else s for s, v in steps.items())
+        records.append(PatternRecord("gemm_epilogue", True, node.name,
+                                     f"{node.name} -> {desc}: one Triton GEMM with the epilogue in registers"))
+    return records
+

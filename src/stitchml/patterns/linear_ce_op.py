@@ -1,0 +1,376 @@
+"""The fused op behind the chunked linear + cross-entropy rewrite.
+
+`stitchml::linear_cross_entropy(h, w, bias, target, ...)` computes
+cross_entropy(softcap(h @ wᵀ + bias), target) without ever holding the logits of
+all tokens: tokens go in chunks, and per chunk
+
+    mm (library)  →  one Triton kernel  →  mm for grad_h, mm-accumulate grad_W
+
+The Triton kernel makes one program per token row: an online log-sum-exp pass over
+the row (max, sum of exponentials, sum of logits for label smoothing, the target's
+logit), the row's loss, then a second sweep that overwrites the chunk's logits with
+d loss / d logits.  So the only [tokens, vocab] memory is one chunk's buffer.
+
+Because the gradients are computed in the forward pass, the op returns them as extra
+outputs; its autograd formula only scales them by the incoming gradient.  This is
+the trade: grad_h and grad_W stay alive between forward and backward (the size of h
+and W), instead of the logits (tokens × vocab, usually far larger).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+Tensor = torch.Tensor
+REDUCTIONS = ("mean", "sum")
+
+
+@triton.jit
+def _ce_rows_kernel(z_ptr, z_stride, tgt_ptr, loss_ptr, lse_ptr, count_ptr, V, ignore_index, smooth, softcap,
+                    HAS_SOFTCAP: tl.constexpr, WRITE_GRAD: tl.constexpr, HAS_LSE: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """One program per row of the chunk's logits z (row stride z_stride, V columns).
+    Writes the row's loss and log-sum-exp (fp32), or with HAS_LSE reads the latter
+    (the backward's second pass); with WRITE_GRAD, overwrites z with d loss/d z
+    (divided by count_ptr's value: the token count for a mean, over the incoming grad)."""
+    row = tl.program_id(0)
+    base = z_ptr + row.to(tl.int64) * z_stride
+    t = tl.load(tgt_ptr + row).to(tl.int32)
+    cols0 = tl.arange(0, BLOCK)
+    valid = t != ignore_index
+    if HAS_LSE:
+        lse = tl.load(lse_ptr + row)
+    else:
+        lse = _row_loss(base, t, valid, loss_ptr + row, lse_ptr + row, V, smooth, softcap, cols0, HAS_SOFTCAP, BLOCK)
+    if WRITE_GRAD:
+        scale = tl.where(valid, 1.0 / tl.load(count_ptr), 0.0)
+        for start in range(0, V, BLOCK):
+            cols = start + cols0
+            mask = cols < V
+            z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+            if HAS_SOFTCAP:
+                th = _tanh(z / softcap)
+                z = softcap * th
+            d = tl.exp(z - lse) - tl.where(cols == t, 1.0 - smooth, 0.0) - smooth / V
+            d = d * scale
+            if HAS_SOFTCAP:
+                d = d * (1.0 - th * th)
+            tl.store(base + cols, d.to(z_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _row_loss(base, t, valid, loss_out, lse_out, V, smooth, softcap, cols0, HAS_SOFTCAP: tl.constexpr,
+              BLOCK: tl.constexpr):
+    """Online log-sum-exp pass over one row: stores the loss and lse, returns lse."""
+    # per-lane online log-sum-exp, lanes combined once at the end; a finite floor
+    # instead of -inf keeps (max - max) out of inf - inf for lanes past the row's end
+    floor = -3.0e38
+    m_lane = tl.full([BLOCK], floor, tl.float32)
+    s_lane = tl.zeros([BLOCK], tl.float32)
+    zsum = tl.zeros([BLOCK], tl.float32)
+    zt = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, V, BLOCK):
+        cols = start + cols0
+        mask = cols < V
+        z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_SOFTCAP:
+            z = softcap * _tanh(z / softcap)
+        zm = tl.where(mask, z, floor)
+        m_new = tl.maximum(m_lane, zm)
+        s_lane = s_lane * tl.exp(m_lane - m_new) + tl.where(mask, tl.exp(zm - m_new), 0.0)
+        m_lane = m_new
+        zsum += tl.where(mask, z, 0.0)
+        zt += tl.where(cols == t, z, 0.0)
+    m = tl.max(m_lane, 0)
+    lse = m + tl.log(tl.sum(s_lane * tl.exp(m_lane - m), 0))
+    loss = lse - (1.0 - smooth) * tl.sum(zt, 0) - smooth / V * tl.sum(zsum, 0)
+    tl.store(loss_out, tl.where(valid, loss, 0.0))
+    tl.store(lse_out, lse)
+    return lse
+
+
+@triton.jit
+def _tanh(x):
+    # 1 - 2/(e^{2x}+1): exact at ±inf, no overflow (e^{2x} = inf gives 1)
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+def _triton_usable(t: Tensor) -> bool:
+    if t.is_cuda:
+        return True
+    # CPU tensors run only under the Triton interpreter (set before triton is imported)
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") and \
+        type(tl.sigmoid).__name__ == "InterpretedFunction"
+
+
+def _ce_rows_torch(z: Tensor, tgt: Tensor, count: Tensor, ignore_index: int, smooth: float,
+                   softcap: float, write_grad: bool, lse_out: Tensor, lse_in: Tensor | None) -> Tensor:
+    """The kernel's math in torch, for CPU tensors without the interpreter (a chunk's
+    fp32 copy is the only extra memory)."""
+    V = z.shape[1]
+    zf = z.float()
+    if softcap > 0:
+        th = torch.tanh(zf / softcap)
+        zf = softcap * th
+    valid = tgt != ignore_index
+    safe = torch.where(valid, tgt, 0)
+    if lse_in is None:
+        lse = torch.logsumexp(zf, 1)
+        zt = zf.gather(1, safe[:, None])[:, 0]
+        loss = torch.where(valid, lse - (1 - smooth) * zt - smooth / V * zf.sum(1), 0.0)
+        lse_out.copy_(lse)
+    else:
+        lse, loss = lse_in, lse_out
+    if write_grad:
+        d = torch.exp(zf - lse[:, None]) - smooth / V
+        d.scatter_add_(1, safe[:, None], torch.full_like(d[:, :1], -(1 - smooth)))
+        d *= torch.where(valid, 1.0 / count, 0.0)[:, None]
+        if softcap > 0:
+            d *= 1 - th * th
+        z.copy_(d)
+    return loss
+
+
+def launch_block(v: int) -> int:
+    """Columns per loop iteration of the row kernel."""
+    return min(triton.next_power_of_2(v), 2048)
+
+
+def launch_warps(block: int) -> int:
+    # sm_90, compiled ahead of time (patterns/aot.py): 1024-2048 columns at 8 warps is
+    # <= 64 registers and no stack; 4 warps spill from 1024 columns (fp32)
+    return 8 if block >= 1024 else 4
+
+
+def ce_rows(z: Tensor, tgt: Tensor, count: Tensor, ignore_index: int, smooth: float, softcap: float,
+            write_grad: bool, block: int | None = None, lse_out: Tensor | None = None,
+            lse_in: Tensor | None = None) -> Tensor:
+    """Row losses (fp32) of logits z [n, V] (their log-sum-exp into lse_out); with
+    write_grad, z becomes d loss / d z divided by count.  Given lse_in, the loss pass
+    is skipped (the returned tensor is then meaningless).  `block`: columns per loop
+    iteration (default: the row, up to 2048)."""
+    n, V = z.shape
+    loss = torch.empty(n, dtype=torch.float32, device=z.device)
+    lse_out = lse_out if lse_out is not None else torch.empty_like(loss)
+    if not _triton_usable(z):
+        return _ce_rows_torch(z, tgt, count, ignore_index, smooth, softcap, write_grad, lse_out, lse_in)
+    block = block or launch_block(V)
+    _ce_rows_kernel[(n,)](z, z.stride(0), tgt, loss, lse_in if lse_in is not None else lse_out, count, V,
+                          ignore_index, float(smooth), float(softcap), HAS_SOFTCAP=softcap > 0,
+                          WRITE_GRAD=write_grad, HAS_LSE=lse_in is not None, BLOCK=block,
+                          num_warps=launch_warps(block))
+    return loss
+
+
+_WIDE_SLICE = 8192   # vocabulary rows per fp32 grad_W update
+MIN_AUTO_CHUNK = 64  # tokens: below this the chunk's GEMMs get too thin to run well
+
+
+def auto_chunk(n: int, d: int, v: int) -> int:
+    """Tokens per chunk when the knob says 0: the chunk's logits no larger than h
+    (n × d elements) but at least 64 tokens, a power of two, at most n.  LLaMA-3 at
+    4x1024 tokens (d 4096, v 128256): 128 tokens, a 33 MB bf16 chunk instead of 1 GB."""
+    rows = max(MIN_AUTO_CHUNK, (n * d) // max(v, 1))
+    return max(1, min(n, 1 << (rows.bit_length() - 1)))
+
+
+def _empty(like: Tensor) -> Tensor:
+    return like.new_empty((0,))
+
+
+def _count(target: Tensor, ignore_index: int, reduction: str) -> Tensor:
+    """The loss's divisor on the device (no host sync): non-ignored tokens, or 1."""
+    if reduction == "mean":
+        return (target != ignore_index).sum(dtype=torch.float32).reshape(1)
+    return torch.ones(1, dtype=torch.float32, device=target.device)
+
+
+def _chunks(h: Tensor, w: Tensor, bias: Optional[Tensor], target: Tensor, count: Tensor, ignore_index: int,
+            smooth: float, softcap: float, chunk: int, need_grad_h: bool, need_grad_w: bool, fp32_grad_w: bool,
+            lse_in: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The chunk loop: mm → row kernel → gradient products.  Returns (row losses,
+    row lse, grad_h or [0], grad_w or [0], grad_b or [0]), gradients divided by count.
+
+    grad_W is summed over chunks in place, in W's dtype (for bf16/fp16 one rounding
+    per chunk, where eager's single product rounds once), unless `fp32_grad_w`: then
+    in an fp32 buffer (2x W's size, plus the final cast)."""
+    n, d = h.shape
+    v = w.shape[0]
+    write_grad = need_grad_h or need_grad_w
+    chunk = chunk if chunk > 0 else auto_chunk(n, d, v)
+    zbuf = torch.empty(min(chunk, max(n, 1)), v, dtype=h.dtype, device=h.device)
+    losses = torch.empty(n, dtype=torch.float32, device=h.device)
+    lse = lse_in if lse_in is not None else torch.empty(n, dtype=torch.float32, device=h.device)
+    gh = torch.empty_like(h) if need_grad_h else _empty(h)
+    wide = fp32_grad_w and w.dtype != torch.float32
+    gw = torch.zeros(v, d, dtype=torch.float32 if wide else w.dtype, device=w.device) if need_grad_w else _empty(w)
+    gb = torch.zeros(v, dtype=torch.float32, device=w.device) if (bias is not None and need_grad_w) else None
+    wt = w.t()
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        hc, z = h[start:stop], zbuf[: stop - start]
+        if bias is None:
+            torch.mm(hc, wt, out=z)
+        else:
+            torch.addmm(bias, hc, wt, out=z)
+        rows = ce_rows(z, target[start:stop], count, ignore_index, smooth, softcap, write_grad,
+                       lse_out=lse[start:stop], lse_in=None if lse_in is None else lse_in[start:stop])
+        if lse_in is None:
+            losses[start:stop] = rows
+        if need_grad_h:
+            torch.mm(z, w, out=gh[start:stop])
+        if need_grad_w:
+            if wide:  # vocabulary slices keep the half-precision temporary small
+                for v0 in range(0, v, _WIDE_SLICE):
+                    gw[v0:v0 + _WIDE_SLICE] += torch.mm(z[:, v0:v0 + _WIDE_SLICE].t(), hc)
+            else:
+                gw.addmm_(z.t(), hc)
+            if gb is not None:
+                gb += z.sum(0, dtype=torch.float32)
+    gw = gw.to(w.dtype) if need_grad_w else gw
+    gb = gb.to(bias.dtype) if gb is not None else _empty(h)
+    return losses, lse, gh, gw, gb
+
+
+# --- grads in the forward pass (default): one pass, gradients kept until backward ---
+
+@torch.library.custom_op("stitchml::linear_cross_entropy", mutates_args=())
+def linear_cross_entropy(h: Tensor, w: Tensor, bias: Optional[Tensor], target: Tensor, ignore_index: int,
+                         label_smoothing: float, softcap: float, reduction: str, chunk: int,
+                         need_grad_h: bool, need_grad_w: bool, fp32_grad_w: bool
+                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(loss fp32 [], grad_h [N, D] or [0], grad_w [V, D] or [0], grad_bias [V] or [0]).
+    The gradients are those of the loss itself (incoming gradient 1)."""
+    target = target.reshape(-1)
+    count = _count(target, ignore_index, reduction)
+    losses, _, gh, gw, gb = _chunks(h, w, bias, target, count, ignore_index, label_smoothing, softcap, chunk,
+                                    need_grad_h, need_grad_w, fp32_grad_w)
+    loss = losses.sum() / count[0] if reduction == "mean" else losses.sum()
+    return loss, gh, gw, gb
+
+
+@linear_cross_entropy.register_fake
+def _(h, w, bias, target, ignore_index, label_smoothing, softcap, reduction, chunk, need_grad_h, need_grad_w,
+      fp32_grad_w):
+    loss = h.new_empty((), dtype=torch.float32)
+    gh = h.new_empty(h.shape) if need_grad_h else h.new_empty((0,))
+    gw = w.new_empty(w.shape) if need_grad_w else w.new_empty((0,))
+    gb = bias.new_empty(bias.shape) if (bias is not None and need_grad_w) else h.new_empty((0,))
+    return loss, gh, gw, gb
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    h, w, bias = inputs[0], inputs[1], inputs[2]
+    _, gh, gw, gb = output
+    ctx.save_for_backward(gh, gw, gb)
+    ctx.flags = (inputs[9], inputs[10], bias is not None and inputs[10])
+    ctx.mark_non_differentiable(gh, gw, gb)
+
+
+def _backward(ctx, g_loss, *_unused):
+    gh, gw, gb = ctx.saved_tensors
+    need_h, need_w, need_b = ctx.flags
+    return (gh * g_loss if need_h else None, gw * g_loss if need_w else None,
+            gb * g_loss if need_b else None) + (None,) * 9
+
+
+linear_cross_entropy.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --- grads in the backward pass (knob linear_ce_grads_in_forward=0): the forward keeps
+# one float per token (lse); the backward recomputes each chunk's logits, already
+# scaled by the incoming gradient, so grad_W is written once and nothing of the size
+# of h or W lives from forward to backward.  One more logits product than above. ---
+
+@torch.library.custom_op("stitchml::linear_ce_loss", mutates_args=())
+def linear_ce_loss(h: Tensor, w: Tensor, bias: Optional[Tensor], target: Tensor, ignore_index: int,
+                   label_smoothing: float, softcap: float, reduction: str, chunk: int, fp32_grad_w: bool
+                   ) -> tuple[Tensor, Tensor]:
+    """(loss fp32 [], lse fp32 [N]); fp32_grad_w is for the backward."""
+    target = target.reshape(-1)
+    count = _count(target, ignore_index, reduction)
+    losses, lse, _, _, _ = _chunks(h, w, bias, target, count, ignore_index, label_smoothing, softcap, chunk,
+                                   False, False, False)
+    return (losses.sum() / count[0] if reduction == "mean" else losses.sum()), lse
+
+
+@linear_ce_loss.register_fake
+def _(h, w, bias, target, ignore_index, label_smoothing, softcap, reduction, chunk, fp32_grad_w):
+    return h.new_empty((), dtype=torch.float32), h.new_empty((h.shape[0],), dtype=torch.float32)
+
+
+@torch.library.custom_op("stitchml::linear_ce_grads", mutates_args=())
+def linear_ce_grads(h: Tensor, w: Tensor, bias: Optional[Tensor], target: Tensor, lse: Tensor, grad: Tensor,
+                    ignore_index: int, label_smoothing: float, softcap: float, reduction: str, chunk: int,
+                    need_grad_h: bool, need_grad_w: bool, fp32_grad_w: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(grad_h or [0], grad_w or [0], grad_bias or [0]) of grad * loss."""
+    target = target.reshape(-1)
+    count = _count(target, ignore_index, reduction) / grad.float().reshape(1)
+    _, _, gh, gw, gb = _chunks(h, w, bias, target, count, ignore_index, label_smoothing, softcap, chunk,
+                               need_grad_h, need_grad_w, fp32_grad_w, lse_in=lse)
+    return gh, gw, gb
+
+
+@linear_ce_grads.register_fake
+def _(h, w, bias, target, lse, grad, ignore_index, label_smoothing, softcap, reduction, chunk, need_grad_h,
+      need_grad_w, fp32_grad_w):
+    gh = h.new_empty(h.shape) if need_grad_h else h.new_empty((0,))
+    gw = w.new_empty(w.shape) if need_grad_w else w.new_empty((0,))
+    gb = bias.new_empty(bias.shape) if (bias is not None and need_grad_w) else h.new_empty((0,))
+    return gh, gw, gb
+
+
+def _setup_loss(ctx, inputs, output) -> None:
+    h, w, bias, target = inputs[:4]
+    ctx.opts, ctx.fp32_grad_w = inputs[4:9], inputs[9]
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(h, w, bias, target, output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward_loss(ctx, g_loss, _g_lse):
+    h, w, bias, target, lse = ctx.saved_tensors
+    need_h = ctx.needs_input_grad[0]
+    need_w = ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2])
+    gh, gw, gb = torch.ops.stitchml.linear_ce_grads(h, w, bias, target, lse, g_loss, *ctx.opts, need_h, need_w,
+                                                    ctx.fp32_grad_w)
+    return (gh if need_h else None, gw if need_w else None, gb if (ctx.has_bias and need_w) else None) + (None,) * 7
+
+
+linear_ce_loss.register_autograd(_backward_loss, setup_context=_setup_loss)
+
+
+def fused_linear_cross_entropy(h: Tensor, w: Tensor, bias: Optional[Tensor], target: Tensor, *,
+                               ignore_index: int = -100, label_smoothing: float = 0.0, softcap: float = 0.0,
+                               reduction: str = "mean", chunk: int = 0, out_dtype: torch.dtype | None = None,
+                               fp32_grad_w: bool = False, grads_in_forward: bool = True) -> Tensor:
+    """What the rewrite inserts: h [..., D] and target [...] are flattened to tokens;
+    the loss comes back in out_dtype (the dtype eager's loss would have)."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction {reduction!r} is not supported (mean, sum)")
+    h2 = h.reshape(-1, h.shape[-1])
+    opts = (int(ignore_index), float(label_smoothing), float(softcap), reduction, int(chunk))
+    if not grads_in_forward:
+        loss = torch.ops.stitchml.linear_ce_loss(h2, w, bias, target.reshape(-1), *opts, bool(fp32_grad_w))[0]
+        return loss.to(out_dtype or h.dtype)
+    need = torch.is_grad_enabled()
+    need_w = need and (w.requires_grad or (bias is not None and bias.requires_grad))
+    loss = torch.ops.stitchml.linear_cross_entropy(h2, w, bias, target.reshape(-1), *opts,
+                                                   need and h.requires_grad, need_w, bool(fp32_grad_w))[0]
+    return loss.to(out_dtype or h.dtype)
+
+
+def peak_logits_elements(n: int, d: int, v: int, chunk: int) -> int:
+    """Largest [tokens, vocab] buffer the op allocates (for explain and tests)."""
+    c = chunk if chunk > 0 else auto_chunk(n, d, v)
+    return min(c, n) * v
+
+
+OPS = (linear_cross_entropy, linear_ce_loss, linear_ce_grads)  # library calls for the lowering
+
+__all__ = ["linear_cross_entropy", "linear_ce_loss", "linear_ce_grads", "fused_linear_cross_entropy", "ce_rows",
+           "auto_chunk", "peak_logits_elements", "OPS"]

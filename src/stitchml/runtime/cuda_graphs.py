@@ -1,0 +1,348 @@
+"""CUDA graphs by default where safe (issue 12.3).
+
+A compiled graph (inference, training forward or backward) is captured once and then
+replayed, which removes the host cost of its launches and eager calls:
+
+- **what is copied**: only inputs whose address changes between calls (the user's
+  batch).  Parameters and buffers, and any input found at the same address in the
+  warm-up call and the capture call (a saved activation the forward graph's replay
+  wrote), are read in place: never copied.  Every replay checks that those addresses
+  still hold; if one moved, that call runs without the graph, and after
+  `MAX_RECAPTURES` such misses the graph is captured again.
+- **outputs**: returned as fresh aliases of the graph's static outputs (one C++ call
+  each, no copy).  Before a replay overwrites them, their storage's use count must be
+  back to what it was after capture (nobody holds last call's outputs any more: the
+  backward consumed the saved activations).  An output still held (the user's loss
+  or logits kept across steps) makes that call run without the graph and is cloned
+  on return from then on.
+- **RNG**: a graph-mode kernel reads its seed from a device buffer
+  (`device_seed_source`) that the wrapper refreshes with `random_` at the start of
+  every call; captured, that `random_` draws from CUDA's graph-safe generator, whose
+  offset advances per replay, so dropout masks differ between replays and repeat
+  under `torch.manual_seed`.
+- **refusals**, each kept in `CompiledGraph.cuda_graph_note` (shown by `explain`):
+  knob off, no CUDA device, dynamic sizes, eager ops that read values back to the
+  host or have data-dependent shapes, an eager op that mutates an input that is
+  copied per replay (the mutation would land in the copy), inputs on the CPU, a
+  capture that fails.
+
+The decision functions and the bookkeeping (`GraphRunner`, with a stand-in for the
+CUDA graph in tests) run on the CPU; capture itself needs CUDA.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from .. import config
+from ..codegen.triton_kernel import KernelSource
+from ..ir import nodes as ir
+from ..plan.data import EagerStep, Plan
+
+MAX_RECAPTURES = 3
+
+# eager ops whose result is read on the host or whose output shape depends on values:
+# they synchronise with the CPU, which a captured graph cannot do
+SYNC_OPS = frozenset({
+    "aten._local_scalar_dense.default", "aten.item.default", "aten.nonzero.default", "aten.nonzero_static.default",
+    "aten.masked_select.default", "aten.unique_consecutive.default", "aten._unique2.default",
+    "aten.unique_dim.default", "aten.equal.default", "aten.is_nonzero.default",
+    "aten._assert_async.msg", "aten._assert_async.default", "aten.repeat_interleave.Tensor",
+    "aten.bincount.default", "aten.histc.default",
+})
+
+
+@dataclass(frozen=True)
+class Decision:
+    capture: bool
+    reason: str = ""     # why not (empty when the graph is captured)
+
+
+def asked_explicitly() -> bool:
+    """Whether the user set the knob (environment or `config.override`) rather than
+    relying on its default: only then is a refusal worth a warning."""
+    return os.environ.get(config.KNOBS["cuda_graphs"].env) is not None or any(
+        "cuda_graphs" in layer for layer in config._overrides)
+
+
+def mode(kind: str, device: torch.device, *, dynamic: bool = False) -> Decision:
+    """Before planning: whether this graph is meant for capture (planning differs: no
+    grid-barrier launches, whose host-side base a replay would repeat)."""
+    if not config.get("cuda_graphs"):
+        return Decision(False, "")
+    if dynamic:
+        return Decision(False, "CUDA graphs are not applied to graphs with dynamic sizes")
+    if device.type != "cuda":
+        return Decision(False, f"CUDA graphs need a CUDA device; {kind} graph on {device.type} runs without them")
+    return Decision(True)
+
+
+def plan_refusal(plan: Plan) -> str | None:
+    """After planning: a reason the plan cannot be captured, or None."""
+    for step in plan.steps:
+        if isinstance(step, EagerStep) and step.op in SYNC_OPS:
+            return f"CUDA graphs refused: eager op {step.op} synchronises with the CPU"
+    return None
+
+
+def mutated_inputs(g: ir.Graph) -> set[int]:
+    """Positions of the graph inputs an eager op writes into (through views too)."""
+    root: dict[int, int] = {nid: i for i, nid in enumerate(g.inputs)}
+    for n in g.nodes:
+        if n.kind == ir.VIEW and n.refs and n.refs[0] in root:
+            root[n.id] = root[n.refs[0]]
+    out = set()
+    for nid, (target, _args, _kw) in g.eager_calls.items():
+        schema = getattr(target, "_schema", None)
+        if schema is None:
+            continue
+        node = g[nid]
+        for arg, ref in zip(schema.arguments, node.args):
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(ref, ir.Ref) \
+                    and ref.id in root:
+                out.add(root[ref.id])
+    return out
+
+
+def device_seeds_wanted(device: torch.device) -> bool:
+    """Kernels read their seeds from a device buffer when the graph may be captured."""
+    return device.type == "cuda" and bool(config.get("cuda_graphs"))
+
+
+# ----------------------------------------------------------------------------- seeds
+
+def device_seed_source(ks: KernelSource) -> KernelSource:
+    """The kernel with each seed argument read from memory: parameter `seedX_ptr`, and
+    `seedX = tl.load(seedX_ptr)` first in the body (a captured launch keeps its
+    arguments; the memory behind a pointer can change per replay)."""
+    names = list(ks.param_names)
+    first = []
+    for i, (kind, _nid) in enumerate(ks.params):
+        if kind == "seed":
+            first.append(f"{names[i]} = tl.load({names[i]}_ptr)")
+            names[i] = f"{names[i]}_ptr"
+    if not first:
+        return ks
+    return KernelSource(ks.name, list(ks.params), names, first + list(ks.body), ks.grid, ks.num_warps, ks.levels)
+
+
+class SeedBuffer:
+    """The seeds of a graph's kernels in device memory, redrawn every call.  The draw
+    is a torch RNG op: inside a CUDA graph it is captured and, CUDA's generator being
+    graph-safe, advances per replay; under `torch.manual_seed` the sequence repeats."""
+
+    def __init__(self, count: int, device: torch.device):
+        self.count, self.device = count, device
+        self.buf: torch.Tensor | None = None
+        self.views: tuple = ()
+
+    def draw(self) -> tuple:
+        if self.buf is None:  # (created on first use: compilation runs under fake tensors)
+            self.buf = torch.empty(self.count, dtype=torch.int64, device=self.device)
+            self.views = tuple(self.buf[i] for i in range(self.count))
+        self.buf.random_(0, 2**31 - 1)
+        return self.views
+
+
+# ----------------------------------------------------------------------------- capture and replay
+
+class CudaBackend:
+    """Capture and replay on a real CUDA device."""
+
+    def capture(self, call: Callable[[list], Any], inputs: list) -> tuple[Any, Any]:
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = call(list(inputs))
+        return graph, out
+
+    def replay(self, graph: Any, inputs: list) -> None:
+        graph.replay()  # (the graph reads the inputs' memory: `inputs` are at the captured addresses)
+
+    def on_device(self, t: torch.Tensor) -> bool:
+        return t.is_cuda
+
+
+def _use_count(t: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+try:
+    from torch._C._dynamo.guards import _reinterpret_tensor as _alias
+except ImportError:  # pragma: no cover
+    def _alias(t, size, stride, offset):
+        return t.as_strided(size, stride, t.storage_offset() + offset)
+
+
+class GraphRunner:
+    """The graph's callable under CUDA graphs (see the module docstring)."""
+
+    def __init__(self, call: Callable, rec: Any, mutated: set[int], backend: Any = None, warmup: int = 1):
+        self.call, self.rec, self.mutated = call, rec, mutated
+        self.backend = backend or CudaBackend()
+        self.warmup = warmup
+        self.dead = False                # refused at run time: plain calls from now on
+        self.graph = None
+        self.seen = 0                    # plain calls since the last (re)capture started
+        self.ptrs: dict[int, int] = {}   # input position -> address at warm-up / capture
+        self.static: list[int] = []      # inputs read in place
+        self.copies: dict[int, torch.Tensor] = {}   # input position -> its buffer in the graph
+        self.out: tuple = ()
+        self.policy: list = []           # per output: alias | view (of a parameter) | clone | (input, j) | value
+        self.base: dict[int, int] = {}   # output position -> storage use count after capture
+        self.clone: set[int] = set()    # outputs returned as copies (found held across calls)
+        self.moving: set[int] = set()   # inputs that moved once: always copied
+        self.replays = 0
+        self.captured = ""               # what the capture found (the note holds refusals only)
+        self.misses = 0
+        self.recaptures = 0
+
+    def __call__(self, args: list) -> Any:
+        inputs = list(args)
+        args.clear()
+        if self.dead:
+            return self.call(inputs)
+        if self.graph is None:
+            if self.seen < self.warmup:
+                self.seen += 1
+                self.ptrs = {i: x.data_ptr() for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)}
+                return self.call(list(inputs))
+            return self._capture(inputs)
+        return self._replay(inputs)
+
+    # -- capture
+    def _refuse(self, reason: str, inputs: list) -> Any:
+        self.dead = True
+        self.rec.cuda_graph_note = f"CUDA graphs refused: {reason}"
+        if asked_explicitly():
+            warnings.warn(f"stitchml: {self.rec.kind} graph: {self.rec.cuda_graph_note}", stacklevel=3)
+        return self.call(inputs)
+
+    def _capture(self, inputs: list) -> Any:
+        tensors = {i: x for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)}
+        off = [i for i, x in tensors.items() if not self.backend.on_device(x)]
+        if off:
+            return self._refuse(f"input {off[0]} is not on the GPU", inputs)
+        self.static = [i for i, x in tensors.items() if isinstance(x, torch.nn.Parameter) or
+                       (i not in self.moving and self.ptrs.get(i) == x.data_ptr())]
+        copied = sorted(set(tensors) - set(self.static))
+        written = sorted(self.mutated & set(copied))
+        if written:
+            return self._refuse(f"an eager op mutates input {written[0]}, which would be copied per replay", inputs)
+        for i in copied:
+            x = tensors[i]
+            if not _dense(x):
+                return self._refuse(f"input {i} has overlapping memory (an expanded tensor)", inputs)
+            self.copies[i] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+        self.ptrs = {i: tensors[i].data_ptr() for i in self.static}
+        graph_inputs = [self.copies.get(i, x) for i, x in enumerate(inputs)]
+        try:
+            self.graph, out = self.backend.capture(self.call, graph_inputs)
+        except Exception as e:  # (e.g. an op that is not capturable)
+            self.graph = None
+            return self._refuse(f"capture failed: {type(e).__name__}: {str(e)[:200]}", inputs)
+        self.out = tuple(out)
+        by_id = {id(x): j for j, x in enumerate(graph_inputs)}
+        # memory of inputs read in place (parameters): a view of it is never overwritten
+        # by a replay, so whoever holds one does not stop the next replay
+        in_place = {tensors[i].untyped_storage().data_ptr() for i in self.static}
+        self.policy = []
+        for o in self.out:
+            if not isinstance(o, torch.Tensor):
+                self.policy.append(("value",))
+            elif id(o) in by_id:
+                self.policy.append(("input", by_id[id(o)]))
+            elif len(self.policy) in self.clone:
+                self.policy.append(("clone",))
+            elif o.untyped_storage().data_ptr() in in_place:
+                self.policy.append(("view",))
+            else:
+                self.policy.append(("alias",))
+        self.base = {k: _use_count(o) for k, o in enumerate(self.out) if self.policy[k][0] == "alias"}
+        self.captured = (f"captured: {len(self.static)} inputs read in place (parameters, buffers, stable "
+                         f"addresses), {len(copied)} copied per replay")
+        self.backend.replay(self.graph, graph_inputs)  # (capture records, it does not compute)
+        self.replays += 1
+        return self._outputs(inputs)
+
+    # -- replay
+    def _replay(self, inputs: list) -> Any:
+        moved = [i for i in self.static if inputs[i].data_ptr() != self.ptrs[i]]
+        if moved:  # warm up and capture again: these inputs are copied then
+            self.moving |= set(moved)
+            return self._again(inputs, f"inputs read in place moved (input {moved[0]})", warm=True)
+        held = [k for k, n in self.base.items() if _use_count(self.out[k]) != n]
+        if held:
+            # last call's outputs are still in use: their memory stays theirs (the graph
+            # is captured again, with fresh outputs) and such outputs are copied from now on
+            self.clone |= set(held)
+            return self._again(inputs, f"outputs held across calls (output {held[0]})", warm=False)
+        for i, buf in self.copies.items():
+            buf.copy_(inputs[i])
+        self.backend.replay(self.graph, [self.copies.get(i, x) for i, x in enumerate(inputs)])
+        self.replays += 1
+        return self._outputs(inputs)
+
+    def _again(self, inputs: list, why: str, warm: bool) -> Any:
+        """This call runs without the graph; the next one captures again."""
+        self.misses += 1
+        self.graph, self.copies, self.out, self.base = None, {}, (), {}
+        if self.recaptures >= MAX_RECAPTURES:
+            self.dead = True
+            self.rec.cuda_graph_note = f"CUDA graphs given up after {self.misses} misses: {why}"
+            return self.call(inputs)
+        self.recaptures += 1
+        self.seen = 0 if warm else self.warmup
+        self.ptrs = {i: x.data_ptr() for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)}
+        return self.call(list(inputs))
+
+    def _outputs(self, inputs: list) -> tuple:
+        res = []
+        for o, p in zip(self.out, self.policy):
+            kind = p[0]
+            if kind == "value":
+                res.append(o)
+            elif kind == "input":
+                res.append(inputs[p[1]])
+            elif kind == "clone":
+                res.append(o.clone())
+            else:  # alias, view
+                res.append(_alias(o, o.shape, o.stride(), 0))
+        return tuple(res)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    from .steps import storage_elems
+    return storage_elems(tuple(t.shape), t.stride()) == t.numel() or t.numel() <= 1
+
+
+# ----------------------------------------------------------------------------- the compiler's entry points
+
+def enabled(kind: str, device: torch.device, rec: Any, *, dynamic: bool = False) -> bool:
+    """Whether to plan this graph for capture; a refusal is recorded (and warned about
+    when the user asked for CUDA graphs explicitly)."""
+    d = mode(kind, device, dynamic=dynamic)
+    asked = asked_explicitly()
+    # (on a CPU, by default, there is nothing to refuse: CUDA graphs simply do not apply)
+    if not d.capture and d.reason and (asked or device.type == "cuda"):
+        rec.cuda_graph_note = d.reason
+        if asked:
+            warnings.warn(f"stitchml: {d.reason}", stacklevel=3)
+    return d.capture
+
+
+def wrap(call: Callable, rec: Any) -> Callable:
+    """The graph's callable, replayed in a CUDA graph unless its plan refuses."""
+    reason = plan_refusal(rec.plan)
+    if reason:
+        rec.cuda_graph_note = reason
+        if asked_explicitly():
+            warnings.warn(f"stitchml: {reason}", stacklevel=3)
+        return call
+    # a backward graph warms up twice: its saved activations come from the forward's
+    # static outputs only once the forward replays, and read in place they cost nothing
+    return GraphRunner(call, rec, mutated_inputs(rec.graph), warmup=2 if rec.kind == "backward" else 1)

@@ -1,0 +1,212 @@
+"""Compiling a graph's distinct kernels in parallel, before the first launch.
+
+Triton compiles a kernel when it is first launched, one after another inside the
+graph's first call.  Here a process pool compiles every distinct kernel of the graph
+at once:
+
+- on a GPU (`precompile`), each worker *warms up* the kernel's Triton function with
+  the argument types it will be launched with (pointers 16-byte aligned, as every
+  buffer stitchml allocates is), which compiles it into Triton's on-disk cache; the
+  first launch in this process then finds it there and only loads the binary;
+- without a GPU (`compile_for_target`), each worker compiles the kernel for a named
+  target (e.g. sm_90) with Triton's own toolchain: the ahead-of-time check, timed.
+
+Correctness never depends on the pool: Triton's JIT computes its own cache key at
+the first launch, and anything the pool did not compile (or compiled for other
+arguments) is compiled there.  The pool is created lazily, reused for every graph of
+the process, and started with `spawn` (a forked CUDA context is unusable).
+Knob: `compile_workers`.
+"""
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from .. import config
+from ..codegen.triton_kernel import KernelSource
+from .kernel_cache import load_kernels, module_path
+
+_POOL: list[ProcessPoolExecutor] = []
+_DONE: set[str] = set()   # module paths already compiled by this process's pool
+STATS = {"submitted": 0, "compiled": 0, "failed": 0}
+
+_TT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+       torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
+       torch.bool: "i1"}
+
+
+def workers() -> int:
+    n = int(config.get("compile_workers"))
+    return min(os.cpu_count() or 1, 16) if n < 0 else n
+
+
+def pool() -> ProcessPoolExecutor:
+    if not _POOL:
+        import multiprocessing
+        _POOL.append(ProcessPoolExecutor(max_workers=max(workers(), 1),
+                                         mp_context=multiprocessing.get_context("spawn")))
+    return _POOL[0]
+
+
+def shutdown() -> None:
+    while _POOL:
+        _POOL.pop().shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One kernel to compile: where its module is, and how it is launched."""
+
+    path: str
+    arg_types: tuple[Any, ...]   # torch dtypes (pointers) or sample ints (scalars)
+    signature: tuple[tuple[str, str], ...]   # Triton type per parameter (for a named target)
+    num_warps: int
+    maxnreg: int | None = None
+
+
+def job_for(ks: KernelSource, graph) -> Job:
+    """The compile job of kernel `ks` (whose node ids refer to `graph`)."""
+    types: list[Any] = []
+    sig: list[tuple[str, str]] = []
+    for (kind, nid), name in zip(ks.params, ks.param_names):
+        if kind in ("in", "out"):
+            dt = graph[nid].dtype
+        elif kind == "partial":
+            dt = graph[nid].dtype
+            dt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+        elif kind == "counter":
+            dt = torch.int64
+        else:   # seed, base: run-time integers (not specialised on: do_not_specialize)
+            types.append(7)
+            sig.append((name, "i32"))
+            continue
+        types.append(dt)
+        sig.append((name, "*" + _TT[dt]))
+    maxnreg = None
+    if any(kind == "counter" for kind, _ in ks.params):
+        from ..plan.launches import MAXNREG
+        maxnreg = MAXNREG
+    return Job(str(module_path(ks.source)), tuple(types), tuple(sig), ks.num_warps, maxnreg)
+
+
+def _load_function(path: str):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"stitchml_pre_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.KERNEL
+
+
+def _warm_up(job: Job) -> float:
+    """(Worker) Compile `job` for the current GPU into Triton's cache."""
+    t0 = time.perf_counter()
+    options = {"num_warps": job.num_warps}
+    if job.maxnreg:
+        options["maxnreg"] = job.maxnreg
+    _load_function(job.path).warmup(*job.arg_types, grid=(1,), **options)
+    return time.perf_counter() - t0
+
+
+def _compile_for(job: Job, arch: int) -> tuple[float, int | None]:
+    """(Worker) Compile `job` for sm_`arch` without a GPU; (seconds, cubin bytes)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    t0 = time.perf_counter()
+    fn = _load_function(job.path)
+    options = {"num_warps": job.num_warps}
+    if job.maxnreg:
+        options["maxnreg"] = job.maxnreg
+    compiled = triton.compile(ASTSource(fn, dict(job.signature), {}), target=GPUTarget("cuda", arch, 32),
+                              options=options)
+    cubin = compiled.asm.get("cubin")
+    return time.perf_counter() - t0, (len(cubin) if cubin else None)
+
+
+def distinct_jobs(kernels: dict[str, KernelSource], graph, launched: Iterable[str] | None = None) -> list[Job]:
+    """One job per distinct kernel body of a graph (their modules written).  With
+    `launched` (`Plan.launched`) only those kernels: the members of a launch group run
+    inside its composite kernel and need no binary of their own."""
+    if launched is not None:
+        kernels = {name: kernels[name] for name in launched}
+    load_kernels({name: ks.source for name, ks in kernels.items()})   # publish the module files
+    jobs: dict[str, Job] = {}
+    for ks in kernels.values():
+        job = job_for(ks, graph)
+        jobs.setdefault(job.path, job)
+    return list(jobs.values())
+
+
+class Pending:
+    """Compile jobs under way in the pool; `wait()` before the graph's first launch.
+    Between submission and the wait, the process goes on (planning the next graph)."""
+
+    def __init__(self, futures: list[tuple[Job, Future]] | None = None):
+        self.futures = futures or []
+        self.waited_s = 0.0
+
+    def wait(self) -> float:
+        t0 = time.perf_counter()
+        for job, fut in self.futures:
+            try:
+                fut.result()
+                STATS["compiled"] += 1
+                _DONE.add(job.path)
+            except Exception:   # the first launch compiles it in this process instead
+                STATS["failed"] += 1
+        self.futures = []
+        self.waited_s += time.perf_counter() - t0
+        return self.waited_s
+
+
+def precompile(kernels: dict[str, KernelSource], graph, launched: Iterable[str] | None = None) -> Pending:
+    """Start compiling the graph's distinct kernels in parallel for this machine's GPU.
+    Nothing is started under the interpreter, with no pool, or for fewer than two
+    kernels not compiled yet."""
+    from ..compiler import _interpreter_on
+    if _interpreter_on() or workers() == 0 or not torch.cuda.is_available():
+        return Pending()
+    jobs = [j for j in distinct_jobs(kernels, graph, launched) if j.path not in _DONE]
+    if len(jobs) < 2:
+        return Pending()
+    STATS["submitted"] += len(jobs)
+    return Pending([(j, pool().submit(_warm_up, j)) for j in jobs])
+
+
+def compile_for_target(kernels: dict[str, KernelSource], graph, arch: int = 90,
+                       parallel: bool = True, launched: Iterable[str] | None = None) -> dict[str, Any]:
+    """Compile a graph's distinct (launched) kernels for sm_`arch` without a GPU (Triton
+    must not be in interpreter mode in this process).  Returns timings and per-kernel verdicts."""
+    if launched is not None:
+        kernels = {name: kernels[name] for name in launched}
+    jobs = distinct_jobs(kernels, graph)
+    t0 = time.perf_counter()
+    results: list[tuple[Job, Any]] = []
+    if parallel and workers() > 1:
+        futures = [(j, pool().submit(_compile_for, j, arch)) for j in jobs]
+        for job, fut in futures:
+            try:
+                results.append((job, fut.result()))
+            except Exception as e:
+                results.append((job, e))
+    else:
+        for job in jobs:
+            try:
+                results.append((job, _compile_for(job, arch)))
+            except Exception as e:
+                results.append((job, e))
+    wall = time.perf_counter() - t0
+    failed = [f"{Path(j.path).stem}: {type(r).__name__}: {str(r)[:300]}" for j, r in results
+              if isinstance(r, Exception)]
+    per_kernel = [r[0] for _, r in results if not isinstance(r, Exception)]
+    return {"kernels": len(kernels), "distinct": len(jobs), "wall_s": wall, "sum_s": sum(per_kernel),
+            "failed": failed, "workers": workers() if parallel else 1}
+
+
+__all__ = ["Job", "Pending", "compile_for_target", "distinct_jobs", "job_for", "precompile", "shutdown", "workers"]

@@ -1,0 +1,392 @@
+"""The runtime wrapper as data: a list of typed steps, then rendered to Python.
+
+A compiled graph runs as a straight-line sequence of steps (allocate, view, launch,
+eager call, check, free, return).  The steps are built from the plan
+(`wrapper.build_program`), optimised as data (view chains collapsed to one strided
+view, dead buffers reused, names freed after their last use) and only then rendered
+to the Python source that runs (and that `explain` / the debug directory show).
+
+Value names: `a<i>` graph inputs, `v<node>` IR node values, `p<node>` column
+partials; `C<k>` objects of the namespace (eager ops, constants).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+import torch
+
+from ..ir.nodes import contiguous_strides, prod
+
+
+# ----------------------------------------------------------------------------- leaves
+
+class Sym:
+    """Text rendered as it is: a value name, a namespace name, a dtype."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return self.text
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Sym and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(("sym", self.text))
+
+
+class Expr(Sym):
+    """A number of a dynamic template: an expression of the sizes `ks0, ks1, ...`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"({self.text})"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return repr(self)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Expr and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(("expr", self.text))
+
+
+def fmt(a: object) -> str:
+    """Python source of an argument tree (lists, tuples, numbers, `Sym`s)."""
+    if isinstance(a, list):
+        return "[" + ", ".join(fmt(x) for x in a) + "]"
+    if isinstance(a, tuple):
+        return "(" + "".join(fmt(x) + ", " for x in a) + ")"
+    if isinstance(a, (Sym, torch.dtype)):
+        return str(a)
+    return repr(a)
+
+
+# ----------------------------------------------------------------------------- layouts
+
+@dataclass(frozen=True)
+class Layout:
+    """A strided view of a base tensor: `offset` counts elements from the base's
+    first element (a `_reinterpret_tensor` increment, not an absolute storage offset)."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int = 0
+
+
+def storage_elems(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """Elements of storage a tensor of this layout spans from its first element."""
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(shape, stride))
+
+
+def reshape_layout(src: Layout, shape: tuple[int, ...]) -> Layout | None:
+    """The layout `reshape` gives without copying, or None where eager would copy.
+    Groups of source dims that are contiguous with each other can be split and merged
+    freely; a target dim may not straddle two groups."""
+    shape = tuple(shape)
+    if prod(shape) != prod(src.shape):
+        return None
+    if prod(shape) == 0 or not src.shape:
+        return Layout(shape, contiguous_strides(shape), src.offset)
+    # merge the source into maximal contiguous chunks, innermost first: (numel, stride of its last dim)
+    chunks: list[tuple[int, int]] = []
+    for size, st in zip(reversed(src.shape), reversed(src.stride)):
+        if size == 1:
+            continue
+        if chunks and st == chunks[-1][0] * chunks[-1][1]:
+            chunks[-1] = (chunks[-1][0] * size, chunks[-1][1])
+        else:
+            chunks.append((size, st))
+    out: list[int] = [0] * len(shape)
+    d = len(shape) - 1
+    for numel, base in chunks:
+        acc = 1
+        while d >= 0 and acc < numel:
+            out[d] = acc * base
+            acc *= shape[d]
+            d -= 1
+        if acc != numel:
+            return None
+        while d >= 0 and shape[d] == 1:  # size-1 dims between chunks: any stride works
+            out[d] = acc * base
+            d -= 1
+    while d >= 0:  # leading size-1 dims
+        out[d] = out[d + 1] * shape[d + 1] if d + 1 < len(shape) else 1
+        d -= 1
+    return Layout(shape, tuple(out), src.offset)
+
+
+def view_layout(op: str, src: Layout, shape: tuple[int, ...], attrs: dict) -> Layout | None:
+    """Layout of a view op applied to `src`, None where it is not a plain re-stride."""
+    if op == "reshape":
+        return reshape_layout(src, shape)
+    if op == "permute":
+        dims = attrs["dims"]
+        return Layout(tuple(src.shape[d] for d in dims), tuple(src.stride[d] for d in dims), src.offset)
+    if op == "expand":
+        lead = len(shape) - len(src.shape)
+        stride = [0] * lead + [0 if (s == 1 and t != 1) else st
+                               for s, st, t in zip(src.shape, src.stride, shape[lead:])]
+        return Layout(tuple(shape), tuple(stride), src.offset)
+    if op == "slice":
+        dim, start, step = attrs["dim"], attrs["start"], attrs["step"]
+        stride = list(src.stride)
+        off = src.offset + start * src.stride[dim] if shape[dim] else src.offset
+        stride[dim] *= step
+        return Layout(tuple(shape), tuple(stride), off)
+    if op == "select":
+        dim, index = attrs["dim"], attrs["index"]
+        index = index + src.shape[dim] if index < 0 else index
+        return Layout(tuple(shape), src.stride[:dim] + src.stride[dim + 1:], src.offset + index * src.stride[dim])
+    if op == "as_strided":  # (lowered only on a contiguous graph input: relative to it)
+        return Layout(tuple(shape), tuple(attrs["stride"]), src.offset + attrs["offset"])
+    return None
+
+
+# ------------------------------------------------------------------------------- steps
+
+@dataclass(frozen=True)
+class Alloc:
+    """A fresh output buffer, or the storage of a dead buffer (`reuse`) of the same
+    storage size and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    zero: bool = False          # accumulated into with atomics
+    poison: bool = False        # testing: filled with NaN / max int
+    reuse: str | None = None
+    reuse_same: bool = False    # the reused buffer has exactly this shape and strides
+
+    def reads(self) -> tuple[str, ...]:
+        return (self.reuse,) if self.reuse else ()
+
+    def render(self) -> str:
+        if self.reuse:
+            text = self.reuse if self.reuse_same else f"_view({self.reuse}, {self.shape}, {self.stride}, 0)"
+        elif self.zero:
+            return f"{self.name} = torch.zeros({self.shape}, dtype={self.dtype}, device=DEVICE)"
+        else:
+            text = f"torch.empty_strided({self.shape}, {self.stride}, dtype={self.dtype}, device=DEVICE)"
+        if self.poison:
+            value = "float('nan')" if self.dtype.is_floating_point else (
+                "True" if self.dtype == torch.bool else str(torch.iinfo(self.dtype).max))
+            text = f"{text}.fill_({value})"
+        return f"{self.name} = {text}"
+
+
+@dataclass(frozen=True)
+class View:
+    """One strided view of `base` (a tensor whose layout is known): a whole chain of
+    reshape / permute / expand / slice / select collapsed at compile time."""
+
+    name: str
+    base: str
+    layout: Layout
+    ops: tuple[str, ...] = ()   # the view ops it replaces (for reading the source)
+
+    def reads(self) -> tuple[str, ...]:
+        return (self.base,)
+
+    def render(self) -> str:
+        lay = self.layout
+        note = f"  # {'.'.join(self.ops)}" if self.ops else ""
+        return f"{self.name} = _view({self.base}, {lay.shape}, {lay.stride}, {lay.offset}){note}"
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A view op replayed eagerly, where the layout of its source is not known at
+    compile time (or eager would copy: a reshape of a non-viewable layout); also the
+    free constants (`full`, `iota`).  `template.format(*values)` is the expression."""
+
+    name: str
+    template: str
+    values: tuple = ()
+    src: str | None = None
+
+    @property
+    def expr(self) -> str:
+        return self.template.format(*(fmt(v) for v in self.values))
+
+    def reads(self) -> tuple[str, ...]:
+        return (self.src,) if self.src else ()
+
+    def render(self) -> str:
+        return f"{self.name} = {self.expr}"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """`kernel[(grid,)](*args, num_warps=N)`: the call shape of Triton's JIT functions
+    and of the direct launcher alike."""
+
+    kernel: str
+    grid: int
+    args: tuple[str, ...]        # value names, or `_seed()` / `counter` / `base`
+    num_warps: int
+    maxnreg: int | None = None
+    writes: tuple[str, ...] = ()
+    size_args: tuple[str, ...] = ()   # dynamic templates: the kernel's size arguments `sz0, ...`
+
+    def reads(self) -> tuple[str, ...]:
+        return tuple(a for a in self.args if _is_value(a))
+
+    def render(self) -> str:
+        extra = f", maxnreg={self.maxnreg}" if self.maxnreg else ""
+        args = ", ".join(self.args + self.size_args)
+        return f"{self.kernel}[({self.grid},)]({args}, num_warps={self.num_warps}{extra})"
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """A fresh base on the graph's grid-barrier counter for one global launch."""
+
+    arrivals: int
+    reset: bool = False     # graph mode: the counter zeroed before the launch (a replay repeats host ints)
+
+    def reads(self) -> tuple[str, ...]:
+        return ()
+
+    def render(self) -> str:
+        return "counter, base = BARRIER.reset()" if self.reset else f"counter, base = BARRIER.take({self.arrivals})"
+
+
+@dataclass(frozen=True)
+class DrawSeeds:
+    """Graph mode: the kernels' seeds, redrawn into a device buffer (`s0, s1, ...`:
+    0-d views of it, passed as pointers)."""
+
+    count: int
+
+    def reads(self) -> tuple[str, ...]:
+        return ()
+
+    def render(self) -> str:
+        return "".join(f"s{j}, " for j in range(self.count)) + "= SEEDS.draw()"
+
+
+@dataclass(frozen=True)
+class EagerCall:
+    name: str
+    target: str                  # namespace name of the ATen op
+    args: tuple                  # argument trees (lists, tuples, numbers, `Sym`s)
+    kwargs: tuple                # (keyword, tree) pairs
+    uses: tuple[str, ...]        # value names among them
+    op: str = ""
+    may_alias: bool = True       # the result may share storage with an argument (schema says so, or unknown)
+
+    def reads(self) -> tuple[str, ...]:
+        return self.uses
+
+    def render(self) -> str:
+        args = [fmt(a) for a in self.args] + [f"{k}={fmt(v)}" for k, v in self.kwargs]
+        return f"{self.name} = {self.target}({', '.join(args)})"
+
+
+@dataclass(frozen=True)
+class Item:
+    name: str
+    src: str
+    index: int
+
+    def reads(self) -> tuple[str, ...]:
+        return (self.src,)
+
+    def render(self) -> str:
+        return f"{self.name} = {self.src}[{self.index}]"
+
+
+@dataclass(frozen=True)
+class Check:
+    """An eager result checked against the metadata the plan assumed (dtype, shape,
+    strides); a difference is absorbed (cast or copy) and logged once.  After the
+    first call, checks that passed are dropped from the wrapper."""
+
+    name: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    index: int                   # the check's number in the graph's checker
+    op: str = ""
+
+    def reads(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def render(self) -> str:
+        return f"{self.name} = CHECK({self.name}, {self.shape}, {self.stride}, {self.dtype}, {self.index})"
+
+
+@dataclass(frozen=True)
+class Free:
+    names: tuple[str, ...]
+
+    def reads(self) -> tuple[str, ...]:
+        return ()
+
+    def render(self) -> str:
+        return f"del {', '.join(self.names)}"
+
+
+@dataclass(frozen=True)
+class Return:
+    values: tuple                # trees: `Sym` value names, numbers, None
+
+    def reads(self) -> tuple[str, ...]:
+        return tuple(str(v) for v in self.values if isinstance(v, Sym) and _is_value(str(v)))
+
+    def render(self) -> str:
+        return "return " + fmt(tuple(self.values))
+
+
+Step = Union[Alloc, View, Replay, Launch, Barrier, DrawSeeds, EagerCall, Item, Check, Free, Return]
+
+
+def _is_value(text: str) -> bool:
+    return len(text) > 1 and text[0] in "avp" and text[1:].isdigit()
+
+
+def defines(step) -> str | None:
+    return getattr(step, "name", None) if not isinstance(step, (Free, Return, DrawSeeds)) else None
+
+
+@dataclass
+class Program:
+    """A graph's wrapper as steps, and the objects its source names."""
+
+    steps: list = field(default_factory=list)
+    num_inputs: int = 0
+    consts: dict = field(default_factory=dict)
+
+    def render(self, drop_checks: frozenset | set = frozenset(), sizes: tuple[str, ...] | None = None) -> str:
+        """Python source of `call(args)`; `drop_checks`: numbers of checks already
+        passed (the lean wrapper after the first call); `sizes`: a dynamic template's
+        `call(args, sizes)`, the sizes unpacked into these names."""
+        head = ["def call(args):"] if sizes is None else ["def call(args, sizes):"]
+        if sizes:
+            head.append("    " + "".join(f"{n}, " for n in sizes) + "= sizes")
+        if self.num_inputs:
+            head.append("    " + "".join(f"a{i}, " for i in range(self.num_inputs)) + "= args")
+        head.append("    args.clear()")
+        body = ["    " + s.render() for s in self.steps
+                if not (isinstance(s, Check) and s.index in drop_checks)]
+        return "\n".join(head + body) + "\n"
+
+    def of_type(self, *types) -> list:
+        return [s for s in self.steps if isinstance(s, types)]

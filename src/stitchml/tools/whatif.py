@@ -1,0 +1,106 @@
+"""What-if predictions (Daydream's question, asked of the cost model): the predicted
+step time of the chosen plan against alternatives, without running any of them.
+
+Alternatives, each planned again from the same IR graphs (plan only: no code is
+generated, nothing runs):
+- `rules`: the AStitch rules and rule-based launch groups (`plan_search=rules`);
+- `no-global`: no grid-barrier launches; `no-horizontal`: no horizontal launches;
+- `unfused`: eager, one kernel per memory-intensive primitive op;
+- `<chosen>@<device>`: the chosen plan, as it is, priced on each other device of the table.
+
+Ops that run eagerly in every plan (matrix products, attention kernels, ops without a
+rule) are not in any figure: the table compares the memory-intensive part only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import config
+from ..plan.cost import plan_seconds, unfused_seconds
+from ..plan.data import Plan
+from ..plan.devices import DEVICES, Device, describe_source, get_device
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "rules": {"plan_search": "rules"},
+    "no-global": {"global_barriers": False},
+    "no-horizontal": {"horizontal_fusion": False},
+}
+
+
+@dataclass
+class PlanRow:
+    name: str
+    predicted_us: float
+    kernels: int
+    launches: int
+    device: str
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "predicted_us": round(self.predicted_us, 3), "kernels": self.kernels,
+                "launches": self.launches, "device": self.device, "note": self.note}
+
+
+def _replan(plan: Plan, dev: Device, **knobs: Any) -> Plan:
+    from ..plan.planner import build_plan
+    with config.override(device=dev.name, **knobs):
+        return build_plan(plan.graph)
+
+
+def what_if(plans: list[Plan], device: str | None = None, devices: list[str] | None = None) -> dict[str, Any]:
+    """The what-if table for the plans of one compiled model (e.g. its forward and
+    backward graphs, summed).  `device`: predict for this table device (re-planned
+    there) instead of the current one; `devices`: the other devices to price the
+    chosen plan on (default: every other device of the table).  Unknown names raise
+    `UnknownDevice` naming the devices the table has."""
+    dev = get_device(device)
+    others = [get_device(d) for d in devices] if devices is not None else \
+        [get_device(d) for d in DEVICES if d != dev.name]
+    search = str(config.get("plan_search"))
+    chosen_name = search if search in ("ilp", "rules") else "ilp"
+    if device is not None:
+        chosen = [_replan(p, dev) for p in plans]
+    else:
+        chosen = plans
+    rows = [PlanRow(chosen_name, sum(plan_seconds(p, dev) for p in chosen) * 1e6,
+                    sum(len(p.kernels) for p in chosen), sum(p.num_kernels for p in chosen), dev.name,
+                    "the plan stitchml uses")]
+    for name, knobs in VARIANTS.items():
+        if name == chosen_name:
+            continue
+        alt = [_replan(p, dev, **knobs) for p in plans]
+        rows.append(PlanRow(name, sum(plan_seconds(p, dev) for p in alt) * 1e6, sum(len(p.kernels) for p in alt),
+                            sum(p.num_kernels for p in alt), dev.name,
+                            ", ".join(f"{k}={v}" for k, v in knobs.items())))
+    total, n = 0.0, 0
+    for p in plans:
+        s, k = unfused_seconds(p.graph, dev)
+        total, n = total + s, n + k
+    rows.append(PlanRow("unfused", total * 1e6, n, n, dev.name, "eager: one kernel per primitive op"))
+    for o in others:
+        if o.name == dev.name:
+            continue
+        rows.append(PlanRow(f"{chosen_name}@{o.name}", sum(plan_seconds(p, o) for p in chosen) * 1e6,
+                            sum(len(p.kernels) for p in chosen), sum(p.num_kernels for p in chosen), o.name,
+                            f"the chosen plan priced on {o.name} ({o.source})"))
+    return {"device": dev.name, "source": describe_source(dev), "chosen": chosen_name,
+            "plans": [r.as_dict() for r in rows],
+            "note": "memory-intensive part only: ops that run eagerly in every plan are not included"}
+
+
+def format_table(table: dict[str, Any]) -> str:
+    chosen = next(p for p in table["plans"] if p["name"] == table["chosen"])
+    base = chosen["predicted_us"] or 1e-30
+    lines = [f"what-if on {table['device']} ({table['source']}):",
+             f"  {'plan':18} {'predicted':>12} {'vs chosen':>10} {'kernels':>8} {'launches':>9}  note"]
+    for p in table["plans"]:
+        rel = p["predicted_us"] / base
+        mark = "*" if p["name"] == table["chosen"] else " "
+        lines.append(f" {mark}{p['name']:18} {p['predicted_us']:10.1f}us {rel:9.2f}x {p['kernels']:8d} "
+                     f"{p['launches']:9d}  {p['note']}")
+    lines.append(f"  ({table['note']})")
+    return "\n".join(lines)
+
+
+__all__ = ["what_if", "format_table", "VARIANTS"]

@@ -1,0 +1,258 @@
+"""Compile time (issue 14): kernels shared by content, the plan cache across processes,
+concurrent writers, damaged entries, version changes, the parallel compile jobs."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import stitchml
+from stitchml import config, pipeline
+from stitchml.runtime import kernel_cache, plan_cache
+
+
+class Block(torch.nn.Module):
+    def __init__(self, h):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(h)
+        self.fc = torch.nn.Linear(h, h)
+
+    def forward(self, x):
+        return x + F.gelu(self.fc(self.ln(x))).softmax(-1)
+
+
+def _stack(layers, h=24):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[Block(h) for _ in range(layers)])
+
+
+def test_identical_layers_compile_to_shared_kernels(tmp_path):
+    """Three equal layers: every kernel of layers 2 and 3 is layer 1's body, generated
+    once and loaded as one Triton function (what Triton compiles once)."""
+    def distinct_functions(layers):
+        kernel_cache.drop_memory()
+        before = dict(kernel_cache.STATS)
+        backend = stitchml.StitchBackend()
+        model = _stack(layers)
+        x = torch.randn(6, 24)
+        with config.override(cache_dir=str(tmp_path / f"c{layers}")):
+            out = torch.compile(model, backend=backend)(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+        rec = backend.records[0]
+        generated = kernel_cache.STATS["generated"] - before["generated"]
+        modules = kernel_cache.STATS["modules"] - before["modules"]
+        return len(rec.kernels), generated, modules
+
+    k1, gen1, mod1 = distinct_functions(1)
+    k3, gen3, mod3 = distinct_functions(3)
+    assert k3 > k1 >= 2
+    # layer 1 alone is what three layers generate and load, give or take the kernels at
+    # the seams (the first layer reads the graph input, the last one writes the output)
+    assert gen3 <= gen1 + 2 and mod3 <= mod1 + 2, (k1, gen1, mod1, k3, gen3, mod3)
+    assert mod3 < k3
+
+
+def test_equal_bodies_share_one_triton_function(tmp_path):
+    with config.override(cache_dir=str(tmp_path)):
+        body = "@triton.jit\ndef {}(x):\n    tl.store(x + tl.arange(0, 4), 1.0)\n"
+        fns = kernel_cache.load_kernels({"a": body.format("k1"), "b": body.format("k7"),
+                                         "c": body.format("k1").replace("1.0", "2.0")})
+    assert fns["a"] is fns["b"] and fns["a"] is not fns["c"]
+
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, json, time
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch, torch.nn.functional as F, stitchml
+    from stitchml.runtime import kernel_cache, plan_cache
+    torch.manual_seed(0)
+    def f(x, w, b, r):
+        return F.layer_norm(x + r, (x.shape[-1],), w, b).softmax(-1) * 2
+    x, w, b, r = torch.randn(16, 48, requires_grad=True), torch.randn(48), torch.randn(48), torch.randn(16, 48)
+    backend = stitchml.StitchBackend()
+    out = torch.compile(f, backend=backend)(x, w, b, r)
+    out.sum().backward()
+    ref = f(x.detach().requires_grad_(), w, b, r)
+    ok = torch.allclose(out, ref, atol=1e-5)
+    times = [(r.kind, r.times.plan_cached, r.times.plan_s) for r in backend.records]
+    print(json.dumps({"ok": ok, "plans": plan_cache.STATS, "sources": kernel_cache.STATS, "times": times}))
+""")
+
+
+def _run(cache: Path, background: bool = False, **env_extra):
+    env = dict(os.environ, STITCHML_CACHE_DIR=str(cache), TRITON_INTERPRET="1", STITCHML_PLAN_CACHE="1",
+               **env_extra)
+    args = [sys.executable, "-c", SCRIPT]
+    if background:
+        return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_skips_planning_and_code_generation(tmp_path):
+    first = _run(tmp_path)
+    second = _run(tmp_path)
+    assert first["ok"] and second["ok"]
+    assert first["plans"]["stored"] == 2 and first["plans"]["hits"] == 0   # forward and backward
+    assert second["plans"]["hits"] == 2 and second["plans"]["stored"] == 0
+    assert second["sources"]["generated"] == 0
+    assert all(cached for _, cached, _ in second["times"]) and not any(c for _, c, _ in first["times"])
+
+
+def test_two_processes_writing_at_once_both_succeed(tmp_path):
+    procs = [_run(tmp_path, background=True) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1])["ok"]
+    entries = list((tmp_path / "plans").glob("*.pkl"))
+    assert len(entries) == 2 and not list((tmp_path / "plans").glob("*.tmp"))
+    third = _run(tmp_path)
+    assert third["ok"] and third["plans"]["hits"] == 2
+
+
+def _plan_twice(tmp_path, fn, *inputs):
+    """Build the same graph twice in this process (memory dropped in between, as in a
+    new process); return both Built objects."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stitchml.capture.decomp import decomposition_table
+    gm = make_fx(fn, decomposition_table=decomposition_table())(*inputs)
+    out = []
+    with config.override(cache_dir=str(tmp_path), plan_cache=True):
+        for _ in range(2):
+            plan_cache.drop_memory()
+            out.append(pipeline.build_static(gm, torch.device("cpu")))
+    return out
+
+
+def test_cached_plan_equals_a_fresh_one(tmp_path):
+    def fn(x, w):
+        return torch.softmax(x * w, -1) + x.sum(-1, keepdim=True)
+    a, b = _plan_twice(tmp_path, fn, torch.randn(8, 40), torch.randn(40))
+    assert not a.times.plan_cached and b.times.plan_cached
+    assert [k.name for k in a.plan.kernels] == [k.name for k in b.plan.kernels]
+    assert {n: k.source for n, k in a.kernels.items()} == {n: k.source for n, k in b.kernels.items()}
+    assert repr(a.graph.nodes) == repr(b.graph.nodes)
+
+
+def test_corrupted_plan_entry_is_rebuilt_with_a_warning(tmp_path):
+    def fn(x):
+        return torch.softmax(x, -1)
+    x = torch.randn(4, 16)
+    _plan_twice(tmp_path, fn, x)
+    (entry,) = list((tmp_path / "plans").glob("*.pkl"))
+    raw = entry.read_bytes()
+    entry.write_bytes(raw[:-7] + b"garbage")
+    with pytest.warns(UserWarning, match="corrupted plan cache entry"):
+        a, b = _plan_twice(tmp_path, fn, x)
+    assert not a.times.plan_cached and b.times.plan_cached   # rebuilt, then read back
+
+
+def test_a_changed_triton_or_torch_version_misses(tmp_path, monkeypatch):
+    import triton
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stitchml.capture.decomp import decomposition_table
+    from stitchml.lower.lower import lower
+    g = lower(make_fx(lambda x: torch.softmax(x, -1), decomposition_table=decomposition_table())(torch.randn(4, 8)))
+    key = plan_cache.plan_key(g, "cuda")
+    assert key == plan_cache.plan_key(g, "cuda")
+    monkeypatch.setattr(triton, "__version__", triton.__version__ + ".changed")
+    assert plan_cache.plan_key(g, "cuda") != key
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "__version__", torch.__version__ + ".changed")
+    assert plan_cache.plan_key(g, "cuda") != key
+    monkeypatch.undo()
+    with config.override(block_elems=2048):
+        assert plan_cache.plan_key(g, "cuda") != key    # a knob that changes planning
+    assert plan_cache.plan_key(g, "cpu") != key
+
+
+def test_constants_come_from_the_fresh_graph_not_the_cache(tmp_path):
+    """A cached plan never carries another model's tensors: constants are taken from the
+    graph being compiled."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stitchml.capture.decomp import decomposition_table
+
+    def make(value):
+        c = torch.full((8,), value)
+        return make_fx(lambda x: torch.softmax(x + c, -1), decomposition_table=decomposition_table())(
+            torch.randn(4, 8))
+
+    with config.override(cache_dir=str(tmp_path), plan_cache=True):
+        a = pipeline.build_static(make(1.0), torch.device("cpu"))
+        plan_cache.drop_memory()
+        b = pipeline.build_static(make(2.0), torch.device("cpu"))
+    if not a.graph.constants:
+        pytest.skip("make_fx inlined the constant")   # nothing to check then
+    assert b.times.plan_cached
+    assert all(float(v[0]) == 2.0 for v in b.graph.constants.values())
+
+
+def test_compile_jobs_one_per_distinct_body(tmp_path):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stitchml.capture.decomp import decomposition_table
+    from stitchml.runtime.precompile import distinct_jobs
+    gm = make_fx(lambda x, y: (torch.softmax(x, -1), torch.softmax(y, -1)),
+                 decomposition_table=decomposition_table())(torch.randn(8, 40), torch.randn(8, 40))
+    with config.override(cache_dir=str(tmp_path)):
+        apart = pipeline.build_static(gm, torch.device("cpu"), horizontal=False)
+        jobs = distinct_jobs(apart.kernels, apart.graph, apart.plan.launched)
+        assert len(apart.plan.launched) == 2 and len(jobs) == 1   # the two softmaxes are one body
+        job = jobs[0]
+        assert Path(job.path).exists() and job.arg_types.count(torch.float32) == len(job.arg_types)
+        assert all(t.startswith("*fp32") for _, t in job.signature)
+        # launched as one horizontal group: only the composite is compiled, not its members
+        together = pipeline.build_static(gm, torch.device("cpu"))
+        (group,) = together.plan.groups
+        jobs = distinct_jobs(together.kernels, together.graph, together.plan.launched)
+        assert together.plan.launched == [group.name] and len(jobs) == 1
+        assert jobs[0].path == str(kernel_cache.module_path(together.kernels[group.name].source))
+
+
+def test_cache_cli_info_and_clear(tmp_path, capsys):
+    from stitchml.cli import main
+    _plan_twice(tmp_path, lambda x: torch.softmax(x, -1), torch.randn(4, 8))
+    with config.override(cache_dir=str(tmp_path)):
+        assert main(["cache", "info"]) == 0
+        out = capsys.readouterr().out
+        assert "plans" in out and "1 entries" in out
+        assert main(["cache", "clear"]) == 0
+        assert not list(tmp_path.rglob("*.pkl"))
+        main(["cache", "info"])
+        assert "plans" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_aot_compile_of_distinct_kernels_for_sm90(tmp_path):
+    """Without a GPU: the distinct kernels of a block compile for sm_90 in parallel."""
+    code = textwrap.dedent("""
+        import json, torch, torch.nn.functional as F
+        from stitchml import pipeline
+        from stitchml.runtime.precompile import compile_for_target, shutdown
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from stitchml.capture.decomp import decomposition_table
+        def f(x, y, z):   # two equal bodies and one other, launched one by one
+            return F.layer_norm(x, (64,)).softmax(-1), F.layer_norm(y, (64,)).softmax(-1), (z * 2).sum(-1)
+        gm = make_fx(f, decomposition_table=decomposition_table())(*[torch.randn(32, 64) for _ in range(3)])
+        b = pipeline.build_static(gm, torch.device("cuda"), horizontal=False)
+        r = compile_for_target(b.kernels, b.graph, 90, launched=b.plan.launched)
+        shutdown()
+        print(json.dumps(r))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(STITCHML_CACHE_DIR=str(tmp_path), STITCHML_COMPILE_WORKERS="2")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = json.loads(res.stdout.strip().splitlines()[-1])
+    assert not r["failed"], r["failed"]
+    assert r["kernels"] == 3 and r["distinct"] == 2 and r["workers"] == 2

@@ -1,0 +1,96 @@
+"""Complex numbers lowered as pairs of reals (lower/rules_complex.py, issue 19.4):
+rotary embeddings written with complex numbers (the original LLaMA code) stitch,
+forward and backward; FFT stays a library op, with its reason."""
+from __future__ import annotations
+
+import torch
+
+from launches import count_launches
+from stitchml import config, explain
+from stitchml.testing import compare_with_eager
+
+
+def _strict(fn, inputs, **kw):
+    with config.override(fallback_on_error=False), count_launches() as n:
+        cmp = compare_with_eager(fn, inputs, **kw)
+    assert all(r.plan is not None for r in cmp.backend.records), [r.eager_reason for r in cmp.backend.records]
+    return cmp, n["n"]
+
+
+def _fallbacks(cmp):
+    return [(f.op, f.reason) for r in cmp.backend.records for f in r.graph.fallbacks]
+
+
+def llama_rotary(xq, xk, freqs_cis):
+    """facebookresearch/llama's apply_rotary_emb, as written there (complex numbers)."""
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    shape = [d if i == 1 or i == xq_.ndim - 1 else 1 for i, d in enumerate(xq_.shape)]
+    fc = freqs_cis.view(*shape)
+    xq_out = torch.view_as_real(xq_ * fc).flatten(3)
+    xk_out = torch.view_as_real(xk_ * fc).flatten(3)
+    return xq_out.type_as(xq), xk_out.type_as(xk)
+
+
+def _freqs(seq, half, theta=10000.0):
+    freqs = 1.0 / (theta ** (torch.arange(0, half).float() / half))
+    t = torch.arange(seq).float()
+    return torch.polar(torch.ones(seq, half), torch.outer(t, freqs))
+
+
+def test_llama_rotary_with_complex_numbers_stitches_forward_and_backward():
+    b, s, h, d = 2, 5, 3, 8
+    xq, xk = torch.randn(b, s, h, d, requires_grad=True), torch.randn(b, s, h, d, requires_grad=True)
+    cmp, launches = _strict(llama_rotary, [xq, xk, _freqs(s, d // 2)])
+    assert not _fallbacks(cmp), _fallbacks(cmp)
+    # forward and backward: one kernel each for both rotations (the backward's conjugate
+    # of the frequencies computed inside it); no copies of complex values
+    assert [r.plan.num_kernels for r in cmp.backend.records] == [1, 1]
+    assert launches == 2
+
+
+def test_llama_rotary_in_bfloat16_matches_eager():
+    b, s, h, d = 1, 4, 2, 8
+    xq = torch.randn(b, s, h, d, dtype=torch.bfloat16, requires_grad=True)
+    xk = torch.randn(b, s, h, d, dtype=torch.bfloat16, requires_grad=True)
+    cmp, _ = _strict(llama_rotary, [xq, xk, _freqs(s, d // 2)])
+    assert not _fallbacks(cmp)
+
+
+def test_complex_arithmetic_abs_angle_polar():
+    x = torch.randn(3, 4, 2, requires_grad=True)
+    y = torch.randn(3, 4, 2)
+    special = torch.tensor([[0.0, 0.0], [-0.0, 0.0], [-1.0, 0.0], [-1.0, -0.0], [3e30, 4e30], [1e-30, -2e-30],
+                            [float("inf"), 1.0], [1.0, float("-inf")], [-2.0, 1e-8], [0.0, -5.0]])
+
+    def fn(x, y, sp):
+        z, w = torch.view_as_complex(x), torch.view_as_complex(y)
+        u = z * w + z - w * 2 + (1 - 2j) * z
+        p = torch.polar(z.abs(), w.angle())
+        zs = torch.view_as_complex(sp)
+        return torch.view_as_real(u + p), u.abs(), zs.abs(), zs.angle(), torch.view_as_real(torch.conj(u) * z)
+
+    cmp, _ = _strict(fn, [x, y, special])
+    assert not _fallbacks(cmp), _fallbacks(cmp)
+
+
+def test_complex128_runs_in_float64_and_angle_is_refused_with_a_reason():
+    x = torch.randn(3, 4, 2, dtype=torch.float64, requires_grad=True)
+
+    def fn(x):
+        z = torch.view_as_complex(x)
+        return torch.view_as_real(z * z.conj() + z), z.angle()
+
+    cmp, _ = _strict(fn, [x], backward=False)
+    reasons = _fallbacks(cmp)
+    assert [op for op, _ in reasons] == ["aten.angle.default"], reasons
+    assert "float64" in reasons[0][1]
+
+
+def test_fft_stays_a_library_op_with_its_reason():
+    x = torch.randn(4, 16)
+    report = explain(lambda x: torch.fft.rfft(torch.softmax(x, -1), dim=-1).abs() * 2, x)
+    reasons = {f.op: f.reason for f in report.fallbacks}
+    assert "library op" in reasons["aten._fft_r2c.default"], reasons
+    assert list(reasons) == ["aten._fft_r2c.default"]  # |.| * 2 of its result is a kernel again
+    assert report.num_kernels == 2

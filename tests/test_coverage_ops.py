@@ -1,0 +1,163 @@
+"""Issue 18: ops that ran eagerly now stitch (decompositions in capture/decomp.py and
+capture/decomp_window.py, rules in lower/rules_index.py, rules_scatter.py,
+rules_window.py, rules_reduce.py).  Each case runs forward and backward against eager
+on fresh random inputs with odd sizes and a non-contiguous input, in float32 and
+bfloat16, and asserts that no op of either graph ran eagerly and that kernels ran."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stitchml.testing import compare_with_eager
+from launches import count_launches
+
+aten = torch.ops.aten
+
+
+def _nc(*shape, dtype=torch.float32):
+    """A non-contiguous tensor (a transposed buffer) with fresh random values."""
+    t = torch.randn(*shape[:-2], shape[-1], shape[-2], dtype=dtype).transpose(-1, -2)
+    assert not t.is_contiguous()
+    return t.requires_grad_()
+
+
+def _leaf(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype).requires_grad_()
+
+
+def _idx(hi, *shape, neg=False):
+    t = torch.randint(0, hi, shape)
+    return t - hi * (torch.rand(shape) < 0.5) if neg else t
+
+
+CASES = {
+    "group_norm": (lambda x, w, b: F.group_norm(x, 3, w, b), lambda d: [_nc(2, 6, 5, 7, dtype=d), _leaf(6, dtype=d),
+                                                                        _leaf(6, dtype=d)]),
+    "avg_pool2d": (lambda x: F.avg_pool2d(x, 3, 2, 1), lambda d: [_nc(2, 3, 9, 7, dtype=d)]),
+    "avg_pool2d_ceil_nopad": (lambda x: F.avg_pool2d(x, 2, 2, 1, ceil_mode=True, count_include_pad=False),
+                              lambda d: [_nc(2, 3, 7, 5, dtype=d)]),
+    "max_pool2d": (lambda x: F.max_pool2d(x, 3, 2, 1), lambda d: [_nc(2, 3, 9, 7, dtype=d)]),
+    "max_pool2d_dilated_ceil": (lambda x: F.max_pool2d(x, 2, 2, 0, dilation=2, ceil_mode=True),
+                                lambda d: [_nc(2, 3, 9, 8, dtype=d)]),
+    "adaptive_avg_pool2d": (lambda x: F.adaptive_avg_pool2d(x, (3, 2)), lambda d: [_nc(2, 3, 9, 6, dtype=d)]),
+    "weight_norm": (lambda v, g: torch._weight_norm(v, g, 0), lambda d: [_nc(5, 7, dtype=d), _leaf(5, 1, dtype=d)]),
+    "slice_scatter": (lambda x, y: torch.slice_scatter(x, y * 2, 1, 1, 6, 2), lambda d: [_nc(4, 9, dtype=d),
+                                                                                     _leaf(4, 3, dtype=d)]),
+    "select_scatter": (lambda x, y: torch.select_scatter(x, y * 2, 1, 3), lambda d: [_nc(4, 9, dtype=d),
+                                                                                 _leaf(4, dtype=d)]),
+    "flip": (lambda x: torch.flip(x, (0, 2)) * 2, lambda d: [_nc(3, 4, 5, dtype=d)]),
+    "reflect_pad": (lambda x: F.pad(x, (1, 2, 2, 1), mode="reflect"), lambda d: [_nc(2, 3, 5, 6, dtype=d)]),
+    "replicate_pad": (lambda x: F.pad(x, (1, 2, 2, 1), mode="replicate"), lambda d: [_nc(2, 3, 5, 6, dtype=d)]),
+    "nearest": (lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), lambda d: [_nc(2, 3, 5, 6, dtype=d)]),
+    "unfold_im2col": (lambda x: F.unfold(x, 3, padding=1), lambda d: [_nc(2, 3, 5, 6, dtype=d)]),
+    # (contiguous input: as_strided of a transposed input still runs eagerly, rules_views.py)
+    "tensor_unfold": (lambda x: x.unfold(1, 3, 2) * 2, lambda d: [_leaf(3, 9, dtype=d)]),
+    "cumsum": (lambda x: torch.cumsum(x * 2, 1) + 1, lambda d: [_nc(3, 7, dtype=d)]),
+    "logcumsumexp": (lambda x: torch.logcumsumexp(x, 1), lambda d: [_nc(3, 7, dtype=d)]),
+    "index_two_tensors": (lambda x: x[_IDX["a"], :, _IDX["b"]] * 2, lambda d: [_nc(4, 3, 5, dtype=d)]),
+    "index_adjacent": (lambda x: x[:, _IDX["a"], _IDX["c"]] * 2, lambda d: [_nc(2, 4, 5, dtype=d)]),
+    "index_put_dups": (lambda x, v: x.index_put((_IDX["dup"],), v * 2, accumulate=True),
+                       lambda d: [_nc(4, 5, dtype=d), _leaf(6, 5, dtype=d)]),
+    "index_add": (lambda x, s: x.index_add(1, _IDX["dup"], s), lambda d: [_nc(3, 4, dtype=d), _leaf(3, 6, dtype=d)]),
+    "scatter_add": (lambda x, s: x.scatter_add(1, _IDX["sc"], s), lambda d: [_nc(3, 4, dtype=d), _leaf(3, 4, dtype=d)]),
+    "safe_softmax": (lambda x: aten._safe_softmax(x, -1), lambda d: [_nc(3, 7, dtype=d)]),
+}
+
+# fixed index tensors (captured as constants): duplicates and negative indices included
+torch.manual_seed(0)
+_IDX = {"a": torch.tensor([[0, -1], [2, 1], [3, 0]]), "b": torch.tensor([1, -5]), "c": torch.tensor([4, -1]),
+        "dup": torch.tensor([0, 2, 0, 3, 2, 0]), "sc": torch.tensor([[0, 1, 1, 3], [2, 2, 0, 0], [3, 3, 3, 1]])}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_op_stitches_and_matches_eager(name, dtype):
+    fn, make = CASES[name]
+    torch.manual_seed(hash(name) % 1000)
+    inputs = make(dtype)
+    tol = {} if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2, grad_rtol=4e-2, grad_atol=4e-2)
+    with count_launches() as launches:
+        cmp = compare_with_eager(fn, inputs, **tol)
+    eager = [(f.op, f.reason) for r in cmp.backend.records if r.graph is not None for f in r.graph.fallbacks]
+    assert not eager, eager
+    assert [r.kind for r in cmp.backend.records] == ["forward", "backward"]
+    assert all(r.eager_reason is None for r in cmp.backend.records)
+    # pooling backwards place each of the k*k window offsets with its own strided pad
+    # (a few kernels per offset: not yet one gather kernel); everything else is a few kernels
+    bound = 30 if "pool2d" in name and "adaptive" not in name else 12
+    assert launches["n"] >= 2 and cmp.num_kernels <= bound, (launches["n"], cmp.launches_per_graph)
+
+
+def test_index_put_with_duplicates_adds_every_value():
+    def f(x, v):
+        return x.index_put((_IDX["dup"],), v, accumulate=True)
+    x, v = torch.randn(4, 3), torch.randn(6, 3)
+    cmp = compare_with_eager(f, [x, v], backward=False)
+    assert cmp.num_kernels >= 1
+    want = x.clone()
+    for k, i in enumerate(_IDX["dup"].tolist()):
+        want[i] += v[k]
+    torch.testing.assert_close(cmp.outputs, want)
+
+
+def test_atomic_scatters_refuse_under_deterministic_algorithms():
+    def f(x, v):
+        return x.index_put((_IDX["dup"],), v * 2, accumulate=True)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        cmp = compare_with_eager(f, [torch.randn(4, 3), torch.randn(6, 3)], backward=False)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    reasons = [f.reason for r in cmp.backend.records for f in r.graph.fallbacks]
+    assert len(reasons) == 1 and "use_deterministic_algorithms" in reasons[0], reasons
+
+
+def test_scan_over_a_long_row_stays_eager_with_its_reason():
+    from stitchml.capture.decomp_window import SCAN_MAX_ROW
+
+    def f(x):
+        return torch.cumsum(x * 2, -1)
+    cmp = compare_with_eager(f, [torch.randn(2, SCAN_MAX_ROW + 1)], backward=False)
+    assert [f.op for r in cmp.backend.records for f in r.graph.fallbacks] == ["aten.cumsum.default"]
+
+
+def test_zero_dim_scatter_value_does_not_drop_the_graph():
+    def f(x, i):
+        return torch.scatter(x * 2, 0, i, 3.0) + 1
+    cmp = compare_with_eager(f, [torch.randn(()), torch.tensor(0)], backward=False)
+    assert all(r.eager_reason is None for r in cmp.backend.records)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_histc_counts_like_eager(dtype):
+    def f(x):
+        return torch.histc(x * 2, bins=5, min=-1, max=3)
+    x = torch.randn(7, 9, dtype=dtype)
+    x[0, :3] = torch.tensor([-0.5, 1.5, 5.0])  # the upper edge (2 * 1.5 == max) and an element outside
+    cmp = compare_with_eager(f, [x], backward=False)
+    assert cmp.num_kernels >= 1
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+
+
+def test_as_strided_scatter_and_copy_of_a_contiguous_run():
+    def f(x, y):
+        z = torch.zeros(30) + x
+        full = torch.as_strided_scatter(z, y.reshape(2, 4) * 2, (2, 4), (4, 1), 7)
+        whole = torch.ops.aten.copy.default(torch.zeros(3, 10), x.reshape(3, 10) + 1)
+        return full, whole
+    cmp = compare_with_eager(f, [torch.randn(30), torch.randn(8)], backward=False)  # (copy has no derivative)
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+    assert cmp.num_kernels >= 2
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32], ids=["i64", "i32", "fp32"])
+def test_floor_divide_and_remainder_round_like_python(dtype):
+    def f(a, b):
+        return torch.floor_divide(a, b), torch.remainder(a, b), torch.remainder(a, 3), a // -4
+    a = torch.randint(-50, 50, (5, 7)).to(dtype)
+    b = torch.randint(1, 9, (5, 7)).to(dtype) * (1 - 2 * (torch.rand(5, 7) < 0.5)).to(dtype)
+    if dtype == torch.float32:
+        a = a + torch.rand(5, 7)
+    cmp = compare_with_eager(f, [a, b], backward=False)
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+    assert cmp.num_kernels == 1

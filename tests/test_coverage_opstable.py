@@ -1,0 +1,37 @@
+"""Issue 18.7: the op table.  An op docs/OPS.md lists as stitched must still be
+stitched (a rule or a decomposition), so a lost rule fails here, not silently in a
+user's model; and the table is what `stitchml ops` prints."""
+from pathlib import Path
+
+from stitchml.tools import opstable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_no_op_moved_from_stitched_to_eager():
+    listed = opstable.stitched_in_doc((ROOT / "docs" / "OPS.md").read_text())
+    assert len(listed) > 100
+    now = {r.op: r for r in opstable.rows()}
+    moved = sorted(f"{op}: now {now[op].status} ({now[op].how})" if op in now else f"{op}: gone"
+                   for op in listed if op not in now or now[op].status != opstable.STITCHED)
+    assert not moved, moved
+
+
+def test_issue_18_ops_are_stitched_and_library_ops_say_why():
+    import torch
+    aten = torch.ops.aten
+    for op in (aten.avg_pool2d.default, aten.max_pool2d_with_indices.default, aten.native_group_norm.default,
+               aten.flip.default, aten.index_put.default, aten.scatter_add.default, aten.cumsum.default,
+               aten.slice_scatter.default, aten.reflection_pad2d.default, aten.upsample_nearest2d.default,
+               aten.histc.default, aten._unsafe_index.Tensor, aten.all.dim):
+        row = opstable.classify(op)
+        assert row.status == opstable.STITCHED, row
+    assert opstable.classify(aten.sort.default).status == opstable.LIBRARY
+    assert "sort" in opstable.classify(aten.sort.default).how
+    assert opstable.classify(aten.mm.default).status == opstable.LIBRARY
+
+
+def test_cli_ops_prints_the_table(capsys):
+    from stitchml.cli import main
+    assert main(["ops"]) == 0
+    assert "| `aten.flip.default` | stitched | rules_window |" in capsys.readouterr().out

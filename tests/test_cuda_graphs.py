@@ -1,0 +1,308 @@
+"""CUDA graphs by default where safe (issue 12.3).  Capture itself needs CUDA (the
+`gpu` test); everything else runs on the CPU: the decisions, the kernels' device
+seeds, and the capture/replay bookkeeping against a stand-in for the CUDA graph that
+replays the captured wrapper on the graph's static buffers."""
+import pytest
+import torch
+
+import stitchml
+from stitchml import config
+from stitchml.codegen import generate_all
+from stitchml.plan.data import EagerStep, Plan
+from stitchml.runtime import cuda_graphs as cg
+from stitchml.runtime import wrapper as wr
+from planning import graph_of, plan_of
+
+CPU = torch.device("cpu")
+CUDA = torch.device("cuda")
+
+
+class _Rec:
+    kind = "inference"
+    cuda_graph_note = ""
+
+
+# ----------------------------------------------------------------------------- decisions
+
+def test_mode_decides_from_knob_device_and_dynamic_sizes():
+    assert config.KNOBS["cuda_graphs"].default is True
+    assert cg.mode("forward", CUDA) == cg.Decision(True)
+    assert cg.mode("backward", CUDA).capture  # training graphs too
+    assert not cg.mode("inference", CUDA, dynamic=True).capture
+    assert "dynamic sizes" in cg.mode("inference", CUDA, dynamic=True).reason
+    cpu = cg.mode("inference", CPU)
+    assert not cpu.capture and "need a CUDA device" in cpu.reason
+    with config.override(cuda_graphs=False):
+        assert cg.mode("inference", CUDA) == cg.Decision(False, "")
+
+
+def test_a_refusal_warns_only_when_cuda_graphs_were_asked_for(recwarn):
+    rec = _Rec()
+    assert not cg.enabled("inference", CUDA, rec, dynamic=True)   # the default: recorded, silent
+    assert "dynamic sizes" in rec.cuda_graph_note and not recwarn.list
+    cpu = _Rec()
+    assert not cg.enabled("inference", CPU, cpu) and not cpu.cuda_graph_note   # CPU by default: nothing to say
+    with config.override(cuda_graphs=True), pytest.warns(UserWarning, match="CUDA device"):
+        cg.enabled("inference", CPU, _Rec())
+
+
+def test_plan_with_a_host_sync_is_refused():
+    g = graph_of(lambda x: x * 2.0, torch.randn(4))
+    plan = Plan(g, steps=[EagerStep(0, "aten._local_scalar_dense.default", "library op")])
+    assert "synchronises with the CPU" in cg.plan_refusal(plan)
+    assert cg.plan_refusal(plan_of(lambda x: torch.softmax(x, -1), torch.randn(4, 8))) is None
+
+
+def test_inputs_written_by_eager_ops_are_found():
+    def f(x, y):
+        x.add_(1.0)            # an in-place op on input 0 (kept by make_fx: an eager op)
+        return y * 2.0
+    g = graph_of(f, torch.randn(4), torch.randn(4))
+    assert cg.mutated_inputs(g) == {0}
+    assert cg.mutated_inputs(graph_of(lambda x, y: x + y, torch.randn(4), torch.randn(4))) == set()
+
+
+# ----------------------------------------------------------------------------- seeds in device memory
+
+def _dropout(x):
+    return torch.ops.aten.native_dropout(x, 0.5, True)[0] * 3.0
+
+
+def test_device_seeds_differ_per_call_and_repeat_under_manual_seed():
+    x = torch.randn(64, 32)
+    plan = plan_of(_dropout, x)
+    sources = generate_all(plan.graph, plan)
+    call, code = wr.build_callable(plan, sources, CPU, device_seeds=True)
+    assert "SEEDS.draw()" in code and "_seed()" not in code
+    assert any("tl.load(" in cg.device_seed_source(ks).source and "_ptr" in cg.device_seed_source(ks).source
+               for ks in sources.values())
+    torch.manual_seed(0)
+    a = call([x])[0]
+    b = call([x])[0]
+    torch.manual_seed(0)
+    a2 = call([x])[0]
+    keep = a != 0
+    assert 0.35 < keep.float().mean() < 0.65
+    torch.testing.assert_close(a[keep], x[keep] * 6.0)       # kept elements scaled by 1/(1-p), then 3x
+    assert not torch.equal(a, b) and torch.equal(a, a2)
+
+
+def test_global_launches_zero_their_barrier_counter_in_graph_mode():
+    # a replay repeats the host's arguments: the barrier base cannot grow per call, so in
+    # graph mode the counter is zeroed (a captured memset) before each global launch
+    x = torch.randn(4096, 64)
+    fn = lambda x: (x.sum(0) * 2).exp()  # noqa: E731 (column partials + combine: one global launch)
+    plan = plan_of(fn, x)
+    assert [g.kind for g in plan.groups] == ["global"]
+    call, code = wr.build_callable(plan, generate_all(plan.graph, plan), CPU, device_seeds=True)
+    assert "BARRIER.reset()" in code and "BARRIER.take(" not in code
+    for _ in range(3):
+        x = torch.randn(4096, 64)
+        torch.testing.assert_close(call([x])[0], fn(x), rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- capture and replay bookkeeping
+
+class FakeGraphs:
+    """Stands in for torch.cuda.CUDAGraph: capture runs the wrapper once on the graph's
+    inputs; a replay runs it again on the inputs at the captured addresses and writes
+    the results into the captured outputs (a real graph writes the same memory)."""
+
+    def __init__(self):
+        self.captures = 0
+        self.replays = 0
+
+    def capture(self, call, inputs):
+        self.captures += 1
+        self.out = call(list(inputs))
+        return call, self.out
+
+    def replay(self, graph, inputs):
+        self.replays += 1
+        for o, n in zip(self.out, graph(list(inputs))):
+            if isinstance(o, torch.Tensor) and o is not n:
+                o.copy_(n)
+
+    def on_device(self, t):
+        return True
+
+
+def _model(w, x):
+    return torch.tanh(x @ w) * 2.0, (x * 3.0).sum(0)
+
+
+def _runner(fn, *inputs, device_seeds=False):
+    plan = plan_of(fn, *inputs)
+    call, _ = wr.build_callable(plan, generate_all(plan.graph, plan), CPU, device_seeds=device_seeds)
+    backend = FakeGraphs()
+    return cg.GraphRunner(call, _Rec(), cg.mutated_inputs(plan.graph), backend), backend
+
+
+def test_parameters_are_read_in_place_and_only_user_inputs_are_copied():
+    w = torch.nn.Parameter(torch.randn(8, 8))
+    runner, backend = _runner(_model, w.detach(), torch.randn(4, 8))
+
+    def step():  # (the caller lets go of the outputs between steps)
+        x = torch.randn(4, 8)
+        for o, r in zip(runner([w, x]), _model(w.detach(), x)):
+            torch.testing.assert_close(o, r)
+
+    for _ in range(5):
+        step()
+    assert backend.captures == 1 and runner.replays == 4 and runner.misses == 0
+    assert runner.static == [0] and list(runner.copies) == [1]     # w in place, x copied
+    assert runner.copies[1].data_ptr() != 0 and "1 copied per replay" in runner.captured
+
+
+def test_outputs_still_held_are_never_overwritten():
+    w = torch.randn(8, 8)
+    runner, backend = _runner(_model, w, torch.randn(4, 8))
+    kept = []
+    for step in range(5):
+        x = torch.randn(4, 8)
+        kept.append((runner([w, x]), _model(w, x)))    # every output kept (e.g. logged losses)
+    for out, ref in kept:
+        for o, r in zip(out, ref):
+            torch.testing.assert_close(o, r)
+    # the first replay found last call's outputs held: it ran without the graph, the
+    # graph was captured again and those outputs are cloned from then on
+    assert runner.misses == 1 and backend.captures == 2 and all(p == ("clone",) for p in runner.policy)
+    assert runner.replays == 3
+
+
+def test_an_input_read_in_place_that_moves_is_not_trusted():
+    w = torch.randn(8, 8)
+    runner, backend = _runner(_model, w, torch.randn(4, 8))
+    x = torch.randn(4, 8)
+    runner([w, x])
+    runner([w, x])                      # captured: both inputs kept their address
+    assert runner.static == [0, 1] and backend.captures == 1
+    x2 = torch.randn(4, 8)              # now x moves: that call runs without the graph ...
+    out = runner([w, x2])
+    torch.testing.assert_close(out[0], _model(w, x2)[0])
+    assert runner.misses == 1 and runner.graph is None
+    for _ in range(3):                  # ... and the graph is captured again, x copied
+        x3 = torch.randn(4, 8)
+        torch.testing.assert_close(runner([w, x3])[1], _model(w, x3)[1])
+    assert backend.captures == 2 and list(runner.copies) == [1]
+    x4 = torch.randn(4, 8)              # once moved, always copied (even at a repeated address)
+    for _ in range(2):
+        torch.testing.assert_close(runner([w, x4])[0], _model(w, x4)[0])
+    assert backend.captures == 2 and runner.misses == 1
+
+
+def test_mutated_user_input_refuses_capture():
+    def f(x, y):
+        x.add_(1.0)
+        return y * 2.0
+    runner, backend = _runner(f, torch.randn(4), torch.randn(4))
+    for _ in range(3):
+        x, y = torch.randn(4), torch.randn(4)
+        x0 = x.clone()
+        out = runner([x, y])
+        torch.testing.assert_close(out[0], y * 2.0)
+        torch.testing.assert_close(x, x0 + 1.0)      # the user's tensor was written, not a copy
+    assert runner.dead and "mutates input 0" in runner.rec.cuda_graph_note and backend.captures == 0
+
+
+def test_dropout_under_replay_differs_per_replay_and_repeats_under_the_seed():
+    x = torch.randn(64, 32)
+    runner, backend = _runner(_dropout, x, device_seeds=True)
+
+    def masks():
+        return [(runner([x])[0] != 0) for _ in range(3)]
+
+    masks()                              # warm-up and capture: from here on every call replays
+    torch.manual_seed(1)
+    first = masks()
+    torch.manual_seed(1)
+    again = masks()
+    assert backend.captures == 1 and runner.replays == 8
+    assert not torch.equal(first[0], first[1]) and not torch.equal(first[1], first[2])
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_explain_shows_why_a_graph_is_not_captured():
+    x = torch.randn(4, 8)
+    with config.override(cuda_graphs=True), pytest.warns(UserWarning, match="CUDA device"):
+        report = stitchml.explain(lambda x: torch.softmax(x, -1), x)
+    assert "CUDA graphs: CUDA graphs need a CUDA device" in report.to_text()
+    torch._dynamo.reset()
+    assert "CUDA graphs:" not in stitchml.explain(lambda x: torch.softmax(x, -1), x).to_text()
+
+
+@pytest.mark.gpu
+def test_training_step_is_captured_and_dropout_differs_per_replay():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Dropout(0.1),
+                                torch.nn.Linear(64, 32)).cuda()
+    be = stitchml.StitchBackend()
+    compiled = torch.compile(model, backend=be)
+    for _ in range(4):
+        x = torch.randn(16, 32, device="cuda")
+        compiled(x).square().mean().backward()
+    assert all(not r.cuda_graph_note for r in be.records), [r.cuda_graph_note for r in be.records]
+
+
+def test_training_forward_and_backward_are_replayed_without_copying_parameters(monkeypatch):
+    """The compiler's wiring on the CPU, with the stand-in graph: a training loop whose
+    forward and backward graphs are both captured and replayed, gradients equal to
+    eager at every step, parameters never copied, the backward reading the forward's
+    saved activations in place."""
+    runners = []
+
+    class Recorded(cg.GraphRunner):
+        def __init__(self, *a, **k):
+            super().__init__(*a, backend=FakeGraphs(), **{x: v for x, v in k.items() if x != "backend"})
+            runners.append(self)
+
+    monkeypatch.setattr(cg, "mode", lambda kind, device, dynamic=False: cg.Decision(not dynamic))
+    monkeypatch.setattr(cg, "GraphRunner", Recorded)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
+                                torch.nn.Linear(32, 16))
+    ref_model = torch.nn.Sequential(*[m for m in model])  # the same parameters, run eagerly
+    compiled = torch.compile(model, backend=stitchml.StitchBackend())
+
+    keep = []   # every step's x and output gradient stay alive: their addresses never repeat
+
+    def step():
+        x, g = torch.randn(8, 16), torch.randn(8, 16)
+        keep.append((x, g))
+        compiled(x).backward(g)
+        got = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        ref_model(x).backward(g)
+        want = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+    for _ in range(8):
+        step()
+    fwd, bwd = runners
+    # forward: warm-up, capture, then replays; backward: two warm-ups (its saved
+    # activations are the forward's static outputs from the second step on), then replays
+    assert (fwd.replays, bwd.replays, fwd.misses, bwd.misses) == (7, 6, 0, 0)
+    # copied per replay: x in the forward; the output gradient and the saved x in the
+    # backward.  Parameters and saved activations are read in place
+    assert [tuple(c.shape) for c in fwd.copies.values()] == [(8, 16)]
+    assert [tuple(c.shape) for c in bwd.copies.values()] == [(8, 16), (8, 16)]
+    nparams = len(list(model.parameters()))
+    assert len(fwd.static) == nparams and len(bwd.static) >= 5 and not fwd.dead and not bwd.dead
+
+
+def test_a_view_of_a_parameter_held_by_the_caller_does_not_stop_replays():
+    def f(w, x):
+        return x @ w * 2.0, w.t()          # the second output is a view of the parameter
+    w = torch.nn.Parameter(torch.randn(8, 8))
+    runner, backend = _runner(f, w.detach(), torch.randn(4, 8))
+    held = []
+    for _ in range(5):
+        x = torch.randn(4, 8)
+        out, wt = runner([w, x])
+        held.append(wt)                      # kept by the caller across calls
+        torch.testing.assert_close(out, f(w.detach(), x)[0])
+        del out
+    assert torch.equal(held[-1], w.detach().t())
+    assert runner.policy[1] == ("view",) and runner.misses == 0 and runner.replays == 4

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# One command for a GPU session: the GPU tests, calibration, the micro and models
+# suites, everything under ONE folder, resumable, safe to start detached and poll.
+#
+#   bash tools/gpu_run.sh [STEP ...]          run the steps (default: all, in priority order)
+#   bash tools/gpu_run.sh status              where the run stands (steps done, current step, log tail)
+#   bash tools/gpu_run.sh pack FILE.tgz       tar the results folder (compile caches left out)
+#   bash tools/gpu_run.sh list                the steps and what each runs
+#
+# On the lent machines (10 min per command, machine given back 30 s after a call):
+#   call 1:  (setsid nohup bash tools/gpu_run.sh > /tmp/gpu_run.out 2>&1 &); sleep 540; \
+#            bash tools/gpu_run.sh status; bash tools/gpu_run.sh pack $OUT/r.tgz
+#   call 2+ (at once): sleep 560; bash tools/gpu_run.sh status; bash tools/gpu_run.sh pack $OUT/r.tgz
+# A step that finished writes STEPS/<step>.done and is skipped when the script runs again;
+# bench steps share one results.json and continue it (--resume), so a run cut off by a
+# fresh machine continues where it stopped (copy the folder back first, or start over).
+#
+# Runs from source: PYTHONPATH=src, TRITON_INTERPRET=0, python3 (torch, Triton, transformers
+# preinstalled; no package index).  Results: $GPU_RUN_DIR, default
+# bench/results/<gpu>-<yyyy-mm-dd>/ (the name is kept in /tmp/stitchml_gpu_run_dir so a
+# poll after midnight finds the same folder):
+#   env.txt            nvidia-smi, driver, versions, commit
+#   tests/pytest.log   tests/junit.xml       `pytest -m gpu`
+#   calibrate.log                            `stitchml calibrate`
+#   bench/results.{json,md} + PNGs           every bench step, one report
+#   logs/<step>.log    run.log    STATUS
+set -u
+cd "$(dirname "$0")/.." || exit 1
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+export TRITON_INTERPRET=0
+PY=${PY:-python3}
+POINTER=/tmp/stitchml_gpu_run_dir
+# GPU_RUN_QUICK=1: a CPU rehearsal of the runner itself (bench --quick under the Triton
+# interpreter; GPU tests skip); it writes to GPU_RUN_DIR, never to bench/results/.
+QUICK=()
+if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then
+    export TRITON_INTERPRET=1
+    QUICK=(--quick --reps 2 --no-plots)
+    : "${GPU_RUN_DIR:?GPU_RUN_QUICK=1 needs GPU_RUN_DIR}"
+fi
+
+gpu_tag() {
+    local name
+    name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z' 'a-z')
+    for t in h200 h100 a100 l40 a10; do
+        case "$name" in *"$t"*) echo "$t"; return;; esac
+    done
+    echo "${name:+gpu}${name:-nogpu}" | tr -cd 'a-z0-9'
+}
+
+results_dir() {   # $1 = create: make a new folder when there is none yet
+    if [ -n "${GPU_RUN_DIR:-}" ]; then echo "$GPU_RUN_DIR"; return; fi
+    if [ -s "$POINTER" ] && [ -d "$(cat "$POINTER")" ]; then cat "$POINTER"; return; fi
+    [ "${1:-}" = create ] || return 1
+    local d="bench/results/$(gpu_tag)-$(date -u +%Y-%m-%d)"
+    mkdir -p "$d" && echo "$PWD/$d" > "$POINTER" && echo "$PWD/$d"
+}
+
+CORE_MODELS=(--case bert_train --case bert_infer --case gpt2_train --case llama8_train)
+REST_MODELS=(--case gpt2_decode --case llama_block_train --case llama_block_infer --case dien_train --case dien_infer)
+MODEL_CONTENDERS=(--contender eager --contender inductor --contender inductor-ro --contender stitchml
+                  --contender stitchml-nograph)
+MICRO_CONTENDERS=(--contender eager --contender inductor --contender stitchml)
+
+# name | timeout (s) | what (for `list`)
+STEP_ORDER=(env tests calibrate micro-bf16 micro-fp32 models-bf16 models-fp32 models-rest micro-extra)
+declare -A LIMIT=([env]=120 [tests]=1500 [calibrate]=900 [micro-bf16]=2400 [micro-fp32]=2400
+                  [models-bf16]=3600 [models-fp32]=3600 [models-rest]=3600 [micro-extra]=3600)
+declare -A WHAT=(
+    [env]="nvidia-smi, driver, torch/Triton versions, git commit -> env.txt"
+    [tests]="pytest -m gpu tests (judged against float64) -> tests/"
+    [calibrate]="stitchml calibrate (copy bandwidth, launch cost, ...) -> calibrate.log"
+    [micro-bf16]="micro suite bf16: eager, inductor, stitchml; fwd+bwd rows CUDA-graph replayed; device time"
+    [micro-fp32]="micro suite fp32: same"
+    [models-bf16]="BERT train b16/infer b1,b16, GPT-2 train b8 s512, LLaMA-style 8L train b4 s1024, bf16: wall, GPU busy, host/step, launches, cold + warm-cache compile; eager, inductor, inductor-ro, stitchml, stitchml-nograph"
+    [models-fp32]="the same rows in fp32"
+    [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
+    [micro-extra]="micro suite, both dtypes: max-autotune and jax"
+)
+
+run_step() {
+    # bench over the shared results folder; every step continues it
+    # GPU_RUN_BENCH_ARGS: more bench options for every bench step (e.g. "--reps 50"; word-split)
+    # shellcheck disable=SC2206
+    local BENCH=("$PY" -m stitchml.cli bench --out "$R/bench" --resume --no-progress "${QUICK[@]}"
+                 ${GPU_RUN_BENCH_ARGS:-})
+    case "$1" in
+    env)
+        { date -u; nvidia-smi; git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head -50
+          "$PY" -c "import torch, triton, sys; print('python', sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda); print('triton', triton.__version__); print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NO CUDA')"
+          "$PY" -c "import transformers; print('transformers', transformers.__version__)" 2>&1
+        } > "$R/env.txt" 2>&1
+        [ "${GPU_RUN_QUICK:-0}" = 1 ] || "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" ;;
+    tests)
+        "$PY" -m pytest -m gpu tests -q -p no:cacheprovider -rfEs --junitxml="$R/tests/junit.xml" \
+            > "$R/tests/pytest.log" 2>&1
+        local rc=$?; tail -5 "$R/tests/pytest.log"
+        # failures are results, not a reason to stop the run: the step is done once pytest ran
+        [ $rc -le 1 ] ;;
+    calibrate)
+        "$PY" -m stitchml.cli calibrate > "$R/calibrate.log" 2>&1; local rc=$?; tail -20 "$R/calibrate.log"
+        local f; f=$("$PY" -c "from stitchml.plan.devices import calibration_path, current_device
+print(calibration_path(current_device().name))" 2>/dev/null)
+        [ -n "$f" ] && [ -f "$f" ] && cp "$f" "$R/calibration.json"
+        return $rc ;;
+    micro-bf16) "${BENCH[@]}" --suite micro --dtype bf16 "${MICRO_CONTENDERS[@]}" ;;
+    micro-fp32) "${BENCH[@]}" --suite micro --dtype fp32 "${MICRO_CONTENDERS[@]}" ;;
+    models-bf16) "${BENCH[@]}" --suite models --dtype bf16 "${CORE_MODELS[@]}" "${MODEL_CONTENDERS[@]}" ;;
+    models-fp32) "${BENCH[@]}" --suite models --dtype fp32 "${CORE_MODELS[@]}" "${MODEL_CONTENDERS[@]}" ;;
+    models-rest) "${BENCH[@]}" --suite models --dtype both "${REST_MODELS[@]}" \
+                     --contender eager --contender inductor --contender stitchml ;;
+    micro-extra) "${BENCH[@]}" --suite micro --dtype both --contender max-autotune --contender jax ;;
+    *) echo "unknown step $1 (bash tools/gpu_run.sh list)"; return 2 ;;
+    esac
+}
+
+status() {
+    echo "results: $R"
+    echo "done: $(cd "$R/STEPS" && ls 2>/dev/null | sed 's/\.done$//' | tr '\n' ' ')"
+    [ -f "$R/STATUS" ] && cat "$R/STATUS"
+    echo "--- run.log (tail)"; tail -n 15 "$R/run.log" 2>/dev/null
+    local cur; cur=$(sed -n 's/^running: \([^ ]*\).*/\1/p' "$R/STATUS" 2>/dev/null)
+    [ -n "$cur" ] && { echo "--- logs/$cur.log (tail)"; tail -n 8 "$R/logs/$cur.log" 2>/dev/null; }
+    return 0
+}
+
+case "${1:-}" in
+    status|pack|__step)
+        R=$(results_dir) || { echo "no run yet (nothing in \$GPU_RUN_DIR or $POINTER)"; exit 1; } ;;
+esac
+case "${1:-}" in
+    status) status; exit 0 ;;
+    __step) run_step "$2"; exit $? ;;      # one step, in its own process (under `timeout`)
+    pack)
+        dest=${2:?pack FILE.tgz}
+        tar czf "$dest" --exclude=compile-caches -C "$(dirname "$R")" "$(basename "$R")" && ls -l "$dest"
+        exit $? ;;
+    list)
+        for s in "${STEP_ORDER[@]}"; do printf '%-12s %5ss  %s\n' "$s" "${LIMIT[$s]}" "${WHAT[$s]}"; done
+        exit 0 ;;
+esac
+
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=("${STEP_ORDER[@]}")
+for s in "${STEPS[@]}"; do
+    [ -n "${LIMIT[$s]:-}" ] || { echo "unknown step $s; steps: ${STEP_ORDER[*]}"; exit 2; }
+done
+if [ "${GPU_RUN_QUICK:-0}" != 1 ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "no CUDA GPU visible to $PY: nothing run (GPU_RUN_QUICK=1 GPU_RUN_DIR=... rehearses on a CPU)"; exit 4
+fi
+R=$(results_dir create)
+mkdir -p "$R/STEPS" "$R/logs" "$R/tests" "$R/bench"
+
+# one runner at a time per results folder
+exec 9>"$R/.lock"
+if ! flock -n 9; then echo "another gpu_run.sh is running on $R (bash tools/gpu_run.sh status)"; exit 3; fi
+
+exec > >(tee -a "$R/run.log") 2>&1
+echo "=== $(date -u +%FT%TZ) gpu_run.sh ${STEPS[*]} in $R"
+for s in "${STEPS[@]}"; do
+    if [ -f "$R/STEPS/$s.done" ]; then echo "--- $s: done before, skipped"; continue; fi
+    rm -rf "$R/bench/compile-caches"            # left by a row that was cut off
+    echo "running: $s since $(date -u +%FT%TZ) (limit ${LIMIT[$s]:-600} s)" > "$R/STATUS"
+    echo "--- $(date -u +%T) $s: ${WHAT[$s]:-?}"
+    t0=$(date +%s)
+    timeout --kill-after=30 "${LIMIT[$s]}" bash "$0" __step "$s" > "$R/logs/$s.log" 2>&1
+    rc=$?
+    tail -n 4 "$R/logs/$s.log"
+    if [ $rc -eq 0 ]; then
+        echo "$(date -u +%FT%TZ) $(( $(date +%s) - t0 )) s" > "$R/STEPS/$s.done"
+        echo "--- $(date -u +%T) $s done in $(( $(date +%s) - t0 )) s"
+    else
+        echo "--- $(date -u +%T) $s FAILED (exit $rc$([ $rc -eq 124 ] && echo ': time limit')); run again to retry/resume"
+    fi
+done
+echo "finished: ${STEPS[*]} at $(date -u +%FT%TZ)" > "$R/STATUS"
+echo "=== $(date -u +%FT%TZ) finished"
