@@ -21,6 +21,12 @@ SCRIPT = textwrap.dedent("""
     from test_planner_full import CANONICAL
     cases = {name: (fn, make()) for name, (fn, make, _, _) in CANONICAL.items()}
     cases["transformer_block_fwd_bwd"] = block_training_case(seq=16)
+    # looped rows: softmax's online pair (running max), cross-entropy, float64
+    cases["looped_softmax_bf16"] = (lambda x: torch.softmax(x.float(), -1).to(torch.bfloat16),
+                                    (torch.randn(8, 20000, dtype=torch.bfloat16),))
+    cases["looped_cross_entropy"] = (lambda x, t: torch.nn.functional.cross_entropy(x, t),
+                                     (torch.randn(8, 32000), torch.randint(0, 32000, (8,))))
+    cases["looped_log_softmax_fp64"] = (lambda x: torch.log_softmax(x, -1), (torch.randn(8, 20000, dtype=torch.float64),))
     out = {}
     for name, (fn, inputs) in cases.items():
         out[name] = [r.__dict__ for r in check(fn, *inputs)]

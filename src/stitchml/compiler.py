@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from . import config, pipeline
-from .codegen.triton_kernel import KernelSource
+from .codegen.kernel_source import KernelSource
 from .dynamic.runner import compile_dynamic, is_symbolic
 from .fallback import graph_falls_back, may_fall_back
 from .ir.nodes import Graph

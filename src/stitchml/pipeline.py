@@ -26,7 +26,7 @@ import torch.fx as fx
 
 from . import codegen, config
 from .codegen import generate_all
-from .codegen.triton_kernel import KernelSource
+from .codegen.kernel_source import KernelSource
 from .ir.nodes import Graph
 from .lower.lower import lower
 from .plan.data import Plan

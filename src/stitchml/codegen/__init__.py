@@ -10,7 +10,8 @@ from typing import Callable
 from ..ir.nodes import Graph
 from ..plan.data import KernelPlan, Plan
 from .composite import horizontal, persistent
-from .triton_kernel import KernelSource, generate
+from .kernel_source import KernelSource
+from .triton_kernel import generate
 
 KernelSourceFn = Callable[[Graph, KernelPlan], KernelSource]
 

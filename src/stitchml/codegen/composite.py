@@ -14,7 +14,7 @@ import ast
 import io
 import tokenize
 
-from .triton_kernel import KernelSource
+from .kernel_source import KernelSource
 
 BARRIER = '''
 @triton.jit

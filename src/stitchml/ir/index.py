@@ -11,6 +11,12 @@ from dataclasses import dataclass
 from math import gcd
 
 
+class IndexMismatch(Exception):
+    """A value was requested at an index its kernel's domain cannot provide (a row
+    value at a column-dependent position).  The planner's dry run catches exactly this
+    to keep such ops in separate kernels; any other exception is a bug, not a verdict."""
+
+
 @dataclass(frozen=True)
 class Var:
     """An axis variable of a kernel's iteration domain, 0 <= value < size."""

@@ -34,6 +34,10 @@ OPAQUE = "opaque"        # runs eagerly (matrix products, convolutions, ops with
 ITEM = "item"            # one output of a multi-output opaque node
 
 STITCHABLE = frozenset({POINTWISE, VIEW, REDUCE, CAT, GATHER, RAND})
+# reductions whose partial results combine with the reduction itself, so a row can be
+# reduced in pieces: chunks of a split row, column partials per program, one loop
+# shared by siblings (argmax/argmin carry an index and are not among them)
+COMBINABLE_REDUCES = frozenset({"sum", "prod", "amax", "amin"})
 
 
 @dataclass(frozen=True)

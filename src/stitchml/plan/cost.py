@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..ir import nodes as ir
 from .data import KernelPlan
 from .graph_view import GraphView, is_free
+from .row_loops import loop_groups
 
 
 def _nbytes(n: ir.Node, numel: int | None = None) -> int:
@@ -12,13 +13,24 @@ def _nbytes(n: ir.Node, numel: int | None = None) -> int:
     return (n.numel if numel is None else numel) * itemsize
 
 
+def row_passes(g: ir.Graph, k: KernelPlan) -> int:
+    """How often a kernel reads its row: once, or for a row-looped kernel once per
+    loop the code generator emits (`row_loops.loop_groups`; argmax/argmin take two:
+    the extreme value, then its first position), plus the loop that writes
+    element-wise outputs."""
+    if k.mapping.form != "row_looped":
+        return 1
+    loops = len(loop_groups(g, k.members)) + 2 * sum(1 for m in k.members if g[m].kind == ir.REDUCE
+                                                     and g[m].op not in ir.COMBINABLE_REDUCES)
+    writes_elements = any(g[o].numel != k.domain.rows for o in k.outputs if o not in k.partials)
+    return max(1, loops + int(writes_elements))
+
+
 def kernel_bytes(g: ir.Graph, k: KernelPlan) -> tuple[int, int]:
     """Each input buffer counted once, capped at the elements the kernel can touch;
     looped rows read their inputs once per pass."""
     touched = k.domain.rows * k.domain.cols
-    passes = 1
-    if k.mapping.form == "row_looped":
-        passes = 1 + sum(1 for m in k.members if g[m].kind == ir.REDUCE)
+    passes = row_passes(g, k)
     read = sum(min(_nbytes(g[i]), _nbytes(g[i], touched)) for i in k.inputs) * passes
     written = sum(_nbytes(g[o]) for o in k.outputs if o not in k.partials)
     written += sum(k.mapping.grid * g[p].numel * 4 for p in k.partials)

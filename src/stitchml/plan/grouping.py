@@ -238,13 +238,10 @@ def _fits_on_chip(cols: int) -> bool:
     return next_pow2(cols) <= config.get("persistent_max_cols")
 
 
-COMBINABLE = frozenset({"sum", "amax", "amin", "prod"})
-
-
 def is_column_reduce(n: ir.Node, src: ir.Node) -> bool:
     """Reduces leading dims and keeps trailing ones that fit on chip (bias gradients,
     dγ/dβ): computed as per-program partials over row blocks, then combined."""
     dims = n.attr("dims")
     nd = len(src.shape)
-    return (n.op in COMBINABLE and 0 < len(dims) < nd and dims == tuple(range(len(dims)))
+    return (n.op in ir.COMBINABLE_REDUCES and 0 < len(dims) < nd and dims == tuple(range(len(dims)))
             and _fits_on_chip(n.numel))

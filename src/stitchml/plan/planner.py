@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 
+from ..ir import index as ix
 from ..ir import nodes as ir
 from ..ir.dce import eliminate_dead
 from . import mapping as mapping_rules
@@ -48,7 +49,7 @@ def _invalid_kernel(g: ir.Graph, plan: Plan) -> KernelPlan | None:
         if k.dominant and len(k.members) > 1 and not k.combine_of:
             try:
                 generate(g, k)
-            except NotImplementedError:
+            except ix.IndexMismatch:   # any other exception is a bug and propagates
                 return k
     return None
 

@@ -20,8 +20,6 @@ from ..ir.nodes import Ref, contiguous_strides, prod
 from ..ir.rewrite import copy_node, finish_copy
 from .devices import Device
 
-SPLITTABLE = frozenset({"sum", "amax", "amin", "prod"})
-
 
 def _chunks(rows: int, cols: int, dev: Device) -> int | None:
     min_cols = config.get("split_min_cols")
@@ -39,7 +37,7 @@ def split_plan(g: ir.Graph, dev: Device) -> dict[int, int]:
     """Which reductions to split, and into how many chunks (plain data for tests)."""
     out = {}
     for n in g.nodes:
-        if n.kind != ir.REDUCE or n.op not in SPLITTABLE:
+        if n.kind != ir.REDUCE or n.op not in ir.COMBINABLE_REDUCES:
             continue
         src = g[n.refs[0]]
         dims = n.attr("dims")

@@ -39,7 +39,7 @@ from typing import Any, Callable
 import torch
 
 from .. import config
-from ..codegen.triton_kernel import KernelSource
+from ..codegen.kernel_source import KernelSource
 from ..ir import nodes as ir
 from ..plan.data import EagerStep, Plan
 

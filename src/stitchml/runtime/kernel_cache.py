@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from .. import config
 from ..codegen.composite import BARRIER
-from ..codegen.triton_kernel import KernelSource
+from ..codegen.kernel_source import KernelSource
 from ..codegen.triton_ops import PRELUDE
 
 FORMAT = 2
@@ -73,10 +73,12 @@ def compiler_version() -> str:
     if not _CODE_HASH:
         from ..codegen import triton_kernel
         from ..ir import index
+        from ..plan import row_loops
         h = hashlib.sha256()
         for path in sorted(Path(triton_kernel.__file__).parent.glob("*.py")):  # every emitter module
             h.update(path.read_bytes())
-        h.update(Path(index.__file__).read_bytes())
+        for module in (index, row_loops):   # what the emitter decides with, outside codegen/
+            h.update(Path(module.__file__).read_bytes())
         _CODE_HASH.append(h.hexdigest()[:16])
     return _CODE_HASH[0]
 

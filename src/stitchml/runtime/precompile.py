@@ -29,7 +29,7 @@ from typing import Any, Iterable
 import torch
 
 from .. import config
-from ..codegen.triton_kernel import KernelSource
+from ..codegen.kernel_source import KernelSource
 from .kernel_cache import load_kernels, module_path
 
 _POOL: list[ProcessPoolExecutor] = []

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from .. import config
-from ..codegen.triton_kernel import KernelSource
+from ..codegen.kernel_source import KernelSource
 from ..ir import nodes as ir
 from ..ir.nodes import Ref
 from ..plan.data import EagerStep, KernelPlan, Plan

@@ -1,0 +1,309 @@
+"""The index/scope core of the Triton emitter: names, scopes, the domain's axis
+variables, masks, and *pulling* values.
+
+Code is emitted by pulling: each kernel output is requested at its index (symbolic
+expressions of the domain's axis variables, `ir/index.py`) and every producer is
+requested at the index its consumer maps to, through views.  Requests are memoised
+per scope, so a value pulled twice at the same index is computed once
+(operator-level reuse), and a value whose index depends only on the row axis is
+computed once per row and broadcast (element-level reuse of regional stitching).
+
+Reductions (`emit_reduce.py`) and stores (`emit_store.py`) build on this core; the
+drivers per kernel form are in `triton_kernel.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..ir import index as ix
+from ..ir import nodes as ir
+from ..plan.data import KernelPlan
+from ..plan.graph_view import is_free
+from .triton_ops import TL_DTYPE, cast_expr, compute_dtype, literal, pointwise_expr
+
+if TYPE_CHECKING:
+    from .emit_reduce import Reductions
+
+ROW, COL = "row", "col"
+
+
+@dataclass(frozen=True)
+class Val:
+    name: str
+    axes: frozenset
+    dtype: torch.dtype  # compute dtype
+
+
+@dataclass
+class Scope:
+    has_col: bool
+    lines: list[str] = field(default_factory=list)
+    cache: dict = field(default_factory=dict)
+    exprs: dict = field(default_factory=dict)  # expression text → Val (CSE across IR nodes)
+
+
+class KernelBuilder:
+    """State of one kernel being emitted: the top scope (per row block), an open
+    column loop (row-looped kernels), parameters, and the memo of pulled values."""
+
+    reductions: "Reductions"   # set by the driver (triton_kernel.py) right after construction
+
+    def __init__(self, g: ir.Graph, k: KernelPlan):
+        self.g, self.k = g, k
+        self.members = set(k.members)
+        self.dom = k.domain
+        self.m = k.mapping
+        self.looped = self.m.form == "row_looped"
+        self.flat = self.dom.is_flat
+        self.top = Scope(has_col=not self.looped)
+        self.scopes = [self.top]
+        self.tmp = 0
+        self.params: list[tuple[str, int]] = []
+        self.pname: dict[tuple[str, int], str] = {}
+        self.levels: dict[int, set] = {}
+        self.vars: dict[int, ix.Expr] = {}
+        self.col_flat: ix.Expr = ix.const(0)
+        self.row_flat: ix.Expr = ix.const(0)
+        # conditions under which the current values are needed (a cat's branch): loads
+        # are masked by them so no lane reads outside its buffer
+        self.cond: tuple[tuple[str, frozenset], ...] = ()
+        big = max([self.dom.rows * self.dom.cols] + [g[i].numel for i in k.inputs] + [g[o].numel for o in k.outputs])
+        self.idx64 = big >= 2**31 - 1
+
+    # -- naming --------------------------------------------------------------
+    def new(self, prefix: str = "t") -> str:
+        self.tmp += 1
+        return f"{prefix}{self.tmp}"
+
+    def param(self, kind: str, nid: int) -> str:
+        key = (kind, nid)
+        if key not in self.pname:
+            self.pname[key] = f"{kind}{len(self.pname)}"
+            self.params.append(key)
+        return self.pname[key]
+
+    def emit(self, scope: Scope, expr: str, axes, dtype: torch.dtype, prefix: str = "t") -> Val:
+        if expr in scope.exprs and "tl.rand" not in expr:
+            return scope.exprs[expr]
+        name = self.new(prefix)
+        scope.lines.append(f"{name} = {expr}")
+        val = Val(name, frozenset(axes), dtype)
+        scope.exprs[expr] = val
+        return val
+
+    def scope_for(self, axes) -> Scope:
+        return self.scopes[-1] if COL in axes else self.top
+
+    # -- domain variables ---------------------------------------------------
+    def define_vars(self, scope: Scope, axis: str) -> dict[int, ix.Expr]:
+        dims = [i for i in range(len(self.dom.shape)) if (i in self.dom.col_dims) == (axis == COL)]
+        sizes = [self.dom.shape[i] for i in dims]
+        flatname = "rflat" if axis == ROW else "cflat"
+        out, stride = {}, 1
+        for d, s in reversed(list(zip(dims, sizes))):
+            name = f"{axis[0]}{d}"
+            expr = flatname if stride == 1 else f"({flatname} // {stride})"
+            if d != dims[0]:
+                expr = f"({expr} % {s})"
+            if s > 1:
+                scope.lines.append(f"{name} = {expr}")
+            out[d] = ix.var(name, s, axis)
+            stride *= s
+        return out
+
+    def full_index(self) -> tuple[ix.Expr, ...]:
+        return tuple(self.vars[d] for d in range(len(self.dom.shape)))
+
+    def open_loop(self) -> None:
+        """Start a loop over the row's column blocks (row-looped kernels)."""
+        scope = Scope(has_col=True)
+        self.scopes.append(scope)
+        scope.lines.append(f"cflat = cbase + tl.arange(0, {self.m.block_c})[None, :]")
+        scope.lines.append(f"cmask = cflat < {self.dom.cols}")
+        scope.lines.append("zc = cflat * 0")
+        self.define_vars(scope, COL)
+
+    def close_loop(self) -> None:
+        scope = self.scopes.pop()  # loops never nest: each closes into `top`
+        self.top.lines.append(f"for cbase in range(0, {self.dom.cols}, {self.m.block_c}):")
+        self.top.lines.extend("    " + line for line in scope.lines)
+
+    # -- masks ----------------------------------------------------------------
+    def mask(self, axes) -> str | None:
+        parts = [m for a, m in ((ROW, "rmask"), (COL, "cmask")) if a in axes]
+        return " & ".join(parts) if parts else None
+
+    def offset(self, e: ix.Expr, axes) -> str:
+        s = ix.render(e)
+        if not axes:
+            return f"(zr + {s})"
+        return s
+
+    # -- pulling values ------------------------------------------------------
+    def value(self, nid: int, index: tuple[ix.Expr, ...]) -> Val:
+        key = (nid, index, self.cond)
+        for scope in (self.top, self.scopes[-1]):
+            if key in scope.cache:
+                return scope.cache[key]
+        n = self.g[nid]
+        if nid in self.members or is_free(n):
+            val = self._compute(n, index)
+        else:
+            val = self._load(nid, index)
+        self.remember(nid, index, self.cond, val)
+        return val
+
+    def remember(self, nid: int, index: tuple[ix.Expr, ...], cond: tuple, val: Val) -> None:
+        """Memoise `val` as node `nid`'s value at `index` (under `cond`)."""
+        self.scope_for(val.axes).cache[(nid, index, cond)] = val
+        self.levels.setdefault(nid, set()).update(val.axes)
+
+    def _load(self, nid: int, index) -> Val:
+        n = self.g[nid]
+        off = ix.offset(index, n.stride)
+        axes = ix.axes(off)
+        for _, cond_axes in self.cond:
+            axes = axes | cond_axes
+        ptr = self.param("in", nid)
+        mask = " & ".join([m for m in [self.mask(axes)] if m] + [c for c, _ in self.cond]) or None
+        m = f", mask={mask}, other=0" if mask else ""
+        cd = compute_dtype(n.dtype)
+        conv = ".to(tl.float32)" if cd != n.dtype else ""
+        address = self.offset(off, axes)
+        if not ix.axes(off) and axes:  # a scalar element read under a block mask: make the pointer a block
+            zero = " + ".join(z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes)
+            address = f"({zero} + {ix.render(off)})"
+        return self.emit(self.scope_for(axes), f"tl.load({ptr} + {address}{m}){conv}", axes, cd)
+
+    def _compute(self, n: ir.Node, index) -> Val:
+        if n.kind == ir.VIEW:
+            return self.value(n.refs[0], view_index(self.g, n, index))
+        if n.kind == ir.POINTWISE:
+            return self._pointwise(n, index)
+        if n.kind == ir.REDUCE:
+            return self.reductions.reduce(n, index)
+        if n.kind == ir.CAT:
+            return self._cat(n, index)
+        if n.kind == ir.GATHER:
+            return self._gather(n, index)
+        if n.kind == ir.RAND:
+            flat = ix.flatten(index, n.shape)
+            axes = ix.axes(flat)
+            seed = self.param("seed", n.id)
+            fn = "tl.randn" if n.op == "normal" else "tl.rand"
+            return self.emit(self.scope_for(axes), f"{fn}({seed}, {self.offset(flat, axes)})", axes,
+                             torch.float32)
+        raise TypeError(f"a {n.kind} node cannot be part of a kernel (planner bug)")
+
+    def _pointwise(self, n: ir.Node, index) -> Val:
+        cd = compute_dtype(n.dtype)
+        if n.op == "full":
+            v = literal(n.attr("value"), cd)
+            return self.emit(self.top, f"tl.full([1], {v}, {TL_DTYPE[cd]})", (), cd)
+        if n.op == "iota":
+            e = index[n.attr("dim")]
+            axes = ix.axes(e)
+            return self.emit(self.scope_for(axes), f"({self.offset(e, axes)}).to(tl.int64)", axes, cd)
+        args, axes, in_dtype = [], set(), None
+        for a in n.args:
+            if isinstance(a, ir.Ref):
+                v = self.value(a.id, index)
+                args.append(v.name)
+                axes |= v.axes
+                in_dtype = in_dtype or v.dtype
+            else:
+                args.append(None)
+        scalar_dtype = in_dtype if in_dtype is not None else cd
+        if n.op == "where":
+            scalar_dtype = cd
+        args = [x if x is not None else literal(a, scalar_dtype) for x, a in zip(args, n.args)]
+        if n.op == "cast":
+            src = self.g[n.refs[0]].dtype
+            expr = cast_expr(args[0], src, n.dtype)
+        else:
+            expr = pointwise_expr(n.op, args, in_dtype, n.dtype)
+        return self.emit(self.scope_for(axes), expr, axes, cd)
+
+    def _cat(self, n: ir.Node, index) -> Val:
+        dim, sizes = n.attr("dim"), n.attr("sizes")
+        pos = index[dim]
+        start, axes = 0, set(ix.axes(pos))
+        parts = []
+        p = ix.render(pos)
+        outer = self.cond
+        for ref, size in zip(n.args, sizes):
+            sub = list(index)
+            # inside its branch a size-1 part is read at 0: say so, so that a per-row
+            # value (e.g. a reduction) is not asked for at a column-dependent index
+            sub[dim] = ix.const(0) if size == 1 else pos - start
+            self.cond = outer + ((f"({p} >= {start}) & ({p} < {start + size})", frozenset(ix.axes(pos))),)
+            v = self.value(ref.id, tuple(sub))
+            axes |= v.axes
+            parts.append((start, size, v))
+            start += size
+        self.cond = outer
+        result = parts[-1][2].name
+        for s, size, v in reversed(parts[:-1]):
+            result = f"tl.where({p} < {s + size}, {v.name}, {result})"
+        return self.emit(self.scope_for(axes), result, axes, compute_dtype(n.dtype))
+
+    def _gather(self, n: ir.Node, index) -> Val:
+        src, idx = n.refs
+        dim, bound = n.attr("dim"), n.attr("bound")
+        if n.op == "embedding":
+            iv = self.value(idx, index[:-1])
+            src_index = (None, index[-1])
+        elif n.op == "index_select":
+            iv = self.value(idx, (index[dim],))
+            src_index = tuple(None if i == dim else e for i, e in enumerate(index))
+        else:  # take_along
+            iv = self.value(idx, index)
+            src_index = tuple(None if i == dim else e for i, e in enumerate(index))
+        # negative indices count from the end, like eager; an index still out of range is
+        # an error in eager: assert it (active in the interpreter and with TRITON_DEBUG=1)
+        # and clamp the address so no lane reads outside the buffer
+        scope = self.scope_for(iv.axes)
+        wrapped = self.emit(scope, f"tl.where({iv.name} < 0, {iv.name} + {bound}, {iv.name})", iv.axes, iv.dtype)
+        mask = self.mask(iv.axes)
+        ok = f"({wrapped.name} >= 0) & ({wrapped.name} < {bound})"
+        scope.lines.append(f"tl.device_assert({ok if not mask else f'{ok} | ~({mask})'}, "
+                           f"'index out of range')")
+        fixed = self.emit(scope, f"tl.minimum(tl.maximum({wrapped.name}, 0), {bound - 1})", iv.axes, iv.dtype)
+        loaded = ix.loaded(fixed.name, bound, frozenset(iv.axes))
+        src_index = tuple(loaded if e is None else e for e in src_index)
+        return self.value(src, src_index)
+
+
+def view_index(g: ir.Graph, n: ir.Node, index: tuple[ix.Expr, ...]) -> tuple[ix.Expr, ...]:
+    """Map an index of the view's output to an index of its operand."""
+    src = g[n.refs[0]]
+    op = n.op
+    if op == "reshape":
+        return ix.unravel(ix.flatten(index, n.shape), src.shape)
+    if op == "permute":
+        dims = n.attr("dims")
+        out = [None] * len(dims)
+        for i, d in enumerate(dims):
+            out[d] = index[i]
+        return tuple(out)
+    if op == "expand":
+        lead = len(n.shape) - len(src.shape)
+        return tuple(ix.const(0) if s == 1 else index[lead + i] for i, s in enumerate(src.shape))
+    if op == "slice":
+        dim, start, step = n.attr("dim"), n.attr("start"), n.attr("step")
+        out = list(index)
+        out[dim] = index[dim] * step + start
+        return tuple(out)
+    if op == "select":
+        dim, i = n.attr("dim"), n.attr("index")
+        return tuple(index[:dim]) + (ix.const(i),) + tuple(index[dim:])
+    if op == "as_strided":
+        flat = ix.offset(index, n.attr("stride"), n.attr("offset"))
+        return ix.unravel(flat, src.shape)
+    raise ValueError(f"view op {op!r} has no index map (lowering bug)")
+
+
+__all__ = ["COL", "ROW", "KernelBuilder", "Scope", "Val", "view_index"]

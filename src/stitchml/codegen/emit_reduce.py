@@ -1,0 +1,169 @@
+"""Reductions of the Triton emitter.
+
+Row-persistent and packed kernels hold whole rows in registers: a reduction is one
+`tl.sum` / `tl.reduce` over the column axis of the values pulled at the full index.
+Row-looped kernels walk the row in column blocks: each loop of
+`plan/row_loops.py::loop_groups` is one pass over the row, accumulating per-lane
+partials that are reduced across lanes after the loop; an online pair (row maximum and
+`sum(exp(x - max))`) keeps a running maximum and rescales its sum, so softmax-like
+kernels read the row once for both statistics.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir import index as ix
+from ..ir import nodes as ir
+from ..plan.row_loops import loop_groups, online_partner
+from .emit_core import COL, ROW, KernelBuilder, Val
+from .triton_ops import REDUCE_COMBINE, TL_DTYPE, compute_dtype, pointwise_expr, reduce_identity
+
+assert set(REDUCE_COMBINE) == ir.COMBINABLE_REDUCES, "every combinable reduction needs a Triton combine"
+
+_INF = 'float("inf")'
+
+
+class Reductions:
+    def __init__(self, b: KernelBuilder):
+        self.b = b
+        self.loop_of: dict[int, tuple[int, ...]] = {}
+        if b.looped:
+            for grp in loop_groups(b.g, b.k.members):
+                for r in grp:
+                    self.loop_of[r] = grp
+        self.running: set[int] = set()   # reductions whose loop is being emitted
+
+    def input_index(self, n: ir.Node, index) -> tuple[tuple[ix.Expr, ...], tuple, tuple[int, ...]]:
+        """The index of a reduction's operand: `index` on the kept dims, the column
+        axis unravelled over the reduced dims."""
+        src = self.b.g[n.refs[0]]
+        dims = n.attr("dims")
+        red_sizes = tuple(src.shape[d] for d in dims)
+        red = ix.unravel(self.b.col_flat, red_sizes)
+        full, ki, ri = [], iter(index), iter(red)
+        for d in range(len(src.shape)):
+            full.append(next(ri) if d in dims else next(ki))
+        return tuple(full), red, red_sizes
+
+    def reduce(self, n: ir.Node, index) -> Val:
+        b = self.b
+        outer, b.cond = b.cond, tuple(c for c in b.cond if COL not in c[1])
+        try:
+            return self._reduce(n, index, outer)
+        finally:
+            b.cond = outer
+
+    def _reduce(self, n: ir.Node, index, outer_cond=()) -> Val:
+        b = self.b
+        if any(COL in ix.axes(e) for e in index):
+            raise ix.IndexMismatch("reduction requested at a column-dependent index")
+        if n.op in ("argmax", "argmin"):
+            return self._argreduce(n, index)
+        cd = compute_dtype(n.dtype)
+        if not b.looped:
+            full, _, _ = self.input_index(n, index)
+            v = b.value(n.refs[0], full)
+            body = f"tl.where(rmask & cmask, {v.name}, {reduce_identity(n.op, cd)})"
+            expr = f"tl.sum({body}, 1)" if n.op == "sum" else f"tl.reduce({body}, 1, {REDUCE_COMBINE[n.op]})"
+            return b.emit(b.top, f"{expr}[:, None]", {ROW}, cd)
+        group = [b.g[r] for r in self.loop_of[n.id]] if n.id in self.loop_of else [n]
+        if n.id in self.running or any(r.id in self.running for r in group):
+            group = [n]   # requested from inside its own loop's operands: a loop of its own
+        else:
+            group = [r for r in group if r.id == n.id or (r.id, index, outer_cond) not in b.top.cache]
+        self.running |= {r.id for r in group}
+        try:
+            vals = self._loop(group, index)
+        finally:
+            self.running -= {r.id for r in group}
+        for r, val in zip(group, vals):
+            if r.id != n.id:  # found by value() when they are requested
+                b.remember(r.id, index, outer_cond, val)
+        return vals[[r.id for r in group].index(n.id)]
+
+    def _loop(self, group: list[ir.Node], index) -> list[Val]:
+        """One pass over the row: independent reductions accumulate side by side, and
+        an online pair (`m = amax(x)`, `s = sum(exp(x - m))`, `plan/row_loops.py`) keeps
+        a running row maximum, updated once per column block, with per-lane sums
+        rescaled by exp(m_old - m_new) when it grows (one exp per row and block, one
+        per element: as many as the two-pass form).  -inf and NaN behave as in the
+        two-pass form: nothing is added while the maximum is -inf (exp(x - m) would be
+        NaN), a row whose maximum stays -inf gets the NaN sum eager computes, and a
+        NaN maximum makes the sum NaN."""
+        b = self.b
+        ids = {r.id for r in group}
+        pair = next(((m, s.id) for s in group if (m := online_partner(b.g, s)) in ids), None)
+        plain = [r for r in group if pair is None or r.id not in pair]
+        shape = f"[{b.m.block_r}, {b.m.block_c}]"
+        accs = {}
+        for r in plain:
+            accs[r.id] = acc = b.new("acc")
+            rcd = compute_dtype(r.dtype)
+            b.top.lines.append(f"{acc} = tl.full({shape}, {reduce_identity(r.op, rcd)}, {TL_DTYPE[rcd]})")
+        if pair:
+            mx = b.g[pair[0]]
+            cd = compute_dtype(mx.dtype)
+            m_run, s_acc = b.new("mrun"), b.new("sacc")
+            b.top.lines.append(f"{m_run} = tl.full([{b.m.block_r}, 1], -{_INF}, {TL_DTYPE[cd]})")
+            b.top.lines.append(f"{s_acc} = tl.full({shape}, 0, {TL_DTYPE[cd]})")
+        b.open_loop()
+        loop = b.scopes[-1]
+        for r in plain:
+            full, _, _ = self.input_index(r, index)
+            v = b.value(r.refs[0], full)
+            rident = reduce_identity(r.op, compute_dtype(r.dtype))
+            loop.lines.append(f"{accs[r.id]} = {REDUCE_COMBINE[r.op]}({accs[r.id]}, "
+                              f"tl.where(rmask & cmask, {v.name}, {rident}))")
+        if pair:
+            full, _, _ = self.input_index(mx, index)
+            x = b.value(mx.refs[0], full)
+            m_new, alpha = b.new("mnew"), b.new("alpha")
+            nanmax = REDUCE_COMBINE["amax"]
+            exp = lambda a: pointwise_expr("exp", [a], cd, cd)  # noqa: E731 (the table's exp, as two-pass)
+            loop.lines += [
+                f"{m_new} = {nanmax}({m_run}, tl.reduce(tl.where(rmask & cmask, {x.name}, -{_INF}), 1, "
+                f"{nanmax})[:, None])",
+                f"{alpha} = tl.where({m_new} == {m_run}, 1.0, {exp(f'({m_run} - {m_new})')})",
+                f"{s_acc} = {s_acc} * {alpha} + tl.where(rmask & cmask & ({m_new} != -{_INF}), "
+                f"{exp(f'({x.name} - {m_new})')}, 0.0)",
+                f"{m_run} = {m_new}",
+            ]
+        b.close_loop()
+        out = {}
+        for r in plain:
+            acc = accs[r.id]
+            expr = f"tl.sum({acc}, 1)" if r.op == "sum" else f"tl.reduce({acc}, 1, {REDUCE_COMBINE[r.op]})"
+            out[r.id] = b.emit(b.top, f"{expr}[:, None]", {ROW}, compute_dtype(r.dtype))
+        if pair:
+            out[pair[0]] = Val(m_run, frozenset({ROW}), cd)
+            out[pair[1]] = b.emit(b.top, f"tl.where({m_run} == -{_INF}, float('nan'), tl.sum({s_acc}, 1)[:, None])",
+                                  {ROW}, cd)
+        return [out[r.id] for r in group]
+
+    def _argreduce(self, n: ir.Node, index) -> Val:
+        b = self.b
+        src = b.g[n.refs[0]]
+        is_max = n.op == "argmax"
+        best_node = ir.Node(-n.id - 1, ir.REDUCE, "amax" if is_max else "amin", n.args, n.shape, src.dtype,
+                            None, n.attrs)
+        best = self.reduce(best_node, index)
+        big = "9223372036854775807"
+        acc = None
+        if b.looped:
+            acc = b.new("acc")
+            b.top.lines.append(f"{acc} = tl.full([{b.m.block_r}, {b.m.block_c}], {big}, tl.int64)")
+            b.open_loop()
+        full, red, red_sizes = self.input_index(n, index)
+        v = b.value(n.refs[0], full)
+        pos = ix.flatten(red, red_sizes)
+        scope = b.scopes[-1]
+        hit = f"(({v.name} == {best.name}) | (({v.name} != {v.name}) & ({best.name} != {best.name})))"
+        cand = f"tl.where(rmask & cmask & {hit}, ({ix.render(pos)} + zc).to(tl.int64), {big})"
+        if b.looped:
+            scope.lines.append(f"{acc} = _nanmin({acc}, {cand})")
+            b.close_loop()
+            return b.emit(b.top, f"tl.min({acc}, 1)[:, None]", {ROW}, torch.int64)
+        return b.emit(b.top, f"tl.min({cand}, 1)[:, None]", {ROW}, torch.int64)
+
+
+__all__ = ["Reductions"]

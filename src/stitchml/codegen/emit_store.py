@@ -1,0 +1,107 @@
+"""Stores of the Triton emitter: kernel outputs at their index, atomic scatter-adds,
+and column partials (per-program partial rows of a column reduction)."""
+from __future__ import annotations
+
+from ..ir import index as ix
+from ..ir import nodes as ir
+from .emit_core import KernelBuilder
+from .triton_ops import REDUCE_COMBINE, TL_DTYPE, compute_dtype, reduce_identity, store_expr
+
+
+class Stores:
+    def __init__(self, b: KernelBuilder):
+        self.b = b
+        self.before: list[str] = []   # accumulators of column partials (outside the row-block walk)
+        self.after: list[str] = []    # their final reduction and store
+
+    def is_full(self, nid: int) -> bool:
+        """Stored per element (in the column loop of a looped kernel), not per row."""
+        b = self.b
+        if b.g[nid].kind == ir.SCATTER_ADD:
+            return True
+        return b.flat or b.g[nid].numel != b.dom.rows or b.dom.cols == 1
+
+    def _permuted_index(self, n: ir.Node):
+        """If `n` is (a same-shape element-wise op of) a permute of a domain-shaped
+        value, index it by the permuted domain index, so its producers stay at the
+        domain's own index (no reduction is asked for at a transposed position)."""
+        b = self.b
+        while True:
+            if n.kind == ir.VIEW and n.op == "permute" and b.g[n.refs[0]].shape == b.dom.shape:
+                full = b.full_index()
+                return tuple(full[d] for d in n.attr("dims"))
+            if n.kind == ir.POINTWISE and n.refs and all(b.g[r].shape == n.shape for r in n.refs):
+                n = b.g[n.refs[0]]
+                continue
+            return None
+
+    def output_index(self, nid: int) -> tuple[ix.Expr, ...]:
+        b = self.b
+        n = b.g[nid]
+        if n.shape == b.dom.shape:
+            return b.full_index()
+        permuted = self._permuted_index(n)
+        if permuted is not None:
+            return permuted
+        if not b.flat and n.numel == b.dom.rows:
+            row_index = tuple(b.vars[d] for d in range(len(b.dom.shape)) if d not in b.dom.col_dims)
+            row_shape = tuple(s for d, s in enumerate(b.dom.shape) if d not in b.dom.col_dims)
+            return ix.unravel(ix.flatten(row_index, row_shape), n.shape)
+        return ix.unravel(ix.flatten(b.full_index(), b.dom.shape), n.shape)
+
+    def store(self, nid: int) -> None:
+        b = self.b
+        n = b.g[nid]
+        if n.kind == ir.SCATTER_ADD:
+            return self._scatter_add(nid)
+        index = self.output_index(nid)
+        v = b.value(nid, index)
+        off = ix.offset(index, n.stride)
+        axes = ix.axes(off) | v.axes
+        ptr = b.param("out", nid)
+        val = store_expr(v.name, n.dtype)
+        if not ix.axes(off):  # a scalar destination: make the pointer a block like the value
+            b.scope_for(axes).lines.append(f"tl.store({ptr} + (zr + {ix.render(off)}), {val}, mask=rmask)")
+            return
+        mask = b.mask(axes) or "rmask"
+        b.scope_for(axes).lines.append(f"tl.store({ptr} + {b.offset(off, axes)}, {val}, mask={mask})")
+
+    def _scatter_add(self, nid: int) -> None:
+        """Embedding backward: add each row of grad into out[index[row]] (atomics)."""
+        b = self.b
+        n = b.g[nid]
+        grad, idx = n.refs
+        full = b.full_index()
+        g = b.value(grad, full)
+        iv = b.value(idx, full[:-1])
+        pad = n.attr("padding_idx")
+        off = ix.offset((ix.loaded(iv.name, n.shape[0], frozenset(iv.axes)), full[-1]), n.stride)
+        ptr = b.param("out", nid)
+        keep = f" & ({iv.name} != {pad})" if pad is not None and pad >= 0 else ""
+        b.scopes[-1].lines.append(
+            f"tl.atomic_add({ptr} + {ix.render(off)}, {g.name}, mask=rmask & cmask{keep}, sem='relaxed')")
+
+    def partial(self, nid: int) -> None:
+        """A column reduction: accumulate over this program's row blocks, then write
+        one partial row per program; a combine kernel reduces the partials."""
+        b = self.b
+        n = b.g[nid]
+        src = b.g[n.refs[0]]
+        lead = len(n.attr("dims"))
+        red = ix.unravel(b.row_flat, src.shape[:lead])
+        kept = ix.unravel(b.col_flat, src.shape[lead:])
+        v = b.value(src.id, tuple(red) + tuple(kept))
+        cd = compute_dtype(n.dtype)
+        ident = reduce_identity(n.op, cd)
+        combine = REDUCE_COMBINE[n.op]
+        acc = b.new("pacc")
+        self.before.append(f"{acc} = tl.full([{b.m.block_r}, {b.m.block_c}], {ident}, {TL_DTYPE[cd]})")
+        b.top.lines.append(f"{acc} = {combine}({acc}, tl.where(rmask & cmask, {v.name}, {ident}))")
+        ptr = b.param("partial", nid)
+        red_expr = f"tl.sum({acc}, 0)" if n.op == "sum" else f"tl.reduce({acc}, 0, {combine})"
+        pid = "tl.program_id(0).to(tl.int64)" if b.idx64 else "tl.program_id(0)"
+        self.after.extend([f"cflat = tl.arange(0, {b.m.block_c})[None, :]", f"cmask = cflat < {b.dom.cols}"])
+        self.after.append(f"tl.store({ptr} + {pid} * {b.dom.cols} + cflat, {red_expr}[None, :], mask=cmask)")
+
+
+__all__ = ["Stores"]

@@ -1,0 +1,102 @@
+"""Kernel forms (issue 13): the looped form's online pair (softmax-like reductions in
+one pass), the shared loops the cost model counts, and the planner's dry run reading
+only an index mismatch as a verdict.  Interpreter tier: kernels run on CPU tensors."""
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stitchml import config
+from stitchml.codegen.triton_kernel import generate
+from stitchml.plan import planner
+from stitchml.plan.row_loops import loop_groups, online_partner
+from stitchml.testing import compare_with_eager
+
+sys.path.insert(0, "tests")
+from planning import graph_of, plan_of  # noqa: E402
+
+LOOPED = dict(persistent_max_cols=64, loop_block_cols=32)   # rows of 300 loop over 10 blocks
+
+
+def _special_rows(dtype):
+    """Rows whose maximum arrives late, is -inf throughout, is NaN, is +inf; odd length."""
+    x = torch.randn(6, 301, dtype=dtype) * 4
+    x[1, :250] = float("-inf")          # the running max is -inf for 7 blocks, then finite
+    x[2, :] = float("-inf")             # eager: NaN sum, NaN softmax
+    x[3, 17] = float("nan")
+    x[4, 250] = float("inf")
+    x[5, 300] = 40.0                    # the max in the last, partial block
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "logsumexp"])
+def test_online_pair_matches_eager_on_special_values(name, dtype):
+    fn = {"softmax": lambda x: torch.softmax(x, -1), "log_softmax": lambda x: torch.log_softmax(x, -1),
+          "logsumexp": lambda x: torch.logsumexp(x, -1)}[name]
+    with config.override(**LOOPED):
+        c = compare_with_eager(fn, [_special_rows(dtype)], backward=False)
+        plan = plan_of(fn, _special_rows(dtype))
+    assert c.num_kernels == 1
+    (k,) = plan.kernels
+    assert k.mapping.form == "row_looped"
+    src = generate(plan.graph, k).source
+    # softmax and log_softmax use the online form; logsumexp shifts by where(|m| == inf,
+    # 0, m), not by the max itself, so it is not an online pair and keeps its two loops
+    assert ("mrun" in src) == (name != "logsumexp")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_looped_cross_entropy_forward_backward(dtype):
+    logits = (torch.randn(7, 300) * 3).to(dtype).requires_grad_()
+    target = torch.randint(0, 300, (7,))
+    target[2] = -100   # ignored
+    with config.override(**LOOPED):
+        c = compare_with_eager(lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1), [logits, target])
+    assert all(n >= 1 for n in c.launches_per_graph)
+
+
+def test_softmax_reads_its_row_twice_and_the_model_says_so():
+    x = torch.randn(4, 20000)
+    plan = plan_of(lambda x: torch.softmax(x, -1), x)
+    (k,) = plan.kernels
+    g = plan.graph
+    (grp,) = loop_groups(g, k.members)
+    m, s = (g[i] for i in grp)
+    assert (m.op, s.op) == ("amax", "sum") and online_partner(g, s) == m.id
+    assert generate(g, k).source.count("for cbase in range(") == 2
+    assert k.bytes_read == 2 * x.numel() * 4
+
+
+def test_an_online_pair_needs_the_same_max():
+    # sum(exp(x - max(y))): not a pair (the max is of another tensor) -> separate loops
+    g = graph_of(lambda x, y: (x - y.amax(-1, keepdim=True)).exp().sum(-1), torch.randn(4, 20000),
+                 torch.randn(4, 20000))
+    sums = [n for n in g.nodes if n.kind == "reduce" and n.op == "sum"]
+    assert sums and all(online_partner(g, s) is None for s in sums)
+
+
+def test_sibling_reductions_share_the_online_loop():
+    x = torch.randn(4, 20000)
+    plan = plan_of(lambda x: (torch.softmax(x, -1), x.sum(-1), x.amin(-1)), x)
+    (k,) = [k for k in plan.kernels if k.mapping.form == "row_looped"]
+    groups = loop_groups(plan.graph, k.members)
+    assert len(groups) == 1 and len(groups[0]) == 4
+    with config.override(**LOOPED):
+        c = compare_with_eager(lambda x: (torch.softmax(x, -1), x.sum(-1), x.amin(-1)), [torch.randn(5, 300)],
+                               backward=False)
+    assert c.num_kernels == 1
+
+
+def test_only_an_index_mismatch_is_a_planning_verdict(monkeypatch):
+    """A bug in code generation (here: an op with no Triton expression) must surface,
+    not be read as 'these ops cannot share a kernel' and planned around."""
+    from stitchml.codegen import emit_core
+
+    def broken(op, args, in_dtype, out_dtype):
+        raise NotImplementedError(f"no Triton expression for {op}")
+    monkeypatch.setattr(emit_core, "pointwise_expr", broken)
+    g = graph_of(lambda x: torch.softmax(x * 2, -1), torch.randn(8, 40))
+    with pytest.raises(NotImplementedError, match="no Triton expression"):
+        planner.build_plan(g)
