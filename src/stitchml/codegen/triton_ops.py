@@ -41,6 +41,10 @@ PRELUDE = '''
 import triton
 import triton.language as tl
 
+# kernels that must differ between the interpreter and compiled code (a conversion
+# the interpreter does not round) branch on this constant
+_INTERPRETED = tl.constexpr(bool(triton.knobs.runtime.interpret))
+
 
 @triton.jit
 def _nanmax(a, b):
@@ -117,11 +121,25 @@ def _floordiv(a, b):
 
 @triton.jit
 def _round_bf16(x):
-    # float32 -> nearest-even bfloat16 value, kept in float32 (integer ops only, so it
-    # rounds the same on GPUs and in the interpreter, whose bf16 cast truncates)
-    bits = x.to(tl.int32, bitcast=True)
-    bits = (bits + 32767 + ((bits >> 16) & 1)) & -65536
-    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+    # float32 -> nearest-even bfloat16 value, kept in float32.  Compiled, the conversion
+    # rounds to nearest even itself (cvt.rn); the interpreter's truncates, so there it is
+    # done with integer ops (on a GPU those cost ~6 integer ops per element, a real share
+    # of a bandwidth-bound bf16 kernel's issue slots)
+    if _INTERPRETED:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 32767 + ((bits >> 16) & 1)) & -65536
+        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+    else:
+        return x.to(tl.bfloat16).to(tl.float32)
+
+
+@triton.jit
+def _to_bf16(x):
+    # float32 -> bfloat16 for a store, rounded to nearest even on GPUs and in the interpreter
+    if _INTERPRETED:
+        return _round_bf16(x).to(tl.bfloat16)
+    else:
+        return x.to(tl.bfloat16)
 
 
 @triton.jit
@@ -305,7 +323,7 @@ def store_expr(x: str, dtype: torch.dtype) -> str:
     if compute_dtype(dtype) == dtype:
         return x
     if dtype == torch.bfloat16:
-        return f"_round_bf16({x}).to(tl.bfloat16)"
+        return f"_to_bf16({x})"
     return f"{x}.to({TL_DTYPE[dtype]})"
 
 
