@@ -35,3 +35,24 @@ def test_cli_ops_prints_the_table(capsys):
     from stitchml.cli import main
     assert main(["ops"]) == 0
     assert "| `aten.flip.default` | stitched | rules_window |" in capsys.readouterr().out
+
+
+def test_math_ops_and_var_dim_are_stitched_and_runtime_checks_are_library_ops():
+    import torch
+    from stitchml import config
+    from stitchml.fallback import NO_RULE, no_rule_reason
+    aten = torch.ops.aten
+    for op in (aten.acos.default, aten.acosh.default, aten.asin.default, aten.asinh.default, aten.atan.default,
+               aten.atan2.default, aten.atanh.default, aten.sinh.default, aten.cosh.default, aten.tan.default,
+               aten.log10.default, aten.fmod.Tensor, aten.fmod.Scalar, aten.var.dim):
+        row = opstable.classify(op)
+        assert row.status == opstable.STITCHED, row
+    assert "var.correction" in opstable.classify(aten.var.dim).how
+    # (not core ATen ops, so not in the table: they have rules)
+    from stitchml.lower.registry import RULES
+    for op in (aten.bitwise_left_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar, aten.__lshift__.Scalar,
+               aten.__rshift__.Tensor):
+        assert op in RULES, op
+    with config.override(strict=True):  # F.one_hot's checks: a library op with its reason, never a strict error
+        reason = no_rule_reason(aten._assert_async.msg)
+    assert reason != NO_RULE and "runtime check" in reason

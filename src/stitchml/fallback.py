@@ -4,7 +4,7 @@
   reason, and `explain` shows the reason (`CompiledGraph.eager_reason`);
 - a single op without a lowering rule runs eagerly between kernels with the reason
   "no lowering rule"; ops we leave to ATen on purpose (sort, topk: library ops, like a
-  matrix product) carry their own reason instead;
+  matrix product; `_assert_async`, a runtime check) carry their own reason instead;
 - under the knob `strict` (STITCHML_STRICT=1, for CI) both raise `StrictFallbackError`
   naming the op (or graph) and the reason.
 """
@@ -30,6 +30,10 @@ LIBRARY_OPS: dict[object, str] = {
     aten.masked_select.default: "library op: data-dependent output shape",
     aten.unique_consecutive.default: "library op: data-dependent output shape",
     aten._unique2.default: "library op: data-dependent output shape",
+    # F.one_hot's range checks (issue 18): ATen raises when the condition is false, so a
+    # failing check is never dropped; a kernel could not raise
+    aten._assert_async.msg: "library op: a runtime check (raises when its condition is false)",
+    aten._assert_async.default: "library op: a runtime check (raises when its condition is false)",
 }
 
 

@@ -40,9 +40,12 @@ def literal(value, dtype: torch.dtype) -> str:
 PRELUDE = '''
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
-# kernels that must differ between the interpreter and compiled code (a conversion
-# the interpreter does not round) branch on this constant
+# kernels that must differ between the interpreter and compiled code branch on this
+# constant: a conversion the interpreter does not round, and `%` on floats (numpy's exact
+# fmod in the interpreter; compiled, a - b * trunc(a / b), wrong once the quotient passes
+# 2**24 in float32 (sm_90 PTX), so GPUs call libdevice's fmod)
 _INTERPRETED = tl.constexpr(bool(triton.knobs.runtime.interpret))
 
 
@@ -109,7 +112,7 @@ def _round(x, big):
 def _floordiv(a, b):
     # eager's floor division of floats: divide the exact remainder out first, so a
     # quotient that rounds up to an integer (1 / 0.1 -> 10.0) still floors to 9
-    mod = a % b  # fmod: exact, sign of a
+    mod = _fmod(a, b)  # exact, sign of a
     div = (a - mod) / b
     div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
     fl = tl.floor(div)
@@ -143,32 +146,142 @@ def _to_bf16(x):
 
 
 @triton.jit
+def _fmod(a, b):
+    # C fmod of floats: exact, the sign of the dividend
+    if _INTERPRETED:
+        return a % b
+    else:
+        return libdevice.fmod(a, b)
+
+
+@triton.jit
+def _sqrt(x):
+    # IEEE-rounded in float32 (sqrt_rn) and float64 (where sqrt_rn is refused, tl.sqrt is IEEE)
+    if x.dtype == tl.float64:
+        return tl.sqrt(x)
+    else:
+        return tl.sqrt_rn(x)
+
+
+@triton.jit
+def _atan_unit(q):
+    # atan on [0, 1]: beyond tan(pi/8), pi/4 + atan((q - 1) / (q + 1)); then t + t^3 P(t^2) on
+    # |t| <= tan(pi/8), P fitted by weighted least squares (relative error before rounding:
+    # 2e-8 in float32, 1e-18 in float64)
+    big = q > 0.41421356237309503
+    t = tl.where(big, (q - 1.0) / (q + 1.0), q)
+    s = t * t
+    # (Horner starts from s: a float literal assigned to a local becomes a float32 constant)
+    if q.dtype == tl.float64:
+        p = s * -0.017922196523442038 + 0.038078242192759126
+        p = p * s - 0.05039842273011651
+        p = p * s + 0.05848008163325048
+        p = p * s - 0.06663120275087428
+        p = p * s + 0.07692061627000189
+        p = p * s - 0.09090897835843807
+        p = p * s + 0.11111110786115225
+        p = p * s - 0.14285714280248016
+        p = p * s + 0.19999999999954077
+        p = p * s - 0.333333333333332
+    else:
+        p = s * 0.04638938190946034 - 0.08420205568319714
+        p = p * s + 0.11033398843972068
+        p = p * s - 0.1428095139981978
+        p = p * s + 0.1999985914379384
+        p = p * s - 0.33333331839137686
+    r = t + t * s * p
+    return tl.where(big, r + 0.7853981633974483, r)
+
+
+@triton.jit
 def _atan2(y, x):
-    # float32: the octant of (x, y) by symmetries, then atan on [-tan(pi/8), tan(pi/8)]
-    # (beyond tan(pi/8): pi/4 + atan((q - 1) / (q + 1))) by an odd polynomial fitted by
-    # least squares (max error 2e-8); signed zeros and infinities as C's atan2
+    # the octant of (x, y) by symmetries, then atan of the smaller magnitude over the larger;
+    # signed zeros and infinities as C's atan2
     ax = tl.abs(x)
     ay = tl.abs(y)
     hi = tl.where(ax > ay, ax, ay)
     lo = tl.where(ax > ay, ay, ax)
     q = tl.where(hi == 0.0, 0.0, tl.where(lo == hi, 1.0, lo / hi))
-    big = q > 0.41421356237309503
-    t = tl.where(big, (q - 1.0) / (q + 1.0), q)
-    s = t * t
-    p = 0.04638938190946034
-    p = p * s - 0.08420205568319714
-    p = p * s + 0.11033398843972068
-    p = p * s - 0.1428095139981978
-    p = p * s + 0.1999985914379384
-    p = p * s - 0.33333331839137686
-    r = t + t * s * p
-    r = tl.where(big, r + 0.7853981633974483, r)
+    r = _atan_unit(q)
     r = tl.where(ay > ax, 1.5707963267948966 - r, r)
     xneg = (x < 0) | ((x == 0) & ((1.0 / x) < 0))
     r = tl.where(xneg, 3.141592653589793 - r, r)
     yneg = (y < 0) | ((y == 0) & ((1.0 / y) < 0))
     r = tl.where(yneg, -r, r)
     return tl.where((x != x) | (y != y), x + y, r)
+
+
+@triton.jit
+def _atan(x):
+    a = tl.abs(x)
+    inv = a > 1.0
+    r = _atan_unit(tl.where(inv, 1.0 / a, a))
+    r = tl.where(inv, 1.5707963267948966 - r, r)
+    r = tl.where(x < 0, -r, r)
+    return tl.where(x == 0, x, r)  # -0.0 stays -0.0
+
+
+@triton.jit
+def _asin(x):
+    # (1 - x)(1 + x), not 1 - x*x: exact factors near |x| = 1; |x| > 1 gives sqrt(< 0) = nan
+    return _atan2(x, _sqrt((1.0 - x) * (1.0 + x)))
+
+
+@triton.jit
+def _acos(x):
+    return _atan2(_sqrt((1.0 - x) * (1.0 + x)), x)
+
+
+@triton.jit
+def _asinh(x):
+    # log1p(a + a^2 / (1 + sqrt(1 + a^2))) keeps the relative precision near 0; above 2**28
+    # asinh(a) is log(2a) to the last bit (and a^2 would overflow float32 from 2**64)
+    a = tl.abs(x)
+    a2 = a * a
+    r = _log1p(a + a2 / (1.0 + _sqrt(1.0 + a2)))
+    r = tl.where(a > 268435456.0, tl.log(a) + 0.6931471805599453, r)
+    r = tl.where(x < 0, -r, r)
+    return tl.where(x == 0, x, r)
+
+
+@triton.jit
+def _acosh(x):
+    # log1p(t + sqrt(t (t + 2))) with t = x - 1 (exact near 1); log(2x) above 2**28; nan
+    # below 1 (t (t + 2) is positive again below -1)
+    t = x - 1.0
+    r = _log1p(t + _sqrt(t * (t + 2.0)))
+    r = tl.where(x > 268435456.0, tl.log(x) + 0.6931471805599453, r)
+    return tl.where(x < 1.0, float("nan"), r)
+
+
+@triton.jit
+def _atanh(x):
+    # log1p(2a / (1 - a)) / 2: +-inf at +-1, nan beyond
+    a = tl.abs(x)
+    r = 0.5 * _log1p(2.0 * a / (1.0 - a))
+    r = tl.where(x < 0, -r, r)
+    return tl.where(x == 0, x, r)
+
+
+@triton.jit
+def _sinh(x):
+    # u = expm1(|x|): (u + u / (u + 1)) / 2 has no cancellation near 0; beyond 20 (where e^-|x|
+    # is below the last bit) exp(|x| / 2)^2 / 2, finite up to the largest finite sinh
+    a = tl.abs(x)
+    big = a > 20.0
+    u = _expm1(tl.where(big, 0.0, a))
+    h = tl.exp(0.5 * a)
+    r = tl.where(big, (0.5 * h) * h, 0.5 * (u + u / (u + 1.0)))
+    r = tl.where(x < 0, -r, r)
+    return tl.where(x == 0, x, r)
+
+
+@triton.jit
+def _cosh(x):
+    a = tl.abs(x)
+    big = a > 20.0
+    e = tl.exp(tl.where(big, 0.5 * a, a))
+    return tl.where(big, (0.5 * e) * e, 0.5 * (e + 1.0 / e))
 
 
 @triton.jit
@@ -245,6 +358,9 @@ BINARY = {
     # C semantics (issue 18, lower/rules_intdiv.py): integer `//` truncates, `%` (ints and
     # floats) takes the dividend's sign; the rules build Python's rounding from them
     "tdiv": "({0} // {1})", "fmod": "({0} % {1})",
+    # raw shifts: the rules (rules_pointwise) keep the count in [0, bits) and give eager's
+    # results outside it
+    "lshift": "({0} << {1})", "rshift": "({0} >> {1})",
     "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})",
     "logical_and": "({0} & {1})", "logical_or": "({0} | {1})", "logical_xor": "({0} ^ {1})",
     "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
@@ -260,6 +376,9 @@ UNARY = {
     "bitwise_not": "(~{0})", "logical_not": "({0} == 0)", "identity": "{0}",
     "relu": "tl.where({0} < 0, 0, {0})", "isnan": "({0} != {0})",
     "lgamma": "_lgamma({0})", "digamma": "_digamma({0})",
+    "asin": "_asin({0})", "acos": "_acos({0})", "atan": "_atan({0})", "asinh": "_asinh({0})",
+    "acosh": "_acosh({0})", "atanh": "_atanh({0})", "sinh": "_sinh({0})", "cosh": "_cosh({0})",
+    "tan": "(tl.sin({0}) / tl.cos({0}))", "log10": "(tl.log({0}) * 0.4342944819032518)",
 }
 
 
@@ -268,12 +387,14 @@ def _is_literal(x: str) -> bool:
 
 
 def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_dtype: torch.dtype) -> str:
-    if op == "floordiv":
+    float_fmod = op == "fmod" and out_dtype in FLOATS
+    if op in ("floordiv", "atan2") or float_fmod:
         a, b = args
-        # the helper compares its operands as tensors: give literals a block shape
+        # the helpers compare (or pass to libdevice) their operands as tensors: give
+        # literals a block shape and the other operand's type
         a = f"(tl.zeros_like({b}) + {a})" if _is_literal(a) else a
         b = f"(tl.zeros_like({a}) + {b})" if _is_literal(b) else b
-        return BINARY[op].format(a, b)
+        return f"_fmod({a}, {b})" if float_fmod else BINARY[op].format(a, b)
     if op in BINARY:
         return BINARY[op].format(*args)
     if op == "sqrt" and out_dtype == torch.float64:

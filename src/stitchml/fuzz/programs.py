@@ -215,6 +215,16 @@ class _Builder:
             ("F.hardtanh({x}, -0.5, 0.75)", lambda b: 0.75, 1e9),
             ("{x}.clamp(-0.6, 0.4)", lambda b: 0.6, 1e9), ("{x}.clamp(min=-0.3)", lambda b: b, 1e9),
             ("torch.clamp_max({x}, 0.2)", lambda b: b, 1e9),
+            # inverse and hyperbolic functions, arguments kept inside their domains and away
+            # from the edges where the derivative blows up (issues 18/19)
+            ("torch.atan({x})", lambda b: 1.58, 1e9), ("torch.asinh({x})", math.asinh, 1e9),
+            ("torch.sinh({x})", math.sinh, 4), ("torch.cosh({x})", math.cosh, 4),
+            ("torch.asin(torch.tanh({x}) * 0.9)", lambda b: 1.12, 1e9),
+            ("torch.acos(torch.tanh({x}) * 0.9)", lambda b: 2.7, 1e9),
+            ("torch.atanh(torch.tanh({x}) * 0.9)", lambda b: 1.48, 1e9),
+            ("torch.acosh({x}.abs() + 1.1)", lambda b: math.acosh(b + 1.1), 1e9),
+            ("torch.tan(torch.tanh({x}))", lambda b: 1.56, 1e9),
+            ("torch.log10({x}.abs() + 0.1)", lambda b: max(1.0, math.log10(b + 0.1)), 1e9),
         ]
         if x.is_input:  # discontinuous ops only on exact inputs: low and high precision agree there
             table += [("torch.floor({x})", lambda b: b + 1, 1e9), ("torch.ceil({x})", lambda b: b + 1, 1e9),
@@ -231,9 +241,12 @@ class _Builder:
         x = self.tame(self.pick(), 100)
         if rng.random() < 0.25:  # with a Python scalar
             c = rng.choice([0.5, -0.75, 1.5, 2.0, 3.0, -2.5])
-            expr, b = rng.choice([(f"{x.name} + {c}", x.bound + abs(c)), (f"{x.name} * {c}", x.bound * abs(c)),
-                                  (f"{c} - {x.name}", x.bound + abs(c)), (f"{x.name} / {c}", x.bound / abs(c)),
-                                  (f"{c} / ({x.name}.abs() + 0.5)", abs(c) * 2)])
+            ops = [(f"{x.name} + {c}", x.bound + abs(c)), (f"{x.name} * {c}", x.bound * abs(c)),
+                   (f"{c} - {x.name}", x.bound + abs(c)), (f"{x.name} / {c}", x.bound / abs(c)),
+                   (f"{c} / ({x.name}.abs() + 0.5)", abs(c) * 2)]
+            if x.is_input:  # discontinuous: only on exact inputs (fmod is exact, so every dtype agrees)
+                ops.append((f"torch.fmod({x.name}, {c})", abs(c)))
+            expr, b = rng.choice(ops)
             self.emit(expr, x.shape, b, x.hi)
             return True
         y, out = self.broadcast_partner(x)
@@ -244,7 +257,8 @@ class _Builder:
                (f"{a} * {b}", x.bound * y.bound), (f"{a} / ({b}.abs() + 0.5)", 2 * x.bound),
                (f"{a} / (1 + {b} * {b})", x.bound), (f"torch.maximum({a}, {b})", max(x.bound, y.bound)),
                (f"torch.minimum({a}, {b})", max(x.bound, y.bound)),
-               (f"torch.pow({a}.abs() + 0.5, torch.tanh({b}))", max(2.0, x.bound + 0.5))]
+               (f"torch.pow({a}.abs() + 0.5, torch.tanh({b}))", max(2.0, x.bound + 0.5)),
+               (f"torch.atan2({a}, {b}.abs() + 0.5)", 1.58)]
         if x.hi == y.hi:  # lerp does not promote
             ops.append((f"torch.lerp({a}, {b}, 0.25)", max(x.bound, y.bound)))
         if y.is_input:

@@ -148,6 +148,8 @@ UNARY = {
     "reciprocal": aten.reciprocal, "floor": aten.floor, "ceil": aten.ceil, "round": aten.round,
     "trunc": aten.trunc, "sign": aten.sign, "bitwise_not": aten.bitwise_not, "relu": aten.relu,
     "isnan": aten.isnan, "isinf": aten.isinf, "lgamma": aten.lgamma, "digamma": aten.digamma,
+    "asin": aten.asin, "acos": aten.acos, "atan": aten.atan, "asinh": aten.asinh, "acosh": aten.acosh,
+    "atanh": aten.atanh, "sinh": aten.sinh, "cosh": aten.cosh, "tan": aten.tan, "log10": aten.log10,
 }
 
 
@@ -194,6 +196,67 @@ def _nan_to_num(ctx, node, x, nan=None, posinf=None, neginf=None):
     out = ctx.pointwise("where", (ctx.pointwise("eq", (v, float("-inf")), shape, torch.bool),
                                   info.min if neginf is None else neginf, out), shape, cd)
     return ctx.cast(out, dtype)
+
+
+register(aten.atan2.default)(_arith("atan2"))
+
+
+@register(aten.fmod.Tensor, aten.fmod.Scalar)
+def _fmod(ctx, node, a, b):
+    """C fmod: the remainder of the truncated quotient, with the dividend's sign.  Integer
+    division by zero raises in eager (CPU); a kernel cannot raise, so a zero divisor
+    element gives 0 (a scalar zero divisor is refused: eager raises).  Divisors 0 and -1
+    are replaced by 1 before the `%`, which the hardware leaves undefined for them
+    (INT_MIN % -1 overflows) and whose result is 0 for -1."""
+    shape, dtype = _out(node)
+    if dtype == torch.bool:
+        raise Unsupported("fmod of bools")
+    a, b = _operands(ctx, (a, b), shape, dtype)
+    if dtype in FLOAT_TYPES:
+        return ctx.pointwise("fmod", (a, b), shape, dtype)
+    if not isinstance(b, Ref):
+        if b == 0:
+            raise Unsupported("integer fmod by a zero scalar (eager raises ZeroDivisionError)")
+        return ctx.pointwise("fmod", (a, 1 if b in (-1, 1) else int(b)), shape, dtype)
+    bad = ctx.pointwise("eq", (b, 0), shape, torch.bool)
+    if dtype.is_signed:
+        bad = ctx.pointwise("logical_or", (bad, ctx.pointwise("eq", (b, -1), shape, torch.bool)), shape, torch.bool)
+    return ctx.pointwise("fmod", (a, ctx.pointwise("where", (bad, 1, b), shape, dtype)), shape, dtype)
+
+
+def _shift(left: bool):
+    """Eager's shifts (CPU and CUDA): a count outside [0, bits) gives 0 for a left shift
+    and the sign fill a >> (bits - 1) for a right shift (0 when unsigned); in range, the
+    left shift wraps.  The kernel's raw shift only ever sees counts in range."""
+    op = "lshift" if left else "rshift"
+
+    def rule(ctx: LowerCtx, node, a, b):
+        shape, dtype = _out(node)
+        if dtype in FLOAT_TYPES or dtype == torch.bool:
+            raise Unsupported(f"shift of {dtype}")
+        bits = torch.iinfo(dtype).bits
+        fill = bits - 1 if (not left and dtype.is_signed) else None  # right shift by >= bits, signed
+        a, b = _operands(ctx, (a, b), shape, dtype)
+        if not isinstance(b, Ref):
+            if 0 <= b < bits:
+                return ctx.pointwise(op, (a, int(b)), shape, dtype)
+            if fill is not None:
+                return ctx.pointwise(op, (a, fill), shape, dtype)
+            return ctx.full(shape, 0, dtype)
+        bad = ctx.pointwise("ge", (b, bits), shape, torch.bool)
+        if dtype.is_signed:
+            bad = ctx.pointwise("logical_or", (bad, ctx.pointwise("lt", (b, 0), shape, torch.bool)), shape, torch.bool)
+        if fill is not None:
+            return ctx.pointwise(op, (a, ctx.pointwise("where", (bad, fill, b), shape, dtype)), shape, dtype)
+        out = ctx.pointwise(op, (a, ctx.pointwise("where", (bad, 0, b), shape, dtype)), shape, dtype)
+        return ctx.pointwise("where", (bad, 0, out), shape, dtype)
+    return rule
+
+
+register(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar, aten.bitwise_left_shift.Scalar_Tensor,
+         aten.__lshift__.Tensor, aten.__lshift__.Scalar)(_shift(True))
+register(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+         aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar)(_shift(False))
 
 
 @register(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar)
