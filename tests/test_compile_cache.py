@@ -219,6 +219,29 @@ def test_compile_jobs_one_per_distinct_body(tmp_path):
         assert jobs[0].path == str(kernel_cache.module_path(together.kernels[group.name].source))
 
 
+def test_compile_job_of_a_kernel_reading_its_seed_from_memory(tmp_path):
+    """Under CUDA graphs a kernel reads its seed through a pointer (`device_seed_source`):
+    its compile job must compile that text with a pointer there, not an integer."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stitchml.capture.decomp import decomposition_table
+    from stitchml.runtime.cuda_graphs import device_seed_source
+    from stitchml.runtime.precompile import job_for
+    gm = make_fx(lambda x: torch.ops.aten.native_dropout(x * 2, 0.5, True)[0],
+                 decomposition_table=decomposition_table())(torch.randn(8, 40))
+    with config.override(cache_dir=str(tmp_path)):
+        b = pipeline.build_static(gm, torch.device("cuda"))
+        (name,) = b.plan.launched
+        plain = job_for(b.kernels[name], b.graph)
+        seeded_ks = device_seed_source(b.kernels[name])
+        seeded = job_for(seeded_ks, b.graph)
+        assert seeded.path == str(kernel_cache.module_path(seeded_ks.source)) != plain.path
+    ks = b.kernels[name]
+    seeds = [n for (kind, _), n in zip(ks.params, ks.param_names) if kind == "seed"]
+    assert seeds and all(dict(plain.signature)[n] == "i32" for n in seeds), plain.signature
+    assert all(dict(seeded.signature)[n + "_ptr"] == "*i64" for n in seeds), seeded.signature
+
+
 def test_cache_cli_info_and_clear(tmp_path, capsys):
     from stitchml.cli import main
     _plan_twice(tmp_path, lambda x: torch.softmax(x, -1), torch.randn(4, 8))

@@ -307,3 +307,51 @@ def test_cuda_graph_mode_says_it_is_not_applied_to_dynamic_graphs():
         x = torch.randn(2, 20)
         torch.testing.assert_close(f(x), torch.softmax(x, -1))
     assert "dynamic sizes" in backend.records[1].cuda_graph_note
+
+
+def test_templates_load_through_the_pipeline_with_their_compile_jobs(monkeypatch):
+    """The runner loads each new template through `pipeline.build_callable`
+    (the static graphs' loader: parallel compile on a GPU, launchers), with one compile
+    job per launched kernel whose size arguments are the values the wrapper passes."""
+    from stitchml import pipeline
+    from stitchml.runtime import kernel_cache
+    from stitchml.runtime.launcher import Launcher
+
+    loads = []
+    real_load = pipeline.build_callable
+
+    def spy(code, consts, texts, device, times, jobs=(), program=None):
+        jobs = list(jobs)
+        loads.append((texts, jobs))
+        return real_load(code, consts, texts, device, times, jobs, program)
+    monkeypatch.setattr(pipeline, "build_callable", spy)
+    launched = []
+    real_launch = Launcher.launch
+
+    def record(self, grid, args, options):
+        launched.append(args)
+        return real_launch(self, grid, args, options)
+    monkeypatch.setattr(Launcher, "launch", record)
+
+    backend = stitchml.StitchBackend()
+    f = torch.compile(_softmax_ln, backend=backend)
+    f(torch.randn(4, 8), torch.randn(8))                  # static graph: the same loader
+    assert len(loads) == 1
+    x, w = torch.randn(4, 21), torch.randn(21)
+    launched.clear()
+    torch.testing.assert_close(f(x, w), _softmax_ln(x, w))   # dynamic: one new template
+    st = backend.records[1].dynamic
+    (t,) = [t for ts in st.templates.values() for t in ts]
+    assert len(loads) == 2 and t.generic
+    texts, jobs = loads[1]
+    assert texts == t.kernel_texts and len(jobs) == len(t.launched)
+    by_path = {j.path: j for j in jobs}
+    with_sizes = 0
+    for name, text in t.launched.items():
+        job = by_path[str(kernel_cache.module_path(text))]
+        n = len(t.size_arg_types.get(name, []))
+        assert [ty for _, ty in job.signature[len(job.signature) - n:]] == t.size_arg_types.get(name, [])
+        if n:   # the values the wrapper passed at this size (its trailing arguments)
+            with_sizes += 1
+            assert any(tuple(a[-n:]) == job.arg_types[-n:] for a in launched), (job.arg_types, launched)
+    assert with_sizes

@@ -153,3 +153,96 @@ def test_direct_launch_matches_the_jit_on_a_gpu():
     out = torch.full((999,), float("nan"), device="cuda")
     k[(8,)](x[1:], y[1:], out, 999, 3, num_warps=4)     # misaligned: the JIT compiles that variant
     torch.testing.assert_close(out, x[1:] + y[1:] + 3)
+
+
+# ----------------------------------------------------------------------------- `stitchml calibrate`'s launch overheads
+
+def test_calibrate_times_the_wrapper_launch_through_the_launcher_and_the_jit():
+    """On CPU (interpreter) the stitched kernel is compiled and launched the way its
+    wrapper launches it; Inductor has no Triton launcher there: reported, not raised."""
+    from stitchml.tools import calibrate
+    res = calibrate.measure_launch_overheads("cpu", launches=2, rounds=1)
+    for key in ("stitch_launcher", "triton_jit", "stitch_call"):
+        assert res[key]["host_us"] > 0 and res[key]["wall_us"] >= res[key]["host_us"], res[key]
+    assert res["stitch_launcher"]["direct"] is False      # the interpreter: no compiled kernel to bind
+    assert set(res["stitch_launcher"]["options"]) == {"num_warps"}   # the wrapper's call shape
+    for key in ("inductor_run", "inductor_launcher", "inductor_call"):
+        assert "C++" in res[key]["unavailable"]
+    text = "\n".join(calibrate.describe_launch_overheads(res))
+    assert "Launcher" in text and "unavailable: RuntimeError: Inductor generates C++" in text
+
+
+class FakeTuner:
+    """Inductor's CachingAutotuner as calibrate sees it: `run(*args, stream=...)` ends in
+    its one launcher."""
+
+    def __init__(self, launchers=1):
+        self.calls = []
+        self.launchers = [self._launch for _ in range(launchers)]
+
+    def _launch(self, *args, stream):
+        self.calls.append(("launcher", args, stream))
+
+    def run(self, *args, stream):
+        self.calls.append(("run", args, stream))
+
+
+def test_calibrate_times_inductor_through_run_and_its_launcher(monkeypatch):
+    from stitchml.tools import calibrate
+    tuner, whole = FakeTuner(), []
+    monkeypatch.setattr(calibrate, "inductor_launch",
+                        lambda device: (tuner, ("x", 4096), {"stream": 7}, lambda: whole.append(1)))
+    res = calibrate.measure_launch_overheads("cpu", launches=3, rounds=2)
+    assert res["inductor_run"]["host_us"] > 0 and res["inductor_run"]["kernel"] == "FakeTuner"
+    assert res["inductor_launcher"]["host_us"] > 0 and "_launch" in res["inductor_launcher"]["kernel"]
+    assert res["inductor_call"]["launches"] == 3
+    runs = [c for c in tuner.calls if c[0] == "run"]
+    assert len(runs) == 1 + 3 * 2 and runs[0] == ("run", ("x", 4096), 7)   # the first launch is not timed
+    assert len(whole) == 1 + 3 * 2
+
+
+def test_calibrate_reports_missing_inductor_pieces_instead_of_failing(monkeypatch):
+    from stitchml.tools import calibrate
+
+    def no_inductor(device):
+        raise ImportError("torch._inductor.runtime.triton_heuristics moved")
+    monkeypatch.setattr(calibrate, "inductor_launch", no_inductor)
+    res = calibrate.measure_launch_overheads("cpu", launches=1, rounds=1)
+    assert all(res[k]["unavailable"].startswith("ImportError: torch._inductor") for k in
+               ("inductor_run", "inductor_launcher", "inductor_call"))
+    assert res["stitch_launcher"]["host_us"] > 0
+    monkeypatch.setattr(calibrate, "inductor_launch",
+                        lambda device: (FakeTuner(launchers=2), (), {"stream": 0}, lambda: None))
+    res = calibrate.measure_launch_overheads("cpu", launches=1, rounds=1)
+    assert res["inductor_run"]["host_us"] > 0 and "2 launchers" in res["inductor_launcher"]["unavailable"]
+
+
+def test_recording_puts_methods_back_as_they_were():
+    from stitchml.tools.calibrate import recording
+
+    class Base:
+        def f(self, x):
+            return x + 1
+
+    class Child(Base):
+        pass
+
+    with recording(Child, "f") as seen:
+        assert Child().f(2) == 3 and Base().f(5) == 6
+    assert [(args, kwargs) for _, args, kwargs in seen] == [((2,), {})]
+    assert "f" not in vars(Child) and Child.f is Base.f
+    with recording(Base, "f"):
+        pass
+    assert vars(Base)["f"](None, 1) == 2 and Base.f.__name__ == "f"
+
+
+@pytest.mark.gpu
+def test_calibrate_launch_overheads_on_a_gpu():
+    from stitchml.tools import calibrate
+    res = calibrate.measure_launch_overheads("cuda", launches=500, rounds=3)
+    print("\n".join(calibrate.describe_launch_overheads(res)))
+    ours, jit = res["stitch_launcher"], res["triton_jit"]
+    assert ours["direct"], "the Launcher did not bind its direct path"
+    assert ours["host_us"] < jit["host_us"], (ours, jit)
+    for key in ("inductor_run", "inductor_launcher", "inductor_call"):
+        assert "host_us" in res[key] or res[key]["unavailable"], res[key]

@@ -23,7 +23,7 @@ from .dynamic.runner import compile_dynamic, is_symbolic
 from .fallback import graph_falls_back, may_fall_back
 from .ir.nodes import Graph
 from .lower.registry import Unsupported
-from .pipeline import Built, StageTimes
+from .pipeline import StageTimes
 from .runtime import cuda_graphs
 from .plan.data import Plan
 
@@ -70,12 +70,6 @@ def _interpreter_on() -> bool:
     return type(tl.sigmoid).__name__ == "InterpretedFunction"
 
 
-def build_static(gm: fx.GraphModule, device: torch.device, *, cuda_graphs: bool = False,
-                 horizontal: bool = True) -> Built:
-    """The static pipeline (kept under this name for the dynamic runner and tools)."""
-    return pipeline.build_static(gm, device, cuda_graphs=cuda_graphs, horizontal=horizontal)
-
-
 def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list | None = None) -> Callable:
     rec = CompiledGraph(kind)
     if records is not None:
@@ -88,7 +82,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
                               "imported (the Triton interpreter)")
         if is_symbolic(gm):  # sizes known only at run time: kernels compiled per mapping bucket
             cuda_graphs.enabled(kind, device, rec, dynamic=True)  # (records why not)
-            return compile_dynamic(gm, kind, device, rec, build_static)
+            return compile_dynamic(gm, kind, device, rec)
         graphs = cuda_graphs.enabled(kind, device, rec)
         built = pipeline.build_static(gm, device)   # lower, plan, codegen (barrier counters are graph-safe)
         rec.graph, rec.plan, rec.kernels, rec.times = built.graph, built.plan, built.kernels, built.times

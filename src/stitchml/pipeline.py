@@ -2,16 +2,19 @@
 
 Capture (`capture/backend.py`: Dynamo → AOTAutograd → core-ATen FX graphs) hands each
 graph to `compiler.compile_graph`, which calls `build_static` then `load` for a graph
-of fixed sizes, and the dynamic runner (`dynamic/runner.py`) calls `build_static` at
-each new size.  Every stage is a plain function; caching wraps them from above:
+of fixed sizes, and `dynamic.runner.compile_dynamic` for symbolic sizes: the runner
+calls `build_static` at each new size and loads each template it builds through
+`build_callable`, the one loading function of both paths.  Every stage is a plain
+function; caching wraps them from above:
 
 - the plan cache (`runtime/plan_cache.py`) keys what planning and code generation
   make of a *lowered* graph, so a second process skips both;
 - the kernel-source cache (`runtime/kernel_cache.py`) keys a kernel by its content with
   node ids renumbered, so the same layer's kernels are generated once;
-- `load` gives kernels equal up to their name one Triton function, compiles the
-  distinct ones in parallel on a GPU (`runtime/precompile.py`) and binds launchers
-  (`runtime/launcher.py`).
+- `build_callable` starts the parallel compile of the launched kernels on a GPU
+  (`runtime/precompile.py`), gives kernels equal up to their name one Triton function
+  and binds a launcher to each name (`runtime/launcher.py`, through
+  `wrapper.load_callable`).
 
 `StageTimes` records where compile time went (bench and explain read it).
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import torch.fx as fx
@@ -32,8 +35,11 @@ from .lower.lower import lower
 from .plan.data import Plan
 from .plan.planner import build_plan
 from .runtime import plan_cache
-from .runtime.kernel_cache import cached_kernel
-from .runtime.wrapper import build_callable
+from .runtime.cuda_graphs import device_seed_source, device_seeds_wanted
+from .runtime.kernel_cache import cached_kernel, load_kernels
+from .runtime.precompile import Job, job_for, precompile
+from .runtime.steps import Program
+from .runtime.wrapper import build_program, load_callable
 
 
 @dataclass
@@ -45,12 +51,14 @@ class StageTimes:
     codegen_s: float = 0.0
     compile_s: float = 0.0      # Triton compilation before the first launch (parallel pool, GPU)
     load_s: float = 0.0         # wrapper built, kernel modules imported
+    plan_cache_s: float = 0.0   # plan-cache key, lookup (and the entry read on a hit) and store
     plan_cached: bool = False   # plan and sources came from the plan cache
 
     def describe(self) -> str:
         cached = " (plan cache hit)" if self.plan_cached else ""
         return (f"lower {self.lower_s:.3f}s, plan {self.plan_s:.3f}s, codegen {self.codegen_s:.3f}s{cached}, "
-                f"load {self.load_s:.3f}s, Triton compile {self.compile_s:.3f}s")
+                f"plan cache {self.plan_cache_s:.3f}s, load {self.load_s:.3f}s, "
+                f"Triton compile {self.compile_s:.3f}s")
 
 
 @dataclass
@@ -74,43 +82,67 @@ def build_static(gm: fx.GraphModule, device: torch.device, *, cuda_graphs: bool 
     times = StageTimes()
     t0 = time.perf_counter()
     graph = lower(gm)                                                           # lower
-    times.lower_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    times.lower_s = t1 - t0
     key = plan_cache.plan_key(graph, device.type, cuda_graphs=cuda_graphs, horizontal=horizontal)
     cached = plan_cache.load(key, graph)
+    t2 = time.perf_counter()
+    times.plan_cache_s = t2 - t1
     if cached is not None:
         plan, kernels = cached
         times.plan_cached = True
         return Built(plan.graph, plan, kernels, times)
-    t1 = time.perf_counter()
     with config.override(global_barriers=config.get("global_barriers") and not cuda_graphs,
                          horizontal_fusion=config.get("horizontal_fusion") and horizontal):
         plan = build_plan(graph)                                                # plan
-    t2 = time.perf_counter()
+    t3 = time.perf_counter()
     kernels = generate_all(plan.graph, plan, _kernel_source(device.type))       # codegen
-    times.plan_s, times.codegen_s = t2 - t1, time.perf_counter() - t2
+    t4 = time.perf_counter()
+    times.plan_s, times.codegen_s = t3 - t2, t4 - t3
     plan_cache.store(key, graph, (plan, kernels))
+    times.plan_cache_s += time.perf_counter() - t4
     return Built(plan.graph, plan, kernels, times)
 
 
 def load(built: Built, device: torch.device) -> tuple[Callable, str]:
-    """The callable that runs the graph, and its wrapper's source.  On a GPU the
-    graph's distinct kernels start compiling in parallel (`precompile`); the first
-    call waits for them, so compilation overlaps with planning the next graph."""
+    """The callable that runs a graph of fixed sizes, and its wrapper's source.  Where
+    the graph may be captured in a CUDA graph, kernels read their seeds from device
+    memory."""
+    t0 = time.perf_counter()
+    seeds = device_seeds_wanted(device)
+    program = build_program(built.plan, built.kernels, device, seeds)           # wrapper steps
+    kernels = {n: device_seed_source(ks) for n, ks in built.kernels.items()} if seeds else built.kernels
+    code = program.render()
+    built.times.load_s += time.perf_counter() - t0
+    jobs = (job_for(kernels[n], built.graph) for n in built.plan.launched)
+    call = build_callable(code, program.consts, {n: ks.source for n, ks in kernels.items()}, device, built.times,
+                          jobs, program)
+    return call, code
+
+
+def build_callable(code: str, consts: dict, texts: dict[str, str], device: torch.device, times: StageTimes,
+                   jobs: Iterable[Job] = (), program: Program | None = None) -> Callable:
+    """Kernel texts and wrapper source → the callable: the one loading function of
+    static graphs (`load`) and dynamic templates (`dynamic/runner.py`).  On a GPU the
+    distinct launched kernels (`jobs`, iterated only there) start compiling in parallel
+    first; the first call waits for them, so compilation overlaps with planning the
+    next graph.  Kernels equal up to their name share one Triton function, and each
+    name gets a launcher bound at load time."""
+    t0 = time.perf_counter()
     pending = None
     if device.type == "cuda":
-        from .runtime.precompile import precompile
-        pending = precompile(built.kernels, built.graph, built.plan.launched)
-    t1 = time.perf_counter()
-    call, source = build_callable(built.plan, built.kernels, device)           # runtime
-    built.times.load_s = time.perf_counter() - t1
+        load_kernels(texts)      # the module files the pool's workers read
+        pending = precompile(jobs)
+    call = load_callable(code, consts, texts, program)                          # launchers, wrapper
+    times.load_s += time.perf_counter() - t0
     if pending is None or not pending.futures:
-        return call, source
+        return call
 
-    def first_waits(args):
+    def first_waits(*args):
         if pending.futures:
-            built.times.compile_s = pending.wait()
-        return call(args)
-    return first_waits, source
+            times.compile_s += pending.wait()
+        return call(*args)
+    return first_waits
 
 
-__all__ = ["Built", "StageTimes", "build_static", "build_plan", "build_callable", "generate_all", "load", "lower"]
+__all__ = ["Built", "StageTimes", "build_callable", "build_plan", "build_static", "generate_all", "load", "lower"]

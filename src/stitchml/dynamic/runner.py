@@ -13,20 +13,25 @@ Per call: read the sizes off the arguments, and
    kept for `explain`.
 Any failure runs that call eagerly with a warning.  So a kernel is compiled once per
 bucket, and what runs at a size is always what the static pipeline would run there.
+
+The runner calls the pipeline module itself (`pipeline.build_static` at each size,
+`pipeline.build_callable` for each new template), so a template's kernels load like a
+static graph's: compiled in parallel on a GPU, launched through launchers.
 """
 from __future__ import annotations
 
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.fx as fx
 
-from .. import config
+from .. import config, pipeline
 from ..plan.mapping import fixed_row_blocks
-from ..runtime.wrapper import build_program, load_callable
+from ..runtime.precompile import Job, job_for
+from ..runtime.wrapper import build_program
 from . import template as tpl
 from .shapes import Signature, bucket_of, concrete_graph, is_symbolic, probes, signature, tensor_args
 
@@ -78,20 +83,38 @@ def _fmt_sizes(sizes: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(sizes.items(), key=lambda t: str(t[0])))
 
 
-def sources_at(gm: fx.GraphModule, sig: Signature, values: dict, device: torch.device, build_static: Callable):
+def sources_at(gm: fx.GraphModule, sig: Signature, values: dict,
+               device: torch.device) -> tuple[pipeline.Built, tuple[dict, Any, dict]]:
     """The static pipeline at fixed sizes, as the dynamic runner uses it: the plan, and
     (kernel texts, wrapper steps, wrapper constants) for `template.build`/`matches`."""
     # no horizontal launch groups: their program-id ranges are sums of grids, which
     # no single size expression gives (global groups have a fixed grid: kept)
     with fixed_row_blocks():
-        built = build_static(concrete_graph(gm, sig, values), device, horizontal=False)
+        built = pipeline.build_static(concrete_graph(gm, sig, values), device, horizontal=False)
     program = build_program(built.plan, built.kernels, device, generic=True)
     return built, ({n: k.source for n, k in built.kernels.items()}, program, program.consts)
 
 
-def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec, build_static: Callable) -> Callable:
-    """The callable for a graph with symbolic sizes; `build_static(gm, device, ...)`
-    is the static pipeline (compiler.py)."""
+def _size_args(t: tpl.Template, name: str) -> tuple[tuple[str, int | float], ...]:
+    """(Triton type, value at the template's own sizes) of kernel `name`'s size
+    arguments `sz0, sz1, …`: one per distinct slot expression, in token order (as
+    `template.build` numbers them)."""
+    unit = t.kernels[name]
+    first: dict[str, tpl.Slot] = {}
+    for i in sorted(unit.slots):
+        first.setdefault(unit.slots[i].text, unit.slots[i])
+    args = tuple(t.sizes[s] for s in t.symbols)
+    return tuple((ty, slot.fn(*args)) for ty, slot in zip(t.size_arg_types.get(name, []), first.values()))
+
+
+def _jobs(t: tpl.Template, built: pipeline.Built) -> Iterable[Job]:
+    """The compile jobs of the kernels template `t` launches; `built` is the static
+    pipeline's output at the template's sizes (its kernels' parameters and dtypes)."""
+    return (job_for(built.kernels[name], built.graph, text, _size_args(t, name)) for name, text in t.launched.items())
+
+
+def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec) -> Callable:
+    """The callable for a graph with symbolic sizes (`rec`: the graph's `CompiledGraph`)."""
     try:
         sig = signature(gm)
     except ValueError as e:
@@ -102,7 +125,7 @@ def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec, bu
 
     def generate(values: dict):
         t0 = time.perf_counter()
-        built, sources = sources_at(gm, sig, values, device, build_static)
+        built, sources = sources_at(gm, sig, values, device)
         state.pipeline_runs += 1
         state.plan_seconds += time.perf_counter() - t0
         return built, sources
@@ -131,7 +154,8 @@ def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec, bu
                 state.refusals.append(f"{_fmt_sizes(values)}: {found}")
                 found = tpl.build(sig, points[:1], builds[:1])  # exact: no numbers move
             assert found.matches(*sources, values), "a template must reproduce the sources it was built from"
-            found.call = load_callable(found.wrapper_text, found.consts, found.kernel_texts)
+            found.call = pipeline.build_callable(found.wrapper_text, found.consts, found.kernel_texts, device,
+                                                 rec.times, _jobs(found, built))
             state.templates.setdefault(bucket, []).append(found)
         rec.wrapper_source = found.wrapper_text
         state.by_size[key] = found

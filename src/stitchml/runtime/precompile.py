@@ -24,7 +24,7 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -59,6 +59,26 @@ def shutdown() -> None:
         _POOL.pop().shutdown(wait=True, cancel_futures=True)
 
 
+def _ready() -> int:
+    """(Worker) Import what a compile job needs; the worker's pid."""
+    import importlib
+    importlib.import_module("triton.compiler")
+    time.sleep(0.2)   # hold this worker so the next probe reaches another one
+    return os.getpid()
+
+
+def start_pool() -> float:
+    """Start every worker of the pool and wait until each has imported Triton (spawned
+    workers import torch, Triton and stitchml first); the seconds it took."""
+    t0 = time.perf_counter()
+    seen: set[int] = set()
+    for _ in range(8):
+        seen |= {f.result() for f in [pool().submit(_ready) for _ in range(workers())]}
+        if len(seen) >= workers():
+            break
+    return time.perf_counter() - t0
+
+
 @dataclass(frozen=True)
 class Job:
     """One kernel to compile: where its module is, and how it is launched."""
@@ -70,8 +90,11 @@ class Job:
     maxnreg: int | None = None
 
 
-def job_for(ks: KernelSource, graph) -> Job:
-    """The compile job of kernel `ks` (whose node ids refer to `graph`)."""
+def job_for(ks: KernelSource, graph, text: str | None = None,
+            sizes: Sequence[tuple[str, int | float]] = ()) -> Job:
+    """The compile job of kernel `ks` (whose node ids refer to `graph`), as loaded from
+    `text` (default `ks.source`; a dynamic template's text has size arguments `sz0, sz1,
+    …` after the kernel's own, given as (Triton type, value at the template's sizes))."""
     types: list[Any] = []
     sig: list[tuple[str, str]] = []
     for (kind, nid), name in zip(ks.params, ks.param_names):
@@ -80,7 +103,7 @@ def job_for(ks: KernelSource, graph) -> Job:
         elif kind == "partial":
             dt = graph[nid].dtype
             dt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
-        elif kind == "counter":
+        elif kind == "counter" or (kind == "seed" and name.endswith("_ptr")):   # device-memory seed
             dt = torch.int64
         else:   # seed, base: run-time integers (not specialised on: do_not_specialize)
             types.append(7)
@@ -88,11 +111,17 @@ def job_for(ks: KernelSource, graph) -> Job:
             continue
         types.append(dt)
         sig.append((name, "*" + _TT[dt]))
+    for i, (ty, value) in enumerate(sizes):
+        # the value itself: Triton specialises integers on == 1 and % 16, so a sample
+        # number would compile a variant the launch does not use
+        types.append(value)
+        sig.append((f"sz{i}", ty))
     maxnreg = None
     if any(kind == "counter" for kind, _ in ks.params):
         from ..plan.launches import MAXNREG
         maxnreg = MAXNREG
-    return Job(str(module_path(ks.source)), tuple(types), tuple(sig), ks.num_warps, maxnreg)
+    return Job(str(module_path(text if text is not None else ks.source)), tuple(types), tuple(sig),
+               ks.num_warps, maxnreg)
 
 
 def _load_function(path: str):
@@ -129,6 +158,14 @@ def _compile_for(job: Job, arch: int) -> tuple[float, int | None]:
     return time.perf_counter() - t0, (len(cubin) if cubin else None)
 
 
+def distinct(jobs: Iterable[Job]) -> list[Job]:
+    """One job per module (kernels equal up to their name share one)."""
+    out: dict[str, Job] = {}
+    for job in jobs:
+        out.setdefault(job.path, job)
+    return list(out.values())
+
+
 def distinct_jobs(kernels: dict[str, KernelSource], graph, launched: Iterable[str] | None = None) -> list[Job]:
     """One job per distinct kernel body of a graph (their modules written).  With
     `launched` (`Plan.launched`) only those kernels: the members of a launch group run
@@ -136,11 +173,7 @@ def distinct_jobs(kernels: dict[str, KernelSource], graph, launched: Iterable[st
     if launched is not None:
         kernels = {name: kernels[name] for name in launched}
     load_kernels({name: ks.source for name, ks in kernels.items()})   # publish the module files
-    jobs: dict[str, Job] = {}
-    for ks in kernels.values():
-        job = job_for(ks, graph)
-        jobs.setdefault(job.path, job)
-    return list(jobs.values())
+    return distinct(job_for(ks, graph) for ks in kernels.values())
 
 
 class Pending:
@@ -165,30 +198,35 @@ class Pending:
         return self.waited_s
 
 
-def precompile(kernels: dict[str, KernelSource], graph, launched: Iterable[str] | None = None) -> Pending:
-    """Start compiling the graph's distinct kernels in parallel for this machine's GPU.
-    Nothing is started under the interpreter, with no pool, or for fewer than two
-    kernels not compiled yet."""
+def precompile(jobs: Iterable[Job]) -> Pending:
+    """Start compiling the distinct kernels of `jobs` in parallel for this machine's
+    GPU (their module files must be published: `kernel_cache.load_kernels`).  Nothing
+    is started under the interpreter, with no pool, or for fewer than two kernels not
+    compiled yet; `jobs` is only iterated when something may start (a generator costs
+    nothing on a CPU)."""
     from ..compiler import _interpreter_on
     if _interpreter_on() or workers() == 0 or not torch.cuda.is_available():
         return Pending()
-    jobs = [j for j in distinct_jobs(kernels, graph, launched) if j.path not in _DONE]
-    if len(jobs) < 2:
+    todo = [j for j in distinct(jobs) if j.path not in _DONE]
+    if len(todo) < 2:
         return Pending()
-    STATS["submitted"] += len(jobs)
-    return Pending([(j, pool().submit(_warm_up, j)) for j in jobs])
+    STATS["submitted"] += len(todo)
+    return Pending([(j, pool().submit(_warm_up, j)) for j in todo])
 
 
 def compile_for_target(kernels: dict[str, KernelSource], graph, arch: int = 90,
                        parallel: bool = True, launched: Iterable[str] | None = None) -> dict[str, Any]:
     """Compile a graph's distinct (launched) kernels for sm_`arch` without a GPU (Triton
-    must not be in interpreter mode in this process).  Returns timings and per-kernel verdicts."""
+    must not be in interpreter mode in this process).  Returns timings (`wall_s` from
+    the first job to the last result; `pool_start_s` before it) and per-kernel verdicts."""
     if launched is not None:
         kernels = {name: kernels[name] for name in launched}
     jobs = distinct_jobs(kernels, graph)
+    pooled = parallel and workers() > 1
+    started = start_pool() if pooled else 0.0   # reported apart: once per process, not per graph
     t0 = time.perf_counter()
     results: list[tuple[Job, Any]] = []
-    if parallel and workers() > 1:
+    if pooled:
         futures = [(j, pool().submit(_compile_for, j, arch)) for j in jobs]
         for job, fut in futures:
             try:
@@ -206,7 +244,8 @@ def compile_for_target(kernels: dict[str, KernelSource], graph, arch: int = 90,
               if isinstance(r, Exception)]
     per_kernel = [r[0] for _, r in results if not isinstance(r, Exception)]
     return {"kernels": len(kernels), "distinct": len(jobs), "wall_s": wall, "sum_s": sum(per_kernel),
-            "failed": failed, "workers": workers() if parallel else 1}
+            "pool_start_s": started, "failed": failed, "workers": workers() if pooled else 1}
 
 
-__all__ = ["Job", "Pending", "compile_for_target", "distinct_jobs", "job_for", "precompile", "shutdown", "workers"]
+__all__ = ["Job", "Pending", "compile_for_target", "distinct", "distinct_jobs", "job_for", "precompile", "shutdown",
+           "start_pool", "workers"]

@@ -114,7 +114,6 @@ def check_dynamic(fn, *inputs, arch: int = 90, device: str = "H100") -> list[Aot
     from triton.compiler import ASTSource
 
     from ..capture.decomp import decomposition_table
-    from ..compiler import build_static
     from ..dynamic import template as tpl
     from ..dynamic.runner import sources_at
     from ..dynamic.shapes import probes, signature
@@ -129,7 +128,7 @@ def check_dynamic(fn, *inputs, arch: int = 90, device: str = "H100") -> list[Aot
     builds, first = [], None
     with config.override(device=device):
         for p in points:
-            built, sources = sources_at(gm, sig, p, cuda, build_static)
+            built, sources = sources_at(gm, sig, p, cuda)
             builds.append(sources)
             first = first or built
     t = tpl.build(sig, points, builds)

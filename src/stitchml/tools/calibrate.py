@@ -5,7 +5,12 @@ the cache dir), so that the model's figures are measured, not typed in.
 Measured (CUDA events, median of many runs, buffers far larger than L2):
 - copy bandwidth per access pattern (contiguous, transposed read, broadcast read,
   row gather) and dtype (fp32, bf16), bytes read + written per second;
-- launch cost: time per launch of an empty Triton kernel launched back to back;
+- launch overhead (issue 12): host microseconds per launch of one small stitched
+  pointwise kernel through stitchml's `Launcher` exactly as its wrapper launches it,
+  of the same kernel through Triton's JIT dispatch, and of Inductor's kernel for the
+  same function through the `CachingAutotuner.run` its generated code calls (and
+  through the launcher that holds); each compiled function's whole call for context.
+  The stitched kernel's time per launch is the cost model's launch cost;
 - grid-barrier cost: a persistent grid (the size the global scheme uses) passing
   through 1 and through 33 barriers, the difference over 32;
 - atomics: an atomic add against a plain store of the same scattered elements, the
@@ -18,9 +23,12 @@ Nothing here runs without a CUDA GPU: `calibrate()` returns None and the table s
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
+import sys
+import time
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -78,7 +86,174 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 # --------------------------------------------------------------------------- launches, barriers, atomics
 
+# launch overhead: the wrapper's launch through stitchml's Launcher, Triton's JIT, Inductor
+
+LAUNCH_NUMEL = 4096   # one small block of work: the launch, not the kernel, is measured
+
+
+@contextlib.contextmanager
+def recording(cls: type, method: str) -> Iterator[list[tuple[Any, tuple, dict]]]:
+    """Every call of `cls.method` during the block, as (instance, args, kwargs)."""
+    own = method in vars(cls)
+    original = getattr(cls, method)
+    seen: list[tuple[Any, tuple, dict]] = []
+
+    def record(self, *args, **kwargs):
+        seen.append((self, args, kwargs))
+        return original(self, *args, **kwargs)
+
+    setattr(cls, method, record)
+    try:
+        yield seen
+    finally:
+        if own:
+            setattr(cls, method, original)
+        else:
+            delattr(cls, method)
+
+
+def per_launch(launch: Callable[[], Any], sync: Callable[[], Any], launches: int = 2000,
+               rounds: int = 5) -> dict[str, Any]:
+    """Microseconds per launch of `launch()` called `launches` times back to back:
+    `host_us` up to the last call returning (what the host spends issuing it),
+    `wall_us` until the device has finished them all; medians over `rounds`."""
+    launch()   # first launch: compiles or binds; not timed
+    sync()
+    host, wall = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(launches):
+            launch()
+        t1 = time.perf_counter()
+        sync()
+        t2 = time.perf_counter()
+        host.append((t1 - t0) / launches * 1e6)
+        wall.append((t2 - t0) / launches * 1e6)
+    return {"host_us": statistics.median(host), "wall_us": statistics.median(wall), "launches": launches,
+            "rounds": rounds}
+
+
+def _stitch_fn(x):
+    return x * 2.0 + 1.0
+
+
+def _inductor_fn(x):   # (the same function, its own code object: one compiled entry per backend)
+    return x * 2.0 + 1.0
+
+
+def stitched_launch(device: torch.device, numel: int = LAUNCH_NUMEL) -> tuple[Any, tuple, tuple, dict, Callable]:
+    """`_stitch_fn` compiled by the stitch backend (no CUDA graphs) and called once:
+    the launch its wrapper made, as (launcher, grid, args, options), and the call."""
+    from ..capture.backend import StitchBackend
+    from ..runtime.launcher import Launcher
+    backend = StitchBackend()
+    x = torch.randn(numel, device=device)
+    compiled = torch.compile(_stitch_fn, backend=backend)
+    with config.override(cuda_graphs=False), torch.no_grad(), recording(Launcher, "launch") as seen:
+        compiled(x)
+    if not seen:
+        reasons = "; ".join(r.eager_reason or "no kernel" for r in backend.records) or "nothing compiled"
+        raise RuntimeError(f"the stitched function launched no kernel ({reasons})")
+    launcher, (grid, args, options), _ = seen[-1]
+    return launcher, grid, args, options, lambda: compiled(x)
+
+
+def inductor_launch(device: torch.device, numel: int = LAUNCH_NUMEL) -> tuple[Any, tuple, dict, Callable]:
+    """`_inductor_fn` compiled by Inductor and called once: the kernel launch its
+    generated code made, as (CachingAutotuner, args, kwargs), and the call."""
+    if device.type != "cuda":
+        raise RuntimeError(f"Inductor generates C++ for {device.type} tensors: no Triton launcher to time")
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    x = torch.randn(numel, device=device)
+    compiled = torch.compile(_inductor_fn, backend="inductor")
+    with torch.no_grad(), recording(CachingAutotuner, "run") as seen:
+        compiled(x)
+    if not seen:
+        raise RuntimeError("Inductor's code launched no kernel through CachingAutotuner.run")
+    tuner, args, kwargs = seen[-1]
+    return tuner, args, kwargs, lambda: compiled(x)
+
+
+def _guarded(out: dict, name: str, measure: Callable[[], dict]) -> None:
+    try:
+        out[name] = measure()
+    except Exception as e:   # a missing or changed piece is reported, never fatal
+        out[name] = {"unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
+
+
+def measure_launch_overheads(device: str | torch.device = "cuda", launches: int = 2000,
+                             rounds: int = 5) -> dict[str, dict[str, Any]]:
+    """Launch overhead of one small pointwise kernel, per way of launching it:
+    `stitch_launcher` (stitchml's Launcher, the wrapper's call shape), `triton_jit`
+    (the same kernel through `JITFunction.run`), `inductor_run` (Inductor's kernel for
+    the same function through `CachingAutotuner.run`, what its generated code calls),
+    `inductor_launcher` (the launcher that run ends in), and each backend's whole
+    compiled call (`stitch_call`, `inductor_call`: guards, allocation, launch).  Each is
+    `per_launch`'s figures, or {"unavailable": reason}."""
+    device = torch.device(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    out: dict[str, dict[str, Any]] = {}
+    torch._dynamo.reset()
+    try:
+        launcher, grid, args, options, call = stitched_launch(device)
+    except Exception as e:
+        why = {"unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
+        out.update(stitch_launcher=why, triton_jit=why, stitch_call=why)
+    else:
+        def through_launcher():
+            r = per_launch(lambda: launcher[grid](*args, **options), sync, launches, rounds)
+            return {**r, "direct": bool(launcher.bound), "grid": list(grid), "options": options}
+        _guarded(out, "stitch_launcher", through_launcher)
+        _guarded(out, "triton_jit", lambda: per_launch(lambda: launcher.fn[grid](*args, **options), sync,
+                                                       launches, rounds))
+        with torch.no_grad():
+            _guarded(out, "stitch_call", lambda: per_launch(call, sync, launches, rounds))
+    try:
+        tuner, targs, tkwargs, icall = inductor_launch(device)
+    except Exception as e:
+        why = {"unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
+        out.update(inductor_run=why, inductor_launcher=why, inductor_call=why)
+    else:
+        _guarded(out, "inductor_run", lambda: {**per_launch(lambda: tuner.run(*targs, **tkwargs), sync, launches,
+                                                            rounds), "kernel": type(tuner).__name__})
+
+        def through_its_launcher():
+            found = list(getattr(tuner, "launchers", None) or [])
+            if len(found) != 1:
+                raise RuntimeError(f"{len(found)} launchers after the first run (expected one)")
+            fn = found[0]
+            kind = getattr(fn, "__qualname__", type(fn).__name__)
+            return {**per_launch(lambda: fn(*targs, **tkwargs), sync, launches, rounds), "kernel": kind}
+        _guarded(out, "inductor_launcher", through_its_launcher)
+        with torch.no_grad():
+            _guarded(out, "inductor_call", lambda: per_launch(icall, sync, launches, rounds))
+    return out
+
+
+LAUNCH_LABELS = (("stitch_launcher", "stitched kernel, stitchml Launcher (the wrapper's launch)"),
+                 ("triton_jit", "same kernel, Triton JIT dispatch"),
+                 ("inductor_run", "Inductor's kernel, CachingAutotuner.run (its generated code's launch)"),
+                 ("inductor_launcher", "Inductor's kernel, the launcher run ends in"),
+                 ("stitch_call", "stitch-compiled function, whole call"),
+                 ("inductor_call", "Inductor-compiled function, whole call"))
+
+
+def describe_launch_overheads(res: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["launch overhead, microseconds per launch (host: issuing it; wall: until the device finished):"]
+    for key, label in LAUNCH_LABELS:
+        r = res.get(key, {"unavailable": "not measured"})
+        if "unavailable" in r:
+            lines.append(f"  {label}: unavailable: {r['unavailable']}")
+            continue
+        extra = "" if "direct" not in r else (" (direct path bound)" if r["direct"] else
+                                              " (direct path NOT bound: this is the JIT path)")
+        lines.append(f"  {label}: {r['host_us']:.2f} host, {r['wall_us']:.2f} wall{extra}")
+    return lines
+
+
 def measure_launch(reps: int = 200) -> float:
+    """Seconds per launch of an empty Triton kernel launched back to back through the
+    JIT (CUDA events): the launch cost when the stitched measurement is unavailable."""
     import triton
 
     @triton.jit
@@ -238,7 +413,10 @@ def calibrate() -> Device | None:
     from ..plan.launches import wave_capacity
     base = DEVICES[current_device().name]   # table entry: a new calibration starts from it
     copies = {p: {d: measure_copy(p, t) for d, t in DTYPES.items()} for p in PATTERNS}
-    dev = replace(base, bandwidth=copies["contiguous"]["fp32"], launch_s=measure_launch(), source="calibrated")
+    overheads = measure_launch_overheads("cuda")
+    ours = overheads["stitch_launcher"]
+    launch_s = ours["wall_us"] * 1e-6 if "wall_us" in ours else measure_launch()
+    dev = replace(base, bandwidth=copies["contiguous"]["fp32"], launch_s=launch_s, source="calibrated")
     dev = replace(dev, barrier_s=measure_barrier(wave_capacity(dev, 4)), atomic_s=measure_atomics())
     forms = measure_forms(dev)
     glob = measure_global(dev)
@@ -246,12 +424,26 @@ def calibrate() -> Device | None:
     eff["global"] = min(v["efficiency"] for v in glob.values())   # the worse pattern decides
     dev = replace(dev, form_efficiency=tuple(sorted(eff.items())))
     measurements = {"gpu": torch.cuda.get_device_name(), "copy_bandwidth": copies, "launch_s": dev.launch_s,
+                    "launch_s_from": "stitch_launcher" if "wall_us" in ours else "empty kernel, Triton JIT",
+                    "launch_overhead": overheads,
                     "barrier_s": dev.barrier_s, "atomic_s": dev.atomic_s, "forms": forms, "global_scheme": glob}
     path = save_calibration(dev, measurements)
     return replace(dev, calibration_file=str(path))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """`stitchml calibrate`; `--launch-only`: measure and print the launch overheads,
+    store nothing."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="stitchml calibrate")
+    ap.add_argument("--launch-only", action="store_true")
+    args = ap.parse_args(argv or [])
+    if args.launch_only:
+        if not torch.cuda.is_available():
+            print("no CUDA GPU: launch overheads need one")
+            return 0
+        print("\n".join(describe_launch_overheads(measure_launch_overheads("cuda"))))
+        return 0
     dev = calibrate()
     if dev is None:
         known = ", ".join(DEVICES)
@@ -260,5 +452,13 @@ def main() -> int:
     print(f"{dev.name}: copy bandwidth {dev.bandwidth / 1e12:.2f} TB/s, launch {dev.launch_s * 1e6:.2f} us, "
           f"grid barrier {dev.barrier_s * 1e6:.2f} us, atomic add {dev.atomic_s * 1e12:.2f} ps/element")
     print("form efficiency: " + ", ".join(f"{f} {e:.2f}" for f, e in dev.form_efficiency))
+    import json
+    from pathlib import Path
+    stored = json.loads(Path(dev.calibration_file).read_text())
+    print("\n".join(describe_launch_overheads(stored["measurements"]["launch_overhead"])))
     print(f"stored: {describe_source(dev)}; the cost model uses these figures from now on")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,31 @@
+"""Compile time on this machine (issue 14): lowering + planning + code generation of
+BERT-base training graphs, cold and with a warm cache, each in a fresh process
+(`python -m stitchml.tools.compile_time`, which measures all 12 layers; here 2, with
+the bound scaled per layer so that it means something on 2 cores in under a minute)."""
+from stitchml.tools import compile_time
+
+LAYERS = 2
+
+
+def _measure() -> dict:
+    result = compile_time.measure(layers=LAYERS)
+    if any("source changed" in p for p in result["problems"]):   # another checkout edit between the runs
+        result = compile_time.measure(layers=LAYERS)
+    return result
+
+
+def test_bert_base_training_plans_and_generates_within_the_bounds():
+    result = _measure()
+    cold, warm = result["cold"], result["warm"]
+    assert not result["problems"], result["problems"]
+    assert [g["kind"] for g in cold["graphs"]] == ["forward", "backward"]
+    assert not any(g["plan_cached"] for g in cold["graphs"]) and cold["plan_cache"]["stored"] == 2
+    assert cold["kernel_cache"]["generated"] > 0 and cold["launched"] > 0
+    # the warm process lowers and reads the plan cache; it plans and generates nothing
+    assert all(g["plan_cached"] and g["plan_s"] == 0 and g["codegen_s"] == 0 for g in warm["graphs"])
+    assert warm["kernel_cache"]["generated"] == 0 and all(g["lower_s"] > 0 for g in warm["graphs"])
+    # CPU seconds: the 2 cores are shared with other work, which stretches wall time
+    bound = compile_time.COLD_BOUND_S * LAYERS / 12
+    assert cold["cpu_s"] <= bound, "\n".join(compile_time.report(result))
+    assert warm["cpu_s"] <= cold["cpu_s"] / 3, "\n".join(compile_time.report(result))
+    assert "(bound 2.0 s: wall " in "\n".join(compile_time.report(result))
