@@ -100,3 +100,22 @@ def test_only_an_index_mismatch_is_a_planning_verdict(monkeypatch):
     g = graph_of(lambda x: torch.softmax(x * 2, -1), torch.randn(8, 40))
     with pytest.raises(NotImplementedError, match="no Triton expression"):
         planner.build_plan(g)
+
+
+def test_combine_reduces_partial_rows_in_wide_steps():
+    """Column partials (one row per producer program) are combined in tiles of
+    partial rows, not one dependent load per row; the masked tail is exercised."""
+    x, b = torch.randn(2000, 48), torch.randn(48)
+
+    def f(x, b):
+        return (torch.relu(x) * b).sum(0), torch.exp(x).amax(0)
+    with config.override(device="H100", block_elems=512):   # 250 producer programs, steps of 8
+        plan = plan_of(f, x, b)
+        (comb,) = [k for k in plan.kernels if k.mapping.form == "combine"]
+        producer = next(k for k in plan.kernels if k.name == comb.combine_of)
+        rows = producer.mapping.grid
+        assert rows > comb.mapping.block_r > 1 and rows % comb.mapping.block_r   # several steps, a tail
+        src = generate(plan.graph, comb).source
+        assert f"for r in range(0, {rows}, {comb.mapping.block_r})" in src
+        c = compare_with_eager(f, [x, b], backward=False)
+    assert c.num_kernels <= 2

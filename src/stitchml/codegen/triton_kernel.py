@@ -128,10 +128,14 @@ def generate(g: ir.Graph, k: KernelPlan) -> KernelSource:
 
 
 def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
-    """Reduce the (programs x cols) partials of column reductions into their outputs."""
+    """Reduce the (programs x cols) partials of column reductions into their outputs.
+    Each program owns `block_c` columns and reads `block_r` partial rows per step, so
+    the partial rows are combined in a few wide steps rather than one load after
+    another (a latency-bound chain of 2 x SMs dependent loads)."""
     rows = k.domain.shape[0]
-    bc = k.mapping.block_c
-    lines = [f"c = tl.program_id(0) * {bc} + tl.arange(0, {bc})"]
+    br, bc = k.mapping.block_r, k.mapping.block_c
+    lines = [f"c = tl.program_id(0) * {bc} + tl.arange(0, {bc})",
+             f"p = tl.arange(0, {br})[:, None]"]
     params, names = [], []
     for i, nid in enumerate(k.outputs):
         n = g[nid]
@@ -140,12 +144,15 @@ def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
         ident = reduce_identity(n.op, cd)
         combine = REDUCE_COMBINE[n.op]
         off = ix.offset(ix.unravel(ix.var("c", cols, ROW), n.shape), n.stride)
-        store = store_expr(f"acc{i}", n.dtype)
+        store = store_expr(f"red{i}", n.dtype)
+        reduced = f"tl.sum(acc{i}, 0)" if n.op == "sum" else f"tl.reduce(acc{i}, 0, {combine})"
         lines += [
             f"cmask{i} = c < {cols}",
-            f"acc{i} = tl.full([{bc}], {ident}, {TL_DTYPE[cd]})",
-            f"for r in range({rows}):",
-            f"    acc{i} = {combine}(acc{i}, tl.load(part{i} + r * {cols} + c, mask=cmask{i}, other={ident}))",
+            f"acc{i} = tl.full([{br}, {bc}], {ident}, {TL_DTYPE[cd]})",
+            f"for r in range(0, {rows}, {br}):",
+            f"    acc{i} = {combine}(acc{i}, tl.load(part{i} + (r + p) * {cols} + c[None, :], "
+            f"mask=cmask{i}[None, :] & (r + p < {rows}), other={ident}))",
+            f"red{i} = {reduced}",
             # a one-element output has a constant offset: keep the pointer a block (c * 0)
             f"tl.store(out{i} + {ix.render(off) if ix.axes(off) else f'(c * 0 + {ix.render(off)})'}, "
             f"{store}, mask=cmask{i})",

@@ -67,6 +67,16 @@ def choose(domain: Domain, partials: bool = False) -> Mapping:
     return Mapping("row_looped", 1, bc, _warps(bc), rows)
 
 
+def combine_mapping(rows: int, cols: int) -> Mapping:
+    """The combine of column partials (rows = programs that wrote partials): narrow
+    column tiles so several programs share the work, and tiles of partial rows so the
+    rows are reduced in a few wide steps instead of a chain of dependent loads."""
+    bc = min(next_pow2(cols), 32 if next_pow2(cols) >= 512 else 128)   # (a function of the size bucket)
+    cap = max(1, config.get("block_elems") // bc)
+    br = cap if _FIXED_ROW_BLOCKS else min(next_pow2(rows), cap)   # rows follow the sizes: not a block shape then
+    return Mapping("combine", br, bc, _warps(br * bc), -(-cols // bc))
+
+
 def _partial_programs() -> int:
     # two programs per SM keep DRAM busy while bounding the partial buffer (and so the
     # combine's reads) to 2*SMs rows

@@ -113,9 +113,8 @@ def _combine(name: str, k: KernelPlan, g: ir.Graph) -> KernelPlan:
     """One launch that reduces the per-program partials of all of `k`'s column
     reductions (sum, max, min or prod over the programs axis)."""
     cols = max(g[n].numel for n in k.partials)
-    bc = min(mapping_rules.next_pow2(cols), 128)  # narrow tiles: more programs share the combine
-    mp = mapping_rules.Mapping("combine", 1, bc, 4, -(-cols // bc))
     rows = k.mapping.grid
+    mp = mapping_rules.combine_mapping(rows, cols)
     kp = KernelPlan(name, k.partials, k.partials, (), Domain((rows, cols), (1,)), mp, "combine", k.partials, (),
                     combine_of=k.name)
     kp.bytes_read = sum(rows * g[n].numel * 4 for n in k.partials)
