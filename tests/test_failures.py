@@ -102,11 +102,11 @@ def test_backward_graph_failure_leaves_forward_compiled(monkeypatch):
     real = stitchml.pipeline.build_plan
     calls = []
 
-    def second_fails(graph):
+    def second_fails(graph, options=None):
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError("injected plan failure")
-        return real(graph)
+        return real(graph, options)
 
     monkeypatch.setattr(stitchml.pipeline, "build_plan", second_fails)
     x = torch.randn(6, 10, requires_grad=True)

@@ -110,7 +110,7 @@ def test_a_wrong_kernel_fails_the_case(monkeypatch):
 
 
 def test_reducer_shrinks_a_failing_program(monkeypatch):
-    monkeypatch.setattr(stitchml.pipeline, "build_plan", lambda g: (_ for _ in ()).throw(RuntimeError("injected")))
+    monkeypatch.setattr(stitchml.pipeline, "build_plan", lambda g, o=None: (_ for _ in ()).throw(RuntimeError("injected")))
     prog = next(p for p in map(lambda s: fuzz.generate(s, "ci"), range(100)) if p.num_ops >= 6)
     small, r = fuzz.reduce_program(prog, budget=40)
     assert r.status == "fail" and small.num_ops < prog.num_ops and len(small.outputs) == 1

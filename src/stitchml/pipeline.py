@@ -33,6 +33,7 @@ from .codegen.kernel_source import KernelSource
 from .ir.nodes import Graph
 from .lower.lower import lower
 from .plan.data import Plan
+from .plan.options import PlanOptions
 from .plan.planner import build_plan
 from .runtime import plan_cache
 from .runtime.cuda_graphs import device_seed_source, device_seeds_wanted
@@ -77,14 +78,19 @@ def _kernel_source(device_kind: str) -> Callable:
 
 
 def build_static(gm: fx.GraphModule, device: torch.device, *, cuda_graphs: bool = False,
-                 horizontal: bool = True) -> Built:
-    """lower → plan → codegen for a graph whose sizes are all known."""
+                 horizontal: bool = True, fixed_row_blocks: bool = False) -> Built:
+    """lower → plan → codegen for a graph whose sizes are all known.  `cuda_graphs`:
+    no barrier launches; `horizontal=False`: no horizontal launch groups;
+    `fixed_row_blocks`: row blocks independent of the row count (dynamic templates)."""
     times = StageTimes()
     t0 = time.perf_counter()
     graph = lower(gm)                                                           # lower
     t1 = time.perf_counter()
     times.lower_s = t1 - t0
-    key = plan_cache.plan_key(graph, device.type, cuda_graphs=cuda_graphs, horizontal=horizontal)
+    opts = PlanOptions.from_config(global_barriers=config.get("global_barriers") and not cuda_graphs,
+                                   horizontal_fusion=config.get("horizontal_fusion") and horizontal,
+                                   fixed_row_blocks=fixed_row_blocks)
+    key = plan_cache.plan_key(graph, device.type, opts)
     cached = plan_cache.load(key, graph)
     t2 = time.perf_counter()
     times.plan_cache_s = t2 - t1
@@ -92,9 +98,7 @@ def build_static(gm: fx.GraphModule, device: torch.device, *, cuda_graphs: bool 
         plan, kernels = cached
         times.plan_cached = True
         return Built(plan.graph, plan, kernels, times)
-    with config.override(global_barriers=config.get("global_barriers") and not cuda_graphs,
-                         horizontal_fusion=config.get("horizontal_fusion") and horizontal):
-        plan = build_plan(graph)                                                # plan
+    plan = build_plan(graph, opts)                                              # plan
     t3 = time.perf_counter()
     kernels = generate_all(plan.graph, plan, _kernel_source(device.type))       # codegen
     t4 = time.perf_counter()

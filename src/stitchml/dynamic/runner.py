@@ -29,7 +29,6 @@ import torch
 import torch.fx as fx
 
 from .. import config, pipeline
-from ..plan.mapping import fixed_row_blocks
 from ..runtime.precompile import Job, job_for
 from ..runtime.wrapper import build_program
 from . import template as tpl
@@ -89,8 +88,7 @@ def sources_at(gm: fx.GraphModule, sig: Signature, values: dict,
     (kernel texts, wrapper steps, wrapper constants) for `template.build`/`matches`."""
     # no horizontal launch groups: their program-id ranges are sums of grids, which
     # no single size expression gives (global groups have a fixed grid: kept)
-    with fixed_row_blocks():
-        built = pipeline.build_static(concrete_graph(gm, sig, values), device, horizontal=False)
+    built = pipeline.build_static(concrete_graph(gm, sig, values), device, horizontal=False, fixed_row_blocks=True)
     program = build_program(built.plan, built.kernels, device, generic=True)
     return built, ({n: k.source for n, k in built.kernels.items()}, program, program.consts)
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import config
 
 from ..ir import nodes as ir
 from .data import Domain, Refusal
+from .mapping import fits_on_chip
+from .options import PlanOptions
 from .graph_view import EXPENSIVE, GraphView, is_free, is_member
 
 
@@ -28,11 +29,12 @@ class Group:
 
 
 class Grouper:
-    def __init__(self, gv: GraphView, forbidden: frozenset = frozenset()):
+    def __init__(self, gv: GraphView, opts: PlanOptions, forbidden: frozenset = frozenset()):
         # pairs of dominant ops whose kernels must stay apart, and singletons: dominant
         # ops that must not absorb an element-wise consumer group (a dry
         # run of code generation showed their index spaces do not line up)
         self.forbidden = forbidden
+        self.opts = opts
         self.gv = gv
         self.g = gv.g
         self.group_of: dict[int, Group] = {}
@@ -43,7 +45,7 @@ class Grouper:
     def _new_group(self, n: ir.Node) -> Group:
         if n.kind == ir.REDUCE:
             src = self.g[n.refs[0]]
-            if is_column_reduce(n, src):
+            if is_column_reduce(n, src, self.opts):
                 kept = tuple(range(len(n.attr("dims")), len(src.shape)))
                 grp = Group(self._next, {n.id}, Domain(src.shape, kept), (n.id,), True, {n.id})
             else:
@@ -91,7 +93,7 @@ class Grouper:
                 if self._creates_cycle(a, b):
                     continue
                 keep, gone = (a, b) if len(a.members) >= len(b.members) else (b, a)
-                if (a.cross or b.cross) and not _fits_on_chip(a.domain.cols):
+                if (a.cross or b.cross) and not fits_on_chip(a.domain.cols, self.opts):
                     continue
                 keep.members |= gone.members
                 keep.dominant = tuple(sorted(set(a.dominant) | set(b.dominant)))
@@ -149,7 +151,7 @@ class Grouper:
             return None, f"shape mismatch: {da.shape} vs {db.shape}"
         if not da.is_flat and not db.is_flat:
             if (da.rows, da.cols) == (db.rows, db.cols):
-                if (a.cross or b.cross) and not _fits_on_chip(da.cols):
+                if (a.cross or b.cross) and not fits_on_chip(da.cols, self.opts):
                     return None, "row and column reductions together need whole rows on chip"
                 if a.cross and not b.cross and b.rowwise:
                     return db, None  # keep the row reduction's geometry
@@ -233,15 +235,10 @@ def _numel(d: Domain) -> int:
     return d.rows * d.cols
 
 
-def _fits_on_chip(cols: int) -> bool:
-    from .mapping import next_pow2
-    return next_pow2(cols) <= config.get("persistent_max_cols")
-
-
-def is_column_reduce(n: ir.Node, src: ir.Node) -> bool:
+def is_column_reduce(n: ir.Node, src: ir.Node, opts: PlanOptions) -> bool:
     """Reduces leading dims and keeps trailing ones that fit on chip (bias gradients,
     dγ/dβ): computed as per-program partials over row blocks, then combined."""
     dims = n.attr("dims")
     nd = len(src.shape)
     return (n.op in ir.COMBINABLE_REDUCES and 0 < len(dims) < nd and dims == tuple(range(len(dims)))
-            and _fits_on_chip(n.numel))
+            and fits_on_chip(n.numel, opts))

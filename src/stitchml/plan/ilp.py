@@ -30,11 +30,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .. import config
 from .cost import group_seconds, predict_seconds
 from .data import KernelPlan, LaunchGroup, Plan
 from .devices import Device
 from .launches import form_groups, wave_capacity
+from .options import PlanOptions
 
 MAX_SEGMENT = 8
 
@@ -86,23 +86,24 @@ def _depends(k: KernelPlan, earlier: list[KernelPlan]) -> bool:
     return bool(set(k.inputs) & produced) or any(k.combine_of == e.name for e in earlier)
 
 
-def search(plan: Plan, dev: Device) -> SearchReport:
+def search(plan: Plan, opts: PlanOptions) -> SearchReport:
     """Choose plan.groups by ILP (falls back to the rules); returns what happened."""
-    form_groups(plan, dev)
+    dev = opts.device
+    form_groups(plan, opts)
     rule_groups = list(plan.groups)
     rule_s = plan.predicted_s
-    if not config.get("ilp") or config.get("plan_search") == "rules":
+    if not opts.ilp or opts.plan_search == "rules":
         return SearchReport("rules", rule_s, rule_s, note="ILP disabled (plan_search=rules)"
-                            if config.get("plan_search") == "rules" else "ILP disabled")
+                            if opts.plan_search == "rules" else "ILP disabled")
     t0 = time.perf_counter()
-    cap = config.get("ilp_time_limit")
+    cap = opts.ilp_time_limit
     groups: list[LaunchGroup] = []
     nvars, worst_gap, notes, results = 0, 0.0, [], []
     for region in _regions(plan):
         names = {k.name for k in region}
         mine = [g for g in rule_groups if set(g.members) <= names]
         rule_r = _region_seconds(region, mine)
-        chosen, gap, ok = _solve_region(region, dev, cap)
+        chosen, gap, ok = _solve_region(region, opts, cap)
         nvars += len(region) - 1
         worst_gap = max(worst_gap, gap)
         label = f"{region[0].name}..{region[-1].name}"
@@ -138,17 +139,18 @@ def _describe(groups: list[LaunchGroup]) -> str:
     return ", ".join(f"{g.kind} {'+'.join(g.members)}" for g in groups) or "separate launches"
 
 
-def _join_value(region: list[KernelPlan], j: int, dev: Device) -> tuple[float, str]:
+def _join_value(region: list[KernelPlan], j: int, opts: PlanOptions) -> tuple[float, str]:
+    dev = opts.device
     a, b = region[j], region[j + 1]
     dep = _depends(b, region[: j + 1])
     if dep:
-        if not config.get("global_barriers"):
+        if not opts.global_barriers:
             return 0.0, "none"
         # a calibrated global-scheme efficiency below 1 costs memory time too (counted for
         # both kernels of every join: conservative; the plan is re-priced exactly after)
         slow = (1.0 / dev.efficiency("global") - 1.0) * sum(predict_seconds(k, dev) - dev.launch_s for k in (a, b))
         return dev.launch_s - dev.barrier_s - slow, "global"
-    if not config.get("horizontal_fusion"):
+    if not opts.horizontal_fusion:
         return 0.0, "none"
     launch_bound = all(predict_seconds(k, dev) - dev.launch_s <= 2 * dev.launch_s for k in (a, b))
     if not launch_bound or a.partials or b.partials or a.combine_of or b.combine_of:
@@ -156,10 +158,10 @@ def _join_value(region: list[KernelPlan], j: int, dev: Device) -> tuple[float, s
     return dev.launch_s, "horizontal"
 
 
-def _solve_region(region: list[KernelPlan], dev: Device, cap: float):
+def _solve_region(region: list[KernelPlan], opts: PlanOptions, cap: float):
     from scipy.optimize import Bounds, LinearConstraint, milp
     n = len(region) - 1
-    values, kinds = zip(*(_join_value(region, j, dev) for j in range(n)))
+    values, kinds = zip(*(_join_value(region, j, opts) for j in range(n)))
     c = -np.array(values)                                  # maximise saved time
     upper = np.array([1.0 if k != "none" and v > 0 else 0.0 for v, k in zip(values, kinds)])
     rows, lo, hi = [], [], []

@@ -8,10 +8,10 @@
 """
 from __future__ import annotations
 
-from .. import config
 from .cost import group_seconds, predict_seconds
 from .data import KernelPlan, LaunchGroup, Plan
-from .devices import Device, current_device
+from .devices import Device
+from .options import PlanOptions
 
 HORIZONTAL_MAX = 8
 MAXNREG = 128  # register cap passed to persistent (barrier) launches on CUDA
@@ -34,12 +34,11 @@ def _mem_s(k: KernelPlan, dev: Device) -> float:
     return predict_seconds(k, dev) - dev.launch_s
 
 
-def form_groups(plan: Plan, dev: Device | None = None) -> None:
-    dev = dev or current_device()
-    if config.get("global_barriers"):
-        _global(plan, dev)
-    if config.get("horizontal_fusion"):
-        _horizontal(plan, dev)
+def form_groups(plan: Plan, opts: PlanOptions) -> None:
+    if opts.global_barriers:
+        _global(plan, opts.device)
+    if opts.horizontal_fusion:
+        _horizontal(plan, opts.device)
 
 
 def _global(plan: Plan, dev: Device) -> None:

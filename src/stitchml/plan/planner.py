@@ -12,25 +12,26 @@ from .cost import kernel_bytes, predict_seconds, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, is_free
 from .grouping import Grouper, Group
-from .devices import current_device
+from .options import PlanOptions
 from .ilp import search
 from .split import split_long_rows
 
 
-def build_plan(g: ir.Graph) -> Plan:
-    """Plan a lowered graph; the plan's `graph` may be a rewritten copy (dead nodes
-    dropped, long rows split)."""
-    g = split_long_rows(eliminate_dead(g), current_device())
+def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
+    """Plan a lowered graph under `options` (default: the knobs' current values); the
+    plan's `graph` may be a rewritten copy (dead nodes dropped, long rows split)."""
+    opts = options or PlanOptions.from_config()
+    g = split_long_rows(eliminate_dead(g), opts)
     gv = GraphView(g)
     # What dry runs of code generation taught us: a pair {x, y} keeps the kernels of
     # dominant ops x and y apart; a singleton {d} keeps d's kernel from absorbing
     # consumers that read it through a reordering index map.
     forbidden: frozenset = frozenset()
     while True:
-        plan = _plan_once(g, gv, forbidden)
+        plan = _plan_once(g, gv, forbidden, opts)
         bad = _invalid_kernel(g, plan)
         if bad is None:
-            plan.search = search(plan, current_device())
+            plan.search = search(plan, opts)
             return plan
         learned = {frozenset((x, y)) for x in bad.dominant for y in bad.dominant if x != y}
         if not learned or learned <= forbidden:
@@ -54,8 +55,8 @@ def _invalid_kernel(g: ir.Graph, plan: Plan) -> KernelPlan | None:
     return None
 
 
-def _plan_once(g: ir.Graph, gv: GraphView, forbidden: frozenset) -> Plan:
-    grouper = Grouper(gv, forbidden)
+def _plan_once(g: ir.Graph, gv: GraphView, forbidden: frozenset, opts: PlanOptions) -> Plan:
+    grouper = Grouper(gv, opts, forbidden)
     groups = grouper.run()
     plan = Plan(graph=g, refusals=grouper.refusals)
     group_of = {m: grp for grp in groups for m in grp.members}
@@ -70,11 +71,11 @@ def _plan_once(g: ir.Graph, gv: GraphView, forbidden: frozenset) -> Plan:
     kcount = 0
     for unit in units:
         if isinstance(unit, Group):
-            k = _kernel(f"k{kcount}", unit, g, gv, plan.materialized)
+            k = _kernel(f"k{kcount}", unit, g, gv, plan.materialized, opts)
             plan.steps.append(k)
             kcount += 1
             if k.partials:
-                plan.steps.append(_combine(f"k{kcount}", k, g))
+                plan.steps.append(_combine(f"k{kcount}", k, g, opts))
                 kcount += 1
         else:
             n = g[unit]
@@ -83,7 +84,8 @@ def _plan_once(g: ir.Graph, gv: GraphView, forbidden: frozenset) -> Plan:
     return plan
 
 
-def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set[int]) -> KernelPlan:
+def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set[int],
+            opts: PlanOptions) -> KernelPlan:
     members = tuple(sorted(grp.members))
     outputs = tuple(m for m in members if m in materialized)
     inputs: dict[int, None] = {}
@@ -99,27 +101,27 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
                 stitches.append((s, m, scheme))
     scatter = any(g[m].kind == ir.SCATTER_ADD for m in members)
     partials = tuple(sorted(grp.cross))
-    mp = mapping_rules.choose(grp.domain, partials=bool(partials))
+    mp = mapping_rules.choose(grp.domain, opts, partials=bool(partials))
     scheme = "scatter" if scatter else ("regional" if any(s[2] == "regional" for s in stitches) else "local")
     kp = KernelPlan(name, members, outputs, tuple(inputs), grp.domain, mp, scheme, grp.dominant,
                     tuple(stitches), seeds=tuple(m for m in members if g[m].kind == ir.RAND),
                     partials=partials)
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp)
-    kp.predicted_s = predict_seconds(kp)
+    kp.predicted_s = predict_seconds(kp, opts.device)
     return kp
 
 
-def _combine(name: str, k: KernelPlan, g: ir.Graph) -> KernelPlan:
+def _combine(name: str, k: KernelPlan, g: ir.Graph, opts: PlanOptions) -> KernelPlan:
     """One launch that reduces the per-program partials of all of `k`'s column
     reductions (sum, max, min or prod over the programs axis)."""
     cols = max(g[n].numel for n in k.partials)
     rows = k.mapping.grid
-    mp = mapping_rules.combine_mapping(rows, cols)
+    mp = mapping_rules.combine_mapping(rows, cols, opts)
     kp = KernelPlan(name, k.partials, k.partials, (), Domain((rows, cols), (1,)), mp, "combine", k.partials, (),
                     combine_of=k.name)
     kp.bytes_read = sum(rows * g[n].numel * 4 for n in k.partials)
     kp.bytes_written = sum(g[n].numel * g[n].dtype.itemsize for n in k.partials)
-    kp.predicted_s = predict_seconds(kp)
+    kp.predicted_s = predict_seconds(kp, opts.device)
     return kp
 
 

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from .. import config
 from ..ir import nodes as ir
 from ..ir.nodes import Ref, contiguous_strides, prod
 from ..ir.rewrite import copy_node, finish_copy
-from .devices import Device
+from .options import PlanOptions
 
 
-def _chunks(rows: int, cols: int, dev: Device) -> int | None:
-    min_cols = config.get("split_min_cols")
-    wave = 2 * dev.sms
+def _chunks(rows: int, cols: int, opts: PlanOptions) -> int | None:
+    min_cols = opts.split_min_cols
+    wave = 2 * opts.device.sms
     if rows >= wave or cols < 2 * min_cols:
         return None
     want = -(-wave // rows)
@@ -33,7 +32,7 @@ def _chunks(rows: int, cols: int, dev: Device) -> int | None:
     return None
 
 
-def split_plan(g: ir.Graph, dev: Device) -> dict[int, int]:
+def split_plan(g: ir.Graph, opts: PlanOptions) -> dict[int, int]:
     """Which reductions to split, and into how many chunks (plain data for tests)."""
     out = {}
     for n in g.nodes:
@@ -44,14 +43,14 @@ def split_plan(g: ir.Graph, dev: Device) -> dict[int, int]:
         nd = len(src.shape)
         if dims != tuple(range(nd - len(dims), nd)):  # only trailing dims view as chunks
             continue
-        s = _chunks(n.numel, prod(src.shape[d] for d in dims), dev)
+        s = _chunks(n.numel, prod(src.shape[d] for d in dims), opts)
         if s:
             out[n.id] = s
     return out
 
 
-def split_long_rows(g: ir.Graph, dev: Device) -> ir.Graph:
-    plan = split_plan(g, dev)
+def split_long_rows(g: ir.Graph, opts: PlanOptions) -> ir.Graph:
+    plan = split_plan(g, opts)
     if not plan:
         return g
     new = ir.Graph(inputs=[], outputs=[], fallbacks=list(g.fallbacks))

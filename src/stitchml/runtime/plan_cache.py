@@ -20,10 +20,13 @@ import io
 import pickle
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import config
 from .kernel_cache import atomic_write, cache_root
+
+if TYPE_CHECKING:
+    from ..plan.options import PlanOptions
 
 FORMAT = 1
 STATS = {"hits": 0, "misses": 0, "stored": 0, "rebuilt": 0, "unpicklable": 0}
@@ -83,17 +86,18 @@ def _describe(a: Any) -> str:
     return str(a)
 
 
-def plan_key(graph, device_type: str, **modes: Any) -> str:
-    """The key of what planning and code generation make of lowered graph `graph`."""
+def plan_key(graph, device_type: str, options: "PlanOptions | None" = None) -> str:
+    """The key of what planning (under `options`, default the knobs' values) and code
+    generation make of lowered graph `graph`.  Every knob is part of it too: code
+    generation reads some (e.g. output poisoning)."""
     import torch
     import triton
 
-    from ..plan.devices import current_device
-    from ..plan.mapping import _FIXED_ROW_BLOCKS
+    from ..plan.options import PlanOptions
+    opts = options or PlanOptions.from_config()
     h = hashlib.sha256()
     for part in (FORMAT, stitchml_source_hash(), torch.__version__, triton.__version__, device_type,
-                 repr(current_device()), bool(_FIXED_ROW_BLOCKS), sorted(modes.items()),
-                 [(k, repr(config.get(k))) for k in sorted(config.KNOBS)],
+                 opts.key(), [(k, repr(config.get(k))) for k in sorted(config.KNOBS)],
                  [repr(n) for n in graph.nodes], graph.inputs, repr(graph.outputs),
                  [(f.op, f.reason) for f in graph.fallbacks]):
         h.update(repr(part).encode())

@@ -42,10 +42,10 @@ class PlanRow:
                 "launches": self.launches, "device": self.device, "note": self.note}
 
 
-def _replan(plan: Plan, dev: Device, **knobs: Any) -> Plan:
+def _replan(plan: Plan, dev: Device, **changes: Any) -> Plan:
+    from ..plan.options import PlanOptions
     from ..plan.planner import build_plan
-    with config.override(device=dev.name, **knobs):
-        return build_plan(plan.graph)
+    return build_plan(plan.graph, PlanOptions.from_config(dev, **changes))
 
 
 def what_if(plans: list[Plan], device: str | None = None, devices: list[str] | None = None) -> dict[str, Any]:

@@ -1,0 +1,51 @@
+"""Everything planning depends on besides the graph, as one value.
+
+`build_plan(graph, options)` is a function of its two arguments: the cost model's
+device and the mapping/launch choices are fields here, never read from the
+environment or a module global in the middle of planning.  `PlanOptions.from_config`
+takes the knobs (config.py) once, at the top; callers that plan differently (the
+dynamic runner's fixed row blocks, CUDA-graph mode, what-if alternatives, tools that
+plan for another device) pass changed fields instead of overriding global state.
+The plan cache keys on the options.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .. import config
+from .devices import Device, current_device, get_device
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    device: Device                 # the cost model's device (calibrated figures if any)
+    pointwise_block: int = 1024    # elements per program, flat point-wise kernels
+    persistent_max_cols: int = 8192   # longest row (next pow2) kept whole on chip
+    loop_block_cols: int = 2048    # columns per iteration of row-looped kernels
+    block_elems: int = 4096        # target elements per program of row kernels
+    split_min_cols: int = 1024     # task splitting: smallest chunk of a split row
+    global_barriers: bool = True   # the global scheme (phases + grid barrier) may be chosen
+    horizontal_fusion: bool = True   # independent launch-bound kernels may share a launch
+    ilp: bool = True               # launch grouping by ILP (else the rules)
+    plan_search: str = "ilp"       # ilp | rules
+    ilp_time_limit: float = 0.5    # seconds per region
+    # dynamic shapes: row and flat blocks take their cap instead of next_pow2 of the row
+    # count, so a kernel's mapping moves only with its column extent (the size bucket)
+    fixed_row_blocks: bool = False
+
+    @classmethod
+    def from_config(cls, device: Device | str | None = None, **changes: Any) -> "PlanOptions":
+        """The knobs' current values (the `device` knob, else the visible GPU), with
+        `changes` applied; `device` may be a table name or a Device."""
+        dev = device if isinstance(device, Device) else get_device(device) if device else current_device()
+        knobs = {f.name: config.get(f.name) for f in fields(cls) if f.name in config.KNOBS and f.name != "device"}
+        knobs.update(changes)
+        return cls(dev, **knobs)
+
+    def key(self) -> str:
+        """A stable text of every field (the plan cache's key part)."""
+        return repr(self)
+
+
+__all__ = ["PlanOptions"]
