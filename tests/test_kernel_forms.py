@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from stitchml import config
 from stitchml.codegen.triton_kernel import generate
 from stitchml.plan import planner
+from stitchml.plan.cost import kernel_bytes, reread_miss, row_passes
 from stitchml.plan.row_loops import loop_groups, online_partner
 from stitchml.testing import compare_with_eager
 
@@ -65,8 +66,22 @@ def test_softmax_reads_its_row_twice_and_the_model_says_so():
     (grp,) = loop_groups(g, k.members)
     m, s = (g[i] for i in grp)
     assert (m.op, s.op) == ("amax", "sum") and online_partner(g, s) == m.id
-    assert generate(g, k).source.count("for cbase in range(") == 2
-    assert k.bytes_read == 2 * x.numel() * 4
+    assert generate(g, k).source.count("for cbase in range(") == 2 and row_passes(g, k) == 2
+
+
+def test_rereads_of_a_row_hit_l2_while_the_rows_in_flight_fit():
+    """The second pass of a looped kernel re-reads its row from L2 when the rows all
+    resident programs stream fit there, from DRAM when they do not."""
+    few = plan_of(lambda x: torch.softmax(x, -1), torch.randn(64, 32768))       # 64 x 128 KB in flight
+    many = plan_of(lambda x: torch.softmax(x, -1), torch.randn(2048, 262144, device="meta"))   # 1 MB rows
+    with config.override(device="H100"):
+        from stitchml.plan.devices import current_device
+        h100 = current_device()
+        (k,) = few.kernels
+        assert reread_miss(few.graph, k, h100) == 0.0
+        assert kernel_bytes(few.graph, k, h100)[0] == 64 * 32768 * 4             # read once from DRAM
+        (k,) = [k for k in many.kernels if k.mapping.form == "row_looped"]
+        assert 0.9 < reread_miss(many.graph, k, h100) <= 1.0
 
 
 def test_an_online_pair_needs_the_same_max():

@@ -26,12 +26,28 @@ def row_passes(g: ir.Graph, k: KernelPlan) -> int:
     return max(1, loops + int(writes_elements))
 
 
-def kernel_bytes(g: ir.Graph, k: KernelPlan) -> tuple[int, int]:
-    """Each input buffer counted once, capped at the elements the kernel can touch;
-    looped rows read their inputs once per pass."""
+def reread_miss(g: ir.Graph, k: KernelPlan, dev) -> float:
+    """Fraction of a looped kernel's re-reads of its row that miss L2 and go to DRAM.
+    A program re-reads its row right after its previous pass; meanwhile every resident
+    program streams its own row, so the row is still in L2 when the rows in flight fit
+    (three quarters of L2 assumed usable: outputs and other data share it)."""
+    if k.mapping.form != "row_looped":
+        return 1.0
+    warps = max(k.mapping.num_warps, 1)
+    resident = min(max(k.mapping.grid, 1), dev.sms * max(1, dev.max_warps_per_sm // warps))
+    row_bytes = sum(_nbytes(g[i]) / max(k.domain.rows, 1) for i in k.inputs if g[i].numel >= k.domain.cols)
+    in_flight = resident * row_bytes
+    return 0.0 if in_flight <= 0 else min(1.0, max(0.0, 1.0 - 0.75 * dev.l2_bytes / in_flight))
+
+
+def kernel_bytes(g: ir.Graph, k: KernelPlan, dev=None) -> tuple[int, int]:
+    """Modelled DRAM bytes: each input buffer counted once, capped at the elements the
+    kernel can touch; a looped kernel's further passes over its rows count as far as
+    they miss L2 (`reread_miss`) on `dev` (default: the current device)."""
+    from .devices import current_device
     touched = k.domain.rows * k.domain.cols
-    passes = row_passes(g, k)
-    read = sum(min(_nbytes(g[i]), _nbytes(g[i], touched)) for i in k.inputs) * passes
+    passes = 1 + (row_passes(g, k) - 1) * reread_miss(g, k, dev or current_device())
+    read = int(sum(min(_nbytes(g[i]), _nbytes(g[i], touched)) for i in k.inputs) * passes)
     written = sum(_nbytes(g[o]) for o in k.outputs if o not in k.partials)
     written += sum(k.mapping.grid * g[p].numel * 4 for p in k.partials)
     return read, written

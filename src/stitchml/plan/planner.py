@@ -106,7 +106,7 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     kp = KernelPlan(name, members, outputs, tuple(inputs), grp.domain, mp, scheme, grp.dominant,
                     tuple(stitches), seeds=tuple(m for m in members if g[m].kind == ir.RAND),
                     partials=partials)
-    kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp)
+    kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp, opts.device)
     kp.predicted_s = predict_seconds(kp, opts.device)
     return kp
 
