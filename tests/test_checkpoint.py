@@ -17,15 +17,16 @@ eager's bernoulli masks, so the judge is eager run with the mask the compiled fo
 applied (read off its dropout output): the gradients, computed from the recomputed
 mask, must match it.
 
-Known limit (xfail below): dropout in a checkpointed block *inside* a compiled model.
-AOTAutograd (`_functorch/partitioners.py::functionalize_rng_ops`) wraps the random op
-of a recomputed region as `higher_order.run_and_save_rng_state(native_dropout, ...)`
-in the forward graph and `higher_order.run_with_rng_state(state, native_dropout, ...)`
-in the backward graph.  stitchml has no rule for either, and the forward graph's
-nested tuple result (`(state, (out, mask))`) makes `lower/lower.py::Lowerer._item`
-raise "getitem of a non-tuple value", so the whole forward graph runs eagerly (with a
-warning) and the dropout runs eagerly in both graphs.  The results are still right
-(eager replays the same generator state)."""
+Dropout inside the checkpointed block *inside* a compiled model: AOTAutograd
+(`_functorch/partitioners.py::functionalize_rng_ops`) wraps the random op of a
+recomputed region as `higher_order.run_and_save_rng_state(native_dropout, ...)` in the
+forward graph (returning `(state, (out, mask))`) and `higher_order.run_with_rng_state(
+state, native_dropout, ...)` in the backward graph.  stitchml lowers both
+(`lower/rules_rng_state.py`): the forward saves the generator's state (marked as
+stitchml's) and advances the generator, and both graphs seed their Philox kernel from
+a hash of that state, so the recomputed mask is the forward's.  Mixed modes (one graph
+stitched, the other eager) never pair an eager mask with a Philox one: they fail
+loudly, or the backward falls back to eager where the forward did."""
 import copy
 import warnings
 
@@ -36,8 +37,16 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import stitchml
+import stitchml.pipeline
 from stitchml import config
+from stitchml.ir import nodes as ir
+from stitchml.lower import rules_rng_state
+from stitchml.lower.lower import Lowerer
+from stitchml.lower.registry import Unsupported
+from stitchml.runtime import cuda_graphs
+from stitchml.runtime.steps import RNG_STATE_MARK, CaptureRngState
 from stitchml.testing import assert_close
+from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
 B, T, D, BLOCKS = 3, 5, 16, 2
 P = 0.25  # dropout probability in the dropout variants
@@ -231,36 +240,174 @@ def test_dropout_mask_replayed_by_checkpoint_around_compiled_blocks():
         _check(wrong, _judge_with_forward_masks(model, wrong, x, cot), _names(model))
 
 
-def _dropout_inside_compiled_model():
+def _dropout_inside_compiled_model(seed: int = 321, steps: int = 1, backend=None):
+    """The dropout model compiled, run `steps` times after `torch.manual_seed(seed)`:
+    (model, x, cot, backend, results per step, stitchml warnings)."""
     torch.manual_seed(0)
     model = Model(p=P, ckpt=True)
     model.train()
     x, cot = _inputs(4)
-    backend = stitchml.StitchBackend()
-    torch.manual_seed(321)
-    with warnings.catch_warnings(record=True) as caught, config.override(strict=False):  # (it falls back)
+    backend = backend or stitchml.StitchBackend()
+    compiled = torch.compile(model, backend=backend)
+    torch.manual_seed(seed)
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        actual = _run(torch.compile(model, backend=backend), list(model.parameters()), x, cot)
-    return model, x, cot, backend, actual, [str(w.message) for w in caught if "stitchml" in str(w.message)]
+        results = [_run(compiled, list(model.parameters()), x, cot) for _ in range(steps)]
+    return model, x, cot, backend, results, [str(w.message) for w in caught if "stitchml" in str(w.message)]
 
 
-def test_dropout_in_checkpoint_inside_compiled_model_is_right():
-    """The known limit (module docstring): not stitched, but the masks agree."""
-    model, x, cot, backend, actual, stitch_warnings = _dropout_inside_compiled_model()
-    _check(actual, _judge_with_forward_masks(model, actual, x, cot), _names(model))
-    # what happens today, asserted so that a change is noticed
-    fw = [r for r in backend.records if r.kind == "forward"]
-    bw = [r for r in backend.records if r.kind == "backward"]
-    assert len(fw) == 1 and fw[0].eager_reason == "Unsupported: getitem of a non-tuple value", fw
-    assert any("forward graph runs eagerly" in w for w in stitch_warnings), stitch_warnings  # not silent
-    assert len(bw) == 1 and bw[0].eager_reason is None and bw[0].plan.num_kernels > 0
-    assert [op for op, reason in _fallbacks(bw[0]) if reason == "no lowering rule"] == ["run_with_rng_state"] * BLOCKS
+def _masks(result) -> list[torch.Tensor]:
+    return [d != 0 for d in result[1]]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="run_and_save_rng_state / run_with_rng_state (AOTAutograd's rng functionalisation of a "
-                          "recomputed region) have no lowering rule, and their nested tuple result makes the "
-                          "forward graph run eagerly")
+def _graph(backend, kind: str):
+    (rec,) = [r for r in backend.records if r.kind == kind]
+    return rec
+
+
+def _replayed_random_nodes(rec) -> list:
+    """Random nodes of a graph seeded from a saved RNG state, each inside a kernel."""
+    seeded = {nid for k in rec.plan.kernels for nid in k.seeds}
+    nodes = [n for n in rec.graph.nodes if n.kind == ir.RAND]
+    assert {n.id for n in nodes} <= seeded, "a random node outside any kernel"
+    return [n for n in nodes if n.refs]
+
+
 def test_dropout_in_checkpoint_inside_compiled_model_is_stitched():
-    _, _, _, backend, _, _ = _dropout_inside_compiled_model()
+    _, _, _, backend, _, stitch_warnings = _dropout_inside_compiled_model()
     _assert_stitched(backend, {"forward": 1, "backward": 1})
+    assert not stitch_warnings, stitch_warnings
+
+
+def test_dropout_in_checkpoint_inside_compiled_model_is_replayed_exactly():
+    """Forward and backward both stitch the dropout (one Philox random node per block,
+    seeded from the state the forward saved), and the gradients, computed from the
+    recomputed masks, equal eager's run with the forward's masks."""
+    model, x, cot, backend, (actual,), _ = _dropout_inside_compiled_model()
+    _check(actual, _judge_with_forward_masks(model, actual, x, cot), _names(model))
+    fw, bw = _graph(backend, "forward"), _graph(backend, "backward")
+    for rec in (fw, bw):
+        assert len(_replayed_random_nodes(rec)) == BLOCKS, rec.kind
+        assert rec.wrapper_source.count("_state_seed(") == BLOCKS, rec.wrapper_source
+        assert not [f for f in _fallbacks(rec) if "rng_state" in f[0]], _fallbacks(rec)
+        # the state is captured / the seed derived on the host per call: no CUDA-graph replay
+        assert "activation-checkpointed" in (cuda_graphs.plan_refusal(rec.plan) or ""), rec.kind
+    # the forward returns the generator states it saved (one per block), stitchml-marked
+    states = [n for n in fw.graph.nodes if n.kind == ir.OPAQUE and n.op.startswith(CaptureRngState.NAME)]
+    marked = (torch.get_rng_state().numel() + len(RNG_STATE_MARK),)
+    assert len(states) == BLOCKS and all(n.dtype == torch.uint8 and n.shape == marked for n in states)
+    # dropout's statistics: about 1 - P of the elements kept, each block its own mask
+    m0, m1 = _masks(actual)
+    for m in (m0, m1):
+        assert abs(m.float().mean().item() - (1 - P)) < 0.06, m.float().mean()
+    assert not torch.equal(m0, m1)
+
+
+def test_single_output_random_op_in_checkpoint_is_replayed():
+    """`rand_like` (one result: the backward's `run_with_rng_state` has no getitem users
+    and no metadata) is stitched in both graphs; the gradient uses the forward's mask."""
+    def fn(x):
+        return checkpoint(lambda x: x.sin() * (torch.rand_like(x) > 0.3), x, use_reentrant=False)
+
+    backend = stitchml.StitchBackend()
+    x, cot = torch.randn(4, 33, requires_grad=True), torch.randn(4, 33)
+    torch.manual_seed(1)
+    out = torch.compile(fn, backend=backend)(x)
+    (grad,) = torch.autograd.grad((out * cot).sum(), [x])
+    keep = out != 0
+    assert 0.5 < keep.float().mean().item() < 0.9
+    assert_close(grad, x.detach().cos() * keep * cot, "grad x")
+    for kind in ("forward", "backward"):
+        rec = _graph(backend, kind)
+        assert rec.eager_reason is None and not _fallbacks(rec), (kind, rec.eager_reason, _fallbacks(rec))
+        assert len(_replayed_random_nodes(rec)) == 1, kind
+
+
+def test_checkpointed_dropout_masks_differ_per_call_and_repeat_under_manual_seed():
+    _, _, _, _, (a1, a2), _ = _dropout_inside_compiled_model(seed=321, steps=2)
+    _, _, _, _, (b1, b2), _ = _dropout_inside_compiled_model(seed=321, steps=2)
+    _, _, _, _, (c1,), _ = _dropout_inside_compiled_model(seed=322)
+    assert not torch.equal(_masks(a1)[0], _masks(a2)[0])   # each call draws anew
+    assert not torch.equal(_masks(a1)[0], _masks(c1)[0])   # another seed, other masks
+    for a, b in ((a1, b1), (a2, b2)):                     # the same seed, the same step: bit-equal
+        assert torch.equal(a[0], b[0])
+        assert all(torch.equal(p, q) for p, q in zip(a[1], b[1]))
+        assert all(torch.equal(p, q) for p, q in zip(a[2], b[2]))
+
+
+def test_generator_advances_in_the_forward_and_is_left_alone_by_the_backward():
+    torch.manual_seed(0)
+    model = Model(p=P, ckpt=True)
+    model.train()
+    x, cot = _inputs(4)
+    compiled = torch.compile(model, backend=stitchml.StitchBackend())
+    _run(compiled, list(model.parameters()), x, cot)  # (compiles both graphs)
+
+    torch.manual_seed(7)
+    before = torch.rand(8)
+    torch.manual_seed(7)
+    xr = x.clone().requires_grad_()
+    out, _ = compiled(xr)
+    after_forward = torch.get_rng_state()
+    (out * cot).sum().backward()
+    assert torch.equal(torch.get_rng_state(), after_forward)  # as eager's run_with_rng_state leaves it
+    assert not torch.equal(torch.rand(8), before)             # the forward drew: later numbers differ
+
+
+def _inject_eager(monkeypatch, hop, whole_graph: bool):
+    """Make the graph holding `hop` run it eagerly: the whole graph (its lowering
+    fails) or only the wrapped random op (its rule refuses)."""
+    holds = lambda gm: any(n.target is hop for n in gm.graph.nodes)  # noqa: E731
+    if whole_graph:
+        real = stitchml.pipeline.lower
+
+        def lower(gm):
+            if holds(gm):
+                raise Unsupported("injected lowering failure")
+            return real(gm)
+        monkeypatch.setattr(stitchml.pipeline, "lower", lower)
+        return
+    real_rule = Lowerer.apply_rule
+
+    def apply_rule(self, node, args, kwargs):
+        if isinstance(node, rules_rng_state._Wrapped) and holds(self.gm):
+            raise Unsupported("injected refusal")
+        return real_rule(self, node, args, kwargs)
+    monkeypatch.setattr(Lowerer, "apply_rule", apply_rule)
+
+
+@pytest.mark.parametrize("whole_graph", [False, True], ids=["op", "graph"])
+def test_stitched_forward_with_an_eager_backward_fails_loudly(monkeypatch, whole_graph):
+    """The forward stitched the dropout; the backward would replay it with eager's
+    bernoulli (another mask: silently wrong gradients).  Eager's `run_with_rng_state`
+    refuses stitchml's marked state instead."""
+    _inject_eager(monkeypatch, run_with_rng_state, whole_graph)
+    backend = stitchml.StitchBackend()
+    # (CPU: "Expected a CPUGeneratorImplState of size 5056 but found ... 5072"; CUDA: "RNG state is wrong size")
+    with config.override(fallback_on_error=True), pytest.raises(RuntimeError, match="RNG state (is wrong )?size"):
+        _dropout_inside_compiled_model(backend=backend)
+    assert _graph(backend, "forward").eager_reason is None and _replayed_random_nodes(_graph(backend, "forward"))
+    bw = _graph(backend, "backward")
+    if whole_graph:  # (the backward's saved-state input has a symbolic size: the dynamic runner's per-call eager)
+        reasons = [bw.eager_reason] + (bw.dynamic.eager_calls if bw.dynamic is not None else [])
+        assert "Unsupported: injected lowering failure" in reasons, reasons
+    else:
+        assert [op for op, reason in _fallbacks(bw) if reason.endswith("injected refusal")] == \
+            ["run_with_rng_state"] * BLOCKS
+        assert "run_with_rng_state reads or sets the RNG state" in cuda_graphs.plan_refusal(bw.plan)
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["raises", "falls-back"])
+def test_eager_forward_with_a_stitched_backward_never_mixes_masks(monkeypatch, fallback):
+    """The forward ran the dropout eagerly (bernoulli, eager's generator state); the
+    stitched backward cannot replay that mask and refuses the unmarked state: an error,
+    or with the fallback on, that backward call runs eagerly and the gradients are right."""
+    _inject_eager(monkeypatch, run_and_save_rng_state, whole_graph=True)
+    with config.override(fallback_on_error=fallback):
+        if not fallback:
+            with pytest.raises(RuntimeError, match="RNG state its forward did not save"):
+                _dropout_inside_compiled_model()
+            return
+        model, x, cot, backend, (actual,), stitch_warnings = _dropout_inside_compiled_model()
+    _check(actual, _judge_with_forward_masks(model, actual, x, cot), _names(model))
+    assert any("RNG state its forward did not save" in w for w in stitch_warnings), stitch_warnings

@@ -19,6 +19,7 @@ from ..patterns import gemm_op, linear_ce_op  # register stitchml:: fused ops (i
 from . import rules_index, rules_pointwise, rules_random, rules_reduce, rules_views  # noqa: F401
 from . import rules_intdiv, rules_scatter, rules_window  # noqa: F401  (issue 18; after rules_pointwise)
 from . import rules_complex  # complex values as pairs of reals (issue 19)
+from . import rules_rng_state  # random ops of checkpointed regions (AOTAutograd's rng functionalisation)
 from .context import LowerCtx, static_shape
 from .registry import RULES, Unsupported
 
@@ -122,30 +123,40 @@ class Lowerer:
             return base[node.args[1]] if isinstance(base, (tuple, list)) else self._item(node, base)
         args = self._map(node.args)
         kwargs = self._map(node.kwargs)
+        if node.target in rules_rng_state.HOPS:  # a random op of a recomputed (checkpointed) region
+            return rules_rng_state.lower(self, node, args, kwargs)
         if rules_complex.involves_complex(node):  # complex values are lowered as pairs of reals
             return rules_complex.lower(self, node, args, kwargs)
+        try:
+            return self.apply_rule(node, args, kwargs)
+        except Unsupported as e:
+            return self._opaque(node, args, kwargs, str(e))
+
+    def apply_rule(self, node, args: tuple, kwargs: dict):
+        """IR of `node` by its rule (`args`/`kwargs`: its arguments with tensors as Refs),
+        or `Unsupported` with the reason it runs eagerly (no node of it is left)."""
         if any(isinstance(a, Ref) and self.g[a.id].kind == ir.OPAQUE and self.g[a.id].shape is None
                for a in ir._iter_refs(list(args) + list(kwargs.values()))):
-            return self._opaque(node, args, kwargs, "consumes a multi-output eager op")
+            raise Unsupported("consumes a multi-output eager op")
         bad = _unsupported_dtype(node)
         if bad is not None:
-            return self._opaque(node, args, kwargs, f"dtype {bad} is not supported in kernels")
+            raise Unsupported(f"dtype {bad} is not supported in kernels")
         if node.target in COMPUTE_INTENSIVE:
-            return self._opaque(node, args, kwargs, "compute-intensive: vendor library")
+            raise Unsupported("compute-intensive: vendor library")
         rule = RULES.get(node.target)
         if rule is None:  # (raises under STITCHML_STRICT; library ops get their own reason)
-            return self._opaque(node, args, kwargs, no_rule_reason(node.target))
+            raise Unsupported(no_rule_reason(node.target))
         if getattr(node.target, "_schema", None) is not None and node.target._schema.is_mutable:
-            return self._opaque(node, args, kwargs, "mutates its input")
+            raise Unsupported("mutates its input")
         mark = len(self.g.nodes)
         try:
             result = self._fresh(node, rule(self.ctx, node, *args, **kwargs), mark)
             self._adopt_strides(node, result, mark)
             _empty_to_constants(self.g, mark)
             return result
-        except Unsupported as e:
+        except Unsupported:
             del self.g.nodes[mark:]  # drop half-built nodes of the refused rule
-            return self._opaque(node, args, kwargs, str(e))
+            raise
 
     def _fresh(self, node, result, mark: int):
         """A rule may answer with an existing value (`roll` by a multiple of the size,
@@ -182,9 +193,10 @@ class Lowerer:
             if _dense(n.shape, stride) and stride != n.stride:
                 self.g.nodes[r.id] = dataclasses.replace(n, stride=stride)
 
-    def _opaque(self, node, args, kwargs, reason: str):
+    def _opaque(self, node, args, kwargs, reason: str, val=None):
+        """`node` run eagerly; `val`: its result's metadata where the FX node has none."""
         self.g.fallbacks.append(ir.Fallback(str(node.target), reason))
-        val = node.meta.get("val")
+        val = node.meta.get("val") if val is None else val
         shape, dtype, stride = _tensor_meta(val)
         multi = isinstance(val, (tuple, list))
         nid = self.g.add(ir.OPAQUE, str(node.target),
@@ -201,9 +213,11 @@ class Lowerer:
     def _item(self, node, base):
         if not isinstance(base, _MultiOut):
             raise Unsupported("getitem of a non-tuple value")
-        shape, dtype, stride = _tensor_meta(node.meta.get("val"))
+        val = node.meta.get("val")
+        shape, dtype, stride = _tensor_meta(val)
         nid = self.g.add(ir.ITEM, "getitem", (Ref(base.id),), shape, dtype, stride, (("index", node.args[1]),))
-        return Ref(nid)
+        # an item that is itself a tuple (an eager run_and_save_rng_state's `(state, (out, mask))`)
+        return _MultiOut(nid) if isinstance(val, (tuple, list)) else Ref(nid)
 
 
 def _empty_to_constants(g: ir.Graph, mark: int) -> None:

@@ -24,7 +24,8 @@ replayed, which removes the host cost of its launches and eager calls:
   knob off, no CUDA device, dynamic sizes, eager ops that read values back to the
   host or have data-dependent shapes, an eager op that mutates an input that is
   copied per replay (the mutation would land in the copy), inputs on the CPU, a
-  capture that fails.
+  capture that fails, a random op of an activation-checkpointed region (its RNG state
+  is captured, or its seed derived from a saved one, on the host per call).
 
 The decision functions and the bookkeeping (`GraphRunner`, with a stand-in for the
 CUDA graph in tests) run on the CPU; capture itself needs CUDA.
@@ -42,6 +43,7 @@ from .. import config
 from ..codegen.kernel_source import KernelSource
 from ..ir import nodes as ir
 from ..plan.data import EagerStep, Plan
+from .steps import CaptureRngState
 
 MAX_RECAPTURES = 3
 
@@ -81,11 +83,23 @@ def mode(kind: str, device: torch.device, *, dynamic: bool = False) -> Decision:
     return Decision(True)
 
 
+# eager steps that read or set a generator's state on the host: random ops of a
+# recomputed (activation-checkpointed) region, stitched (`CaptureRngState`) or not
+RNG_STATE_OPS = frozenset({"run_and_save_rng_state", "run_with_rng_state"})
+
+
 def plan_refusal(plan: Plan) -> str | None:
     """After planning: a reason the plan cannot be captured, or None."""
     for step in plan.steps:
         if isinstance(step, EagerStep) and step.op in SYNC_OPS:
             return f"CUDA graphs refused: eager op {step.op} synchronises with the CPU"
+        if isinstance(step, EagerStep) and (step.op in RNG_STATE_OPS or step.op.startswith(CaptureRngState.NAME)):
+            return (f"CUDA graphs refused: eager op {step.op} reads or sets the RNG state on the host (a random "
+                    f"op of an activation-checkpointed region); a replay would repeat it")
+    for k in plan.kernels:
+        if any(plan.graph[nid].refs for nid in k.seeds):
+            return ("CUDA graphs refused: a random op of an activation-checkpointed region takes its seed from a "
+                    "saved RNG state, on the host, per call; a replay would repeat the seed")
     return None
 
 

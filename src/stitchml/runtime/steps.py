@@ -11,6 +11,7 @@ partials; `C<k>` objects of the namespace (eager ops, constants).
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -283,6 +284,25 @@ class DrawSeeds:
 
 
 @dataclass(frozen=True)
+class StateSeed:
+    """A kernel seed derived from a saved RNG state (a random op in a recomputed
+    region: `lower/rules_rng_state.py`), `stream` telling the op's random nodes apart.
+    `device`: graph mode, the seed as a 0-d device tensor (what such kernels read)."""
+
+    name: str
+    state: str
+    stream: int
+    device: bool = False
+
+    def reads(self) -> tuple[str, ...]:
+        return (self.state,)
+
+    def render(self) -> str:
+        where = ", DEVICE" if self.device else ""
+        return f"{self.name} = _state_seed({self.state}, {self.stream}{where})"
+
+
+@dataclass(frozen=True)
 class EagerCall:
     name: str
     target: str                  # namespace name of the ATen op
@@ -355,7 +375,7 @@ class Return:
         return "return " + fmt(tuple(self.values))
 
 
-Step = Union[Alloc, View, Replay, Launch, Barrier, DrawSeeds, EagerCall, Item, Check, Free, Return]
+Step = Union[Alloc, View, Replay, Launch, Barrier, DrawSeeds, StateSeed, EagerCall, Item, Check, Free, Return]
 
 
 def _is_value(text: str) -> bool:
@@ -390,3 +410,68 @@ class Program:
 
     def of_type(self, *types) -> list:
         return [s for s in self.steps if isinstance(s, types)]
+
+
+# ----------------------------------------------------------------------------- saved RNG states
+
+# Appended to the generator state that a stitched `run_and_save_rng_state` returns.  It
+# keeps the two ways of replaying a random op apart, in both directions: eager's
+# `run_with_rng_state` refuses a state of this size (`set_rng_state` checks the size),
+# and `state_seed` refuses a state without it, so an eager mask is never paired with a
+# Philox one, whichever graph ran eagerly.
+RNG_STATE_MARK = b"stitchml.philox\0"
+
+
+class CaptureRngState:
+    """The eager step of a stitched `run_and_save_rng_state`: the state of `device`'s
+    default generator (what eager's op returns: `torch.get_rng_state()`, or
+    `torch.cuda.get_rng_state()` for a CUDA tensor), then that generator advanced by one
+    draw, so the next random op (and the next call) saves another state.  With `replay`
+    (the op draws its numbers in a kernel) the state carries `RNG_STATE_MARK`; without
+    (nothing drawn: dropout in eval mode), it is eager's own and the generator is left
+    alone, as eager's op leaves it."""
+
+    NAME = "stitchml.capture_rng_state"
+
+    def __init__(self, device: torch.device, replay: bool = True):
+        self.device, self.replay = torch.device(device), replay
+
+    def _state(self) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return torch.get_rng_state()
+        return getattr(torch, self.device.type).get_rng_state(self.device)
+
+    def size(self) -> int:
+        """Bytes of the state it returns."""
+        return self._state().numel() + (len(RNG_STATE_MARK) if self.replay else 0)
+
+    def __call__(self) -> torch.Tensor:
+        state = self._state()
+        if not self.replay:
+            return state
+        torch.empty((), dtype=torch.int64, device=self.device).random_()
+        return torch.cat([state, torch.frombuffer(bytearray(RNG_STATE_MARK), dtype=torch.uint8)])
+
+    def __repr__(self) -> str:
+        return f"{self.NAME}[{self.device}{'' if self.replay else ', eager'}]"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is CaptureRngState and (other.device, other.replay) == (self.device, self.replay)
+
+    def __hash__(self) -> int:
+        return hash((CaptureRngState, self.device, self.replay))
+
+
+def state_seed(state: torch.Tensor, stream: int, device: torch.device | None = None) -> int | torch.Tensor:
+    """The Philox seed of random stream `stream` of a saved RNG state: a hash of its
+    bytes, so the forward and its recomputation (same state) draw the same numbers and
+    different states draw different ones.  Raises for a state stitchml did not save (the
+    forward ran the random op eagerly: no kernel can replay eager's numbers)."""
+    data = state.detach().cpu().contiguous().numpy().tobytes() if isinstance(state, torch.Tensor) else b""
+    if not (isinstance(state, torch.Tensor) and state.dtype == torch.uint8 and data.endswith(RNG_STATE_MARK)):
+        raise RuntimeError("stitchml: a stitched random op in a recomputed (checkpointed) region was given an RNG "
+                           "state its forward did not save as stitchml's (the forward ran the op eagerly?); a "
+                           "kernel cannot replay eager's random numbers")
+    digest = hashlib.blake2b(data, digest_size=8, salt=stream.to_bytes(16, "little")).digest()
+    seed = int.from_bytes(digest, "little") % (2**31 - 1)
+    return seed if device is None else torch.tensor(seed, dtype=torch.int64, device=device)

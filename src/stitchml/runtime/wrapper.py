@@ -32,7 +32,7 @@ from .kernel_cache import load_kernels
 from .launcher import bind_launchers
 from .cuda_graphs import SeedBuffer, device_seed_source, device_seeds_wanted
 from .steps import (Alloc, Barrier, Check, DrawSeeds, EagerCall, Free, Item, Launch, Layout, Program, Replay,
-                    Return, Sym, View, defines, storage_elems, view_layout)
+                    Return, StateSeed, Sym, View, defines, state_seed, storage_elems, view_layout)
 
 log = logging.getLogger("stitchml")
 
@@ -224,6 +224,8 @@ class ProgramBuilder:
                     self.known[name] = Layout(n.shape, n.stride)
                 args.append(self.names[nid])
                 writes.append(self.names[nid])
+            elif pkind == "seed" and self.g[nid].refs:
+                args.append(self._state_seed(nid))
             elif pkind == "seed" and self.device_seeds:
                 args.append(f"s{self.nseeds}")
                 self.nseeds += 1
@@ -258,6 +260,16 @@ class ProgramBuilder:
             from ..plan.launches import MAXNREG
             maxnreg = MAXNREG  # keeps the residency assumption of the barrier grid
         self.steps.append(Launch(ks.name, ks.grid, tuple(args), ks.num_warps, maxnreg, tuple(writes)))
+
+    def _state_seed(self, nid: int) -> str:
+        """The seed of a random node that replays a saved RNG state (its one argument;
+        `lower/rules_rng_state.py`): derived from that state's bytes on every call, so a
+        recomputation draws what its forward drew."""
+        n = self.g[nid]
+        self.consts.setdefault("_state_seed", state_seed)
+        name = f"r{nid}"
+        self.steps.append(StateSeed(name, self.need(n.refs[0]), n.attr("rng_stream", 0), self.device_seeds))
+        return name
 
     def _eager(self, step: EagerStep) -> None:
         n = self.g[step.node]
