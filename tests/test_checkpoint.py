@@ -411,3 +411,26 @@ def test_eager_forward_with_a_stitched_backward_never_mixes_masks(monkeypatch, f
         model, x, cot, backend, (actual,), stitch_warnings = _dropout_inside_compiled_model()
     _check(actual, _judge_with_forward_masks(model, actual, x, cot), _names(model))
     assert any("RNG state its forward did not save" in w for w in stitch_warnings), stitch_warnings
+
+
+def test_checkpointed_dropout_under_dynamic_shapes_stays_stitched():
+    """The saved RNG state's size is a symbol no input binds: the dynamic runner must not
+    try to express kernel numbers through it (it raised NameError per call before)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 16)
+
+    def f(x):
+        return checkpoint(lambda y: F.dropout(torch.relu(lin(y)), 0.2, training=True), x, use_reentrant=False).sum()
+
+    backend = stitchml.StitchBackend()
+    compiled = torch.compile(f, backend=backend, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no per-call eager fallback warning
+        for n in (5, 7, 9):
+            x = torch.randn(n, 16, requires_grad=True)
+            compiled(x).backward()
+            assert x.grad is not None and torch.isfinite(x.grad).all()
+    assert {r.kind for r in backend.records} == {"forward", "backward"}
+    for r in backend.records:
+        assert r.eager_reason is None and r.dynamic is not None
+        assert not r.dynamic.eager_calls and not r.dynamic.refusals, r.dynamic.describe()

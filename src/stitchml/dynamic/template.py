@@ -90,7 +90,11 @@ class Candidates:
         self.names = {s: sympy.Symbol(f"ks{i}") for i, s in enumerate(sig.symbols)}
         self.args = ", ".join(str(self.names[s]) for s in sig.symbols)
         self.probes = [tuple(p[s] for s in sig.symbols) for p in probes]
-        exprs = {sympy.expand(e) for e in sig.exprs if sympy.sympify(e).free_symbols}
+        # an expression over a symbol no input binds (e.g. the size of a saved RNG state)
+        # cannot be evaluated from a call's sizes: it is not a candidate
+        bound = set(sig.symbols)
+        exprs = {sympy.expand(e) for e in sig.exprs
+                 if sympy.sympify(e).free_symbols and sympy.sympify(e).free_symbols <= bound}
         exprs |= {sympy.expand(a * b) for a in list(exprs) for b in sig.symbols}  # one more size factor
         self.exact: dict[tuple, str] = {}
         for e in sorted(exprs, key=lambda e: (sympy.count_ops(e), str(e))):
