@@ -292,6 +292,9 @@ def test_models_row_reports_host_time_and_compile_time(tmp_path):
         assert r.device_time is None                      # no GPU: no profiler kernel time
     st = by["stitchml"].compile
     assert st["stitch"]["graphs"] == 1 and st["stitch"]["compile_s"] > 0 and st["stitch"]["kernels"] >= 1
+    # the split issue 14 bounds (lower + plan cache + plan + codegen) and the plan cache reach the report
+    assert st["stitch"]["plan_cache_s"] is not None and st["stitch"]["plan_codegen_s"] > 0
+    assert by["stitchml"].predicted_s > 0 and by["eager"].predicted_s is None
     assert st["other_s"] >= 0
     warm = st["warm_cache"]
     assert "error" not in warm, warm
@@ -300,4 +303,5 @@ def test_models_row_reports_host_time_and_compile_time(tmp_path):
     assert not any((out / "compile-caches").iterdir())
     md = (out / "results.md").read_text()
     assert "| GPU busy | busy % | host/step |" in md and "warm cache, fresh process" in md
+    assert "| stitch plan cache | stitch lower+plan+codegen |" in md and "lower+plan+codegen " in md
     assert "| bert_infer[b1,s8] | fp32 | stitchml |" in md

@@ -129,3 +129,46 @@ def test_cli_process_without_triton_interpret_set():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "== inference graph ==" in proc.stdout and re.search(r"^total: \d+ kernels", proc.stdout, re.M)
+
+
+def test_explain_layers_per_layer_summary(capsys, monkeypatch):
+    """`explain --layers`: each block of a 2-block stack planned alone, one row per
+    layer (kernels, bytes moved, predicted time, its pattern rewrites); `--inductor`
+    adds Inductor's count, labelled as C++ on a CPU (stubbed here: the real C++
+    compile takes about a minute per block on 2 cores)."""
+    from stitchml.tools import layers
+    counted = []
+
+    def fake_count(fn, *args, backward=False):
+        counted.append(backward)
+        return 7
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(layers, "inductor_kernel_count", fake_count)
+    rc = main(["explain", "--layers", "--inductor", "--hidden", "32", "--heads", "2", "--seq", "8"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "kernels per layer: 2 example transformer blocks (hidden=32, heads=2) (inference" in out
+    rows = re.findall(r"^  (layers\.\d) +TransformerBlock +(\d+) +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) +(\S+)$", out,
+                      flags=re.M)
+    assert [r[0] for r in rows] == ["layers.0", "layers.1"], out
+    for _, kernels, library, modelled, unfused, pred_us, ind in rows:
+        assert int(kernels) >= 1 and int(library) >= 1 and 0 < float(modelled) < float(unfused)
+        assert float(pred_us) > 0
+    assert re.search(r"pattern attention at \w+: rewritten: .*scaled_dot_product_attention", out)
+    assert re.search(r"^  total: \d+ kernels, [\d.]+ MB modelled, [\d.]+ us predicted$", out, flags=re.M)
+    if not torch.cuda.is_available():
+        assert counted == [False, False] and [r[6] for r in rows] == ["7", "7"]
+        assert "ind. C++" in out and "NOT GPU kernel counts" in out and "Inductor emits C++" in out
+    assert "WARNING" not in out
+
+
+def test_explain_layers_bad_combinations_are_clear_errors(capsys):
+    assert main(["explain", "--inductor"]) == 2
+    assert "--inductor counts Inductor's kernels per layer: it needs --layers" in capsys.readouterr().err
+    assert main(["explain", "--layers", "--what-if"]) == 2
+    assert "cannot be combined with --what-if" in capsys.readouterr().err
+    assert main(["explain", "--layers", "--num-layers", "0"]) == 2
+    assert "--num-layers must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["explain", "--layers", "resnet"])
+    assert e.value.code == 2

@@ -1,7 +1,8 @@
 """The `stitchml` command line.
 
     stitchml demo      compile a small transformer block, show the plan, verify against eager
-    stitchml explain   show what stitchml does with the example block (--backward for training)
+    stitchml explain   show what stitchml does with the example block (--backward for training;
+                       --layers: kernels, bytes and predicted time per layer)
     stitchml config    list every knob with its environment variable and default
     stitchml bench     benchmark stitchml against eager, Inductor and JAX (results.json/.md, plots)
 
@@ -152,6 +153,16 @@ def _explain_args_ok(args: argparse.Namespace) -> str | None:
     """Bad `--html` paths and device names are reported before anything compiles."""
     from .plan.devices import UnknownDevice, table_device
     from .tools.report_html import ReportError, check_writable
+    layers = getattr(args, "layers", None)
+    if getattr(args, "inductor", False) and layers is None:
+        return "--inductor counts Inductor's kernels per layer: it needs --layers"
+    if layers is not None:
+        clash = [flag for flag, on in (("--what-if", args.what_if is not None), ("--json", args.json),
+                                       ("--html", bool(args.html))) if on]
+        if clash:
+            return f"--layers prints the per-layer summary only; it cannot be combined with {', '.join(clash)}"
+        if args.num_layers < 1:
+            return f"--num-layers must be at least 1 (got {args.num_layers})"
     try:
         if getattr(args, "html", None):
             check_writable(args.html)
@@ -197,6 +208,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(f"error: {bad}", file=sys.stderr)
         return 2
     out = sys.stdout  # --json: only the JSON object goes here, the rest to stderr
+    if args.layers is not None:
+        with config.override(**({"device": args.device} if args.device else {})):
+            return _cmd_explain_layers(args)
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext(), \
             config.override(**({"device": args.device} if args.device else {})):
         report, rc = _cmd_explain(args, stitchml)
@@ -224,6 +238,59 @@ def _cmd_explain(args: argparse.Namespace, stitchml):
     for p in problems:
         print(f"WARNING: {p}")
     return report, (1 if problems else 0)
+
+
+LAYER_MODELS = ("example", "bert", "gpt2", "llama")
+
+
+def _layer_model(args: argparse.Namespace, device: torch.device):
+    """(model, inputs, (title, input shapes)) for `explain --layers MODEL` at the command's sizes."""
+    from .tools.examples import example_inputs
+    from .tools.layers import ExampleStack, reference_blocks
+    torch.manual_seed(args.seed)
+    if args.layers == "example":
+        model = ExampleStack(args.num_layers, args.hidden, args.heads, dropout=0.0, seed=args.seed).to(device)
+        inputs = example_inputs(args.batch, args.seq, args.hidden, args.heads, device=device)
+        plural = "s" if args.num_layers > 1 else ""
+        return model, inputs, (f"{args.num_layers} example transformer block{plural} (hidden={args.hidden}, "
+                               f"heads={args.heads})", f"x ({args.batch}, {args.seq}, {args.hidden})")
+    name = {"bert": "BERT", "gpt2": "GPT-2", "llama": "LLaMA"}[args.layers]
+    model, inputs = reference_blocks(args.batch, args.seq, args.hidden, args.heads, args.num_layers)[name]
+    return (model.to(device), tuple(t.to(device) for t in inputs),
+            (f"{name}-style model, {args.num_layers} layers (hidden={args.hidden}, heads={args.heads})",
+             f"tokens ({args.batch}, {args.seq})"))
+
+
+def _cmd_explain_layers(args: argparse.Namespace) -> int:
+    """`explain --layers`: each nn.ModuleList child planned alone through the capture
+    path (pattern rewrites included): kernels, bytes, predicted time per layer."""
+    import importlib.util
+
+    from .tools.layers import summarise_layers
+    if args.layers != "example" and importlib.util.find_spec("transformers") is None:
+        print(f"error: --layers {args.layers} builds a Hugging Face model: `transformers` is not installed",
+              file=sys.stderr)
+        return 2
+    device = _device()
+    model, inputs, (title, shapes) = _layer_model(args, device)
+    model.train(args.backward)
+    print(f"layers of: {title}, {shapes} on {device}")
+    print(f"mode: {'training (forward + backward)' if args.backward else 'inference'}; planning only, no kernel "
+          "runs" + ("; Inductor compiles each layer for real (slow on a CPU)" if args.inductor else ""))
+    if args.inductor and device.type == "cpu":
+        print("note: on this CPU Inductor emits C++ (cpp_fused_* loop nests), not GPU kernels: its count is shown "
+              "for reference and is not comparable with stitchml's kernel count")
+    print()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = summarise_layers(model, *inputs, backward=args.backward, inductor=args.inductor, title=title)
+    print(summary.to_text())
+    problems = [f"stitchml warning: {w.message}" for w in caught if "stitchml" in str(w.message)]
+    if not summary.rows:
+        problems.append("no layer was summarised")
+    for p in problems:
+        print(f"WARNING: {p}")
+    return 1 if problems else 0
 
 
 def _run_compiled(block, inputs: Sequence[torch.Tensor], backend, *, train: bool,
@@ -269,7 +336,7 @@ def _demo_section(title: str, block, x: torch.Tensor, mask: torch.Tensor, *, tra
             traceback.print_exc(file=sys.stdout)
             actual = None
             problems.append(f"{tag}: the compiled run raised {type(e).__name__}: {e}")
-    report = Report(backend.records)
+    report = Report(backend.records, backend.patterns)
     _print_plan(title, report)
     if actual is None:
         checks.append((f"{tag} output", float("inf")))
@@ -435,6 +502,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the what-if table as one JSON object on stdout (everything else to stderr)")
     p.add_argument("--html", metavar="OUT.html", default=None,
                    help="write the self-contained HTML report (graph, kernels, roofline, refusals, what-if)")
+    p.add_argument("--layers", nargs="?", const="example", default=None, choices=LAYER_MODELS, metavar="MODEL",
+                   help="per-layer summary instead: each layer planned alone (kernels, bytes moved, predicted "
+                        "time, pattern rewrites); MODEL: example (default: a stack of example blocks), bert, "
+                        "gpt2, llama (Hugging Face `transformers`, eager attention)")
+    p.add_argument("--num-layers", type=int, default=2, metavar="N",
+                   help="layers of the --layers model (default 2)")
+    p.add_argument("--inductor", action="store_true",
+                   help="with --layers: also Inductor's kernel count per layer (compiles each layer with "
+                        "Inductor; on a CPU those are C++ loop nests, not GPU kernels)")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("config", help="list every knob: environment variable, default, help")

@@ -8,6 +8,7 @@ correctness check that the harness makes before any timing.
 from __future__ import annotations
 
 import os
+import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -70,6 +71,11 @@ class Contender:
             n = count_cuda_kernels(p.step)
             return n, "profiler (device activities)" if n is not None else "n/a", None
         return None, "n/a", None
+
+    def prediction(self, snapshot: Any) -> dict[str, Any] | None:
+        """The cost model's prediction for the warm call made since `snapshot` (None: this
+        contender has no cost model)."""
+        return None
 
 
 # --------------------------------------------------------------------------- torch steps
@@ -267,6 +273,129 @@ class Stitch(TorchContender):
                 kernels += calls * r.plan.num_kernels
                 eager_ops += calls * sum(isinstance(s, EagerStep) for s in r.plan.steps)
         return kernels, "stitchml plan (GPU launches; the interpreter runs global groups phase-split)", eager_ops
+
+    def prediction(self, snapshot: Any) -> dict[str, Any] | None:
+        return predict_call(self.backend.records, snapshot)
+
+
+# --------------------------------------------------------------------------- checked predictions (issue 17.4)
+
+STITCH_KERNEL_NAME = re.compile(r"^k_[0-9a-f]{24}$")
+
+
+def triton_function_name(text: str) -> str:
+    """The name a generated kernel runs under, which the profiler shows:
+    `runtime/kernel_cache.load_kernels` loads every kernel text as `k_<hash of the text
+    with its own name blanked>`, so kernels equal up to their name share one function
+    (and one profiler name).  tests/test_bench_predictions.py checks this against
+    `load_kernels` itself."""
+    from ..runtime.kernel_cache import _body_key
+    return "k_" + _body_key(text)[0][:24]
+
+
+def _profiler_names(ks: Any) -> list[str]:
+    """Names the kernel may run under: its text as generated and, where seeds are read
+    from device memory (a graph that may be CUDA-graph captured), that variant's."""
+    from ..runtime.cuda_graphs import device_seed_source
+    names = [triton_function_name(ks.source)]
+    seeded = triton_function_name(device_seed_source(ks).source)
+    return names + ([seeded] if seeded != names[0] else [])
+
+
+def predict_call(records: list[Any], snapshot: list[int]) -> dict[str, Any]:
+    """What the cost model predicts for one call of a stitch-compiled step: the sum,
+    over the graphs the call ran (forward and backward for a training step), of
+    calls x `plan.predicted_s`, and per launched kernel (a launch group counts once, as
+    its composite kernel) its class (the mapping form, or the group's kind), its
+    prediction with and without the launch term, and the names it runs under.
+    Eager ops between kernels (library calls) and graphs that ran eagerly are not
+    priced by the model: listed in `unpriced`."""
+    from ..plan.data import EagerStep
+    from ..plan.devices import current_device, describe_source
+    dev = current_device()
+    total, graphs, unpriced, kernels = 0.0, [], [], []
+    for i, r in enumerate(records):
+        calls = r.calls - (snapshot[i] if i < len(snapshot) else 0)
+        if not calls:
+            continue
+        if r.plan is None or r.eager_reason is not None:
+            unpriced.append(f"{r.kind} graph runs eagerly ({(r.eager_reason or '?').splitlines()[0][:120]})")
+            continue
+        plan = r.plan
+        eager_ops = sum(isinstance(s, EagerStep) for s in plan.steps)
+        total += calls * plan.predicted_s
+        graphs.append({"graph": r.kind, "calls": calls, "predicted_s": plan.predicted_s,
+                       "kernels": plan.num_kernels, "eager_ops": eager_ops})
+        if eager_ops:
+            unpriced.append(f"{r.kind}: {eager_ops} eager op(s) (library calls) x {calls}")
+        grouped = {m for g in plan.groups for m in g.members}
+        units = [(k.name, k.mapping.form, k.predicted_s) for k in plan.kernels if k.name not in grouped]
+        units += [(g.name, g.kind, g.predicted_s) for g in plan.groups]
+        for name, cls, pred in units:
+            ks = r.kernels.get(name)
+            if r.dynamic is not None or ks is None:
+                names, note = [], ("dynamic-shape graph: its kernels run as size templates, not matched"
+                                   if r.dynamic is not None else "no kernel source kept: name unknown")
+            else:
+                names, note = _profiler_names(ks), ""
+            kernels.append({"graph": r.kind, "kernel": name, "class": cls, "launches": calls,
+                            "predicted_s": calls * pred, "predicted_device_s": calls * max(pred - dev.launch_s, 0.0),
+                            "names": names, "note": note})
+    return {"predicted_s": total if graphs else None, "device": dev.name, "figures": describe_source(dev),
+            "launch_s": dev.launch_s, "graphs": graphs, "unpriced": unpriced, "kernels": kernels}
+
+
+def _kernel_row(name: str | None, ks: list[dict[str, Any]], note: str) -> dict[str, Any]:
+    classes = sorted({k["class"] for k in ks})
+    return {"profiler_name": name, "class": classes[0] if len(classes) == 1 else "mixed:" + "+".join(classes),
+            "kernels": [f"{k['graph']}:{k['kernel']}" for k in ks], "launches": sum(k["launches"] for k in ks),
+            "predicted_s": sum(k["predicted_s"] for k in ks),
+            "predicted_device_s": sum(k["predicted_device_s"] for k in ks),
+            "measured_s": None, "measured_launches": None, "error_pct": None, "device_error_pct": None, "note": note}
+
+
+def match_kernels(kernels: list[dict[str, Any]], measured: dict[str, tuple[float, int]] | None) -> dict[str, Any]:
+    """Per-kernel predicted against measured device time.  `kernels`: `predict_call`'s
+    entries; `measured`: {profiler name: (seconds per step, launches per step)}, or None
+    without a GPU.  Kernels that run under one name (equal up to their name: the same
+    layer's kernel in every layer) are one row, their predictions summed.  A row's
+    `error_pct` = 100 (predicted - measured) / measured (signed; `device_error_pct`
+    without the launch term, which the profiler's kernel durations do not contain).
+    Profiler names of stitchml's form that no planned kernel has, and the rest (library
+    kernels, memsets, copies), are reported apart."""
+    if measured is None:
+        rows = [_kernel_row(k["names"][0] if k["names"] else None, [k], k["note"] or "no GPU: not measured")
+                for k in kernels]
+        return {"measured": False, "note": "no GPU: not measured", "rows": rows, "unmatched": [], "other": None}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    rows = []
+    for k in kernels:
+        name = next((n for n in k["names"] if n in measured), None)
+        if name is not None:
+            groups.setdefault(name, []).append(k)
+            continue
+        tried = ", ".join(k["names"])
+        rows.append(_kernel_row(None, [k], k["note"] or f"no profiler kernel named {tried}: cannot match"))
+    for name, ks in groups.items():
+        row = _kernel_row(name, ks, "")
+        secs, launches = measured[name]
+        row.update(measured_s=secs, measured_launches=launches)
+        if secs > 0:
+            row["error_pct"] = 100.0 * (row["predicted_s"] - secs) / secs
+            row["device_error_pct"] = 100.0 * (row["predicted_device_s"] - secs) / secs
+        if launches != row["launches"]:
+            row["note"] = (f"profiler saw {launches} launch(es) per step, the plans {row['launches']} (the time is "
+                           "all of them)")
+        rows.append(row)
+    matched = {r["profiler_name"] for r in rows if r["profiler_name"]}
+    unmatched = [{"profiler_name": n, "measured_s": s, "launches": c,
+                  "note": "named like a stitchml kernel but no kernel the call ran has this name"}
+                 for n, (s, c) in sorted(measured.items()) if n not in matched and STITCH_KERNEL_NAME.match(n)]
+    rest = {n: v for n, v in measured.items() if n not in matched and not STITCH_KERNEL_NAME.match(n)}
+    top = sorted(rest.items(), key=lambda kv: -kv[1][0])[:8]
+    other = {"seconds": sum(s for s, _ in rest.values()), "launches": sum(c for _, c in rest.values()),
+             "top": [{"name": n[:120], "seconds": s, "launches": c} for n, (s, c) in top]}
+    return {"measured": True, "note": "", "rows": rows, "unmatched": unmatched, "other": other}
 
 
 # --------------------------------------------------------------------------- JAX

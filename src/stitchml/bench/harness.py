@@ -93,6 +93,11 @@ class CaseResult:
     # models suite: cold (empty caches), warm cache in a fresh process, stitch's split
     compile: dict[str, Any] | None = None
     run_date: str = ""                    # date_utc of the run that measured it (--resume merges runs)
+    # stitchml rows: the cost model's prediction of the timed median (sum over the graphs a
+    # call runs of plan.predicted_s), how it was made, and per kernel predicted vs profiler time
+    predicted_s: float | None = None
+    prediction: dict[str, Any] | None = None
+    kernel_times: dict[str, Any] | None = None
 
     @property
     def median_s(self) -> float | None:
@@ -273,6 +278,18 @@ def _compiles(c: Contender) -> bool:
     return c.name in CONTENDER_NAMES and isinstance(c, TorchContender)
 
 
+def _kernel_times(kernels: list[dict[str, Any]], prof: Any, ctx: RunContext) -> dict[str, Any]:
+    """Per-kernel predicted against profiler time (GPU), else predictions only."""
+    from .contenders import match_kernels
+    if ctx.device.type != "cuda":
+        return match_kernels(kernels, None)
+    if prof is None:
+        out = match_kernels(kernels, None)
+        out["note"] = "GPU, but the profiler gave no device activities: not measured"
+        return out
+    return match_kernels(kernels, prof.by_name)
+
+
 def run_contender(c: Contender, w: Workload, ref: list[torch.Tensor], ref_variant: list[torch.Tensor] | None,
                   ctx: RunContext, reps: int, copy_bw: float) -> CaseResult:
     res = CaseResult(w.suite, w.name, w.dtype, c.name, w.shape, w.mode, notes=[w.notes] if w.notes else [])
@@ -319,10 +336,17 @@ def run_contender(c: Contender, w: Workload, ref: list[torch.Tensor], ref_varian
         snapshot = c.launch_snapshot()
         _, res.warm_s = wall_call(p.step, ctx.device)
         res.launches, res.launches_source, res.eager_ops = c.launches(snapshot, p, ctx)
+        predicted = c.prediction(snapshot)
+        if predicted is not None:
+            kernels = predicted.pop("kernels")
+            res.predicted_s, res.prediction = predicted["predicted_s"], predicted
         if c.name == "stitchml" and w.expect_stitch_kernels is not None and res.launches != w.expect_stitch_kernels:
             problems.append(f"expected {w.expect_stitch_kernels} launch(es) per call, the plan has {res.launches}")
         timing = _time(p, ctx, reps, res.warm_s, w)
         res.timing = timing.to_json()
+        if res.prediction is not None and res.predicted_s and timing.median_s > 0:
+            res.prediction["measured_over_predicted"] = timing.median_s / res.predicted_s
+            res.prediction["meaningful"] = timing.meaningful
         if res.min_bytes and timing.median_s > 0:
             res.gbps = res.min_bytes / timing.median_s / 1e9
             res.pct_of_copy_bw = 100.0 * res.min_bytes / timing.median_s / copy_bw
@@ -334,6 +358,8 @@ def run_contender(c: Contender, w: Workload, ref: list[torch.Tensor], ref_varian
                 res.device_ops_profiled = prof.activities
                 if timing.median_s > 0:
                     res.busy_fraction = prof.median_s / timing.median_s
+            if predicted is not None:
+                res.kernel_times = _kernel_times(kernels, prof, ctx)
             n_host = host_reps(w, ctx, reps)
             if n_host:
                 res.host_time = time_host_per_step(p.step, ctx.device, n_host).to_json()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,11 +94,25 @@ def _graph_mark(r: "CaseResult") -> str:
     return " (g)" if "graph" in method else ""
 
 
+def _predicted(r: "CaseResult") -> str:
+    return fmt_time(r.predicted_s) if r.predicted_s is not None else "—"
+
+
+def _ratio(r: "CaseResult") -> str:
+    """measured median / predicted; n/m where the timing is not meaningful (CPU)."""
+    t = r.timing or {}
+    if not r.predicted_s or not t.get("median_s"):
+        return "—"
+    if not t.get("meaningful", False):
+        return "n/m"
+    return f"{t['median_s'] / r.predicted_s:.2f}"
+
+
 def _suite_table(results: list["CaseResult"]) -> list[str]:
     sp = speedups(results)
-    lines = ["| case | dtype | contender | median | IQR | device time | × eager | GB/s | % copy BW | launches/call | "
-             "cold call | warm call | peak mem | status |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| case | dtype | contender | median | IQR | predicted | meas./pred. | device time | × eager | GB/s | "
+             "% copy BW | launches/call | cold call | warm call | peak mem | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         t = r.timing or {}
         launches = "n/a" if r.launches is None else str(r.launches)
@@ -108,7 +123,7 @@ def _suite_table(results: list["CaseResult"]) -> list[str]:
         x = sp.get((r.case, r.dtype, r.contender))
         lines.append(" | ".join([
             f"| {r.case}", r.dtype, r.contender, fmt_time(t.get("median_s")) + _graph_mark(r),
-            fmt_time(t.get("iqr_s")), _dev(r), f"{x:.2f}" if x else "—",
+            fmt_time(t.get("iqr_s")), _predicted(r), _ratio(r), _dev(r), f"{x:.2f}" if x else "—",
             f"{r.gbps:.1f}" if r.gbps is not None else "—",
             f"{r.pct_of_copy_bw:.1f}" if r.pct_of_copy_bw is not None else "—",
             launches, fmt_time(r.cold_s), fmt_time(r.warm_s), _fmt_bytes(r.peak_mem_bytes), _status(r) + " |"]))
@@ -137,7 +152,9 @@ def _warm_cache(r: "CaseResult") -> str:
         return "error: " + str(wc["error"]).replace("|", "/")[:60]
     st = wc.get("stitch") or {}
     hits = f", {st['plan_cache_hits']}/{st.get('graphs')} plan-cache hits" if st.get("plan_cache_hits") else ""
-    extra = f" (stitch compile {fmt_time(st.get('compile_s'))}{hits})" if st else ""
+    pc = (f", plan cache {fmt_time(st['plan_cache_s'])}, lower+plan+codegen {fmt_time(st.get('plan_codegen_s'))}"
+          if st.get("plan_cache_s") is not None else "")
+    extra = f" (stitch compile {fmt_time(st.get('compile_s'))}{pc}{hits})" if st else ""
     return fmt_time(wc.get("first_call_s")) + extra
 
 
@@ -145,23 +162,142 @@ def _models_table(results: list["CaseResult"]) -> list[str]:
     """Where a training/inference step's time goes, per contender: wall (CUDA events),
     GPU-busy (profiler kernel time), host time to issue the step, launches, and compile."""
     sp = speedups(results)
-    lines = ["| case | dtype | contender | wall median | IQR | × eager | GPU busy | busy % | host/step | "
-             "launches/step | cold call (empty caches) | warm cache, fresh process | stitch compile split | "
-             "peak mem | status |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| case | dtype | contender | wall median | IQR | predicted | meas./pred. | × eager | GPU busy | "
+             "busy % | host/step | launches/step | cold call (empty caches) | warm cache, fresh process | stitch plan cache | "
+             "stitch lower+plan+codegen | stitch compile split | peak mem | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         t, h = r.timing or {}, r.host_time or {}
         x = sp.get((r.case, r.dtype, r.contender))
         dev = r.device_time or {}
         launches = dev.get("kernels_per_step", r.launches)
+        st = (r.compile or {}).get("stitch") or {}
         lines.append(" | ".join([
             f"| {r.case}", r.dtype, r.contender, fmt_time(t.get("median_s")), fmt_time(t.get("iqr_s")),
-            f"{x:.2f}" if x else "—", fmt_time(dev.get("median_s")),
+            _predicted(r), _ratio(r), f"{x:.2f}" if x else "—", fmt_time(dev.get("median_s")),
             f"{100 * r.busy_fraction:.0f}%" if r.busy_fraction is not None else "—",
             fmt_time(h.get("median_s")), "n/a" if launches is None else str(launches),
-            fmt_time((r.compile or {}).get("cold_s", r.cold_s)), _warm_cache(r), _split(r),
-            _fmt_bytes(r.peak_mem_bytes), _status(r) + " |"]))
+            fmt_time((r.compile or {}).get("cold_s", r.cold_s)), _warm_cache(r), fmt_time(st.get("plan_cache_s")),
+            fmt_time(st.get("plan_codegen_s")), _split(r), _fmt_bytes(r.peak_mem_bytes), _status(r) + " |"]))
     return lines
+
+
+# --------------------------------------------------------------------------- checked predictions (issue 17.4)
+
+KERNEL_CLASSES = ("pointwise", "row_persistent", "packed_rows", "row_looped", "combine", "global", "horizontal")
+NOT_MEASURED = "no GPU: not measured"
+
+
+def _ape(predicted: float, measured: float) -> float:
+    return 100.0 * abs(predicted - measured) / measured
+
+
+def kernel_class_errors(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per kernel class (the mapping form, or a launch group's kind), from per-kernel
+    rows {class, predicted_s, predicted_device_s, measured_s, launches}: how many rows
+    were measured, their launches, the mean absolute % error of the prediction against
+    the profiler's time (|predicted - measured| / measured), the same without the launch
+    term, and the median signed error (+: the model predicts too slow).  Rows with no
+    measurement count as `unmatched`.  Classes in KERNEL_CLASSES order, others after."""
+    by: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        c = by.setdefault(r["class"], {"class": r["class"], "n": 0, "launches": 0, "unmatched": 0, "_ape": [],
+                                       "_dev": [], "_signed": []})
+        m = r.get("measured_s")
+        if not m or m <= 0:
+            c["unmatched"] += 1
+            continue
+        c["n"] += 1
+        c["launches"] += int(r.get("launches") or 0)
+        c["_ape"].append(_ape(r["predicted_s"], m))
+        c["_dev"].append(_ape(r.get("predicted_device_s", r["predicted_s"]), m))
+        c["_signed"].append(100.0 * (r["predicted_s"] - m) / m)
+    out = []
+    order = {k: i for i, k in enumerate(KERNEL_CLASSES)}
+    for c in sorted(by.values(), key=lambda c: (order.get(c["class"], len(order)), c["class"])):
+        ape, dev, signed = c.pop("_ape"), c.pop("_dev"), c.pop("_signed")
+        c["mape_pct"] = sum(ape) / len(ape) if ape else None
+        c["device_mape_pct"] = sum(dev) / len(dev) if dev else None
+        c["median_signed_pct"] = statistics.median(signed) if signed else None
+        out.append(c)
+    return out
+
+
+def _kernel_rows(results: list["CaseResult"]) -> list[dict[str, Any]]:
+    """Per-kernel rows of stitchml's rows, one contender per (suite, case, dtype): the
+    kernels of `stitchml` and `stitchml-nograph` are the same, counting both would
+    weigh them twice."""
+    chosen: dict[tuple[str, str, str], "CaseResult"] = {}
+    for r in results:
+        if r.kernel_times is None or r.status != "ok":
+            continue
+        key = (r.suite, r.case, r.dtype)
+        if key not in chosen or r.contender == "stitchml":
+            chosen[key] = r
+    return [dict(k, case=r.case, dtype=r.dtype) for r in chosen.values() for k in r.kernel_times.get("rows", [])]
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1f}%"
+
+
+def prediction_lines(results: list["CaseResult"]) -> list[str]:
+    """The results.md section: where stitchml's predictions come from, the step-level
+    ratio per suite, and the per-kernel-class error table (GPU), or why it is empty."""
+    rows = [r for r in results if r.prediction is not None]
+    if not rows:
+        return []
+    sources = sorted({f"{r.prediction.get('device')} ({r.prediction.get('figures')})" for r in rows})
+    lines = ["## prediction check (cost model vs measured)", "",
+             f"predicted = the cost model's time for one call: the sum over the graphs the call runs (forward and "
+             f"backward for a training step) of the plan's predicted time, on {', '.join(sources)}. It prices "
+             "the stitched kernels and their launches only: library calls (matmuls, attention) between them and "
+             "graphs that ran eagerly are not in it (results.json: `prediction.unpriced`), so rows with eager ops "
+             "are expected above 1. meas./pred. = measured median / predicted (n/m: CPU timings are not meaningful).",
+             ""]
+    ratios: dict[str, list[float]] = {}
+    for r in rows:
+        t = r.timing or {}
+        if r.status == "ok" and r.predicted_s and t.get("median_s") and t.get("meaningful"):
+            ratios.setdefault(r.suite, []).append(t["median_s"] / r.predicted_s)
+    for suite, vals in sorted(ratios.items()):
+        lines.append(f"- {suite}: measured/predicted median {statistics.median(vals):.2f} over {len(vals)} rows "
+                     f"(min {min(vals):.2f}, max {max(vals):.2f})")
+    kernel_rows = _kernel_rows(results)
+    measured = [k for k in kernel_rows if k.get("measured_s")]
+    lines += ([""] if ratios else []) + ["### per kernel class", "",
+              "Per stitchml kernel: predicted time (cost model, launch term included) against the profiler's device "
+              "time, matched by the name the kernel runs under (`k_<hash of its body>`: kernels equal up to their "
+              "name, e.g. the same kernel in every layer, share one name and are one entry, their predictions "
+              "summed). Class = mapping form, or the launch group's kind (global, horizontal). error = |predicted - "
+              "measured| / measured; 'w/o launch' leaves out the model's per-launch term, which a kernel's device "
+              "duration does not contain; signed: + = predicted slower than measured.", ""]
+    if not measured:
+        note = NOT_MEASURED if not any((r.kernel_times or {}).get("measured") for r in rows) else \
+            "GPU run, but no stitchml kernel name was matched in the profiler's trace (see results.json)"
+        by_class: dict[str, int] = {}
+        for k in kernel_rows:
+            by_class[k["class"]] = by_class.get(k["class"], 0) + 1
+        lines.append(f"**{note}** (predicted kernels per class: "
+                     + (", ".join(f"{c} {n}" for c, n in sorted(by_class.items())) or "none") + ")")
+        return lines + [""]
+    lines += ["| class | kernels measured | launches | mean abs % error | mean abs % error w/o launch | "
+              "median signed % | not matched |", "|---|---|---|---|---|---|---|"]
+    for c in kernel_class_errors(kernel_rows):
+        lines.append(f"| {c['class']} | {c['n']} | {c['launches']} | {_pct(c['mape_pct'])} | "
+                     f"{_pct(c['device_mape_pct'])} | {_pct(c['median_signed_pct'])} | {c['unmatched']} |")
+    unmatched = [k for k in kernel_rows if not k.get("measured_s")]
+    if unmatched:
+        lines += ["", f"{len(unmatched)} kernel(s) could not be matched to a profiler name:"]
+        lines += [f"- `{k['case']}` {k['dtype']} {', '.join(k['kernels'])}: {k['note']}" for k in unmatched[:20]]
+        if len(unmatched) > 20:
+            lines.append(f"- ... {len(unmatched) - 20} more in results.json")
+    stray = [(r.case, r.dtype, u) for r in results if r.kernel_times for u in r.kernel_times.get("unmatched", [])]
+    if stray:
+        lines += ["", "Profiler kernels named like stitchml's that no planned kernel has (not in the table):"]
+        lines += [f"- `{case}` {dtype} {u['profiler_name']}: {fmt_time(u['measured_s'])}"
+                  for case, dtype, u in stray[:20]]
+    return lines + [""]
 
 
 def _ttt_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -228,11 +364,16 @@ def to_markdown(run: "BenchRun", plot_files: list[Path], plot_note: str) -> str:
                       "(far below 100%: the host is the bottleneck); host/step = from a synchronised start to the "
                       "call's return; launches/step = device activities (kernels) the profiler saw, else the plan's "
                       "count; cold call with empty compile caches; warm cache = first call of a fresh process that "
-                      "shares the cold call's caches.", ""] + _models_table(rows) + [""]
+                      "shares the cold call's caches; predicted, meas./pred.: stitchml's cost model (section "
+                      "'prediction check'); stitch plan cache = plan-cache key, lookup and store; stitch "
+                      "lower+plan+codegen = lowering + plan cache + planning + code generation (the figure issue 14 "
+                      "bounds), summed over the graphs of the cold call.", ""] + _models_table(rows) + [""]
         elif rows:
             lines += [f"## {suite}", "",
                       "(g) = replayed from a CUDA graph (micro forward+backward rows: every contender); device time "
-                      "= kernel time per call from the profiler (GPU only).", ""] + _suite_table(rows) + [""]
+                      "= kernel time per call from the profiler (GPU only); predicted, meas./pred.: stitchml's cost "
+                      "model (section 'prediction check').", ""] + _suite_table(rows) + [""]
+    lines += prediction_lines(results)
     if ttt:
         lines += ["## time_to_target", "",
                   "Steps and training wall time until the training loss reaches the target (the compile, in the "

@@ -191,12 +191,15 @@ def _time_gpu_graphed(step: Callable[[], Any], device: torch.device, reps: int) 
 class DeviceProfile:
     """Per step: the sum of the durations of the device activities the profiler saw
     (kernels, memsets, copies), and how many of each.  busy = kernel time: it excludes
-    the gaps in which the GPU waits for the host."""
+    the gaps in which the GPU waits for the host.  `by_name`: per activity name, the
+    median over the profiled steps of its summed duration, and its launches per step
+    (what the bench matches against stitchml's per-kernel predictions)."""
 
     samples_s: list[float]
     kernels: int
     activities: int
     method: str = "torch.profiler (CUDA activity), sum of device-activity durations per step"
+    by_name: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     @property
     def median_s(self) -> float:
@@ -206,7 +209,8 @@ class DeviceProfile:
         t = Timing(self.samples_s, self.method, True)
         return {"method": self.method, "median_s": t.median_s, "iqr_s": t.iqr_s, "n": len(self.samples_s),
                 "samples_s": self.samples_s, "kernels_per_step": self.kernels,
-                "activities_per_step": self.activities}
+                "activities_per_step": self.activities,
+                "per_kernel": {n: {"median_s": s, "launches": k} for n, (s, k) in sorted(self.by_name.items())}}
 
 
 def summarise_device_events(events: Any) -> tuple[float, int, int]:
@@ -227,6 +231,28 @@ def summarise_device_events(events: Any) -> tuple[float, int, int]:
     return total_us * 1e-6, kernels, acts
 
 
+def device_time_by_name(events: Any) -> dict[str, tuple[float, int]]:
+    """{activity name: (seconds, launches)} over the device events of one profiled step."""
+    cuda = torch.autograd.DeviceType.CUDA
+    out: dict[str, tuple[float, int]] = {}
+    for evt in events:
+        if getattr(evt, "device_type", None) != cuda:
+            continue
+        name = str(getattr(evt, "name", "") or getattr(evt, "key", ""))
+        tr = getattr(evt, "time_range", None)
+        s, n = out.get(name, (0.0, 0))
+        out[name] = (s + (tr.elapsed_us() * 1e-6 if tr is not None else 0.0), n + 1)
+    return out
+
+
+def median_by_name(steps: list[dict[str, tuple[float, int]]]) -> dict[str, tuple[float, int]]:
+    """Per name, the median over steps of its seconds (0 in a step it is absent from)
+    and its largest launch count in one step."""
+    names = {n for st in steps for n in st}
+    return {n: (statistics.median(st.get(n, (0.0, 0))[0] for st in steps), max(st.get(n, (0.0, 0))[1] for st in steps))
+            for n in names}
+
+
 def profile_device(step: Callable[[], Any], device: torch.device, reps: int = 5) -> DeviceProfile | None:
     """Kernel time per step from torch.profiler: each rep is profiled on its own (the
     L2 flush runs before the profiler starts, so it is not counted).  None on the CPU
@@ -236,18 +262,20 @@ def profile_device(step: Callable[[], Any], device: torch.device, reps: int = 5)
     try:
         from torch.profiler import ProfilerActivity, profile
         flush = L2Flusher(device)
-        samples, kernels, acts = [], 0, 0
+        samples, kernels, acts, named = [], 0, 0, []
         for _ in range(reps):
             flush()
             torch.cuda.synchronize(device)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 step()
                 torch.cuda.synchronize(device)
-            s, kernels, acts = summarise_device_events(prof.events())
+            events = prof.events()
+            s, kernels, acts = summarise_device_events(events)
             if acts == 0:
                 return None
             samples.append(s)
-        return DeviceProfile(samples, kernels, acts)
+            named.append(device_time_by_name(events))
+        return DeviceProfile(samples, kernels, acts, by_name=median_by_name(named))
     except Exception:   # the profiler is a measurement aid: its failure must not fail a row
         return None
 

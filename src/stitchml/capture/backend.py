@@ -10,17 +10,22 @@ from torch._dynamo.backends.common import aot_autograd
 
 from .. import patterns
 from ..compiler import CompiledGraph, compile_graph
+from ..patterns.common import PatternRecord
 from .decomp import decomposition_table
 
 
 class StitchBackend:
-    """A backend instance; `records` lists every graph it compiled (for explain)."""
+    """A backend instance; `records` lists every graph it compiled and `patterns` the
+    pattern rewrites applied or refused on the Dynamo graphs it was given (for explain)."""
 
     def __init__(self) -> None:
         self.records: list[CompiledGraph] = []
+        self.patterns: list[PatternRecord] = []
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs) -> Callable:
-        patterns.rewrite(gm, example_inputs)  # Dynamo-level rewrites (issue 15); records in patterns.LOG
+        # Dynamo-level rewrites (issue 15).  patterns.LOG is process-wide (every backend,
+        # every model): the backend keeps its own graphs' records, so a report shows only them
+        self.patterns.extend(patterns.rewrite(gm, example_inputs))
         training = torch.is_grad_enabled() and any(
             isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
         fw_kind = "forward" if training else "inference"

@@ -1,18 +1,20 @@
 """`explain`: what stitchml did with a function and why.
 
-Every kernel with its ops, stitching scheme, thread mapping and modelled bytes; every
-op that runs eagerly with its reason; every refused fusion with its reason.
+Every pattern rewrite of the Dynamo graph applied or refused with its reason; every
+kernel with its ops, stitching scheme, thread mapping and modelled bytes; every op
+that runs eagerly with its reason; every refused fusion with its reason.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..capture.backend import StitchBackend
 from ..compiler import CompiledGraph
 from ..ir.nodes import Fallback
+from ..patterns.common import PatternRecord
 from ..plan.devices import current_device, describe_source
 
 
@@ -33,8 +35,23 @@ def _mb(b: int) -> str:
 
 
 class Report:
-    def __init__(self, graphs: list[CompiledGraph]):
+    """What one backend compiled: its graphs (`CompiledGraph`) and the pattern rewrites
+    it applied or refused on the Dynamo graphs before AOTAutograd (`PatternRecord`)."""
+
+    def __init__(self, graphs: list[CompiledGraph], patterns: Sequence[PatternRecord] | None = None):
         self.graphs = graphs
+        self.patterns = list(patterns or ())
+        # None: built without the backend's capture (plan_report, records alone): not "none matched"
+        self.patterns_recorded = patterns is not None
+
+    def pattern_lines(self) -> list[str]:
+        """One line per rewrite applied or refused, with what it produced or why not."""
+        if not self.patterns_recorded:
+            return ["  (not recorded: this report was built without the stitch backend's pattern rewrites)"]
+        if not self.patterns:
+            return ["  (none: no pattern matched, or the rewrites are switched off)"]
+        return [f"  {'rewritten' if r.applied else 'refused':9} {r.pattern} at {r.anchor}: {r.detail}"
+                for r in self.patterns]
 
     @property
     def kernels(self) -> list[KernelInfo]:
@@ -98,7 +115,9 @@ class Report:
         return write_html(self, path, measured_us=measured_us, title=title, what_if=what_if)
 
     def to_text(self) -> str:
-        lines = []
+        applied = sum(r.applied for r in self.patterns)
+        lines = [f"pattern rewrites (Dynamo graph, before AOTAutograd): {applied} applied, "
+                 f"{len(self.patterns) - applied} refused"] + self.pattern_lines()
         for rec in self.graphs:
             lines.append(f"== {rec.kind} graph ==")
             if rec.dynamic is not None:  # buckets, templates, and why a size got its own kernels
@@ -156,7 +175,7 @@ def explain(fn: Callable, *example_inputs: Any, backward: bool = False, **compil
         outs = out if isinstance(out, (tuple, list)) else (out,)
         loss = sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad)
         loss.backward()
-    return Report(backend.records)
+    return Report(backend.records, backend.patterns)
 
 
 def plan_report(model: Callable, *example_inputs: Any, backward: bool = True) -> Report:

@@ -11,9 +11,12 @@ applied or refused.  Planning a layer alone ignores fusion across its boundary
 plan may do.
 
 Inductor's kernel count for the same layer (`inductor=True`) compiles the layer with
-Inductor for the device at hand: on a CPU that is C++ (one `cpp_fused_*` function per
-fused loop nest), which is not the GPU count and costs seconds of C++ compilation per
-layer; the GPU comparison needs a GPU.
+Inductor for the device at hand (forward, and backward when training): on a CPU that is
+C++ (one `cpp_fused_*` function per fused loop nest), which is not the GPU count and
+costs seconds of C++ compilation per layer; the summary says which it is
+(`LayerSummary.inductor_note`); the GPU comparison needs a GPU.
+
+`stitchml explain --layers [example|bert|gpt2|llama]` prints the summary.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import torch.nn as nn
 
 from .. import patterns
 from ..compiler import CompiledGraph
+from ..patterns.common import PatternRecord
 from ..plan.devices import current_device
 
 
@@ -72,12 +76,24 @@ class LayerSummary:
     device: str
     backward: bool
     rows: list[LayerRow] = field(default_factory=list)
+    inductor_device: str | None = None    # device type Inductor compiled for; None: not counted
+
+    @property
+    def inductor_note(self) -> str:
+        """What the Inductor column counts."""
+        if self.inductor_device is None:
+            return "Inductor not run (--inductor counts its kernels for the same layer graphs)"
+        if self.inductor_device == "cpu":
+            return ("Inductor column: C++ functions (cpp_fused_*) Inductor generated for the CPU: NOT GPU kernel "
+                    "counts, not comparable with stitchml's kernels (GPU launches); run on a GPU for that")
+        return f"Inductor column: Triton kernels Inductor generated for {self.inductor_device}"
 
     def to_text(self) -> str:
         head = (f"kernels per layer: {self.model} ({'training: forward + backward' if self.backward else 'inference'},"
                 f" predicted on {self.device}; each layer planned alone)")
+        ind_head = "ind. C++" if self.inductor_device == "cpu" else "inductor"
         lines = [head, f"  {'layer':28} {'type':22} {'kernels':>7} {'library':>7} {'modelled MB':>11} "
-                       f"{'unfused MB':>10} {'pred. us':>9} {'inductor':>8}"]
+                       f"{'unfused MB':>10} {'pred. us':>9} {ind_head:>8}"]
         for r in self.rows:
             ind = "-" if r.inductor_kernels is None else str(r.inductor_kernels)
             lib = sum(g.library_calls for g in r.graphs)
@@ -86,6 +102,13 @@ class LayerSummary:
             per = ", ".join(f"{g.kind} {g.kernels}" for g in r.graphs)
             lines.append(f"  {'':28} kernels by graph: {per}")
             lines.extend(f"  {'':28} pattern {p}" for p in r.patterns)
+        if self.rows:
+            lines.append(f"  total: {sum(r.kernels for r in self.rows)} kernels, "
+                         f"{sum(r.modelled_bytes for r in self.rows) / 1e6:.3f} MB modelled, "
+                         f"{sum(r.predicted_us for r in self.rows):.1f} us predicted")
+        else:
+            lines.append("  (no layer was called: no nn.ModuleList child ran in this forward)")
+        lines.append(f"  {self.inductor_note}")
         return "\n".join(lines)
 
 
@@ -127,9 +150,10 @@ def _detach(x):
     return x
 
 
-def _planning_backend(records: list[CompiledGraph]) -> Callable:
+def _planning_backend(records: list[CompiledGraph], rewrites: list[PatternRecord]) -> Callable:
     """Our capture path (pattern rewrites, AOTAutograd with our decompositions),
-    planning each graph without generating kernels; the graph itself runs eagerly."""
+    planning each graph without generating kernels; the graph itself runs eagerly.
+    The rewrites' records go to `rewrites` (patterns.LOG is process-wide)."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
@@ -146,7 +170,7 @@ def _planning_backend(records: list[CompiledGraph]) -> Callable:
         return compiler
 
     def backend(gm, example_inputs):
-        patterns.rewrite(gm, example_inputs)
+        rewrites.extend(patterns.rewrite(gm, example_inputs))
         fw = planned("forward")
         return aot_autograd(fw_compiler=fw, bw_compiler=planned("backward"), inference_compiler=planned("inference"),
                             decompositions=decomposition_table())(gm, example_inputs)
@@ -170,12 +194,23 @@ def _graph_row(rec: CompiledGraph) -> GraphRow:
                     plan.predicted_s * 1e6)
 
 
-def inductor_kernel_count(fn: Callable, *args: Any) -> int:
+def inductor_kernel_count(fn: Callable, *args: Any, backward: bool = False) -> int:
     """Kernels Inductor generates for fn on this device (GPU: Triton kernels; CPU: C++
-    fused loop nests, a different count).  Compiles for real: seconds per graph on a CPU."""
+    fused loop nests, a different count), forward and, with `backward`, the backward
+    graph too (compiled when the backward runs).  Compiles for real: seconds per graph
+    on a CPU."""
     from torch._inductor.utils import run_and_get_code
     torch._dynamo.reset()
-    _, codes = run_and_get_code(torch.compile(fn), *args)
+    compiled = torch.compile(fn)
+
+    def step(*a: Any) -> Any:
+        with torch.set_grad_enabled(backward):
+            out = compiled(*a)
+            first = _first_tensor(out) if backward else None
+            if first is not None and first.requires_grad:
+                first.float().sum().backward()
+        return out
+    _, codes = run_and_get_code(step, *args)
     src = "\n".join(codes)
     names = set(re.findall(r"\b(cpp_fused_\w+|triton_\w+_fused_\w+|triton_(?:poi|red|per|tem)_\w+)\s*=", src))
     return len(names)
@@ -200,23 +235,48 @@ def summarise_layers(model: nn.Module, *inputs: Any, layers: Sequence[str] | Non
         def run(*a, layer=layer, kw=kw):
             return layer(*a, **kw)
         records: list[CompiledGraph] = []
-        seen = len(patterns.LOG)
+        rewrites: list[PatternRecord] = []
         t0 = time.perf_counter()
         torch._dynamo.reset()
         with torch.set_grad_enabled(backward):
-            res = torch.compile(run, backend=_planning_backend(records))(*args)
+            res = torch.compile(run, backend=_planning_backend(records, rewrites))(*args)
             if backward:
                 first = _first_tensor(res)
                 if first is not None and first.requires_grad:
                     first.float().sum().backward()
         seconds = time.perf_counter() - t0
-        pats = tuple(r.line() for r in patterns.LOG[seen:])
+        pats = tuple(r.line() for r in rewrites)
         ind = None
         if inductor:
-            ind = inductor_kernel_count(run, *(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
+            fresh = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+                          for a in args)
+            ind = inductor_kernel_count(run, *fresh, backward=backward)
+            out.inductor_device = _device_type(args)
         out.rows.append(LayerRow(name, type(layer).__name__, tuple(_graph_row(r) for r in records if r.plan),
                                  pats, ind, seconds))
     return out
+
+
+def _device_type(args: Sequence[Any]) -> str:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device.type
+    return "cpu"
+
+
+class ExampleStack(nn.Module):
+    """`n` of the example transformer blocks (`tools/examples.py`) in an nn.ModuleList:
+    the model `stitchml explain --layers` summarises by default."""
+
+    def __init__(self, n: int = 2, hidden: int = 64, heads: int = 4, dropout: float = 0.0, seed: int = 0):
+        super().__init__()
+        from .examples import make_block
+        self.layers = nn.ModuleList(make_block(hidden, heads, dropout=dropout, seed=seed + i) for i in range(n))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
 
 
 def reference_blocks(batch: int = 2, seq: int = 16, hidden: int = 64, heads: int = 4, layers: int = 2,

@@ -6,7 +6,8 @@ launches, where the cost model's figures come from), the what-if table, each gra
 drawn by Graphviz (`dot -Tsvg`, inlined) with every op filled with its kernel's
 colour and framed by its scheme's colour, the per-kernel table (bytes, predicted and
 measured time), a bandwidth roofline and the what-if bars (matplotlib, inlined as PNG),
-the launch groups and the plan search per graph, the refused fusions and the eager ops
+the launch groups and the plan search per graph, the pattern rewrites of the Dynamo
+graph (applied, or refused with the reason), the refused fusions and the eager ops
 with their reasons.  Nothing is fetched: no external scripts, styles or fonts.
 Without Graphviz the graph section says so and lists the ops per kernel instead.
 """
@@ -365,7 +366,8 @@ def build_html(report, measured_us: dict[str, float] | None = None, title: str =
                          ("eager ops", f"{len(report.fallbacks)}"),
                          ("modelled bytes", f"{report.modelled_bytes / 1e6:,.2f} MB"),
                          ("unfused bytes", f"{report.unfused_bytes / 1e6:,.2f} MB"),
-                         ("device", dev.name), ("measured kernels", f"{n_meas} of {len(krows)}")]:
+                         ("device", dev.name), ("measured kernels", f"{n_meas} of {len(krows)}"),
+                         ("pattern rewrites", _pattern_count(report))]:
         parts.append(f"<div class='card'>{_esc(label)}<b>{_esc(value)}</b></div>")
     parts.append("</div>")
     parts.append(f"<p class='note'>Cost-model figures: {_esc(describe_source(dev))}. "
@@ -453,6 +455,8 @@ def build_html(report, measured_us: dict[str, float] | None = None, title: str =
     if rows:
         parts.append(_table(["graph", "region", "winner", "rules us", "chosen us", "saved", "note"], rows))
 
+    parts.append(pattern_section(report))
+
     # refusals and eager ops
     parts.append("<h2>Refused fusions</h2>")
     reasons: Counter = Counter()
@@ -489,6 +493,33 @@ def build_html(report, measured_us: dict[str, float] | None = None, title: str =
     return "\n".join(parts)
 
 
+def _pattern_count(report) -> str:
+    if not getattr(report, "patterns_recorded", True):
+        return "not recorded"
+    recs = getattr(report, "patterns", None) or []
+    applied = sum(r.applied for r in recs)
+    return f"{applied} applied, {len(recs) - applied} refused"
+
+
+def pattern_section(report) -> str:
+    """The pattern rewrites of the Dynamo graph (before AOTAutograd): each applied or
+    refused, at which node, and what it produced or why it refused."""
+    recs = getattr(report, "patterns", None) or []
+    out = ["<h2>Pattern rewrites (Dynamo graph, before AOTAutograd)</h2><div id='patterns'>"]
+    if not getattr(report, "patterns_recorded", True):
+        out.append("<p class='note'>not recorded: this report was built without the stitch backend's pattern "
+                   "rewrites (planning only)</p>")
+    elif not recs:
+        out.append("<p class='note'>no pattern rewrite applied or refused (nothing matched, or the rewrites are "
+                   "switched off)</p>")
+    else:
+        rows = [[r.pattern, r.anchor, ("<b>rewritten</b>" if r.applied else "<span class='warn'>refused</span>",
+                                       "rewritten" if r.applied else "refused"), r.detail] for r in recs]
+        out.append(_table(["pattern", "at node", "outcome", "what it produced / why it refused"], rows))
+    out.append("</div>")
+    return "".join(out)
+
+
 def search_lines(s) -> list[list[Any]]:
     """Rows for the plan-search table: per region where the search reports them,
     else one row for the whole graph."""
@@ -511,4 +542,5 @@ def write_html(report, path: str | os.PathLike, measured_us: dict[str, float] | 
     return str(p)
 
 
-__all__ = ["write_html", "build_html", "ReportError", "check_writable", "render_svg", "kernel_colour"]
+__all__ = ["write_html", "build_html", "ReportError", "check_writable", "render_svg", "kernel_colour",
+           "pattern_section"]
