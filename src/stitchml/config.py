@@ -99,6 +99,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Fused linear + cross-entropy: compute grad_h and grad_W in the forward pass (one logits product per "
          "chunk; the gradients live until backward). Off: the forward keeps one float per token and the "
          "backward recomputes each chunk's logits (one more product; nothing of W's size held across the step)."),
+    Knob("cross_entropy", "STITCHML_CROSS_ENTROPY", True, _bool,
+         "Rewrite F.cross_entropy(x, t) / nll_loss(log_softmax(x, -1), t) on 2-D logits (that linear_ce left) into "
+         "log-sum-exp form (patterns/cross_entropy.py): backward keeps the logits and one float per row instead of "
+         "the [rows, classes] log-probabilities, about 3 passes over the logits for forward + backward instead of "
+         "6. Refused (with the reason) for class weights, soft targets, N-D inputs, non-constant options."),
     Knob("attention_sdpa", "STITCHML_ATTENTION_SDPA", True, _bool,
          "Rewrite a captured math attention (q·kᵀ, scale, additive/boolean/causal mask, softmax, dropout, ·v) "
          "into F.scaled_dot_product_attention, so a fused attention kernel runs instead of the score tensor "

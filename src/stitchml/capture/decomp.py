@@ -1,7 +1,8 @@
 """Our decomposition table: composite ops reduced to primitives the planner knows.
 
 Built from `torch._decomp` entries (not Inductor's table), plus a few of our own where
-torch's reference would emit `prims` ops we do not lower (var_mean, var, std).
+torch's reference would emit `prims` ops we do not lower (var_mean, var, std) or hides
+a pattern the planner reads (logsumexp's shift by the row maximum).
 """
 from __future__ import annotations
 
@@ -81,6 +82,25 @@ def std(x, dim=None, *, correction=None, keepdim=False):
     return torch.sqrt(var_mean(x, dim, correction=correction, keepdim=keepdim)[0])
 
 
+def logsumexp(x: torch.Tensor, dim, keepdim: bool = False) -> torch.Tensor:
+    """m + log(sum(exp(x - m))) with m = amax(x) itself, not torch's
+    where(|m| == inf, 0, m): the planner sees `sum(exp(x - m))` as the online partner of
+    `m` (`plan/row_loops.py`), so a looped row is read once.  Rows whose maximum is
+    ±inf are fixed up on the row values only: -inf everywhere gives -inf (the sum is
+    NaN there and discarded), +inf gives +inf, a NaN maximum gives NaN, as eager.
+    Half inputs are summed in float32 and rounded once."""
+    if not x.dtype.is_floating_point or x.numel() == 0:
+        from torch._decomp import decomposition_table as torch_table
+        return torch_table[aten.logsumexp.default](x, dim, keepdim)
+    dims = _dims(x, dim)
+    xc = x.float() if x.dtype in _HALF else x
+    m = torch.amax(xc, dims, keepdim=True)
+    s = torch.sum(torch.exp(xc - m), dims, keepdim=keepdim)
+    row_m = m if keepdim else torch.squeeze(m, dims)
+    out = torch.where(torch.isinf(row_m), row_m, row_m + torch.log(s))
+    return out.to(x.dtype)
+
+
 def batch_norm_functional(x, weight, bias, running_mean, running_var, training: bool, momentum: float,
                           eps: float):
     """`_native_batch_norm_legit_functional` in training: the statistics of var_mean's
@@ -119,6 +139,7 @@ def _own() -> dict:
     for packet, fn in ((aten.var_mean, var_mean), (aten.var, var), (aten.std, std)):
         table[packet.correction] = fn
     table[aten._native_batch_norm_legit_functional.default] = batch_norm_functional
+    table[aten.logsumexp.default] = logsumexp
     return table
 
 

@@ -6,6 +6,9 @@ of every call are also appended to `LOG` (bounded) so `explain` can show them.
 
 - `linear_ce` (knob `linear_ce`): LM head matmul + cross-entropy → the chunked fused
   op of `linear_ce_op`;
+- `cross_entropy` (knob `cross_entropy`): a cross-entropy that `linear_ce` left (no LM
+  head in sight, or logits used elsewhere) → log-sum-exp form (`cross_entropy_rows`):
+  backward keeps the logits and one float per row, not the [R, V] log-probabilities;
 - `attention` (knob `attention_sdpa`): math attention (q·kᵀ, scale, mask, softmax,
   dropout, ·v) → `scaled_dot_product_attention`;
 - `gemm_epilogue` (knob `gemm_epilogue`, off by default): linear + bias / activation /
@@ -26,9 +29,10 @@ _LOG_MAX = 1000
 
 def rewrite(gm: fx.GraphModule, example_inputs=None) -> list[PatternRecord]:
     """Apply the enabled rewrites to gm in place; return their records."""
-    from . import attention, gemm_epilogue, linear_ce
+    from . import attention, cross_entropy, gemm_epilogue, linear_ce
     records: list[PatternRecord] = []
-    for knob, module in (("linear_ce", linear_ce), ("attention_sdpa", attention),
+    # cross_entropy after linear_ce: a loss the fused LM head took is no longer there
+    for knob, module in (("linear_ce", linear_ce), ("cross_entropy", cross_entropy), ("attention_sdpa", attention),
                          ("gemm_epilogue", gemm_epilogue)):
         if not config.get(knob):
             continue
