@@ -104,6 +104,14 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "log-sum-exp form (patterns/cross_entropy.py): backward keeps the logits and one float per row instead of "
          "the [rows, classes] log-probabilities, about 3 passes over the logits for forward + backward instead of "
          "6. Refused (with the reason) for class weights, soft targets, N-D inputs, non-constant options."),
+    Knob("remat", "STITCHML_REMAT", False, _bool,
+         "Split training graphs with AOTAutograd's min-cut rematerialisation partitioner: the backward recomputes "
+         "cheap element-wise values from what the forward saves anyway (e.g. RMSNorm's normalised input from x and "
+         "the row's rsqrt: modelled backward bytes 539 -> 403 MB at [32768, 1024] fp32) instead of the forward "
+         "writing them and the backward reading them back. Off by default: a recomputed value is not bit-identical "
+         "to the saved one (kernels keep fp32 between half-precision ops; FMA contraction differs between kernels), "
+         "and backward formulas that compare with saved values (max/min/amin) then lose their mask (NaN gradients "
+         "in 8 fuzz cases). Off: the default partitioner (saves every intermediate the backward uses)."),
     Knob("attention_sdpa", "STITCHML_ATTENTION_SDPA", True, _bool,
          "Rewrite a captured math attention (q·kᵀ, scale, additive/boolean/causal mask, softmax, dropout, ·v) "
          "into F.scaled_dot_product_attention, so a fused attention kernel runs instead of the score tensor "

@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
-from .. import patterns
+from .. import config, patterns
 from ..compiler import CompiledGraph, compile_graph
 from ..patterns.common import PatternRecord
 from .decomp import decomposition_table
@@ -37,7 +37,16 @@ class StitchBackend:
             return compile_graph(g, ex, "backward", self.records)
 
         return aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=fw,
-                            decompositions=decomposition_table())(gm, example_inputs)
+                            decompositions=decomposition_table(), partition_fn=partitioner())(gm, example_inputs)
+
+
+def partitioner() -> Callable:
+    """How AOTAutograd splits the joint training graph (knob `remat`): min-cut
+    rematerialisation trades a saved [rows, cols] activation (written by the forward,
+    read by the backward) for recomputing it in a backward kernel that reads its
+    inputs anyway, which for memory-bound code saves both passes."""
+    from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
+    return min_cut_rematerialization_partition if config.get("remat") else default_partition
 
 
 DEFAULT = StitchBackend()

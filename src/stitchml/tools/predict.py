@@ -1,0 +1,108 @@
+"""Plan-only predictions of the micro suite at full size, for a device of the table.
+
+No kernel runs and no GPU is needed: each case's graphs (forward, and backward where
+the case times it) are traced on meta tensors, lowered and planned for the device,
+and the cost model's figures are printed beside the case's byte floor.  This is the
+"prediction" column of bench/NOTES.md, to be checked against `stitchml bench` on the
+device (whose rows carry the same `predicted_s`).
+
+    python -m stitchml.tools.predict --device H100 [--dtype fp32 bf16] [--case softmax]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+
+import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
+
+from ..bench.micro import cases
+from ..bench.contenders import make_cotangents
+from ..bench.workload import DTYPES, floor_bytes
+from .. import patterns
+from ..capture.backend import partitioner
+from ..capture.decomp import decomposition_table
+from ..lower.lower import lower
+from ..plan.devices import get_device
+from ..plan.options import PlanOptions
+from ..plan.planner import build_plan
+
+META = torch.device("meta")
+
+
+@dataclass
+class Prediction:
+    case: str
+    dtype: str
+    floor_bytes: int
+    modelled_bytes: int
+    predicted_s: float
+    launches: int
+    forms: str
+
+    def row(self, bandwidth: float) -> str:
+        return (f"| {self.case} | {self.dtype} | {self.floor_bytes / 1e6:.1f} | {self.floor_bytes / bandwidth * 1e6:.1f} "
+                f"| {self.modelled_bytes / 1e6:.1f} | {self.predicted_s * 1e6:.1f} | {self.launches} | {self.forms} |")
+
+
+def predict_case(spec, dtype: str, opts: PlanOptions) -> Prediction:
+    try:
+        return _predict(spec, dtype, opts, META)
+    except RuntimeError:   # some backward formulas have no meta kernel (nll_loss): real CPU tensors
+        return _predict(spec, dtype, opts, torch.device("cpu"))
+
+
+def _predict(spec, dtype: str, opts: PlanOptions, device: torch.device) -> Prediction:
+    w = spec.build(dtype, device)
+    plans: dict[str, list] = {"forward": [], "backward": []}
+
+    def planner(kind: str):
+        def compile_graph(gm, example_inputs):
+            plans[kind].append(build_plan(lower(gm), opts))
+            return make_boxed_func(gm.forward)   # the graph itself runs eagerly (on meta tensors where it can)
+        return compile_graph
+
+    def backend(gm, example_inputs):   # what StitchBackend does, with planning in place of compiling
+        patterns.rewrite(gm, example_inputs)
+        return aot_autograd(fw_compiler=planner("forward"), bw_compiler=planner("backward"),
+                            inference_compiler=planner("forward"), decompositions=decomposition_table(),
+                            partition_fn=partitioner())(gm, example_inputs)
+
+    torch._dynamo.reset()
+    outs = torch.compile(w.fn, backend=backend)(*w.inputs)
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    grads: list[torch.Tensor] = []
+    if w.mode != "fwd":
+        w.cotangents = make_cotangents(w, outs)   # one per differentiable output, in order
+        diff = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+        grads = list(torch.autograd.grad(diff, w.grad_targets, w.cotangents))
+    timed = {"fwd": ["forward"], "bwd": ["backward"], "fwdbwd": ["forward", "backward"]}[w.mode]
+    ps = [p for kind in timed for p in plans[kind]]
+    return Prediction(spec.name, dtype, floor_bytes(w, outs, grads),
+                      sum(k.bytes_read + k.bytes_written for p in ps for k in p.kernels),
+                      sum(p.predicted_s for p in ps), sum(p.num_kernels for p in ps),
+                      ", ".join(sorted({k.mapping.form for p in ps for k in p.kernels})))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="H100", help="a device of the cost model's table")
+    ap.add_argument("--dtype", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))
+    ap.add_argument("--case", default="", help="regular expression on case names")
+    args = ap.parse_args(argv)
+    opts = PlanOptions.from_config(get_device(args.device))
+    dev = opts.device
+    print(f"device {dev.name} ({dev.source}): copy {dev.bandwidth / 1e12:.2f} TB/s, launch {dev.launch_s * 1e6:.1f} us")
+    print("| case | dtype | floor MB | floor us | modelled MB | predicted us | launches | forms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for spec in cases(quick=False):
+        if args.case and not re.search(args.case, spec.name):
+            continue
+        for dtype in args.dtype:
+            print(predict_case(spec, dtype, opts).row(dev.bandwidth), flush=True)
+
+
+if __name__ == "__main__":
+    main()
