@@ -134,3 +134,39 @@ def test_combine_reduces_partial_rows_in_wide_steps():
         assert f"for r in range(0, {rows}, {comb.mapping.block_r})" in src
         c = compare_with_eager(f, [x, b], backward=False)
     assert c.num_kernels <= 2
+
+
+def _split_rows(dtype):
+    """Two long rows (split into chunks on the cpu device: fewer rows than a wave)."""
+    x = torch.randn(2, 512, dtype=dtype) * 4
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("special", ["none", "chunk_all_-inf", "row_all_-inf", "nan", "+inf"])
+def test_split_rows_keep_the_online_pair_per_chunk(dtype, special):
+    """Few long rows are split into chunks; softmax's max and sum of exp are split
+    together (an online pair per chunk, then the chunk sums rescaled to the row max), so
+    the statistics take one pass and exp(x - m) is not materialised between kernels."""
+    x = _split_rows(dtype)
+    if special == "chunk_all_-inf":
+        x[0, :256] = float("-inf")
+    elif special == "row_all_-inf":
+        x[1] = float("-inf")
+    elif special == "nan":
+        x[0, 300] = float("nan")
+    elif special == "+inf":
+        x[1, 7] = float("inf")
+    knobs = dict(split_min_cols=64, persistent_max_cols=64, loop_block_cols=32)
+    for fn in (lambda x: torch.softmax(x.float(), -1).to(x.dtype), lambda x: torch.log_softmax(x, -1)):
+        with config.override(**knobs):
+            plan = plan_of(fn, x)
+            c = compare_with_eager(fn, [x], backward=False)
+        g = plan.graph
+        assert any(n.attr("split_chunks") for n in g.nodes), "the rows were not split"
+        chunk_sums = [n for n in g.nodes if n.kind == "reduce" and n.op == "sum" and n.attr("split_of") is not None]
+        assert chunk_sums and all(online_partner(g, s) is not None for s in chunk_sums)
+        # nothing of the input's size is written between kernels: only the output
+        big = [o for k in plan.kernels for o in k.outputs if g[o].numel == x.numel()]
+        assert len(big) == 1, [(g[o].op, g[o].shape) for o in big]
+        assert c.num_kernels >= 1

@@ -2,6 +2,8 @@
 index maps, and the effective producer/consumer edges through those free nodes."""
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
 from functools import cached_property
 
 from ..ir import nodes as ir
@@ -13,7 +15,34 @@ EXPENSIVE = frozenset({"exp", "exp2", "log", "log2", "log1p", "expm1", "tanh", "
 
 
 def is_free(n: ir.Node) -> bool:
-    return n.kind == ir.VIEW or (n.kind == ir.POINTWISE and n.op in FREE_POINTWISE)
+    return n.kind == ir.VIEW or (n.kind == ir.POINTWISE and (n.op in FREE_POINTWISE or bool(n.attr("recompute"))))
+
+
+def recompute_casts(g: ir.Graph) -> ir.Graph:
+    """Casts of values no kernel computes (graph inputs, eager results) become free:
+    every kernel that reads one converts it itself.  Converting on the fly reads the
+    source (bf16: 2 bytes an element) where a materialised cast would be written once
+    and read by each consuming kernel (fp32: 4 + 4 bytes).  A cast whose value must
+    exist as a tensor (a graph output, an eager op's operand) stays a kernel member."""
+    def source(nid: int) -> ir.Node:
+        n = g[nid]
+        while n.kind == ir.VIEW:
+            n = g[n.refs[0]]
+        return n
+
+    picks = [n.id for n in g.nodes if n.kind == ir.POINTWISE and n.op == "cast" and n.refs
+             and source(n.refs[0]).kind in (ir.INPUT, ir.OPAQUE, ir.ITEM)]
+    if not picks:
+        return g
+    escapes = GraphView(g).escapes
+    picks = [p for p in picks if p not in escapes]
+    if not picks:
+        return g
+    out = copy.copy(g)
+    out.nodes = list(g.nodes)
+    for p in picks:
+        out.nodes[p] = replace(g[p], attrs=g[p].attrs + (("recompute", True),))
+    return out
 
 
 def is_member(n: ir.Node) -> bool:

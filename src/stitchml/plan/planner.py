@@ -10,7 +10,7 @@ from ..ir.dce import eliminate_dead
 from . import mapping as mapping_rules
 from .cost import kernel_bytes, predict_seconds, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
-from .graph_view import GraphView, is_free
+from .graph_view import GraphView, is_free, recompute_casts
 from .grouping import Grouper, Group
 from .options import PlanOptions
 from .ilp import search
@@ -21,7 +21,7 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
     """Plan a lowered graph under `options` (default: the knobs' current values); the
     plan's `graph` may be a rewritten copy (dead nodes dropped, long rows split)."""
     opts = options or PlanOptions.from_config()
-    g = split_long_rows(eliminate_dead(g), opts)
+    g = recompute_casts(split_long_rows(eliminate_dead(g), opts))
     gv = GraphView(g)
     # What dry runs of code generation taught us: a pair {x, y} keeps the kernels of
     # dominant ops x and y apart; a singleton {d} keeps d's kernel from absorbing
