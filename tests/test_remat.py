@@ -33,11 +33,36 @@ def test_remat_recomputes_the_normalised_input_instead_of_saving_it():
 
 
 def test_remat_is_off_by_default():
-    from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
+    from torch._functorch.partitioners import default_partition
 
-    from stitchml.capture.backend import partitioner
+    from stitchml.capture.backend import _remat_partition, partitioner
     assert config.KNOBS["remat"].default is False
     with config.override(remat=False):
         assert partitioner() is default_partition
     with config.override(remat=True):
-        assert partitioner() is min_cut_rematerialization_partition
+        assert partitioner() is _remat_partition
+
+
+def test_remat_guard_spots_a_comparison_with_a_recomputed_tensor():
+    from stitchml.capture.backend import _compares_recomputed
+    aten = torch.ops.aten
+
+    def graph(recompute: bool) -> torch.fx.GraphModule:
+        g = torch.fx.Graph()
+        x, m = g.placeholder("x"), g.placeholder("m")
+        y = g.call_function(aten.sigmoid.default, (x,)) if recompute else x
+        g.output(g.call_function(aten.eq.Tensor, (y, m)))
+        return torch.fx.GraphModule(torch.nn.Module(), g)
+
+    assert _compares_recomputed(graph(True)) and not _compares_recomputed(graph(False))
+
+
+def test_remat_max_backward_stays_exact():
+    # amax's backward masks `x == max`: with x recomputed in a kernel (another rounding)
+    # the mask could lose its hit; the guard keeps the default partition there
+    def f(x):
+        return torch.sigmoid(x).half().amax(-1).float().sum() + x.sum()
+
+    with config.override(remat=True):
+        c = compare_with_eager(f, [torch.randn(16, 24, requires_grad=True)])
+    assert c.num_kernels >= 2

@@ -40,13 +40,42 @@ class StitchBackend:
                             decompositions=decomposition_table(), partition_fn=partitioner())(gm, example_inputs)
 
 
+_COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+
+
+def _compares_recomputed(bw: torch.fx.GraphModule) -> bool:
+    """Whether the backward compares two tensors one of which it computes itself: a
+    max/min backward's `x == max` mask, where `x` recomputed in a kernel is not
+    bit-identical to the forward's (fp32 kept between half-precision ops, another FMA
+    contraction), so the mask can lose its hits."""
+    for node in bw.graph.nodes:
+        if node.op != "call_function" or getattr(node.target, "_opname", None) not in _COMPARISONS:
+            continue
+        tensors = [a for a in node.args[:2] if isinstance(a, torch.fx.Node)]
+        if len(tensors) == 2 and any(a.op != "placeholder" for a in tensors):
+            return True
+    return False
+
+
+def _remat_partition(joint_module, joint_inputs, **kwargs):
+    """Min-cut rematerialisation, unless its backward would compare a recomputed value
+    with a saved one: then the default partition, which saves what the forward computed."""
+    from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
+    # (min-cut only dead-code-eliminates and CSEs the joint graph in place: still the
+    # same computation for the default partition)
+    fw, bw = min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
+    if _compares_recomputed(bw):
+        return default_partition(joint_module, joint_inputs, **kwargs)
+    return fw, bw
+
+
 def partitioner() -> Callable:
     """How AOTAutograd splits the joint training graph (knob `remat`): min-cut
     rematerialisation trades a saved [rows, cols] activation (written by the forward,
     read by the backward) for recomputing it in a backward kernel that reads its
     inputs anyway, which for memory-bound code saves both passes."""
-    from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
-    return min_cut_rematerialization_partition if config.get("remat") else default_partition
+    from torch._functorch.partitioners import default_partition
+    return _remat_partition if config.get("remat") else default_partition
 
 
 DEFAULT = StitchBackend()
