@@ -59,13 +59,19 @@ CASES = {
                        lambda d: [_nc(4, 5, dtype=d), _leaf(6, 5, dtype=d)]),
     "index_add": (lambda x, s: x.index_add(1, _IDX["dup"], s), lambda d: [_nc(3, 4, dtype=d), _leaf(3, 6, dtype=d)]),
     "scatter_add": (lambda x, s: x.scatter_add(1, _IDX["sc"], s), lambda d: [_nc(3, 4, dtype=d), _leaf(3, 4, dtype=d)]),
+    "scatter_src": (lambda x, s: x.scatter(1, _IDX["perm"], s * 2), lambda d: [_nc(3, 5, dtype=d),
+                                                                              _leaf(3, 4, dtype=d)]),
+    "index_put_write": (lambda x, v: x.index_put((_IDX["b"], _IDX["c"]), v * 2), lambda d: [_nc(6, 5, 3, dtype=d),
+                                                                                          _leaf(2, 3, dtype=d)]),
+    "index_copy": (lambda x, s: x.index_copy(0, _IDX["uniq"], s), lambda d: [_nc(5, 4, dtype=d), _leaf(3, 4, dtype=d)]),
     "safe_softmax": (lambda x: aten._safe_softmax(x, -1), lambda d: [_nc(3, 7, dtype=d)]),
 }
 
 # fixed index tensors (captured as constants): duplicates and negative indices included
 torch.manual_seed(0)
 _IDX = {"a": torch.tensor([[0, -1], [2, 1], [3, 0]]), "b": torch.tensor([1, -5]), "c": torch.tensor([4, -1]),
-        "dup": torch.tensor([0, 2, 0, 3, 2, 0]), "sc": torch.tensor([[0, 1, 1, 3], [2, 2, 0, 0], [3, 3, 3, 1]])}
+        "dup": torch.tensor([0, 2, 0, 3, 2, 0]), "sc": torch.tensor([[0, 1, 1, 3], [2, 2, 0, 0], [3, 3, 3, 1]]),
+        "perm": torch.tensor([[4, 0, 2, 1], [1, 4, 3, 0], [2, 3, 0, 4]]), "uniq": torch.tensor([3, 0, 4])}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -97,6 +103,34 @@ def test_index_put_with_duplicates_adds_every_value():
     for k, i in enumerate(_IDX["dup"].tolist()):
         want[i] += v[k]
     torch.testing.assert_close(cmp.outputs, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_scatter_writes_with_duplicates_keep_the_last_writer(dtype):
+    """Non-accumulating writes to one position: the last source position wins (what
+    eager's serial CPU loop does), in a fixed number of kernels, also under
+    torch.use_deterministic_algorithms(True) (the winner is an integer atomic max)."""
+    def f(x, s, v):
+        return x.scatter(1, _IDX["sc"], s), x.index_put((_IDX["dup"],), v), x.scatter(0, _IDX["sc"][:, :3], -2.5)
+    x, s, v = torch.randn(4, 4, dtype=dtype), torch.randn(3, 4, dtype=dtype), torch.randn(6, 4, dtype=dtype)
+    want_sc, want_ip = x.clone(), x.clone()
+    for r in range(3):
+        for c in range(4):
+            want_sc[r, _IDX["sc"][r, c]] = s[r, c]
+    for k, i in enumerate(_IDX["dup"].tolist()):
+        want_ip[i] = v[k]
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        cmp = compare_with_eager(f, [x, s, v], backward=False)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+    # per scatter: a winner kernel (index math fused in) and a write kernel (launches may be
+    # fewer: horizontal fusion packs the independent ones together)
+    assert sum(len(r.plan.kernels) for r in cmp.backend.records) == 6 and 2 <= cmp.num_kernels <= 6
+    torch.testing.assert_close(cmp.outputs[0], want_sc, rtol=0, atol=0)
+    torch.testing.assert_close(cmp.outputs[1], want_ip, rtol=0, atol=0)
 
 
 def test_atomic_scatters_refuse_under_deterministic_algorithms():
@@ -161,3 +195,12 @@ def test_floor_divide_and_remainder_round_like_python(dtype):
     cmp = compare_with_eager(f, [a, b], backward=False)
     assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
     assert cmp.num_kernels == 1
+
+
+@pytest.mark.parametrize("op", [torch.cumsum, torch.cumprod, torch.logcumsumexp])
+def test_scan_of_one_element_rows_stitches(op):
+    def f(x):
+        return op(x * 2, 1) + 1
+    cmp = compare_with_eager(f, [torch.randn(5, 1, 3, requires_grad=True)])
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+    assert cmp.num_kernels >= 1

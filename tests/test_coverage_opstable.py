@@ -23,7 +23,8 @@ def test_issue_18_ops_are_stitched_and_library_ops_say_why():
     for op in (aten.avg_pool2d.default, aten.max_pool2d_with_indices.default, aten.native_group_norm.default,
                aten.flip.default, aten.index_put.default, aten.scatter_add.default, aten.cumsum.default,
                aten.slice_scatter.default, aten.reflection_pad2d.default, aten.upsample_nearest2d.default,
-               aten.histc.default, aten._unsafe_index.Tensor, aten.all.dim):
+               aten.histc.default, aten._unsafe_index.Tensor, aten.all.dim, aten.scatter.src,
+               aten.index_copy.default, aten.index_fill.int_Scalar):
         row = opstable.classify(op)
         assert row.status == opstable.STITCHED, row
     assert opstable.classify(aten.sort.default).status == opstable.LIBRARY

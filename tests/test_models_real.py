@@ -25,13 +25,9 @@ from hf_common import _report, rel_err
 pytest.importorskip("transformers")
 
 # ops still eager, with why (anything else eager must be a library op)
-KNOWN_EAGER = {
-    "mixtral": {
-        # routing: the inverse permutation of the sorted expert ids (index_put of arange at a sort's
-        # indices) and topk's backward (scatter into zeros at the top-k indices) are writes without
-        # accumulate: no scatter-store kernel form yet (unique indices would allow one)
-        "aten.index_put.default", "aten.scatter.src",
-    },
+KNOWN_EAGER: dict[str, set[str]] = {
+    # (empty: Mixtral's routing writes, index_put of arange at a sort's indices and topk's
+    # backward scatter into zeros, stitch as scatter-writes since issue 18's second pass)
 }
 
 

@@ -220,7 +220,9 @@ def _scan(x, dim: int, combine: str):
         return NotImplemented
     dim %= x.dim()
     n = x.shape[dim]
-    if n > SCAN_MAX_ROW or n <= 1:
+    if n == 1:  # every scan of one element is the element
+        return x.clone()
+    if n > SCAN_MAX_ROW or n == 0:
         return NotImplemented
     xm = x.movedim(dim, -1).unsqueeze(-2)            # (..., 1, j)
     mask = _scan_mask(n, x.device)                     # (i, j)

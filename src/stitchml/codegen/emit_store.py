@@ -67,7 +67,9 @@ class Stores:
         b.scope_for(axes).lines.append(f"tl.store({ptr} + {b.offset(off, axes)}, {val}, mask={mask})")
 
     def _scatter_add(self, nid: int) -> None:
-        """Embedding backward: add each row of grad into out[index[row]] (atomics)."""
+        """Embedding backward: add each row of grad into out[index[row]] (atomics); with
+        attr combine="max", the scatter-write's winner: the largest value (a source
+        position + 1) kept per destination."""
         b = self.b
         n = b.g[nid]
         grad, idx = n.refs
@@ -78,8 +80,9 @@ class Stores:
         off = ix.offset((ix.loaded(iv.name, n.shape[0], frozenset(iv.axes)), full[-1]), n.stride)
         ptr = b.param("out", nid)
         keep = f" & ({iv.name} != {pad})" if pad is not None and pad >= 0 else ""
+        op = "atomic_max" if n.attr("combine") == "max" else "atomic_add"
         b.scopes[-1].lines.append(
-            f"tl.atomic_add({ptr} + {ix.render(off)}, {g.name}, mask=rmask & cmask{keep}, sem='relaxed')")
+            f"tl.{op}({ptr} + {ix.render(off)}, {g.name}, mask=rmask & cmask{keep}, sem='relaxed')")
 
     def partial(self, nid: int) -> None:
         """A column reduction: accumulate over this program's row blocks, then write

@@ -437,6 +437,73 @@ class _Builder:
         return True
 
 
+    def indexed(self, rng: random.Random) -> bool:
+        """Index, scatter and scan ops (issue 18), with their index tensors written into
+        the program as literals.  Draws from its own `rng`, so programs without them
+        are what they were before this family existed."""
+        xs = [v for v in self.values if v.shape and all(s > 0 for s in v.shape)]
+        if not xs:
+            return False
+        x = rng.choice(xs)
+        r = len(x.shape)
+        d = rng.randrange(r)
+        n = x.shape[d]
+        gen = torch.Generator().manual_seed(rng.randrange(2**31))
+
+        def index(shape, unique: bool) -> str:
+            """A literal long tensor of `shape` with values in [0, n): along dim d
+            distinct (a write per destination) or drawn freely (duplicates)."""
+            if unique:
+                full = tuple(n if i == d else s for i, s in enumerate(shape))
+                t = torch.rand(full, generator=gen).argsort(d).narrow(d, 0, shape[d])
+            else:
+                t = torch.randint(0, n, shape, generator=gen)
+            return f"{x.name}.new_tensor({t.tolist()}, dtype=torch.long)"
+
+        def with_d(k: int) -> tuple[int, ...]:
+            return x.shape[:d] + (k,) + x.shape[d + 1:]
+
+        choice = rng.randrange(9)
+        k = rng.randint(1, n)
+        if choice == 0:
+            m = rng.randint(1, n + 2)
+            if _numel(with_d(m)) > self.prof.max_numel:
+                return False
+            self.emit(f"{x.name}.gather({d}, {index(with_d(m), False)})", with_d(m), x.bound, x.hi)
+        elif choice == 1:
+            m = rng.randint(1, n + 2)
+            if _numel(with_d(m)) > self.prof.max_numel:
+                return False
+            self.emit(f"{x.name}.index_select({d}, {index((m,), False)})", with_d(m), x.bound, x.hi)
+        elif choice in (2, 3, 4):  # scatter, scatter_add (duplicates), scatter of a value
+            src = self.tame(self.new_input(with_d(k)), 100) if choice != 4 else None
+            if src is not None and src.hi != x.hi:
+                return False
+            if choice == 2:
+                self.emit(f"{x.name}.scatter({d}, {index(with_d(k), True)}, {src.name})", x.shape,
+                          max(x.bound, src.bound), x.hi)
+            elif choice == 3:
+                self.emit(f"{x.name}.scatter_add({d}, {index(with_d(k), False)}, {src.name})", x.shape,
+                          x.bound + k * src.bound, x.hi)
+            else:
+                self.emit(f"{x.name}.scatter({d}, {index(with_d(k), True)}, -1.5)", x.shape, max(x.bound, 1.5),
+                          x.hi)
+        elif choice in (5, 6):  # index_put on dim 0: a write of distinct rows, or an accumulate
+            d, n = 0, x.shape[0]
+            k = rng.randint(1, n)
+            v = self.tame(self.new_input((k,) + x.shape[1:]), 100)
+            if v.hi != x.hi:
+                return False
+            acc = choice == 6
+            self.emit(f"{x.name}.index_put(({index((k,), not acc)},), {v.name}, accumulate={acc})", x.shape,
+                      x.bound + (k * v.bound if acc else v.bound), x.hi)
+        elif choice == 7:
+            self.emit(f"torch.cumsum({x.name}, {d})", x.shape, x.bound * n, x.hi)
+        else:
+            self.emit(f"{x.name}.flip({d})", x.shape, x.bound, x.hi)
+        return True
+
+
 def _swap(shape, i, j):
     s = list(shape)
     s[i], s[j] = s[j], s[i]
@@ -487,6 +554,12 @@ def generate(seed: int, profile: str = "ci") -> Program:
         tries += 1
         fn = rng.choices(fns, weights)[0]
         fn()
+    # index, scatter and scan ops on some programs, from a stream of their own (the
+    # draws above are unchanged by them: seeds found before keep their programs)
+    irng = random.Random(seed * 7919 + 17)
+    if irng.random() < 0.3:
+        for _ in range(irng.choice([1, 1, 2])):
+            b.indexed(irng)
     # outputs: the values nothing else reads (the newest few), sometimes an intermediate too
     computed = [v for v in b.values if not v.is_input]
     outs = [v for v in computed if v.name not in b.used][-4:]

@@ -139,16 +139,47 @@ def _scatter_add_rows(ctx: LowerCtx, values: Ref, lin: Ref, rows: int, cols: int
                          contiguous_strides(shape), (("padding_idx", None),)))
 
 
+def scatter_winner(ctx: LowerCtx, lin: Ref, rows: int) -> Ref:
+    """The scatter-write's first kernel: for each of `rows` destinations, 1 + the last
+    source position m that writes there (0 where none does), by an atomic max of m + 1
+    over a zeroed int32 buffer.  The largest position wins, so duplicate destinations
+    resolve deterministically, and as eager does on the CPU (it writes in order)."""
+    m = ctx.shape(lin)[0]
+    if m >= 2**31 - 1:
+        raise Unsupported("scatter-write of 2^31 or more source positions")
+    pos = Ref(ctx.g.add(ir.POINTWISE, "iota", (), (m, 1), torch.int32, contiguous_strides((m, 1)), (("dim", 0),)))
+    pos1 = ctx.pointwise("add", (pos, 1), (m, 1), torch.int32)
+    return Ref(ctx.g.add(ir.SCATTER_ADD, "scatter_write", (pos1, lin), (rows, 1), torch.int32,
+                         contiguous_strides((rows, 1)), (("padding_idx", None), ("combine", "max"))))
+
+
+def scatter_written(ctx: LowerCtx, node, winner: Ref, src_rows, x_rows: Ref, dtype) -> Ref:
+    """The scatter-write's second kernel: each destination row is the winning source
+    row (gathered) where one wrote there, else x's row; `src_rows` may be a scalar
+    (scatter.value).  Everything is per element of x, so it is one kernel."""
+    rows, cols = ctx.shape(x_rows)
+    sh = (rows, cols)
+    w = ctx.broadcast_to(winner, sh)
+    hit = ctx.pointwise("gt", (w, 0), sh, torch.bool)
+    if isinstance(src_rows, Ref):
+        at = ctx.pointwise("where", (hit, ctx.pointwise("sub", (w, 1), sh, torch.int32), 0), sh, torch.int32)
+        src = ctx.cast(src_rows, dtype)
+        if ctx.shape(src)[1] != cols:
+            src = ctx.broadcast_to(src, (ctx.shape(src)[0], cols))
+        got = _gather_node(ctx, node, src, at, 0, "take_along", sh)
+    else:
+        got = src_rows
+    return ctx.pointwise("where", (hit, got, ctx.cast(x_rows, dtype)), sh, dtype)
+
+
 @register(aten.index_put.default, aten._unsafe_index_put.default)
 def _index_put(ctx, node, x, indices, values, accumulate=False):
     """x.index_put(indices, values, accumulate=True): the values of each index position
     added into x's (linearised) row by atomics, then x added.  Duplicate indices add up,
-    like eager.  Without accumulate, duplicate positions have no defined winner: eager."""
+    like eager.  Without accumulate: a scatter-write (the last of duplicate positions
+    wins, see `scatter_winner`)."""
     val = node.meta["val"]
-    if not accumulate:
-        raise Unsupported("index_put without accumulate (a write whose duplicate positions have no defined "
-                          "order) runs eagerly")
-    if val.dtype not in FLOAT_TYPES:
+    if accumulate and val.dtype not in FLOAT_TYPES:
         raise Unsupported("index_put accumulate into an integer tensor runs eagerly")
     shape = static_shape(val)
     a = _Indexed(ctx, x, indices)
@@ -160,16 +191,50 @@ def _index_put(ctx, node, x, indices, values, accumulate=False):
         v = ctx.view("permute", v, tuple(a.result_shape()[d] for d in dims), (("dims", dims),))
     m, r = ir.prod(a.ishape), ir.prod(a.pre) * ir.prod(a.post)
     v2 = ctx.reshape(v, (m, r))  # rows: index positions; columns: the (pre, post) elements
+    if not accumulate:
+        # x's rows in the same (K, pre*post) order, written, then back like the sums
+        xr = ctx.reshape(ctx.view("permute", a.x3, (a.K, ir.prod(a.pre), ir.prod(a.post)), (("dims", (1, 0, 2)),)),
+                         (a.K, r))
+        acc = scatter_written(ctx, node, scatter_winner(ctx, a.lin, a.K), v2, xr, val.dtype)
+        return _from_rows(ctx, a, acc, shape)
     acc = _scatter_add_rows(ctx, v2, a.lin, a.K, r)              # (K, pre*post)
-    # back to x's layout: (K, pre, post) -> (pre, K, post) -> the (permuted) view -> x
-    acc = ctx.reshape(acc, (a.K, ir.prod(a.pre), ir.prod(a.post)))
-    acc = ctx.view("permute", acc, (ir.prod(a.pre), a.K, ir.prod(a.post)), (("dims", (1, 0, 2)),))
-    acc = ctx.reshape(acc, a.view_shape)
+    total = ctx.pointwise("add", (ctx.cast(x, torch.float32), _from_rows(ctx, a, acc, shape)), shape, torch.float32)
+    return ctx.cast(total, val.dtype) if val.dtype != torch.float32 else total
+
+
+@register(aten.index_copy.default)
+def _index_copy(ctx, node, x, dim, index, source):
+    """x with source's slices written at `index` along `dim`: an index_put write."""
+    dim %= max(len(ctx.shape(x)), 1)
+    return _index_put(ctx, node, x, [None] * dim + [index], source)
+
+
+@register(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def _index_fill(ctx, node, x, dim, index, value):
+    """x with `value` written at `index` along `dim` (index_copy's backward fills zeros)."""
+    shape = ctx.shape(x)
+    if not shape:
+        raise Unsupported("index_fill of a 0-d tensor")
+    dim %= len(shape)
+    ishape = ctx.shape(index) or (1,)
+    index = ctx.reshape(index, ishape) if not ctx.shape(index) else index
+    fill_shape = tuple(ishape[0] if d == dim else s for d, s in enumerate(shape))
+    dtype = node.meta["val"].dtype
+    v = ctx.broadcast_to(ctx.reshape(ctx.cast(value, dtype), (1,) * len(shape)), fill_shape) \
+        if isinstance(value, Ref) else ctx.full(fill_shape, value, dtype)
+    return _index_put(ctx, node, x, [None] * dim + [index], v)
+
+
+def _from_rows(ctx: LowerCtx, a: _Indexed, rows: Ref, shape) -> Ref:
+    """A (K, pre*post) tensor back to x's layout: (K, pre, post) -> (pre, K, post) ->
+    the (permuted) view -> x."""
+    out = ctx.reshape(rows, (a.K, ir.prod(a.pre), ir.prod(a.post)))
+    out = ctx.view("permute", out, (ir.prod(a.pre), a.K, ir.prod(a.post)), (("dims", (1, 0, 2)),))
+    out = ctx.reshape(out, a.view_shape)
     if a.perm is not None:
         inv = tuple(a.perm.index(d) for d in range(len(a.perm)))
-        acc = ctx.view("permute", acc, shape, (("dims", inv),))
-    total = ctx.pointwise("add", (ctx.cast(x, torch.float32), acc), shape, torch.float32)
-    return ctx.cast(total, val.dtype) if val.dtype != torch.float32 else total
+        out = ctx.view("permute", out, shape, (("dims", inv),))
+    return out
 
 
 @register(aten.gather.default)
@@ -192,7 +257,8 @@ def _scatter_value(ctx, node, x, dim, index, value):
         return ctx.pointwise("where", (hit, value, ctx.cast(x, dtype)), (), dtype)
     dim %= nd
     if len(ishape) != nd or ishape[dim] != 1 or any(ishape[i] != shape[i] for i in range(nd) if i != dim):
-        raise Unsupported("scatter with more than one index per row")
+        from .rules_scatter import scatter_write  # the general form: a scatter-write
+        return scatter_write(ctx, node, x, dim, index, value)
     dtype = node.meta["val"].dtype
     iota = Ref(ctx.g.add(ir.POINTWISE, "iota", (), shape, torch.int64, contiguous_strides(shape),
                          (("dim", dim),)))

@@ -1,5 +1,7 @@
 """Scatters (issue 18): `scatter_add` / `scatter_reduce(sum)` into the scatter-add
-kernel form (atomics; refused under torch.use_deterministic_algorithms(True)), and
+kernel form (atomics; refused under torch.use_deterministic_algorithms(True)),
+`scatter.src` as a scatter-write (an atomic max picks each destination's last
+writer, a gather reads it: deterministic), and
 `_unsafe_masked_index` (a gather whose masked-off positions take a fill value)."""
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from ..ir import nodes as ir
 from ..ir.nodes import Ref, contiguous_strides
 from .context import FLOAT_TYPES, LowerCtx, static_shape
 from .registry import Unsupported, register
-from .rules_index import _index, _scatter_add_rows
+from .rules_index import _index, _scatter_add_rows, scatter_winner, scatter_written
 
 aten = torch.ops.aten
 
@@ -19,21 +21,18 @@ def _iota(ctx: LowerCtx, shape, dim: int) -> Ref:
                          (("dim", dim),)))
 
 
-def _scatter_sum(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bool = True) -> Ref:
-    val = node.meta["val"]
-    if val.dtype not in FLOAT_TYPES:
-        raise Unsupported("scatter-add into an integer tensor runs eagerly")
-    shape = static_shape(val)
+def _scatter_index(ctx: LowerCtx, shape, dim: int, index, src) -> tuple[Ref, Ref]:
+    """scatter's addressing: the element of src at p goes to x at p with `dim` replaced
+    by index[p].  Returns (the linear destination of each index element, flat (m,);
+    the part of src the index covers, flat (m, 1), or the scalar of scatter.value)."""
     nd = len(shape)
     if nd == 0:
         raise Unsupported("scatter of a 0-d tensor")
-    dim %= nd
     ishape = ctx.shape(index)
     if len(ishape) != nd:
         raise Unsupported("scatter needs index of the same rank as the input")
-    if any(ishape[d] > ctx.shape(src)[d] for d in range(nd)):
+    if isinstance(src, Ref) and any(ishape[d] > ctx.shape(src)[d] for d in range(nd)):
         raise Unsupported("scatter index larger than src")
-    # the element of src at p goes to x at p with dim replaced by index[p]: linear index
     i64 = torch.int64
     idx = ctx.cast(index, i64)
     neg = ctx.pointwise("lt", (idx, 0), ishape, torch.bool)
@@ -45,10 +44,20 @@ def _scatter_sum(ctx: LowerCtx, node, x, dim: int, index, src, include_self: boo
         lin = term if lin is None else ctx.pointwise("add", (lin, term), ishape, i64)
         stride *= shape[d]
     m = ir.prod(ishape)
+    if not isinstance(src, Ref):  # scatter.value: the scalar itself
+        return ctx.reshape(lin, (m,)), src
     if tuple(ctx.shape(src)) != tuple(ishape):  # only the part of src the index covers is scattered
         src = _narrowed(ctx, src, ishape)
-    vals = ctx.reshape(ctx.cast(src, val.dtype), (m, 1))
-    acc = ctx.reshape(_scatter_add_rows(ctx, vals, ctx.reshape(lin, (m,)), ir.prod(shape), 1), shape)
+    return ctx.reshape(lin, (m,)), ctx.reshape(src, (m, 1))
+
+
+def _scatter_sum(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bool = True) -> Ref:
+    val = node.meta["val"]
+    if val.dtype not in FLOAT_TYPES:
+        raise Unsupported("scatter-add into an integer tensor runs eagerly")
+    shape = static_shape(val)
+    lin, vals = _scatter_index(ctx, shape, dim % max(len(shape), 1), index, src)
+    acc = ctx.reshape(_scatter_add_rows(ctx, ctx.cast(vals, val.dtype), lin, ir.prod(shape), 1), shape)
     if include_self:
         acc = ctx.pointwise("add", (ctx.cast(x, torch.float32), acc), shape, torch.float32)
     return ctx.cast(acc, val.dtype)
@@ -60,6 +69,22 @@ def _narrowed(ctx: LowerCtx, src: Ref, ishape) -> Ref:
             shape = tuple(n if i == d else s for i, s in enumerate(ctx.shape(src)))
             src = ctx.view("slice", src, shape, (("dim", d), ("start", 0), ("step", 1)))
     return src
+
+
+def scatter_write(ctx: LowerCtx, node, x, dim: int, index, src) -> Ref:
+    """x with src's elements written at scatter's addresses (`rules_index.scatter_winner`:
+    of duplicate destinations the last source position wins)."""
+    val = node.meta["val"]
+    shape = static_shape(val)
+    n = ir.prod(shape)
+    lin, vals = _scatter_index(ctx, shape, dim % max(len(shape), 1), index, src)
+    out = scatter_written(ctx, node, scatter_winner(ctx, lin, n), vals, ctx.reshape(x, (n, 1)), val.dtype)
+    return ctx.reshape(out, shape)
+
+
+@register(aten.scatter.src)
+def _scatter_src(ctx, node, x, dim, index, src):
+    return scatter_write(ctx, node, x, dim, index, src)
 
 
 @register(aten.scatter_add.default)

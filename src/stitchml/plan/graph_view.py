@@ -117,7 +117,7 @@ class GraphView:
         need: set[int] = set()
         stack = list(self.g.output_ids())
         for n in self.g.nodes:
-            if n.kind in (ir.OPAQUE, ir.ITEM, ir.SCATTER_ADD):
+            if n.kind in (ir.OPAQUE, ir.ITEM):
                 stack.extend(n.refs)
         seen = set()
         while stack:

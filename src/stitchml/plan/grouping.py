@@ -63,8 +63,6 @@ class Grouper:
             if not is_member(n):
                 continue
             self.group_of[n.id] = self._new_group(n)
-            if n.kind == ir.SCATTER_ADD:
-                continue
             for src in self.gv.sources[n.id]:
                 if src in self.group_of and self.group_of[src] is not self.group_of[n.id]:
                     self._try_merge(src, n.id)
@@ -105,8 +103,11 @@ class Grouper:
     def _try_merge(self, producer: int, consumer: int) -> None:
         a, b = self.group_of[producer], self.group_of[consumer]
         reason = None
-        if self.g[producer].kind == ir.SCATTER_ADD or self.g[consumer].kind == ir.SCATTER_ADD:
-            reason = "scatter-add kernels stand alone"
+        if self.g[producer].kind == ir.SCATTER_ADD:
+            reason = "reads a scatter's result: complete only when every program of the scatter kernel has added"
+        elif self._has_scatter(a) or self._has_scatter(b):
+            if not (self.g[consumer].kind == ir.SCATTER_ADD and self._feeds_only(a, b, consumer)):
+                reason = "a scatter kernel takes in only element-wise producers of its values and index"
         elif producer in a.cross or self._reads_cross(a, b) or self._reads_cross(b, a):
             reason = "consumer of a column reduction needs the combined value (read after the combine)"
         dom = None
@@ -127,6 +128,18 @@ class Grouper:
         keep.cross = a.cross | b.cross
         for m in gone.members:
             self.group_of[m] = keep
+
+    def _has_scatter(self, grp: Group) -> bool:
+        return any(self.g[m].kind == ir.SCATTER_ADD for m in grp.members)
+
+    def _feeds_only(self, small: Group, scatter: Group, consumer: int) -> bool:
+        """`small` is element-wise work (an index's wrap and linearisation, a cast of
+        the values) that only the scatter reads: computed inside the scatter kernel at
+        the scatter's positions instead of written out and read back."""
+        if small.rowwise or self._has_scatter(small) or any(self.g[m].kind != ir.POINTWISE for m in small.members):
+            return False
+        inside = small.members | scatter.members | {consumer}
+        return all(m not in self.gv.escapes and set(self.gv.consumers[m]) <= inside for m in small.members)
 
     def _reads_cross(self, a: Group, b: Group) -> bool:
         """Does a member of `b` read one of `a`'s column reductions (complete only
