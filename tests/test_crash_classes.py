@@ -221,3 +221,41 @@ def test_lgamma_digamma_at_poles_and_infinities(dtype):
     x = torch.tensor([0.0, -0.0, -1.0, -2.0, 1.0, 2.0, -2.5, 0.5, 1e-3, 30.0, 1e6, float("inf"), float("-inf"),
                       float("nan"), -7.25], dtype=dtype)
     _strict(lambda x: (torch.lgamma(x), torch.digamma(x)), [x], backward=False, launches=1)
+
+
+# ---- second pass over the op_db log (issue 19) ----
+
+def test_empty_result_of_an_indexing_rule_needs_no_rule():
+    # reflect pad's backward on an empty batch: a masked index whose linearisation divided
+    # by the zero extent (ZeroDivisionError inside the rule); an empty result is a constant
+    def f(x):
+        return F.pad(x, (1, 2), mode="reflect") * 2
+    cmp = _strict(f, [torch.randn(0, 3, 3, requires_grad=True)])
+    assert all(r.eager_reason is None for r in cmp.backend.records)
+
+
+@pytest.mark.parametrize("which", ["scatter_add", "index_put"])
+def test_float64_scatter_adds_accumulate_in_float64(which):
+    # the atomic scatter-add accumulated in float32 whatever the dtype: 4e-7 off in float64
+    idx = torch.tensor([[0, 2, 0, 1, 2, 0]])
+
+    def f(x, s):
+        if which == "scatter_add":
+            return x.scatter_add(1, idx, s)
+        return x.index_put((idx[0],), s[0, :, None].expand(6, 3), accumulate=True)
+    x = torch.randn(3, 3, dtype=torch.float64)
+    s = torch.randn(1, 6, dtype=torch.float64) * 1e3 + 0.123456789
+    cmp = _strict(f, [x, s], backward=False, rtol=1e-12, atol=1e-12)
+    assert cmp.num_kernels >= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_batch_norm_saved_statistics_in_eager_dtype(dtype):
+    # eager on the CPU returns the saved mean and inverse std in the input's dtype;
+    # torch's decomposition gave float32 (op_db native_batch_norm in half precision)
+    def f(x, w, b, rm, rv):
+        return torch.ops.aten.native_batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5)
+    ins = [torch.randn(4, 5, 3, dtype=dtype), torch.randn(5, dtype=dtype), torch.randn(5, dtype=dtype),
+           torch.randn(5, dtype=dtype), torch.rand(5, dtype=dtype) + 0.5]
+    cmp = _strict(f, ins, backward=False, rtol=2e-2, atol=2e-2)
+    assert [t.dtype for t in cmp.outputs[:3]] == [dtype] * 3

@@ -32,3 +32,29 @@ def test_sweep_counts_a_crash_inside_stitchml_as_a_crash(monkeypatch):
     monkeypatch.setattr(pipeline, "lower", boom)
     t = sweep_op("exp", samples=1, half_samples=1, labels=("fp32 fwd",))["fp32 fwd"]
     assert t.crashed == 1 and "injected crash" in t.first_failure, t
+
+
+def test_judge_handles_nan_in_the_reference():
+    # a NaN in the float64 run made every allowance NaN, so equal results "failed"
+    # (__rpow__, igamma, var_mean in half precision)
+    import torch
+
+    from stitchml.testing import judge_against_float64
+    ref = torch.tensor([1.0, float("nan"), 3.0], dtype=torch.float64)
+    low = ref.to(torch.bfloat16)
+    assert judge_against_float64([low.clone()], [low], [ref]).ok
+    wrong = low.clone()
+    wrong[0] = 1.5
+    assert not judge_against_float64([wrong], [low], [ref]).ok
+
+
+def test_float32_mismatch_with_eager_is_judged_by_a_float64_run():
+    # native_layer_norm over one element: the exact input gradient is the mean's
+    # cotangent; eager is ~1e-5 off, a kernel exact: not a failure of ours
+    import torch
+
+    from stitchml.tools.opinfo_sweep import _arbitrate
+    ref = torch.tensor([0.3, -1.2], dtype=torch.float64)
+    exact, eager = ref.float(), ref.float() + torch.tensor([3e-5, 0.0])
+    assert _arbitrate("grad 0: not close", exact, eager, lambda: ref) == ""
+    assert _arbitrate("grad 0: not close", eager + 1e-3, exact, lambda: ref) == "grad 0: not close"

@@ -155,7 +155,9 @@ def judge_against_float64(actual: Sequence[torch.Tensor], eager: Sequence[torch.
         raise ValueError(f"{len(actual)} actual, {len(eager)} eager, {n} reference tensors")
     names = list(names) if names is not None else [f"result {i}" for i in range(n)]
     groups = list(groups) if groups is not None else ["all"] * n
-    ref_norms = [_norm64(r.detach()) if r.dtype.is_floating_point else 0.0 for r in reference]
+    # (over the finite elements: a NaN or inf in the reference is judged by position below)
+    ref_norms = [_norm64(r.detach()[torch.isfinite(r.detach())]) if r.dtype.is_floating_point else 0.0
+                 for r in reference]
     scale: dict[str, float] = {}
     for g, rn in zip(groups, ref_norms):
         scale[g] = max(scale.get(g, 0.0), rn)

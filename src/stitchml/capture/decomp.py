@@ -149,4 +149,22 @@ def decomposition_table() -> dict:
     table = get_decompositions(packets)
     table.update(_own())
     table.update(decomp_window.table())  # pooling, scans, strided slice_backward, a few backwards
+    for op in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
+               aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit_no_training.default,
+               aten._native_batch_norm_legit_functional.default):
+        if op in table:
+            table[op] = _stats_in_eager_dtype(table[op])
     return table
+
+
+def _stats_in_eager_dtype(decomp):
+    """torch's batch-norm decompositions return the saved mean and inverse std in the
+    computation dtype (float32 for half inputs); eager on the CPU returns them in the
+    input's dtype (on CUDA in float32).  Cast them so that a graph returning them gives
+    eager's dtypes (op_db's native_batch_norm in bfloat16)."""
+    def wrapped(x, *args, **kwargs):
+        out = decomp(x, *args, **kwargs)
+        if out is NotImplemented or x.dtype not in _HALF or x.device.type != "cpu":
+            return out
+        return (out[0], out[1].to(x.dtype), out[2].to(x.dtype)) + tuple(out[3:])
+    return wrapped

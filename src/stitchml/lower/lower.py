@@ -149,6 +149,10 @@ class Lowerer:
         if getattr(node.target, "_schema", None) is not None and node.target._schema.is_mutable:
             raise Unsupported("mutates its input")
         mark = len(self.g.nodes)
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.numel() == 0 and not _is_view_op(node.target):
+            # an empty result needs no rule (whose index arithmetic could divide by a zero extent)
+            return self.ctx.full(tuple(val.shape), 0, val.dtype)
         try:
             result = self._fresh(node, rule(self.ctx, node, *args, **kwargs), mark)
             self._adopt_strides(node, result, mark)
@@ -218,6 +222,12 @@ class Lowerer:
         nid = self.g.add(ir.ITEM, "getitem", (Ref(base.id),), shape, dtype, stride, (("index", node.args[1]),))
         # an item that is itself a tuple (an eager run_and_save_rng_state's `(state, (out, mask))`)
         return _MultiOut(nid) if isinstance(val, (tuple, list)) else Ref(nid)
+
+
+def _is_view_op(target) -> bool:
+    """Ops whose result aliases an input (eager returns a view, and so must we)."""
+    schema = getattr(target, "_schema", None)
+    return schema is not None and any(r.alias_info is not None for r in schema.returns)
 
 
 def _empty_to_constants(g: ir.Graph, mark: int) -> None:

@@ -130,12 +130,14 @@ def _refuse_nondeterministic(what: str) -> None:
 
 
 def _scatter_add_rows(ctx: LowerCtx, values: Ref, lin: Ref, rows: int, cols: int) -> Ref:
-    """out[rows, cols] (float32, zero-initialised) with values[m, :] added into row
-    lin[m] by atomics: the scatter-add kernel form of embedding's backward."""
+    """out[rows, cols] (float32, or float64 for float64 values; zero-initialised) with
+    values[m, :] added into row lin[m] by atomics: the scatter-add kernel form of
+    embedding's backward."""
     _refuse_nondeterministic("scatter-add")
-    vals = ctx.cast(values, torch.float32)
+    acc = torch.float64 if ctx.dtype(values) == torch.float64 else torch.float32
+    vals = ctx.cast(values, acc)
     shape = (rows, cols)
-    return Ref(ctx.g.add(ir.SCATTER_ADD, "index_put", (vals, lin), shape, torch.float32,
+    return Ref(ctx.g.add(ir.SCATTER_ADD, "index_put", (vals, lin), shape, acc,
                          contiguous_strides(shape), (("padding_idx", None),)))
 
 
@@ -198,8 +200,9 @@ def _index_put(ctx, node, x, indices, values, accumulate=False):
         acc = scatter_written(ctx, node, scatter_winner(ctx, a.lin, a.K), v2, xr, val.dtype)
         return _from_rows(ctx, a, acc, shape)
     acc = _scatter_add_rows(ctx, v2, a.lin, a.K, r)              # (K, pre*post)
-    total = ctx.pointwise("add", (ctx.cast(x, torch.float32), _from_rows(ctx, a, acc, shape)), shape, torch.float32)
-    return ctx.cast(total, val.dtype) if val.dtype != torch.float32 else total
+    at = ctx.dtype(acc)
+    total = ctx.pointwise("add", (ctx.cast(x, at), _from_rows(ctx, a, acc, shape)), shape, at)
+    return ctx.cast(total, val.dtype)
 
 
 @register(aten.index_copy.default)

@@ -59,7 +59,7 @@ def _scatter_sum(ctx: LowerCtx, node, x, dim: int, index, src, include_self: boo
     lin, vals = _scatter_index(ctx, shape, dim % max(len(shape), 1), index, src)
     acc = ctx.reshape(_scatter_add_rows(ctx, ctx.cast(vals, val.dtype), lin, ir.prod(shape), 1), shape)
     if include_self:
-        acc = ctx.pointwise("add", (ctx.cast(x, torch.float32), acc), shape, torch.float32)
+        acc = ctx.pointwise("add", (ctx.cast(x, ctx.dtype(acc)), acc), shape, ctx.dtype(acc))
     return ctx.cast(acc, val.dtype)
 
 

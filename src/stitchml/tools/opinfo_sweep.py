@@ -27,6 +27,7 @@ Usage (the full run is `make opinfo`; hours on 2 CPU cores under the interpreter
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import collections
 import datetime
 import os
@@ -135,7 +136,7 @@ def _clone_tree(tree: Any, dtype: torch.dtype | None = None) -> Any:
             if dtype is not None and src.dtype.is_floating_point:
                 src = src.to(dtype)
             y = src.clone()
-            if not x.is_contiguous() and x.dim() > 1:
+            if x.layout == torch.strided and not x.is_contiguous() and x.dim() > 1:  # (sparse: no strides)
                 y = torch.empty_strided(x.shape, x.stride(), dtype=src.dtype).copy_(src)
             return y.requires_grad_(x.requires_grad and y.dtype.is_floating_point)
         return x
@@ -152,6 +153,7 @@ def _close(actual: Any, expected: Any, what: str, dtype: torch.dtype) -> str:
         if a.shape != e.shape or a.dtype != e.dtype:
             return f"{what} {i}: {tuple(a.shape)}/{a.dtype} vs {tuple(e.shape)}/{e.dtype}"
         a, e = a.detach(), e.detach()
+        a, e = (t.to_dense() if t.layout != torch.strided else t for t in (a, e))  # (sparse inputs)
         if e.is_complex():
             a, e = torch.view_as_real(a.resolve_conj()), torch.view_as_real(e.resolve_conj())
         if e.dtype.is_floating_point:
@@ -166,6 +168,29 @@ def _close(actual: Any, expected: Any, what: str, dtype: torch.dtype) -> str:
             msg = " ".join(str(err).split())
             return f"{what} {i}: {msg[:300]}"
     return ""
+
+
+def _arbitrate(bad: str, actual: Any, expected: Any, reference: Callable[[], Any]) -> str:
+    """A float32 result outside the tolerance of eager's is judged by a float64 run
+    instead: no further from it than eager's own result (`_judge_half`'s rule).  Eager
+    can be the inaccurate one: native_layer_norm's backward over one element, where the
+    exact input gradient is the mean's cotangent, is off by ~1e-5 in eager, exact in a
+    kernel.  '' when it passes, else the original complaint."""
+    try:
+        ref = reference()
+    except Exception:
+        return bad
+    if ref is None:
+        return bad
+    return "" if not _judge_half(actual, expected, ref) else bad
+
+
+def _grads64(fn: Callable, post: Callable, tensors: list, cots: list) -> list:
+    """The input gradients of a float64 run with the same cotangents."""
+    ins = [_clone_tree(t, torch.float64) for t in tensors]
+    outs = [o for o in _tensors(post(fn(*ins))) if o.requires_grad and o.dtype.is_floating_point]
+    leaves = [t for t in ins if isinstance(t, torch.Tensor) and t.requires_grad]
+    return list(torch.autograd.grad(outs, leaves, [c.double() for c in cots], allow_unused=True))
 
 
 def _judge_half(actual: Any, expected: Any, reference: Any) -> str:
@@ -279,6 +304,8 @@ def run_sample(opinfo, sample, dtype: torch.dtype, backward: bool) -> Outcome:
             _close(actual, expected, "output", dtype)
     else:
         bad = _close(actual, expected, "output", dtype)
+        if bad and dtype == torch.float32:
+            bad = _arbitrate(bad, actual, expected, lambda: fn(*[_clone_tree(t, torch.float64) for t in tensors]))
     if not bad:
         bad = _close(comp_in, eager_in, "input after the call", dtype)
     if not bad and backward:
@@ -298,11 +325,20 @@ def run_sample(opinfo, sample, dtype: torch.dtype, backward: bool) -> Outcome:
         except Exception as e:
             return Outcome("crash" if _ours(e) else "torch",
                            f"compiled backward raised {type(e).__name__}: {str(e)[:300]}")
+        cache: list = []
+
+        def ref_grads(i: int):  # (the float64 gradients, computed once if arbitration is needed)
+            if not cache:
+                cache.append(_grads64(fn, post, tensors, cots))
+            return cache[0][i]
+
         for i, (a, e) in enumerate(zip(g_a, g_e)):
             if (a is None) != (e is None):
                 return Outcome("fail", f"grad {i}: None on one side only")
             if a is not None:
                 bad = _close(a, e, f"grad {i}", dtype)
+                if bad and dtype == torch.float32:
+                    bad = _arbitrate(bad, a, e, lambda i=i: ref_grads(i))
                 if bad:
                     break
     if bad:
