@@ -204,3 +204,18 @@ def test_scan_of_one_element_rows_stitches(op):
     cmp = compare_with_eager(f, [torch.randn(5, 1, 3, requires_grad=True)])
     assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
     assert cmp.num_kernels >= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fill_tensor_zero_and_empty_constructors_stitch(dtype):
+    # Swin builds its attention mask with fill.Tensor; EfficientNet's stochastic depth
+    # allocates with new_empty_strided: both ran eagerly for "no lowering rule"
+    from stitchml import config
+
+    def f(x, v):
+        y = torch.ops.aten.fill.Tensor(x * 2, v) + x
+        e = torch.ops.aten.new_empty_strided(x, (3, 5), (1, 3)).zero_()
+        return y, e + x.t()[:3], torch.zeros_like(x).fill_(v) * x
+    with config.override(strict=True):
+        cmp = compare_with_eager(f, [_nc(5, 3, dtype=dtype), torch.tensor(1.5)], rtol=2e-2, atol=2e-2)
+    assert cmp.num_kernels >= 2

@@ -323,7 +323,7 @@ def _clone(ctx, node, x, *, memory_format=None):
 @register(aten.full.default, aten.scalar_tensor.default, aten.zeros.default, aten.ones.default,
           aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default,
           aten.new_zeros.default, aten.new_ones.default, aten.new_full.default, aten.empty.memory_format,
-          aten.new_empty.default)
+          aten.new_empty.default, aten.empty_strided.default, aten.new_empty_strided.default, aten.zero.default)
 def _full(ctx, node, *args, **kwargs):
     shape, dtype = _out(node)
     t = node.target
@@ -338,7 +338,7 @@ def _full(ctx, node, *args, **kwargs):
     elif t in (aten.ones.default, aten.ones_like.default, aten.new_ones.default):
         value = 1
     else:
-        value = 0
+        value = 0  # (the empty constructors too: any content is theirs, zeros are the cheapest)
     if isinstance(value, Ref):
         raise Unsupported("fill value is a tensor")
     return ctx.full(shape, value, dtype)
@@ -368,9 +368,17 @@ def _arange(ctx, node, *args, **kwargs):
     return ctx.cast(val, dtype)
 
 
-@register(aten.fill.Scalar)
+@register(aten.fill.Scalar, aten.fill.Tensor)
 def _fill(ctx, node, x, value):
+    """x's shape filled with a scalar, or with a 0-d tensor's value (Swin's attention
+    mask is built with fill.Tensor) broadcast and cast to x's dtype."""
     shape, dtype = _out(node)
+    if isinstance(value, Ref):
+        if ctx.shape(value):
+            raise Unsupported("fill with a tensor of more than one element")
+        v = ctx.broadcast_to(ctx.reshape(ctx.cast(value, dtype), (1,) * len(shape)), shape) if shape else \
+            ctx.cast(value, dtype)
+        return ctx.pointwise("identity", (v,), shape, dtype)
     return ctx.full(shape, value, dtype)
 
 
