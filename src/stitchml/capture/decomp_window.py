@@ -1,7 +1,8 @@
 """Our decompositions of window and scan ops (issue 18): each reduces to strided slices,
 zero-interleaving pads, element-wise ops and reductions, which all stitch; no atomics.
 
-- pooling (avg_pool2d, max_pool2d_with_indices and their backwards): a k x k window is
+- pooling (avg_pool2d, max_pool2d_with_indices and their backwards; 1-d as (1, k)
+  windows, 3-d as a 2-d window then a 1-d one over depth): a k x k window is
   k*k strided slices of the padded input, combined element-wise.  The backward places
   each window offset's share back with a strided `slice_backward` (zeros interleaved)
   and sums the k*k placements: a gather form, deterministic, no scatter.
@@ -20,6 +21,7 @@ runs eagerly with its reason.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
 
@@ -208,6 +210,114 @@ def _adaptive_avg_pool2d_backward(grad, x):
     return avg_pool2d_backward(grad, x, k, k, 0, False, True, None)
 
 
+# ------------------------------------------------------------ 1-d and 3-d pooling
+# A 1-d window is a (1, k) window of the 2-d forms.  A 3-d box is separable: the 2-d
+# window over (H, W), then a 1-d window over D (moved last).  Sums and maxima compose,
+# and so do the averages' divisors: the valid count of a box is the product of its
+# per-axis counts, with or without padding counted, in ceil mode too.
+
+def _triple(v, default=None) -> tuple[int, int, int]:
+    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+        v = default
+    if isinstance(v, int):
+        return (v, v, v)
+    return tuple(v) * 3 if len(v) == 1 else tuple(v)
+
+
+def _shaped(shape, device) -> SimpleNamespace:
+    """What the 2-d backwards read of their input: its shape and device."""
+    return SimpleNamespace(shape=tuple(shape), device=device)
+
+
+def avg_pool1d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True):
+    (k,), (p,) = tuple(kernel_size), _one(padding, 0)
+    (s,) = _one(stride, k)
+    out = avg_pool2d(x.unsqueeze(-2), (1, k), (1, s), (0, p), ceil_mode, count_include_pad)
+    return out if out is NotImplemented else out.squeeze(-2)
+
+
+def _one(v, default) -> tuple[int]:
+    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+        return (default,)
+    return (v,) if isinstance(v, int) else (v[0],)
+
+
+def adaptive_avg_pool1d(x, output_size):
+    n, (o,) = x.shape[-1], _one(output_size, 1)
+    if n % o:
+        return NotImplemented
+    return avg_pool1d(x, (n // o,), (n // o,))
+
+
+def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    if divisor_override or not x.is_floating_point():
+        return NotImplemented
+    (kd, kh, kw), (pd, ph, pw) = _triple(kernel_size), _triple(padding, 0)
+    sd, sh, sw = _triple(stride, (kd, kh, kw))
+    y = avg_pool2d(x, (kh, kw), (sh, sw), (ph, pw), ceil_mode, count_include_pad)      # (..., D, oh, ow)
+    z = avg_pool2d(y.movedim(-3, -1), (1, kd), (1, sd), (0, pd), ceil_mode, count_include_pad)
+    return z.movedim(-1, -3)
+
+
+def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    if divisor_override or not grad.is_floating_point():
+        return NotImplemented
+    (kd, kh, kw), (pd, ph, pw) = _triple(kernel_size), _triple(padding, 0)
+    sd, sh, sw = _triple(stride, (kd, kh, kw))
+    oh, ow = grad.shape[-2], grad.shape[-1]
+    y_moved = _shaped(tuple(x.shape[:-3]) + (oh, ow, x.shape[-3]), x.device)            # (..., oh, ow, D)
+    gy = avg_pool2d_backward(grad.movedim(-3, -1), y_moved, (1, kd), (1, sd), (0, pd), ceil_mode,
+                             count_include_pad, None).movedim(-1, -3)                      # (..., D, oh, ow)
+    return avg_pool2d_backward(gy, x, (kh, kw), (sh, sw), (ph, pw), ceil_mode, count_include_pad, None)
+
+
+def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """Max over (H, W) per depth slice with its flat h*W+w index, then max over D of
+    those (the first maximum in (d, h, w) order wins, NaN propagates, as in eager)."""
+    if not x.is_floating_point() or x.dim() not in (4, 5):
+        return NotImplemented
+    (kd, kh, kw), (pd, ph, pw) = _triple(kernel_size), _triple(padding, 0)
+    sd, sh, sw = _triple(stride, (kd, kh, kw))
+    dd, dh, dw = _triple(dilation, 1)
+    lead, (d, h, w) = tuple(x.shape[:-3]), tuple(x.shape[-3:])
+    x4 = x.reshape((-1, d, h, w))
+    y, i2 = max_pool2d_with_indices(x4, (kh, kw), (sh, sw), (ph, pw), (dh, dw), ceil_mode)   # (B, D, oh, ow)
+    z, iz = max_pool2d_with_indices(y.movedim(1, -1), (1, kd), (1, sd), (0, pd), (1, dd), ceil_mode)
+    depth = iz % d                                                                             # (B, oh, ow, od)
+    idx = depth * (h * w) + torch.gather(i2.movedim(1, -1), -1, depth)
+    out_shape = lead + (z.shape[-1], z.shape[1], z.shape[2])
+    return z.movedim(-1, 1).reshape(out_shape), idx.movedim(-1, 1).reshape(out_shape)
+
+
+def max_pool3d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    """Each output's gradient added at its input position (the scatter-add form; windows
+    overlap when the stride is below the kernel, so positions repeat)."""
+    if not grad.is_floating_point() or x.dim() not in (4, 5):
+        return NotImplemented
+    b = x.numel() // max(x.shape[-3] * x.shape[-2] * x.shape[-1], 1)
+    flat = grad.new_zeros((b, x.shape[-3] * x.shape[-2] * x.shape[-1]))
+    out = flat.scatter_add(1, indices.reshape(b, -1), grad.reshape(b, -1))
+    return out.reshape(x.shape)
+
+
+def _adaptive_avg_pool3d(x, output_size):
+    """Windows that tile the input evenly: avg_pool3d; other sizes decline (eager)."""
+    sizes, outs = x.shape[-3:], _triple(output_size)
+    if any(n % o for n, o in zip(sizes, outs)):
+        return NotImplemented
+    k = tuple(n // o for n, o in zip(sizes, outs))
+    return avg_pool3d(x, k, k)
+
+
+def _adaptive_avg_pool3d_backward(grad, x):
+    sizes, outs = x.shape[-3:], grad.shape[-3:]
+    if any(n % o for n, o in zip(sizes, outs)):
+        return NotImplemented
+    k = tuple(n // o for n, o in zip(sizes, outs))
+    return avg_pool3d_backward(grad, x, k, k, 0, False, True, None)
+
+
 # ------------------------------------------------------------------------- scans
 
 def _scan_mask(n: int, device) -> torch.Tensor:
@@ -315,6 +425,14 @@ def table() -> dict:
         aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
         aten.max_pool2d_with_indices_backward.default: max_pool2d_with_indices_backward,
         aten._adaptive_avg_pool2d_backward.default: _adaptive_avg_pool2d_backward,
+        aten.avg_pool1d.default: avg_pool1d,
+        aten.adaptive_avg_pool1d.default: adaptive_avg_pool1d,
+        aten.avg_pool3d.default: avg_pool3d,
+        aten.avg_pool3d_backward.default: avg_pool3d_backward,
+        aten.max_pool3d_with_indices.default: max_pool3d_with_indices,
+        aten.max_pool3d_with_indices_backward.default: max_pool3d_with_indices_backward,
+        aten._adaptive_avg_pool3d.default: _adaptive_avg_pool3d,
+        aten._adaptive_avg_pool3d_backward.default: _adaptive_avg_pool3d_backward,
         aten.cumsum.default: cumsum,
         aten.cumprod.default: cumprod,
         aten.logcumsumexp.default: logcumsumexp,
