@@ -7,7 +7,6 @@ import os
 # before triton is imported (through torch.compile or stitchml)
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import socket  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -15,6 +14,9 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from dist_common import free_port  # noqa: E402
+from hf_common import rel_err  # noqa: E402
 
 WORLD = 2
 STEPS = 3
@@ -91,19 +93,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed gloo")
 def test_ddp_transformer_three_steps_match_eager(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     for rank, res in enumerate(results):
         assert res["interpreter"] or torch.cuda.is_available(), "child ran without TRITON_INTERPRET"
@@ -112,7 +106,7 @@ def test_ddp_transformer_three_steps_match_eager(tmp_path):
             assert abs(a - e) <= 1e-4 * abs(e), f"rank {rank} step {step}: loss {a} vs eager {e}"
         assert len(set(eager["losses"])) == STEPS  # training moved: the steps differ
         for name, p in eager["params"].items():
-            assert _rel(stitch["params"][name], p) <= 1e-4, f"rank {rank}: parameter {name}"
+            assert rel_err(stitch["params"][name], p) <= 1e-4, f"rank {rank}: parameter {name}"
         # the compiled run really ran stitched kernels, forward and backward, with no graph falling back
         kinds = {kind for kind, _, _ in stitch["records"]}
         assert {"forward", "backward"} <= kinds, stitch["records"]

@@ -24,7 +24,6 @@ import os
 # before triton is imported (through torch.compile or stitchml)
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import socket  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -32,6 +31,9 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from dist_common import free_port  # noqa: E402
+from hf_common import rel_err  # noqa: E402
 
 WORLD = 2
 STEPS = 3
@@ -156,14 +158,6 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
 def _single_process_reference() -> dict:
@@ -187,7 +181,7 @@ COLLECTIVE_MARKS = ("c10d", "all_gather", "reduce_scatter", "all_reduce", "wait_
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed gloo")
 def test_fsdp2_fully_shard_three_adamw_steps_match_eager(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, join=True)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     ref = _single_process_reference()
     for rank, res in enumerate(results):
@@ -208,8 +202,8 @@ def test_fsdp2_fully_shard_three_adamw_steps_match_eager(tmp_path):
             for step, (a, e) in enumerate(zip(run["losses"], eager["losses"])):
                 assert abs(a - e) <= LOSS_RTOL * abs(e), f"{variant} rank {rank} step {step}: loss {a} vs eager {e}"
             for name, p in eager["params"].items():
-                assert _rel(run["params"][name], p) <= PARAM_RTOL, (variant, rank, name)
-                assert _rel(run["params"][name], ref["params"][name]) <= PARAM_RTOL, (variant, rank, name, "1-proc")
+                assert rel_err(run["params"][name], p) <= PARAM_RTOL, (variant, rank, name)
+                assert rel_err(run["params"][name], ref["params"][name]) <= PARAM_RTOL, (variant, rank, name, "1-proc")
 
             recs = run["records"]
             # stitched kernels ran, forward and backward, and no graph fell back whole
