@@ -259,3 +259,24 @@ def test_batch_norm_saved_statistics_in_eager_dtype(dtype):
            torch.randn(5, dtype=dtype), torch.rand(5, dtype=dtype) + 0.5]
     cmp = _strict(f, ins, backward=False, rtol=2e-2, atol=2e-2)
     assert [t.dtype for t in cmp.outputs[:3]] == [dtype] * 3
+
+
+def test_zero_dim_index_writes_do_not_crash():
+    # index_copy of a 0-d tensor built indices for a dim it has not (IndexError inside
+    # the rule); index_fill / scatter / gather on 0-d ran eagerly
+    def f(x, s, i):
+        return (x.index_copy(0, i, s) * 2, x.index_fill(0, i, -1.0) + 1, x.scatter(0, i, s) - 1,
+                x.gather(0, i) * 3, x.scatter_add(0, i, s))
+    cmp = _strict(f, [torch.randn(()), torch.randn(()), torch.tensor(0)], backward=False)
+    assert not [fb for r in cmp.backend.records for fb in r.graph.fallbacks]
+
+
+def test_scatter_reduce_sum_without_self_keeps_untouched_positions():
+    def f(x, s):
+        i = torch.tensor([[0, 2, 0], [1, 1, 1]])
+        return x.scatter_reduce(1, i, s, "sum", include_self=False), x.scatter(1, i, s, reduce="add")
+    cmp = _strict(f, [torch.randn(2, 4), torch.randn(2, 3)], backward=False)
+    assert not [fb for r in cmp.backend.records for fb in r.graph.fallbacks]
+    # two scatter-adds and the winner of the reached positions (launches may be fewer: one
+    # global kernel can run them as phases)
+    assert sum(k.scheme == "scatter" for r in cmp.backend.records for k in r.plan.kernels) == 3

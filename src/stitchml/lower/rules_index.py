@@ -208,7 +208,10 @@ def _index_put(ctx, node, x, indices, values, accumulate=False):
 @register(aten.index_copy.default)
 def _index_copy(ctx, node, x, dim, index, source):
     """x with source's slices written at `index` along `dim`: an index_put write."""
-    dim %= max(len(ctx.shape(x)), 1)
+    if not ctx.shape(x):  # 0-d: the only valid index is 0, so the source itself
+        return ctx.pointwise("identity", (ctx.reshape(ctx.cast(source, node.meta["val"].dtype), ()),), (),
+                             node.meta["val"].dtype)
+    dim %= len(ctx.shape(x))
     return _index_put(ctx, node, x, [None] * dim + [index], source)
 
 
@@ -216,13 +219,14 @@ def _index_copy(ctx, node, x, dim, index, source):
 def _index_fill(ctx, node, x, dim, index, value):
     """x with `value` written at `index` along `dim` (index_copy's backward fills zeros)."""
     shape = ctx.shape(x)
-    if not shape:
-        raise Unsupported("index_fill of a 0-d tensor")
+    dtype = node.meta["val"].dtype
+    if not shape:  # 0-d: the only valid index is 0, so the value itself
+        v = ctx.reshape(ctx.cast(value, dtype), ()) if isinstance(value, Ref) else ctx.full((), value, dtype)
+        return ctx.pointwise("identity", (v,), (), dtype)
     dim %= len(shape)
     ishape = ctx.shape(index) or (1,)
     index = ctx.reshape(index, ishape) if not ctx.shape(index) else index
     fill_shape = tuple(ishape[0] if d == dim else s for d, s in enumerate(shape))
-    dtype = node.meta["val"].dtype
     v = ctx.broadcast_to(ctx.reshape(ctx.cast(value, dtype), (1,) * len(shape)), fill_shape) \
         if isinstance(value, Ref) else ctx.full(fill_shape, value, dtype)
     return _index_put(ctx, node, x, [None] * dim + [index], v)
@@ -243,6 +247,8 @@ def _from_rows(ctx: LowerCtx, a: _Indexed, rows: Ref, shape) -> Ref:
 @register(aten.gather.default)
 def _gather(ctx, node, x, dim, index, *, sparse_grad=False):
     nd = len(ctx.shape(x))
+    if nd == 0 and not ctx.shape(index):  # 0-d: the only valid index is 0, so x itself
+        return ctx.pointwise("identity", (x,), (), ctx.dtype(x))
     if nd == 0 or len(ctx.shape(index)) != nd:
         raise Unsupported("gather needs index of the same rank as the input")
     return _gather_node(ctx, node, x, index, dim % nd, "take_along")

@@ -56,10 +56,19 @@ def _scatter_sum(ctx: LowerCtx, node, x, dim: int, index, src, include_self: boo
     if val.dtype not in FLOAT_TYPES:
         raise Unsupported("scatter-add into an integer tensor runs eagerly")
     shape = static_shape(val)
+    if not shape:  # 0-d: index 0 adds src's value once
+        total = ctx.pointwise("add", (ctx.reshape(ctx.cast(src, val.dtype), ()), ctx.cast(x, val.dtype) if
+                                      include_self else 0), (), val.dtype)
+        return total
     lin, vals = _scatter_index(ctx, shape, dim % max(len(shape), 1), index, src)
     acc = ctx.reshape(_scatter_add_rows(ctx, ctx.cast(vals, val.dtype), lin, ir.prod(shape), 1), shape)
+    at = ctx.dtype(acc)
     if include_self:
-        acc = ctx.pointwise("add", (ctx.cast(x, ctx.dtype(acc)), acc), shape, ctx.dtype(acc))
+        acc = ctx.pointwise("add", (ctx.cast(x, at), acc), shape, at)
+    else:  # positions no index reaches keep x (the scatter-write's winner marks the reached ones)
+        hit = ctx.pointwise("gt", (ctx.reshape(scatter_winner(ctx, lin, ir.prod(shape)), shape), 0), shape,
+                            torch.bool)
+        acc = ctx.pointwise("where", (hit, acc, ctx.cast(x, at)), shape, at)
     return ctx.cast(acc, val.dtype)
 
 
@@ -76,6 +85,9 @@ def scatter_write(ctx: LowerCtx, node, x, dim: int, index, src) -> Ref:
     of duplicate destinations the last source position wins)."""
     val = node.meta["val"]
     shape = static_shape(val)
+    if not shape:  # 0-d: the only valid index is 0, so src's value
+        v = ctx.reshape(ctx.cast(src, val.dtype), ()) if isinstance(src, Ref) else ctx.full((), src, val.dtype)
+        return ctx.pointwise("identity", (v,), (), val.dtype)
     n = ir.prod(shape)
     lin, vals = _scatter_index(ctx, shape, dim % max(len(shape), 1), index, src)
     out = scatter_written(ctx, node, scatter_winner(ctx, lin, n), vals, ctx.reshape(x, (n, 1)), val.dtype)
@@ -87,6 +99,16 @@ def _scatter_src(ctx, node, x, dim, index, src):
     return scatter_write(ctx, node, x, dim, index, src)
 
 
+@register(aten.scatter.reduce, aten.scatter.value_reduce)
+def _scatter_reduce_str(ctx, node, x, dim, index, src, *, reduce):
+    """The older string form: reduce="add" is scatter_add (of a value: of a full tensor)."""
+    if reduce != "add":
+        raise Unsupported(f"scatter with reduce={reduce!r} runs eagerly (only 'add' has a kernel form)")
+    if not isinstance(src, Ref):
+        src = ctx.full(tuple(ctx.shape(index)), src, node.meta["val"].dtype)
+    return _scatter_sum(ctx, node, x, dim, index, src)
+
+
 @register(aten.scatter_add.default)
 def _scatter_add(ctx, node, x, dim, index, src):
     return _scatter_sum(ctx, node, x, dim, index, src)
@@ -96,9 +118,7 @@ def _scatter_add(ctx, node, x, dim, index, src):
 def _scatter_reduce(ctx, node, x, dim, index, src, reduce, *, include_self=True):
     if reduce != "sum":
         raise Unsupported(f"scatter_reduce {reduce!r} runs eagerly (only 'sum' has a kernel form)")
-    if not include_self:
-        raise Unsupported("scatter_reduce with include_self=False runs eagerly")
-    return _scatter_sum(ctx, node, x, dim, index, src)
+    return _scatter_sum(ctx, node, x, dim, index, src, include_self)
 
 
 @register(aten._unsafe_masked_index.default)
