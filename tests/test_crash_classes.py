@@ -280,3 +280,12 @@ def test_scatter_reduce_sum_without_self_keeps_untouched_positions():
     # two scatter-adds and the winner of the reached positions (launches may be fewer: one
     # global kernel can run them as phases)
     assert sum(k.scheme == "scatter" for r in cmp.backend.records for k in r.plan.kernels) == 3
+
+
+def test_gather_of_a_0d_tensor_and_an_empty_index_backward_stitch():
+    # op_db's gather samples: x () with index (1,), and x (5,) with an empty (2, 0) index,
+    # whose backward scatters nothing with an index of another rank: both ran eagerly
+    def f(x, y):
+        return x.gather(0, torch.tensor([0])) * 2, y.gather(0, torch.zeros(2, 0, dtype=torch.long)).sum() + y
+    cmp = _strict(f, [torch.randn((), requires_grad=True), torch.randn(5, requires_grad=True)])
+    assert not [fb for r in cmp.backend.records for fb in r.graph.fallbacks]

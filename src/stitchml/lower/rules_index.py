@@ -247,8 +247,10 @@ def _from_rows(ctx: LowerCtx, a: _Indexed, rows: Ref, shape) -> Ref:
 @register(aten.gather.default)
 def _gather(ctx, node, x, dim, index, *, sparse_grad=False):
     nd = len(ctx.shape(x))
-    if nd == 0 and not ctx.shape(index):  # 0-d: the only valid index is 0, so x itself
-        return ctx.pointwise("identity", (x,), (), ctx.dtype(x))
+    if nd == 0:  # 0-d: the only valid index is 0, so x at every index position
+        ishape = tuple(ctx.shape(index))
+        return ctx.pointwise("identity", (ctx.broadcast_to(ctx.reshape(x, (1,) * len(ishape)), ishape)
+                                          if ishape else x,), ishape, ctx.dtype(x))
     if nd == 0 or len(ctx.shape(index)) != nd:
         raise Unsupported("gather needs index of the same rank as the input")
     return _gather_node(ctx, node, x, index, dim % nd, "take_along")

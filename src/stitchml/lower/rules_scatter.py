@@ -21,6 +21,14 @@ def _iota(ctx: LowerCtx, shape, dim: int) -> Ref:
                          (("dim", dim),)))
 
 
+def _untouched(ctx: LowerCtx, node, x, index) -> Ref | None:
+    """An empty index scatters nothing (eager accepts any rank then): x itself."""
+    if ir.prod(ctx.shape(index)) != 0:
+        return None
+    val = node.meta["val"]
+    return ctx.pointwise("identity", (ctx.cast(x, val.dtype),), static_shape(val), val.dtype)
+
+
 def _scatter_index(ctx: LowerCtx, shape, dim: int, index, src) -> tuple[Ref, Ref]:
     """scatter's addressing: the element of src at p goes to x at p with `dim` replaced
     by index[p].  Returns (the linear destination of each index element, flat (m,);
@@ -55,6 +63,8 @@ def _scatter_sum(ctx: LowerCtx, node, x, dim: int, index, src, include_self: boo
     val = node.meta["val"]
     if val.dtype not in FLOAT_TYPES:
         raise Unsupported("scatter-add into an integer tensor runs eagerly")
+    if (same := _untouched(ctx, node, x, index)) is not None:
+        return same
     shape = static_shape(val)
     if not shape:  # 0-d: index 0 adds src's value once
         total = ctx.pointwise("add", (ctx.reshape(ctx.cast(src, val.dtype), ()), ctx.cast(x, val.dtype) if
@@ -85,6 +95,8 @@ def scatter_write(ctx: LowerCtx, node, x, dim: int, index, src) -> Ref:
     of duplicate destinations the last source position wins)."""
     val = node.meta["val"]
     shape = static_shape(val)
+    if (same := _untouched(ctx, node, x, index)) is not None:
+        return same
     if not shape:  # 0-d: the only valid index is 0, so src's value
         v = ctx.reshape(ctx.cast(src, val.dtype), ()) if isinstance(src, Ref) else ctx.full((), src, val.dtype)
         return ctx.pointwise("identity", (v,), (), val.dtype)
