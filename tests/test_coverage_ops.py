@@ -233,3 +233,20 @@ def test_fill_tensor_zero_and_empty_constructors_stitch(dtype):
     with config.override(strict=True):
         cmp = compare_with_eager(f, [_nc(5, 3, dtype=dtype), torch.tensor(1.5)], rtol=2e-2, atol=2e-2)
     assert cmp.num_kernels >= 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_masked_assignment_of_one_value_stitches(dtype):
+    # `y[mask] = v` (one value): torch turns the mask into nonzero indices (a data-dependent
+    # shape); our decomposition writes where(mask, v, y).  Inference only: in training,
+    # index_put's autograd formula calls nonzero before any decomposition (a graph break).
+    from stitchml import config
+
+    def f(x, m, v):
+        y = x * 2
+        y[m] = v
+        return y + 1, torch.ops.aten.index_put(x, [m], v, True)
+    with config.override(strict=True):
+        cmp = compare_with_eager(f, [torch.randn(4, 5, 3, dtype=dtype), torch.rand(4, 5) > 0.5,
+                                     torch.randn((), dtype=dtype)], backward=False)
+    assert len(cmp.backend.records) == 1 and cmp.num_kernels >= 1

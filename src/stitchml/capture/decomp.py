@@ -134,8 +134,25 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training: 
             new_var.to(running_var.dtype))
 
 
+def index_put_masked(x, indices, values, accumulate=False):
+    """`x[mask] = v` / `x[mask] += v` with one boolean mask over x's leading dims and a
+    single value: where(mask, v, x) (x + where(mask, v, 0)).  torch would turn the mask
+    into `nonzero` indices, a data-dependent shape that AOTAutograd cannot trace (the
+    graph broke there).  Other index_puts: the op itself."""
+    live = [t for t in indices if t is not None]
+    if (len(live) != 1 or indices[0] is None or live[0].dtype != torch.bool or values.numel() != 1
+            or tuple(x.shape[:live[0].dim()]) != tuple(live[0].shape)):
+        return NotImplemented
+    mask = live[0].reshape(tuple(live[0].shape) + (1,) * (x.dim() - live[0].dim()))
+    v = values.reshape(()).to(x.dtype)
+    if accumulate:
+        return x + torch.where(mask, v, torch.zeros((), dtype=x.dtype, device=x.device))
+    return torch.where(mask, v, x)
+
+
 def _own() -> dict:
     table = {}
+    table[aten.index_put.default] = index_put_masked
     for packet, fn in ((aten.var_mean, var_mean), (aten.var, var), (aten.std, std)):
         table[packet.correction] = fn
     table[aten._native_batch_norm_legit_functional.default] = batch_norm_functional
