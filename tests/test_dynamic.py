@@ -355,3 +355,20 @@ def test_templates_load_through_the_pipeline_with_their_compile_jobs(monkeypatch
             with_sizes += 1
             assert any(tuple(a[-n:]) == job.arg_types[-n:] for a in launched), (job.arg_types, launched)
     assert with_sizes
+
+
+def test_sizes_with_a_modulo_do_not_break_the_template():
+    # Swin pads its feature map to a multiple of the window: sympy prints the size as
+    # PythonMod(...), which the template's candidate search evaluated as Python (NameError
+    # inside stitchml at the size change)
+    def f(x):
+        y = F.pad(x * 2, (0, (-x.shape[1]) % 4))
+        return y.reshape(x.shape[0], -1, 4).sum(-1) + 1
+    be = stitchml.StitchBackend()
+    c = torch.compile(f, backend=be)
+    with config.override(fallback_on_error=False):
+        for n in (9, 10, 13, 18, 7):
+            x = torch.randn(3, n)
+            torch.testing.assert_close(c(x), f(x))
+    assert any(r.dynamic is not None for r in be.records)
+    assert all(r.eager_reason is None for r in be.records)

@@ -105,10 +105,13 @@ class Candidates:
         self._derived: dict[tuple, str] | None = None
 
     def _eval(self, text: str) -> tuple | None:
-        fn = eval(f"lambda {self.args}: {text}")  # noqa: S307 (our own expression text)
+        """The expression's values at the probes; None if it is not plain arithmetic of
+        the sizes (sympy prints Mod, floor, FloorDiv… by name: Swin's padded windows) or
+        fails at some probe: then it is not a candidate."""
+        fn = eval(f"lambda {self.args}: {text}", {"__builtins__": {}})  # noqa: S307 (our own expression text)
         try:
             return tuple(int(fn(*p)) for p in self.probes)
-        except (ZeroDivisionError, TypeError, ValueError):
+        except (ZeroDivisionError, TypeError, ValueError, NameError):
             return None
 
     def _grids(self) -> dict[tuple, str]:

@@ -200,6 +200,8 @@ def _judge_half(actual: Any, expected: Any, reference: Any) -> str:
     def real(ts):  # complex results judged by their real and imaginary parts
         out = []
         for t in ts:
+            if t.layout != torch.strided:  # (sparse results: compared dense)
+                t = t.to_dense()
             if t.is_complex():
                 t = torch.view_as_real(t.detach().resolve_conj())
                 t = t.float() if t.dtype == torch.float16 else t
