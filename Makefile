@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
+	# torchvision (the release for torch 2.13) and timm for tests/test_models_torchvision.py,
+	# in a folder off the venv's path: with the CPU build of torch, `import torchvision` fails
+	# (its compiled library is built for CUDA torch), and transformers imports it when present;
+	# tests/tv_cpu.py puts the folder on the path behind the two op schemas torchvision expects
+	$(BIN)/pip install --quiet --no-deps --target $(VENV)/vision torchvision==0.28.0 timm==1.0.31
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -50,7 +55,7 @@ browser-deps:
 	fi
 
 test: $(STAMP) browser-deps
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -n $(JOBS) tests
+	TRITON_INTERPRET=1 STITCHML_VISION_PATH=$(VENV)/vision $(BIN)/python -m pytest -q -n $(JOBS) tests
 
 # the differential fuzzer outside pytest (docs/FUZZ.md): N random programs, seeds
 # START..START+N-1, compiled vs eager, on FUZZ_JOBS processes; prints each failing case
