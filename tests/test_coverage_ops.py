@@ -48,6 +48,13 @@ CASES = {
     "adaptive_avg_pool3d": (lambda x: F.adaptive_avg_pool3d(x, (1, 3, 2)), lambda d: [_nc(2, 3, 4, 6, 6, dtype=d)]),
     "avg_pool1d": (lambda x: aten.avg_pool1d(x, [3], [2], [1]), lambda d: [_nc(2, 3, 9, dtype=d)]),
     "adaptive_avg_pool1d": (lambda x: aten.adaptive_avg_pool1d(x, [3]), lambda d: [_nc(2, 3, 9, dtype=d)]),
+    # issue 19's op_db gaps, through torch's decompositions (capture/decomp.py)
+    "logaddexp": (lambda x, y: torch.logaddexp(x, y * 3), lambda d: [_nc(3, 7, dtype=d), _leaf(7, dtype=d)]),
+    "nansum": (lambda x: torch.nansum(torch.where(x > 1, float("nan"), x), 1), lambda d: [_nc(4, 7, dtype=d)]),
+    "take": (lambda x: torch.take(x * 2, _IDX["sc"]), lambda d: [_nc(3, 5, dtype=d)]),
+    "put": (lambda x, s: torch.put(x, _IDX["uniq"], s * 2), lambda d: [_nc(3, 5, dtype=d), _leaf(3, dtype=d)]),
+    "max_unpool2d": (lambda x: F.max_unpool2d(*F.max_pool2d(x, 2, 2, return_indices=True), 2, 2),
+                     lambda d: [_nc(2, 3, 6, 4, dtype=d)]),
     "weight_norm": (lambda v, g: torch._weight_norm(v, g, 0), lambda d: [_nc(5, 7, dtype=d), _leaf(5, 1, dtype=d)]),
     "slice_scatter": (lambda x, y: torch.slice_scatter(x, y * 2, 1, 1, 6, 2), lambda d: [_nc(4, 9, dtype=d),
                                                                                      _leaf(4, 3, dtype=d)]),

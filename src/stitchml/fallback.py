@@ -58,13 +58,33 @@ def may_fall_back() -> bool:
     return bool(config.get("fallback_on_error")) and not strict()
 
 
+# Dense linear algebra (factorisations, solves, inverses, decompositions) is the vendor
+# library's (cuSOLVER / LAPACK): compute-intensive, like the matrix products
+_LINALG_PREFIXES = ("aten.linalg_", "aten._linalg_")
+_LINALG_OPS = {"lu_unpack", "triangular_solve", "cholesky", "cholesky_solve", "cholesky_inverse", "geqrf",
+               "ormqr", "householder_product", "mv", "_lu_with_info", "linalg_lu_factor_ex"}
+
+
+def library_reason(target: object) -> str | None:
+    """Why an op stays in ATen by design, or None: not a library op."""
+    if target in LIBRARY_OPS:
+        return LIBRARY_OPS[target]
+    name = str(target)
+    if name in LIBRARY_OP_NAMES:
+        return LIBRARY_OP_NAMES[name]
+    if name == "with_effects":
+        return "library op: an op with side effects, ordered by an effect token (linalg's error checks)"
+    if name.startswith(_LINALG_PREFIXES) or name.split(".")[1:2] and name.split(".")[1] in _LINALG_OPS:
+        return "compute-intensive: dense linear algebra (vendor library)"
+    return None
+
+
 def no_rule_reason(target: object) -> str:
     """The reason an op without a lowering rule runs eagerly; raises under strict
     (library ops are by design, so they never raise)."""
-    if target in LIBRARY_OPS:
-        return LIBRARY_OPS[target]
-    if str(target) in LIBRARY_OP_NAMES:
-        return LIBRARY_OP_NAMES[str(target)]
+    lib = library_reason(target)
+    if lib is not None:
+        return lib
     if strict():
         raise StrictFallbackError(f"stitchml strict: op {target} would run eagerly: {NO_RULE}")
     return NO_RULE

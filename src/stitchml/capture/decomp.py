@@ -27,7 +27,7 @@ FROM_TORCH = [
     aten.mse_loss_backward, aten.binary_cross_entropy_with_logits, aten.huber_loss, aten.frac,
     aten.sgn, aten.hardtanh_backward, aten.leaky_relu_backward, aten.elu_backward, aten.rsub,
     aten.std_mean, aten.linalg_vector_norm, aten.tril, aten.triu, aten.baddbmm, aten.addmm,
-    # issue 18: each lands on ops with a lowering rule (tests/test_coverage_decomp.py)
+    # issue 18: each lands on ops with a lowering rule (tests/test_coverage_ops.py)
     aten.native_group_norm, aten.native_group_norm_backward, aten._weight_norm_interface,
     aten.select_scatter, aten.index_add, aten._safe_softmax,
     aten.reflection_pad1d, aten.reflection_pad2d, aten.reflection_pad3d,
@@ -36,6 +36,11 @@ FROM_TORCH = [
     aten.upsample_nearest1d, aten.upsample_nearest2d, aten.upsample_nearest3d, aten._upsample_nearest_exact2d,
     aten.upsample_bilinear2d, aten.upsample_linear1d, aten.im2col, aten.col2im,
     aten.unfold, aten.unfold_backward, aten._adaptive_avg_pool2d,
+    # issue 19 (op_db entries that ran eagerly): element-wise and reduction compositions
+    aten.logaddexp, aten.logaddexp2, aten.nansum, aten.linspace, aten.mvlgamma, aten.norm,
+    aten.diagonal_copy, aten.unfold_copy, aten.squeeze_copy, aten.unbind_copy, aten._chunk_cat, aten.take,
+    aten._unsafe_masked_index_put_accumulate, aten.max_unpool2d, aten.max_unpool3d,
+    aten._batch_norm_with_update_functional, aten.batch_norm_backward,
 ]
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -150,9 +155,17 @@ def index_put_masked(x, indices, values, accumulate=False):
     return torch.where(mask, v, x)
 
 
+def put(x, index, source, accumulate=False):
+    """`put`: x's flat elements at `index` (negative from the end) set to (or, with
+    accumulate, added) source's: an index_put of the flattened tensor."""
+    flat = aten.index_put(x.reshape(-1), [index.reshape(-1)], source.reshape(-1), accumulate)
+    return flat.reshape(x.shape)
+
+
 def _own() -> dict:
     table = {}
     table[aten.index_put.default] = index_put_masked
+    table[aten.put.default] = put
     for packet, fn in ((aten.var_mean, var_mean), (aten.var, var), (aten.std, std)):
         table[packet.correction] = fn
     table[aten._native_batch_norm_legit_functional.default] = batch_norm_functional

@@ -181,7 +181,16 @@ def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
         take = (v > best) | torch.isnan(v)  # the first maximum wins; NaN propagates, as in eager
         best = torch.where(take, v, best)
         idx = torch.where(take, pos, idx)
-    return best, idx
+    return _eager_layout(best, x), _eager_layout(idx, x)
+
+
+def _eager_layout(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Pooling results laid out as eager's are (contiguous, or channels_last for a
+    channels_last input), not as the strided slices of a transposed input left them:
+    code after the op may `.view` them (max_unpool's backward views the indices)."""
+    fmt = torch.channels_last if x.dim() == 4 and not x.is_contiguous() and \
+        x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    return out.contiguous(memory_format=fmt)
 
 
 def max_pool2d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..capture.decomp import decomposition_table
-from ..fallback import LIBRARY_OPS, NO_RULE
+from ..fallback import NO_RULE, library_reason
 from ..lower import lower as _lower
 from ..lower.registry import RULES
 
@@ -54,8 +54,9 @@ TRACED_AS = {torch.ops.aten.var.dim: torch.ops.aten.var.correction}
 def classify(op) -> OpRow:
     if op in _lower.COMPUTE_INTENSIVE:
         return OpRow(str(op), LIBRARY, "compute-intensive: vendor library")
-    if op in LIBRARY_OPS:
-        return OpRow(str(op), LIBRARY, LIBRARY_OPS[op].removeprefix("library op: "))
+    lib = library_reason(op)
+    if lib is not None:
+        return OpRow(str(op), LIBRARY, lib.removeprefix("library op: "))
     rule = RULES.get(op)
     if rule is not None:
         if op._schema.is_mutable:
