@@ -190,7 +190,10 @@ def test_checker_absorbs_dtype_and_layout_differences_and_logs_once(caplog):
 def test_batch_norm_with_update_in_bfloat16_returns_other_dtypes_than_its_metadata():
     """Regression (issue 19.3): on CPU `_batch_norm_with_update` in bfloat16 returns
     bfloat16 running statistics where the fake metadata says float32; the kernel reading
-    them failed with "Cannot bitcast data-type of size 16 to data-type of size 32"."""
+    them failed with "Cannot bitcast data-type of size 16 to data-type of size 32".  Since
+    the op is decomposed (issue 19, second pass) it runs in kernels computing in float32:
+    judged against a float64 run, no further from it than eager."""
+    from stitchml.testing import judge_against_float64
     def f(x, rm, rv, w, b):
         out, m, v, _ = torch.ops.aten._batch_norm_with_update(x, w, b, rm, rv, 0.1, 1e-5)
         return out * 2, m + 1, v * 3
@@ -200,17 +203,17 @@ def test_batch_norm_with_update_in_bfloat16_returns_other_dtypes_than_its_metada
     w, b = torch.randn(3, dtype=torch.bfloat16), torch.randn(3, dtype=torch.bfloat16)
     out, backend = _compiled(f, x, rm.clone(), rv.clone(), w, b)
     ref = f(x, rm.clone(), rv.clone(), w, b)
-    for o, r in zip(out, ref):
-        assert o.dtype == r.dtype
-        torch.testing.assert_close(o, r)
+    ref64 = f(*(t.double() for t in (x, rm.clone(), rv.clone(), w, b)))
+    assert [o.dtype for o in out] == [r.dtype for r in ref]
+    assert judge_against_float64(out, ref, ref64).ok
     rec = backend.records[0]
     assert rec.eager_reason is None and rec.plan.num_kernels >= 1
     # the second call runs the lean wrapper: the checks that absorbed something stay
     with config.override(fallback_on_error=False):
         again = torch.compile(f, backend=backend)(x, rm.clone(), rv.clone(), w, b)
     assert rec.calls == 2
-    for o, r in zip(again, ref):
-        torch.testing.assert_close(o, r)
+    for o, r in zip(again, out):
+        torch.testing.assert_close(o, r, rtol=0, atol=0)
 
 
 # ----------------------------------------------------------------------------- masked softmax (issue 12.4)
