@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -105,3 +105,24 @@ def only_user(node: fx.Node, what: str) -> fx.Node:
 
 def is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def rewrite_losses(gm: fx.GraphModule, name: str, match: Callable[[fx.Node], Any],
+                   apply: Callable[[fx.GraphModule, Any], str]) -> list[PatternRecord]:
+    """Run one loss rewrite over every cross-entropy / nll_loss call of gm: `match`
+    raises NoMatch (not this rewrite's business: no record) or Refused (recorded with
+    its reason); a match is applied, its description recorded."""
+    records = []
+    for node in list(gm.graph.nodes):
+        if kind(node) not in ("cross_entropy", "nll_loss"):
+            continue
+        try:
+            m = match(node)
+        except NoMatch:
+            continue
+        except Refused as e:
+            records.append(PatternRecord(name, False, node.name, str(e)))
+            continue
+        anchor = node.name
+        records.append(PatternRecord(name, True, anchor, apply(gm, m)))
+    return records

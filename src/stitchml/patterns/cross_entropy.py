@@ -29,7 +29,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from .common import PatternRecord, Refused, arg, is_number, kind, static_shape, value
+from .common import PatternRecord, Refused, arg, is_number, kind, rewrite_losses, static_shape, value
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -152,15 +152,4 @@ def apply(gm: fx.GraphModule, m: Match) -> str:
 
 
 def rewrite(gm: fx.GraphModule) -> list[PatternRecord]:
-    records = []
-    for node in list(gm.graph.nodes):
-        if kind(node) not in ("cross_entropy", "nll_loss"):
-            continue
-        try:
-            m = match(node)
-        except Refused as e:
-            records.append(PatternRecord("cross_entropy", False, node.name, str(e)))
-            continue
-        anchor = node.name
-        records.append(PatternRecord("cross_entropy", True, anchor, apply(gm, m)))
-    return records
+    return rewrite_losses(gm, "cross_entropy", match, apply)

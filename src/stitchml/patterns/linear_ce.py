@@ -24,7 +24,7 @@ import torch
 import torch.fx as fx
 
 from .. import config
-from .common import NoMatch, PatternRecord, Refused, arg, is_number, kind, only_user, static_shape, value
+from .common import NoMatch, PatternRecord, Refused, arg, is_number, kind, only_user, rewrite_losses, static_shape, value
 from .linear_ce_op import fused_linear_cross_entropy
 
 _TOKEN_OPS = ("view", "reshape", "contiguous", "getitem", "to", "float")
@@ -250,17 +250,4 @@ def apply(gm: fx.GraphModule, m: Match) -> str:
 
 
 def rewrite(gm: fx.GraphModule) -> list[PatternRecord]:
-    records = []
-    for node in list(gm.graph.nodes):
-        if kind(node) not in ("cross_entropy", "nll_loss"):
-            continue
-        try:
-            m = match(node)
-        except NoMatch:
-            continue
-        except Refused as e:
-            records.append(PatternRecord("linear_ce", False, node.name, str(e)))
-            continue
-        anchor = node.name
-        records.append(PatternRecord("linear_ce", True, anchor, apply(gm, m)))
-    return records
+    return rewrite_losses(gm, "linear_ce", match, apply)
