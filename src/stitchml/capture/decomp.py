@@ -41,6 +41,11 @@ FROM_TORCH = [
     aten.diagonal_copy, aten.unfold_copy, aten.squeeze_copy, aten.unbind_copy, aten._chunk_cat, aten.take,
     aten._unsafe_masked_index_put_accumulate, aten.max_unpool2d, aten.max_unpool3d,
     aten._batch_norm_with_update_functional, aten.batch_norm_backward,
+    aten.glu, aten.glu_backward, aten._prelu_kernel, aten._prelu_kernel_backward, aten.dist, aten.rot90,
+    aten.binary_cross_entropy, aten.binary_cross_entropy_backward, aten.logit, aten.logit_backward,
+    aten.expand_copy, aten.ldexp,
+    # (not torch's copysign, fmax/fmin, round.decimals, adaptive_max_pool2d: they land on prims
+    # or ops without a rule, several eager ops in place of one)
 ]
 
 _HALF = (torch.float16, torch.bfloat16)
