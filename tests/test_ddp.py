@@ -15,7 +15,7 @@ import torch.multiprocessing as mp  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from dist_common import free_port  # noqa: E402
+from dist_common import free_port, init_gloo  # noqa: E402
 from hf_common import rel_err  # noqa: E402
 
 WORLD = 2
@@ -78,11 +78,7 @@ def _train(rank: int, compiled: bool) -> dict:
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    init_gloo(rank, port, WORLD)
     try:
         from stitchml.compiler import _interpreter_on
         result = {"interpreter": _interpreter_on(), "eager": _train(rank, False)}

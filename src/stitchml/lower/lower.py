@@ -150,7 +150,7 @@ class Lowerer:
             raise Unsupported("mutates its input")
         mark = len(self.g.nodes)
         val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and val.numel() == 0 and not _is_view_op(node.target):
+        if isinstance(val, torch.Tensor) and _known_empty(val) and not _is_view_op(node.target):
             # an empty result needs no rule (whose index arithmetic could divide by a zero extent)
             return self.ctx.full(tuple(val.shape), 0, val.dtype)
         try:
@@ -222,6 +222,12 @@ class Lowerer:
         nid = self.g.add(ir.ITEM, "getitem", (Ref(base.id),), shape, dtype, stride, (("index", node.args[1]),))
         # an item that is itself a tuple (an eager run_and_save_rng_state's `(state, (out, mask))`)
         return _MultiOut(nid) if isinstance(val, (tuple, list)) else Ref(nid)
+
+
+def _known_empty(val: torch.Tensor) -> bool:
+    """A result with a zero extent among its static sizes (a symbolic size is never
+    asked: that would guard on it)."""
+    return any(isinstance(d, int) and d == 0 for d in val.shape)
 
 
 def _is_view_op(target) -> bool:

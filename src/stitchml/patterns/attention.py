@@ -32,7 +32,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from .common import NoMatch, PatternRecord, Refused, arg, is_number, kind, only_user, static_shape, value
+from .common import (NoMatch, PatternRecord, Refused, arg, is_number, kind, only_user, rewrite_matches, static_shape,
+                     value)
 
 _NEG_FILL = -1e30   # finite fills at or below this act like -inf after softmax (in fp32, bf16 and fp16 alike)
 
@@ -254,18 +255,10 @@ def apply(gm: fx.GraphModule, m: Match) -> str:
             f"scale={m.scale:.6g}): the score tensor stays inside the attention kernel")
 
 
+def _anchor(node: fx.Node) -> bool:
+    """The final `· v` matmul of a math attention (its left operand the softmax, its dropout or a cast)."""
+    return kind(node) == "matmul" and kind(node.args[0]) in ("softmax", "dropout", "to", "float")
+
+
 def rewrite(gm: fx.GraphModule) -> list[PatternRecord]:
-    records = []
-    for node in list(gm.graph.nodes):
-        if node.graph is not gm.graph or kind(node) != "matmul" or kind(node.args[0]) not in (
-                "softmax", "dropout", "to", "float"):
-            continue
-        try:
-            m = match(node)
-        except NoMatch:
-            continue
-        except Refused as e:
-            records.append(PatternRecord("attention", False, node.name, str(e)))
-            continue
-        records.append(PatternRecord("attention", True, node.name, apply(gm, m)))
-    return records
+    return rewrite_matches(gm, "attention", _anchor, match, apply)

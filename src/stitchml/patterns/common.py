@@ -107,14 +107,15 @@ def is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def rewrite_losses(gm: fx.GraphModule, name: str, match: Callable[[fx.Node], Any],
-                   apply: Callable[[fx.GraphModule, Any], str]) -> list[PatternRecord]:
-    """Run one loss rewrite over every cross-entropy / nll_loss call of gm: `match`
-    raises NoMatch (not this rewrite's business: no record) or Refused (recorded with
-    its reason); a match is applied, its description recorded."""
+def rewrite_matches(gm: fx.GraphModule, name: str, wanted: Callable[[fx.Node], bool],
+                    match: Callable[[fx.Node], Any], apply: Callable[[fx.GraphModule, Any], str]) -> list[PatternRecord]:
+    """Run one rewrite over gm's nodes that `wanted` picks (skipping nodes an earlier
+    application erased): `match` raises NoMatch (not this rewrite's business: no
+    record) or Refused (recorded with its reason); a match is applied, its description
+    recorded."""
     records = []
     for node in list(gm.graph.nodes):
-        if kind(node) not in ("cross_entropy", "nll_loss"):
+        if node.graph is not gm.graph or not wanted(node):
             continue
         try:
             m = match(node)
@@ -126,3 +127,7 @@ def rewrite_losses(gm: fx.GraphModule, name: str, match: Callable[[fx.Node], Any
         anchor = node.name
         records.append(PatternRecord(name, True, anchor, apply(gm, m)))
     return records
+
+
+def is_loss(node: fx.Node) -> bool:
+    return kind(node) in ("cross_entropy", "nll_loss")

@@ -29,7 +29,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from .common import PatternRecord, Refused, arg, is_number, kind, rewrite_losses, static_shape, value
+from .common import (PatternRecord, Refused, arg, is_loss, is_number, kind, rewrite_matches, static_shape,
+                     value)
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -152,4 +153,4 @@ def apply(gm: fx.GraphModule, m: Match) -> str:
 
 
 def rewrite(gm: fx.GraphModule) -> list[PatternRecord]:
-    return rewrite_losses(gm, "cross_entropy", match, apply)
+    return rewrite_matches(gm, "cross_entropy", is_loss, match, apply)

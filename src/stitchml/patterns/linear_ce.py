@@ -24,7 +24,8 @@ import torch
 import torch.fx as fx
 
 from .. import config
-from .common import NoMatch, PatternRecord, Refused, arg, is_number, kind, only_user, rewrite_losses, static_shape, value
+from .common import (NoMatch, PatternRecord, Refused, arg, is_loss, is_number, kind, only_user, rewrite_matches,
+                     static_shape, value)
 from .linear_ce_op import fused_linear_cross_entropy
 
 _TOKEN_OPS = ("view", "reshape", "contiguous", "getitem", "to", "float")
@@ -250,4 +251,4 @@ def apply(gm: fx.GraphModule, m: Match) -> str:
 
 
 def rewrite(gm: fx.GraphModule) -> list[PatternRecord]:
-    return rewrite_losses(gm, "linear_ce", match, apply)
+    return rewrite_matches(gm, "linear_ce", is_loss, match, apply)
