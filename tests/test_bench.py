@@ -210,6 +210,26 @@ def test_judge_zero_quantity_is_judged_at_the_groups_scale():
     assert not bad.ok and [r.name for r in bad.rows if not r.ok] == ["grad c"], bad.report()
 
 
+def test_judge_where_eager_overflowed_but_the_reference_did_not():
+    """Eager's float16 soft-margin loss keeps exp(-x*y) in float16 and overflows to inf
+    where float64 (and a float32 intermediate) stays finite: a finite result close to
+    the float64 run is better than eager and accepted; a finite result far from it, or
+    a non-finite value other than eager's, is not."""
+    from stitchml.testing import judge_against_float64
+    ref = torch.tensor([7.640625, 38.203125, 1.5], dtype=torch.float64)
+    eager = torch.tensor([float("inf"), float("inf"), 1.5], dtype=torch.float16)
+    close = ref.to(torch.float16)
+    ok = judge_against_float64([close], [eager], [ref], ["loss"])
+    assert ok.ok, ok.report()
+    far = close.clone()
+    far[0] = 9.0
+    assert not judge_against_float64([far], [eager], [ref], ["loss"]).ok
+    nan = close.clone()
+    nan[1] = float("nan")
+    assert not judge_against_float64([nan], [eager], [ref], ["loss"]).ok
+    assert judge_against_float64([eager.clone()], [eager], [ref], ["loss"]).ok  # eager's own inf stands
+
+
 def test_compare_against_float64_with_stitch_and_a_wrong_result():
     """End to end under the interpreter: stitch's layer norm (forward + gradients of x,
     w, b; the w/b gradients are column sums) is judged right; the same outputs with one

@@ -44,8 +44,17 @@ FROM_TORCH = [
     aten.glu, aten.glu_backward, aten._prelu_kernel, aten._prelu_kernel_backward, aten.dist, aten.rot90,
     aten.binary_cross_entropy, aten.binary_cross_entropy_backward, aten.logit, aten.logit_backward,
     aten.expand_copy, aten.ldexp,
-    # (not torch's copysign, fmax/fmin, round.decimals, adaptive_max_pool2d: they land on prims
-    # or ops without a rule, several eager ops in place of one)
+    aten.heaviside, aten.deg2rad, aten.rad2deg, aten.isneginf, aten.isposinf, aten.sinc,
+    aten.special_entr, aten.special_xlog1py, aten.celu, aten.threshold, aten.soft_margin_loss, aten.soft_margin_loss_backward,
+    aten.logspace, aten.eye, aten.trace, aten.count_nonzero, aten.block_diag, aten.renorm,
+    aten.addr, aten.addmv, aten.vdot, aten.dot,
+    aten.pixel_shuffle, aten.pixel_unshuffle, aten.channel_shuffle,
+    aten.alias_copy, aten.as_strided_copy, aten.narrow_copy, aten.permute_copy, aten.t_copy,
+    aten.transpose_copy, aten.unsqueeze_copy, aten.view_copy, aten.split_with_sizes_copy, aten.unsafe_split,
+    # these land on prims, lowered in lower/rules_special.py
+    aten.copysign, aten.round.decimals, aten.frexp, aten.i0, aten.special_i0e, aten.special_i1, aten.special_i1e,
+    # (not torch's adaptive_max_pool2d: it lands on ops without a rule, several eager ops in
+    # place of one)
 ]
 
 _HALF = (torch.float16, torch.bfloat16)

@@ -171,12 +171,16 @@ class KernelBuilder:
         mask = " & ".join([m for m in [self.mask(axes)] if m] + [c for c, _ in self.cond]) or None
         m = f", mask={mask}, other=0" if mask else ""
         cd = compute_dtype(n.dtype)
-        conv = ".to(tl.float32)" if cd != n.dtype else ""
         address = self.offset(off, axes)
         if not ix.axes(off) and axes:  # a scalar element read under a block mask: make the pointer a block
             zero = " + ".join(z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes)
             address = f"({zero} + {ix.render(off)})"
-        return self.emit(self.scope_for(axes), f"tl.load({ptr} + {address}{m}){conv}", axes, cd)
+        load = f"tl.load({ptr} + {address}{m})"
+        if n.dtype == torch.bfloat16:
+            load = f"_from_bf16({load})"
+        elif cd != n.dtype:
+            load = f"{load}.to(tl.float32)"
+        return self.emit(self.scope_for(axes), load, axes, cd)
 
     def _compute(self, n: ir.Node, index) -> Val:
         if n.kind == ir.VIEW:

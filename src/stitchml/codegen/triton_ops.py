@@ -140,9 +140,24 @@ def _round_bf16(x):
 def _to_bf16(x):
     # float32 -> bfloat16 for a store, rounded to nearest even on GPUs and in the interpreter
     if _INTERPRETED:
-        return _round_bf16(x).to(tl.bfloat16)
+        # (by its bits: the interpreter's float32 -> bfloat16 conversion also loses subnormals)
+        bits = x.to(tl.int32, bitcast=True)
+        r = (bits + 32767 + ((bits >> 16) & 1)) >> 16
+        r = tl.where(x != x, (bits >> 16) | 64, r)  # a NaN stays a (quiet) NaN
+        return r.to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:
         return x.to(tl.bfloat16)
+
+
+@triton.jit
+def _from_bf16(x):
+    # a loaded bfloat16 value in float32: compiled, the conversion is exact; the
+    # interpreter's (Triton 3.9) loses subnormals (1e-39 became 4.4e-39), so there the
+    # bits are moved into the top half of a float32 word
+    if _INTERPRETED:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
 
 
 @triton.jit
@@ -347,6 +362,138 @@ def _digamma(x):
     r = tl.where(x == 0, tl.where((1.0 / x) < 0, float("inf"), float("-inf")), r)
     r = tl.where(x == float("inf"), x, r)
     return tl.where(x == float("-inf"), float("nan"), r)
+
+
+@triton.jit
+def _nextafter(a, b, STEP: tl.constexpr):
+    # one step of the bit pattern away from or towards zero (adding to the raw bits moves
+    # the magnitude up for either sign); from zero the smallest subnormal with b's sign.
+    # STEP is 1, or 2**16 for bfloat16 values held in float32
+    if a.dtype == tl.float64:
+        bits = a.to(tl.int64, bitcast=True)
+        one = bits * 0 + STEP
+        tiny = one.to(tl.float64, bitcast=True)
+        up = (a > 0) == (b > a)
+        r = (bits + tl.where(up, one, -one)).to(tl.float64, bitcast=True)
+    else:
+        bits = a.to(tl.int32, bitcast=True)
+        one = bits * 0 + STEP
+        tiny = one.to(tl.float32, bitcast=True)
+        up = (a > 0) == (b > a)
+        r = (bits + tl.where(up, one, -one)).to(tl.float32, bitcast=True)
+    r = tl.where(a == 0, tl.where(b > 0, tiny, -tiny), r)
+    r = tl.where(a == b, b, r)
+    return tl.where((a != a) | (b != b), a + b, r)
+
+
+@triton.jit
+def _erfc(x):
+    # below |x| = 0.5, 1 - erf(x) (no cancellation: erfc > 0.47 there); above, Chebyshev
+    # fit t exp(-z^2 + P(t)) with t = 1 / (1 + z / 2) (relative error < 1.2e-7, Numerical
+    # Recipes' erfcc coefficients), z^2 split as zh^2 (exact: zh has 8 bits) plus
+    # (z - zh)(z + zh) so that exp keeps its relative precision at large z; erfc(-z) = 2 - erfc(z)
+    z = tl.abs(x)
+    t = 1.0 / (1.0 + 0.5 * z)
+    p = t * 0.17087277 - 0.82215223
+    p = p * t + 1.48851587
+    p = p * t - 1.13520398
+    p = p * t + 0.27886807
+    p = p * t - 0.18628806
+    p = p * t + 0.09678418
+    p = p * t + 0.37409196
+    p = p * t + 1.00002368
+    p = p * t - 1.26551223
+    zh = tl.floor(z * 16.0) * 0.0625
+    r = t * tl.exp(-zh * zh) * tl.exp(p - (z - zh) * (z + zh))
+    r = tl.where(z == float("inf"), 0.0, r)
+    r = tl.where(x < 0, 2.0 - r, r)
+    r = tl.where(z < 0.5, 1.0 - tl.erf(x), r)
+    return tl.where(x != x, x, r)
+
+
+@triton.jit
+def _frexp(x):
+    # (mantissa in [0.5, 1) with x's sign, exponent) from the bit pattern; subnormals are
+    # scaled into the normal range first; zero, inf and NaN give (x, 0) as eager
+    if x.dtype == tl.float64:
+        sub = (tl.abs(x) < 2.2250738585072014e-308) & (x != 0)
+        xs = tl.where(sub, x * 18014398509481984.0, x)  # 2**54
+        bits = xs.to(tl.int64, bitcast=True)
+        e = ((bits >> 52) & 2047).to(tl.int32) - 1022 - tl.where(sub, 54, 0)
+        m = ((bits & -9218868437227405313) | 4602678819172646912).to(tl.float64, bitcast=True)
+    else:
+        sub = (tl.abs(x) < 1.1754943508222875e-38) & (x != 0)
+        xs = tl.where(sub, x * 33554432.0, x)  # 2**25
+        bits = xs.to(tl.int32, bitcast=True)
+        e = ((bits >> 23) & 255) - 126 - tl.where(sub, 25, 0)
+        m = ((bits & -2139095041) | 1056964608).to(tl.float32, bitcast=True)
+    special = (x == 0) | (x != x) | (tl.abs(x) == float("inf"))
+    return tl.where(special, x, m), tl.where(special, 0, e)
+
+
+@triton.jit
+def _bessel_ie(x, NU: tl.constexpr):
+    # exp(-|x|) I_nu(x) for nu = 0, 1 (single precision): below |x| = 15 the power series
+    # sum (a/2)^(2k+nu) / (k! (k+nu)!) (positive terms, 30 of them), above it Hankel's
+    # asymptotic series e^a / sqrt(2 pi a) sum_k prod_j ((2j-1)^2 - 4 nu^2) / (k! (8a)^k)
+    # (12 terms); I_1 is odd
+    a = tl.abs(x)
+    h = 0.25 * a * a
+    t = tl.where(NU == 1, 0.5 * a, 1.0 + 0.0 * a)
+    s = t
+    for k in tl.static_range(30):
+        t = t * h / ((k + 1.0) * (k + 1.0 + NU))
+        s = s + t
+    s = s * tl.exp(-a)
+    z = tl.where(a < 15.0, 15.0, a)
+    c = 1.0 + 0.0 * z
+    u = c
+    for k in tl.static_range(12):
+        c = c * ((2.0 * k + 1.0) * (2.0 * k + 1.0) - 4.0 * NU * NU) / (8.0 * z * (k + 1.0))
+        u = u + c
+    u = u / tl.sqrt(6.283185307179586 * z)
+    r = tl.where(a < 15.0, s, u)
+    r = tl.where(a == float("inf"), 0.0, r)
+    if NU == 1:
+        r = tl.where(x < 0, -r, r)
+    return r
+
+
+@triton.jit
+def _bessel_i(x, NU: tl.constexpr):
+    # I_nu(x) = e^|x| (e^-|x| I_nu(x)), the exponential taken in two halves so that I_nu
+    # stays finite as far as it is; NaN at +-inf (inf * 0), as eager's
+    h = tl.exp(0.5 * tl.abs(x))
+    return h * (_bessel_ie(x, NU) * h)
+
+
+@triton.jit
+def _erfinv(y):
+    # Giles' single-precision polynomials in w = -log((1 - y)(1 + y)) (central below w = 5,
+    # tail above), then one Newton step on erf(x) = y; +-inf at +-1, nan beyond
+    w = -tl.log((1.0 - y) * (1.0 + y))
+    c = w - 2.5
+    p = c * 2.81022636e-08 + 3.43273939e-07
+    p = p * c - 3.5233877e-06
+    p = p * c - 4.39150654e-06
+    p = p * c + 0.00021858087
+    p = p * c - 0.00125372503
+    p = p * c - 0.00417768164
+    p = p * c + 0.246640727
+    p = p * c + 1.50140941
+    t = tl.sqrt(tl.where(w < 5.0, 5.0, w)) - 3.0
+    q = t * -0.000200214257 + 0.000100950558
+    q = q * t + 0.00134934322
+    q = q * t - 0.00367342844
+    q = q * t + 0.00573950773
+    q = q * t - 0.0076224613
+    q = q * t + 0.00943887047
+    q = q * t + 1.00167406
+    q = q * t + 2.83297682
+    x = tl.where(w < 5.0, p, q) * y
+    x = x - (tl.erf(x) - y) / (1.1283791670955126 * tl.exp(-x * x))
+    x = tl.where(tl.abs(y) == 1.0, y * float("inf"), x)
+    return tl.where((tl.abs(y) > 1.0) | (y != y), float("nan"), x)
 '''
 
 # (format, needs float)  — operands already share the compute dtype
@@ -379,6 +526,10 @@ UNARY = {
     "asin": "_asin({0})", "acos": "_acos({0})", "atan": "_atan({0})", "asinh": "_asinh({0})",
     "acosh": "_acosh({0})", "atanh": "_atanh({0})", "sinh": "_sinh({0})", "cosh": "_cosh({0})",
     "tan": "(tl.sin({0}) / tl.cos({0}))", "log10": "(tl.log({0}) * 0.4342944819032518)",
+    "erfc": "_erfc({0})", "erfinv": "_erfinv({0})",
+    "frexp_mantissa": "_frexp({0})[0]", "frexp_exponent": "_frexp({0})[1]",
+    "bessel_i0": "_bessel_i({0}, 0)", "bessel_i1": "_bessel_i({0}, 1)",
+    "bessel_i0e": "_bessel_ie({0}, 0)", "bessel_i1e": "_bessel_ie({0}, 1)",
 }
 
 
@@ -388,6 +539,16 @@ def _is_literal(x: str) -> bool:
 
 def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_dtype: torch.dtype) -> str:
     float_fmod = op == "fmod" and out_dtype in FLOATS
+    if op == "signbit":
+        if in_dtype in FLOATS:  # the bit itself: -0.0 and negative NaNs too
+            bits = "tl.int64" if in_dtype == torch.float64 else "tl.int32"
+            return f"({args[0]}.to({bits}, bitcast=True) < 0)"
+        return f"({args[0]} < 0)"
+    if op == "nextafter":
+        a, b = args
+        a = f"(tl.zeros_like({b}) + {a})" if _is_literal(a) else a
+        b = f"(tl.zeros_like({a}) + {b})" if _is_literal(b) else b
+        return f"_nextafter({a}, {b}, {65536 if out_dtype == torch.bfloat16 else 1})"
     if op in ("floordiv", "atan2") or float_fmod:
         a, b = args
         # the helpers compare (or pass to libdevice) their operands as tensors: give

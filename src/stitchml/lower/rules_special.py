@@ -1,0 +1,126 @@
+"""Element-wise ops that torch's decompositions (capture/decomp.py) leave as `prims`
+calls, and the IEEE helpers behind them (issue 19, op_db coverage): signbit, copysign
+(through prims), fmax/fmin, hypot, nextafter, round with decimals (prims.round), frexp,
+erfc, erfinv and the modified Bessel functions I0/I1, plain and exponentially scaled.
+Each is built from element-wise nodes the code generator already knows, or from one
+helper of `codegen/triton_ops.py` where a bit pattern or a series is needed.
+"""
+from __future__ import annotations
+
+import torch
+
+from .context import FLOAT_TYPES, LowerCtx
+from .registry import Unsupported, register
+from .rules_pointwise import _operands, _out, _unary, _where
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+# prims twins of element-wise ATen ops (copysign lands on abs, neg, signbit and where;
+# round with decimals on prims.round)
+for _op in ("abs", "neg", "round"):
+    register(getattr(prims, _op).default)(_unary(_op))
+register(prims.where.default)(_where)
+
+
+def _compute(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+@register(prims.signbit.default, aten.signbit.default)
+def _signbit(ctx: LowerCtx, node, x):
+    """The sign bit itself (bit pattern), so -0.0 and negative NaNs count as eager's do."""
+    shape, dtype = _out(node)
+    return ctx.pointwise("signbit", (x,), shape, dtype)
+
+
+def _fminmax(op: str):
+    def rule(ctx: LowerCtx, node, a, b):
+        """fmax/fmin: a NaN operand yields the other one (maximum/minimum propagate it);
+        between equal operands (+0.0 and -0.0) the first, as eager's std::fmax/fmin."""
+        shape, dtype = _out(node)
+        a, b = _operands(ctx, (a, b), shape, dtype)
+        if dtype not in FLOAT_TYPES:
+            return ctx.pointwise(op, (a, b), shape, dtype)
+        first = ctx.pointwise("ge" if op == "maximum" else "le", (a, b), shape, torch.bool)
+        m = ctx.pointwise("where", (first, a, b), shape, dtype)
+        a_nan = ctx.pointwise("isnan", (a,), shape, torch.bool)
+        b_nan = ctx.pointwise("isnan", (b,), shape, torch.bool)
+        m = ctx.pointwise("where", (b_nan, a, m), shape, dtype)
+        return ctx.pointwise("where", (a_nan, b, m), shape, dtype)
+    return rule
+
+
+register(prims.fmax.default, aten.fmax.default)(_fminmax("maximum"))
+register(prims.fmin.default, aten.fmin.default)(_fminmax("minimum"))
+
+
+@register(prims.hypot.default, aten.hypot.default)
+def _hypot(ctx: LowerCtx, node, a, b):
+    """m * sqrt(1 + (n / m)^2) with m = max(|a|, |b|), n = min: no overflow or underflow
+    where sqrt(a^2 + b^2) would have one; an infinite operand gives inf even beside a NaN
+    (C's hypot)."""
+    shape, dtype = _out(node)
+    cd = _compute(dtype)
+    a, b = (ctx.pointwise("abs", (v,), shape, cd) for v in _operands(ctx, (a, b), shape, cd))
+    hi = ctx.pointwise("maximum", (a, b), shape, cd)
+    lo = ctx.pointwise("minimum", (a, b), shape, cd)
+    q = ctx.pointwise("truediv", (lo, hi), shape, cd)
+    r = ctx.pointwise("mul", (hi, ctx.pointwise("sqrt", (ctx.pointwise(
+        "add", (ctx.pointwise("mul", (q, q), shape, cd), 1.0), shape, cd),), shape, cd)), shape, cd)
+    r = ctx.pointwise("where", (ctx.pointwise("eq", (hi, 0.0), shape, torch.bool), 0.0, r), shape, cd)
+    inf = ctx.pointwise("logical_or", (ctx.pointwise("eq", (a, float("inf")), shape, torch.bool),
+                                       ctx.pointwise("eq", (b, float("inf")), shape, torch.bool)), shape, torch.bool)
+    r = ctx.pointwise("where", (inf, float("inf"), r), shape, cd)
+    return ctx.cast(r, dtype)
+
+
+@register(prims.nextafter.default, aten.nextafter.default)
+def _nextafter(ctx: LowerCtx, node, a, b):
+    """The neighbour of a towards b by one step of the result type's bit pattern: float32
+    and float64 directly, bfloat16 on its float32 bits (one bfloat16 step is 2**16 there)."""
+    shape, dtype = _out(node)
+    if dtype == torch.float16:
+        raise Unsupported("nextafter in float16 needs the float16 bit pattern (kernels hold it as float32)")
+    if dtype not in FLOAT_TYPES:
+        raise Unsupported("nextafter of integers")
+    a, b = _operands(ctx, (a, b), shape, dtype)
+    return ctx.pointwise("nextafter", (a, b), shape, dtype)
+
+
+def _single_precision(op: str):
+    def rule(ctx: LowerCtx, node, x):
+        """Forms accurate to single precision: float64 runs eagerly, with that reason."""
+        shape, dtype = _out(node)
+        if dtype == torch.float64:
+            raise Unsupported(f"{op} in float64: the kernel form is accurate to single precision only")
+        if dtype not in FLOAT_TYPES:
+            raise Unsupported(f"{op} of an integer tensor")
+        return ctx.pointwise(op, (ctx.cast(x, dtype),), shape, dtype)
+    return rule
+
+
+register(prims.erfc.default, aten.erfc.default)(_single_precision("erfc"))
+register(prims.erf_inv.default, aten.erfinv.default)(_single_precision("erfinv"))
+register(prims.bessel_i0.default, aten.special_modified_bessel_i0.default)(_single_precision("bessel_i0"))
+register(prims.bessel_i1.default, aten.special_modified_bessel_i1.default)(_single_precision("bessel_i1"))
+register(prims.bessel_i0e.default)(_single_precision("bessel_i0e"))
+register(prims.bessel_i1e.default)(_single_precision("bessel_i1e"))
+
+
+@register(prims.scalar_tensor.default)
+def _scalar_tensor(ctx: LowerCtx, node, value, **kwargs):
+    """A 0-d constant (copysign's decomposition builds its zero with it)."""
+    shape, dtype = _out(node)
+    return ctx.full(shape, value, dtype)
+
+
+@register(prims.frexp.default, aten.frexp.Tensor)
+def _frexp(ctx: LowerCtx, node, x):
+    """(mantissa, exponent) from the bit pattern (codegen `_frexp`); half types are exact
+    in the float32 they are held in, so their mantissas round-trip."""
+    shape, dtype = _out(node)
+    if dtype not in FLOAT_TYPES:
+        raise Unsupported("frexp of an integer tensor")
+    return (ctx.pointwise("frexp_mantissa", (x,), shape, dtype),
+            ctx.pointwise("frexp_exponent", (x,), shape, torch.int32))
