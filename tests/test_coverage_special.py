@@ -277,3 +277,39 @@ def test_modified_bessel_gradients():
     judgement.assert_ok("bessel")
     assert [r.kind for r in cmp.backend.records] == ["forward", "backward"]
     _assert_all_stitched(cmp, launches)
+
+
+AOT_SCRIPT = '''
+import json, torch
+from stitchml.tools.aot_check import check
+
+def special(a, b):
+    m, e = torch.frexp(a)
+    return (torch.signbit(a), torch.copysign(a, b), torch.fmax(a, b), torch.fmin(a, b), torch.hypot(a, b),
+            torch.nextafter(a, b), m, e, torch.round(a, decimals=2))
+
+def single(a):
+    return (torch.erfc(a), torch.erfinv(a * 0.1), torch.i0(a), torch.special.i0e(a), torch.special.i1(a),
+            torch.special.i1e(a))
+
+out = {}
+for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+    fn = special if dt != torch.float16 else (lambda a, b: special(a, b)[:5])  # (no float16 nextafter)
+    out[f"special {dt}"] = check(fn, torch.randn(7, 33, dtype=dt), torch.randn(7, 33, dtype=dt))
+    if dt != torch.float64:  # (single-precision forms: float64 runs eagerly)
+        out[f"single {dt}"] = check(single, torch.randn(7, 33, dtype=dt))
+print(json.dumps({k: [r.__dict__ for r in v] for k, v in out.items()}))
+'''
+
+
+def test_new_expressions_compile_for_sm90():
+    """The helpers (bit patterns, constexpr steps, tuple returns, unrolled series) compile
+    for an H100 ahead of time, in every float dtype they take, without spilling."""
+    from test_aot_gpu import _run_outside_interpreter
+    results = _run_outside_interpreter(AOT_SCRIPT)
+    kernels = [(name, r) for name, rs in results.items() for r in rs]
+    assert len(kernels) >= 7 and {name.split()[0] for name, _ in kernels} == {"special", "single"}
+    failed = [(name, r["kernel"], r["error"]) for name, r in kernels if not r["ok"]]
+    assert not failed, failed
+    for name, r in kernels:
+        assert r["registers"] is None or r["registers"] <= 255, (name, r)
