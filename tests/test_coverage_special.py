@@ -83,6 +83,8 @@ OPS = {
                        [_transposed(7, 33, 10.0)], True),
     "erfc": (torch.erfc, [_transposed(7, 33, 2.0)], True),
     "erfinv": (torch.erfinv, [_unit(7, 33)], True),
+    "erfcx_log_ndtr": (lambda a: torch.special.erfcx(a) + torch.special.log_ndtr(a), [_transposed(7, 33, 3.0)], True),
+    "spherical_bessel_j0": (torch.special.spherical_bessel_j0, [_transposed(7, 33, 4.0)], False),
     "bessel": (lambda a: torch.i0(a) + torch.special.i0e(a) + torch.special.i1(a) * torch.special.i1e(a),
                [_transposed(7, 33, 6.0)], False),  # (gradients: test_modified_bessel_gradients)
 }
@@ -97,8 +99,12 @@ def _assert_all_stitched(cmp, launches):
     assert launches["n"] >= 1 and cmp.launches_per_graph[0] >= 1, cmp.launches_per_graph
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-@pytest.mark.parametrize("name", sorted(OPS))
+NO_BF16_IN_TORCH = {"erfcx_log_ndtr", "spherical_bessel_j0"}  # eager has no bfloat16 kernel to compare with
+CASES = [pytest.param(name, dtype, id=f"{name}-{tag}") for name in sorted(OPS)
+         for dtype, tag in zip(DTYPES, ["fp32", "bf16"]) if not (dtype == torch.bfloat16 and name in NO_BF16_IN_TORCH)]
+
+
+@pytest.mark.parametrize("name,dtype", CASES)
 def test_op_stitched_forward_and_backward(name, dtype):
     fn, makers, grad = OPS[name]
     if name in ("nextafter", "round_decimals") and dtype == torch.bfloat16:
@@ -166,8 +172,8 @@ def test_hypot_of_huge_and_tiny_values_neither_overflows_nor_underflows():
 
 
 def test_erfc_and_erfinv_against_float64_over_their_whole_range():
-    """erfc over [-10, 10] (its relative precision in the tail, where 1 - erf loses
-    everything) and erfinv over (-1, 1), with log-spaced points next to +-1: relative
+    """erfc and erfcx over [-10, 10] (erfc's relative precision in the tail, where 1 - erf loses
+    everything; erfcx up to where exp(x^2) overflows) and erfinv over (-1, 1), with log-spaced points next to +-1: relative
     error within 2e-6 of a float64 run, close to eager's float32; exact at the ends."""
     torch.manual_seed(7)
     x = torch.cat([torch.empty(20000).uniform_(-10, 10), torch.linspace(-1, 1, 201)])
@@ -177,6 +183,10 @@ def test_erfc_and_erfinv_against_float64_over_their_whole_range():
     rel = ((got.double() - ref).abs() / ref)[normal]
     assert rel.max() < 2e-6, rel.max()
     assert (got[~normal].double() - ref[~normal]).abs().max() < 1e-37
+    got = torch.compile(torch.special.erfcx, backend="stitch")(x)  # erfcx: no underflow to lose
+    ref = torch.special.erfcx(x.double())
+    fin = ref < torch.finfo(torch.float32).max
+    assert ((got.double() - ref).abs() / ref)[fin].max() < 2e-6 and got[~fin].isinf().all()
 
     edge = 1 - torch.exp(torch.empty(2000, dtype=torch.float64).uniform_(-16, -1))
     y = torch.cat([torch.empty(20000).uniform_(-1, 1), edge.float(), -edge.float()])
@@ -187,9 +197,10 @@ def test_erfc_and_erfinv_against_float64_over_their_whole_range():
     eager_rel = (torch.erfinv(y).double() - ref).abs() / ref.abs().clamp_min(1e-30)
     assert rel.max() < max(2e-6, 2 * eager_rel.max().item()), (rel.max(), eager_rel.max())
 
-    ends = torch.tensor([-1.0, 1.0, 1.5, -2.0, math.nan, 0.0, -0.0, math.inf, -math.inf, 0.49, 0.51, 30.0])
-    got = torch.compile(lambda t: (torch.erfinv(t), torch.erfc(t)), backend="stitch")(ends)
-    for g, e in zip(got, (torch.erfinv(ends), torch.erfc(ends))):
+    ends = torch.tensor([-1.0, 1.0, 1.5, -2.0, math.nan, 0.0, -0.0, math.inf, -math.inf, 0.49, 0.51, 30.0, -10.0])
+    fns = (torch.erfinv, torch.erfc, torch.special.erfcx, torch.special.spherical_bessel_j0)
+    got = torch.compile(lambda t: [f(t) for f in fns], backend="stitch")(ends)
+    for g, e in zip(got, [f(ends) for f in fns]):
         ok = _bits_equal(g, e) | torch.isclose(g, e, rtol=1e-6, atol=0)
         assert ok.all(), (ends[~ok], g[~ok], e[~ok])
 
@@ -290,7 +301,7 @@ def special(a, b):
 
 def single(a):
     return (torch.erfc(a), torch.erfinv(a * 0.1), torch.i0(a), torch.special.i0e(a), torch.special.i1(a),
-            torch.special.i1e(a))
+            torch.special.i1e(a), torch.special.erfcx(a), torch.special.spherical_bessel_j0(a))
 
 out = {}
 for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16):

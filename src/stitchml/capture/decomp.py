@@ -54,6 +54,7 @@ FROM_TORCH = [
     aten.transpose_copy, aten.unsqueeze_copy, aten.view_copy, aten.split_with_sizes_copy, aten.unsafe_split,
     # these land on prims, lowered in lower/rules_special.py
     aten.copysign, aten.round.decimals, aten.frexp, aten.i0, aten.special_i0e, aten.special_i1, aten.special_i1e,
+    aten.special_erfcx, aten.special_log_ndtr, aten.special_spherical_bessel_j0,
     # (not torch's adaptive_max_pool2d: it lands on ops without a rule, several eager ops in
     # place of one)
 ]

@@ -387,12 +387,9 @@ def _nextafter(a, b, STEP: tl.constexpr):
 
 
 @triton.jit
-def _erfc(x):
-    # below |x| = 0.5, 1 - erf(x) (no cancellation: erfc > 0.47 there); above, Chebyshev
-    # fit t exp(-z^2 + P(t)) with t = 1 / (1 + z / 2) (relative error < 1.2e-7, Numerical
-    # Recipes' erfcc coefficients), z^2 split as zh^2 (exact: zh has 8 bits) plus
-    # (z - zh)(z + zh) so that exp keeps its relative precision at large z; erfc(-z) = 2 - erfc(z)
-    z = tl.abs(x)
+def _erfc_fit(z):
+    # Chebyshev fit of erfc(z) = t exp(-z^2 + P(t)), z >= 0, t = 1 / (1 + z / 2): relative
+    # error < 1.2e-7 (Numerical Recipes' erfcc coefficients); returns (t, P(t))
     t = 1.0 / (1.0 + 0.5 * z)
     p = t * 0.17087277 - 0.82215223
     p = p * t + 1.48851587
@@ -403,11 +400,35 @@ def _erfc(x):
     p = p * t + 0.37409196
     p = p * t + 1.00002368
     p = p * t - 1.26551223
+    return t, p
+
+
+@triton.jit
+def _erfc(x):
+    # below |x| = 0.5, 1 - erf(x) (no cancellation: erfc > 0.47 there); above, the fit with
+    # z^2 split as zh^2 (exact: zh has 8 bits) plus (z - zh)(z + zh), so that exp keeps its
+    # relative precision at large z; erfc(-z) = 2 - erfc(z)
+    z = tl.abs(x)
+    t, p = _erfc_fit(z)
     zh = tl.floor(z * 16.0) * 0.0625
     r = t * tl.exp(-zh * zh) * tl.exp(p - (z - zh) * (z + zh))
     r = tl.where(z == float("inf"), 0.0, r)
     r = tl.where(x < 0, 2.0 - r, r)
     r = tl.where(z < 0.5, 1.0 - tl.erf(x), r)
+    return tl.where(x != x, x, r)
+
+
+@triton.jit
+def _erfcx(x):
+    # exp(x^2) erfc(x): the fit without its exp(-z^2) factor for x >= 0 (0 at +inf);
+    # 2 exp(x^2) - erfcx(-x) below 0, exp(x^2) split as in _erfc (inf once it overflows)
+    z = tl.abs(x)
+    t, p = _erfc_fit(z)
+    r = t * tl.exp(p)
+    zh = tl.floor(z * 16.0) * 0.0625
+    big = 2.0 * tl.exp(zh * zh) * tl.exp((z - zh) * (z + zh))
+    big = tl.where(z == float("inf"), z, big)
+    r = tl.where(x < 0, big - r, r)
     return tl.where(x != x, x, r)
 
 
@@ -526,7 +547,7 @@ UNARY = {
     "asin": "_asin({0})", "acos": "_acos({0})", "atan": "_atan({0})", "asinh": "_asinh({0})",
     "acosh": "_acosh({0})", "atanh": "_atanh({0})", "sinh": "_sinh({0})", "cosh": "_cosh({0})",
     "tan": "(tl.sin({0}) / tl.cos({0}))", "log10": "(tl.log({0}) * 0.4342944819032518)",
-    "erfc": "_erfc({0})", "erfinv": "_erfinv({0})",
+    "erfc": "_erfc({0})", "erfcx": "_erfcx({0})", "erfinv": "_erfinv({0})",
     "frexp_mantissa": "_frexp({0})[0]", "frexp_exponent": "_frexp({0})[1]",
     "bessel_i0": "_bessel_i({0}, 0)", "bessel_i1": "_bessel_i({0}, 1)",
     "bessel_i0e": "_bessel_ie({0}, 0)", "bessel_i1e": "_bessel_ie({0}, 1)",

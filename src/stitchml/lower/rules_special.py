@@ -1,7 +1,7 @@
 """Element-wise ops that torch's decompositions (capture/decomp.py) leave as `prims`
 calls, and the IEEE helpers behind them (issue 19, op_db coverage): signbit, copysign
 (through prims), fmax/fmin, hypot, nextafter, round with decimals (prims.round), frexp,
-erfc, erfinv and the modified Bessel functions I0/I1, plain and exponentially scaled.
+erfc, erfcx, erfinv and the modified Bessel functions I0/I1, plain and exponentially scaled.
 Each is built from element-wise nodes the code generator already knows, or from one
 helper of `codegen/triton_ops.py` where a bit pattern or a series is needed.
 """
@@ -102,6 +102,7 @@ def _single_precision(op: str):
 
 register(prims.erfc.default, aten.erfc.default)(_single_precision("erfc"))
 register(prims.erf_inv.default, aten.erfinv.default)(_single_precision("erfinv"))
+register(prims.erfcx.default)(_single_precision("erfcx"))
 register(prims.bessel_i0.default, aten.special_modified_bessel_i0.default)(_single_precision("bessel_i0"))
 register(prims.bessel_i1.default, aten.special_modified_bessel_i1.default)(_single_precision("bessel_i1"))
 register(prims.bessel_i0e.default)(_single_precision("bessel_i0e"))
@@ -124,3 +125,26 @@ def _frexp(ctx: LowerCtx, node, x):
         raise Unsupported("frexp of an integer tensor")
     return (ctx.pointwise("frexp_mantissa", (x,), shape, dtype),
             ctx.pointwise("frexp_exponent", (x,), shape, torch.int32))
+
+
+@register(prims.spherical_bessel_j0.default, aten.special_spherical_bessel_j0.default)
+def _spherical_bessel_j0(ctx: LowerCtx, node, x):
+    """sin(x) / x; below |x| = 0.5 its Taylor series to x^8 (sin(x) / x would lose nothing
+    there either, but x = 0 must give 1); 0 at +-inf as eager."""
+    shape, dtype = _out(node)
+    if dtype not in FLOAT_TYPES:
+        raise Unsupported("spherical_bessel_j0 of an integer tensor")
+    cd = _compute(dtype)
+    x = ctx.cast(x, cd)
+
+    def pw(op, *args, dt=cd):
+        return ctx.pointwise(op, args, shape, dt)
+    x2 = pw("mul", x, x)
+    series = pw("add", pw("mul", x2, 1.0 / 362880.0), -1.0 / 5040.0)  # Horner in x^2: 1 - x^2/3! + ...
+    for c in (1.0 / 120.0, -1.0 / 6.0, 1.0):
+        series = pw("add", pw("mul", series, x2), c)
+    ratio = pw("truediv", pw("sin", x), x)
+    a = pw("abs", x)
+    r = pw("where", pw("lt", a, 0.5, dt=torch.bool), series, ratio)
+    r = pw("where", pw("eq", a, float("inf"), dt=torch.bool), 0.0, r)
+    return ctx.cast(r, dtype)
