@@ -195,7 +195,9 @@ def test_erfc_and_erfinv_against_float64_over_their_whole_range():
     ref = torch.erfinv(y.double())
     rel = (got.double() - ref).abs() / ref.abs().clamp_min(1e-30)
     eager_rel = (torch.erfinv(y).double() - ref).abs() / ref.abs().clamp_min(1e-30)
-    assert rel.max() < max(2e-6, 2 * eager_rel.max().item()), (rel.max(), eager_rel.max())
+    # (within 5 float32 ulps at worst, next to +-1 where erf itself rounds to 1; on average
+    # under 2 eager's: the Newton step halves the polynomial's mean error of 7e-8)
+    assert rel.max() < 5e-7 and rel.mean() < 5e-8, (rel.max(), rel.mean(), eager_rel.max(), eager_rel.mean())
 
     ends = torch.tensor([-1.0, 1.0, 1.5, -2.0, math.nan, 0.0, -0.0, math.inf, -math.inf, 0.49, 0.51, 30.0, -10.0])
     fns = (torch.erfinv, torch.erfc, torch.special.erfcx, torch.special.spherical_bessel_j0)
