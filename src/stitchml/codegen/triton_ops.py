@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from ..ir.nodes import compute_dtype  # (the emitters import it from here too)
+
 TL_DTYPE = {
     torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
     torch.float64: "tl.float64", torch.int8: "tl.int8", torch.int16: "tl.int16", torch.int32: "tl.int32",
@@ -18,10 +20,6 @@ FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # smallest magnitude from which every value of the compute type is an integer (round is identity)
 ROUND_EXACT = {torch.float32: "8388608.0", torch.float64: "4503599627370496.0",
                torch.float16: "8388608.0", torch.bfloat16: "8388608.0"}
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def literal(value, dtype: torch.dtype) -> str:
@@ -404,14 +402,21 @@ def _erfc_fit(z):
 
 
 @triton.jit
+def _square_parts(z):
+    # z^2 as hi + lo with hi = zh^2 exact (zh = z rounded down to 1/16: 8 bits where exp(z^2)
+    # is finite), so that exp(+-z^2) keeps its relative precision at large z
+    zh = tl.floor(z * 16.0) * 0.0625
+    return zh * zh, (z - zh) * (z + zh)
+
+
+@triton.jit
 def _erfc(x):
     # below |x| = 0.5, 1 - erf(x) (no cancellation: erfc > 0.47 there); above, the fit with
-    # z^2 split as zh^2 (exact: zh has 8 bits) plus (z - zh)(z + zh), so that exp keeps its
-    # relative precision at large z; erfc(-z) = 2 - erfc(z)
+    # exp(-z^2) taken in two exact-enough parts; erfc(-z) = 2 - erfc(z)
     z = tl.abs(x)
     t, p = _erfc_fit(z)
-    zh = tl.floor(z * 16.0) * 0.0625
-    r = t * tl.exp(-zh * zh) * tl.exp(p - (z - zh) * (z + zh))
+    hi, lo = _square_parts(z)
+    r = t * tl.exp(-hi) * tl.exp(p - lo)
     r = tl.where(z == float("inf"), 0.0, r)
     r = tl.where(x < 0, 2.0 - r, r)
     r = tl.where(z < 0.5, 1.0 - tl.erf(x), r)
@@ -421,12 +426,12 @@ def _erfc(x):
 @triton.jit
 def _erfcx(x):
     # exp(x^2) erfc(x): the fit without its exp(-z^2) factor for x >= 0 (0 at +inf);
-    # 2 exp(x^2) - erfcx(-x) below 0, exp(x^2) split as in _erfc (inf once it overflows)
+    # 2 exp(x^2) - erfcx(-x) below 0, exp(x^2) in two parts as in _erfc (inf once it overflows)
     z = tl.abs(x)
     t, p = _erfc_fit(z)
     r = t * tl.exp(p)
-    zh = tl.floor(z * 16.0) * 0.0625
-    big = 2.0 * tl.exp(zh * zh) * tl.exp((z - zh) * (z + zh))
+    hi, lo = _square_parts(z)
+    big = 2.0 * tl.exp(hi) * tl.exp(lo)
     big = tl.where(z == float("inf"), z, big)
     r = tl.where(x < 0, big - r, r)
     return tl.where(x != x, x, r)

@@ -136,6 +136,11 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The type a value of `dtype` is computed in inside kernels: half types in float32."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def prod(xs: Iterable[int]) -> int:
     p = 1
     for x in xs:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..ir import nodes as ir
-from ..ir.nodes import Ref, prod
+from ..ir.nodes import Ref, compute_dtype, prod
 from .context import FLOAT_TYPES, LowerCtx, static_shape
 from .registry import Unsupported, register
 
@@ -187,7 +187,7 @@ def _nan_to_num(ctx, node, x, nan=None, posinf=None, neginf=None):
     if dtype not in FLOAT_TYPES:
         return ctx.pointwise("identity", (x,), shape, dtype)
     info = torch.finfo(dtype)
-    cd = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    cd = compute_dtype(dtype)
     v = ctx.cast(x, cd)
     out = ctx.pointwise("where", (ctx.pointwise("isnan", (v,), shape, torch.bool), 0.0 if nan is None else nan, v),
                         shape, cd)
@@ -403,7 +403,7 @@ def _dropout(ctx, node, x, p, train):
 def _opmath(ctx: LowerCtx, node, *xs):
     """Output shape and dtype, the compute dtype, and `xs` cast/broadcast to it."""
     shape, dtype = _out(node)
-    cdt = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    cdt = compute_dtype(dtype)
     if cdt not in FLOAT_TYPES:
         raise Unsupported("activation backward of a non-float tensor")
     return shape, dtype, cdt, _operands(ctx, xs, shape, cdt)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..ir.nodes import compute_dtype
 from .context import FLOAT_TYPES, LowerCtx
 from .registry import Unsupported, register
 from .rules_pointwise import _operands, _out, _unary, _where
@@ -21,10 +22,6 @@ prims = torch.ops.prims
 for _op in ("abs", "neg", "round"):
     register(getattr(prims, _op).default)(_unary(_op))
 register(prims.where.default)(_where)
-
-
-def _compute(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 @register(prims.signbit.default, aten.signbit.default)
@@ -61,7 +58,7 @@ def _hypot(ctx: LowerCtx, node, a, b):
     where sqrt(a^2 + b^2) would have one; an infinite operand gives inf even beside a NaN
     (C's hypot)."""
     shape, dtype = _out(node)
-    cd = _compute(dtype)
+    cd = compute_dtype(dtype)
     a, b = (ctx.pointwise("abs", (v,), shape, cd) for v in _operands(ctx, (a, b), shape, cd))
     hi = ctx.pointwise("maximum", (a, b), shape, cd)
     lo = ctx.pointwise("minimum", (a, b), shape, cd)
@@ -134,7 +131,7 @@ def _spherical_bessel_j0(ctx: LowerCtx, node, x):
     shape, dtype = _out(node)
     if dtype not in FLOAT_TYPES:
         raise Unsupported("spherical_bessel_j0 of an integer tensor")
-    cd = _compute(dtype)
+    cd = compute_dtype(dtype)
     x = ctx.cast(x, cd)
 
     def pw(op, *args, dt=cd):
