@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from stitchml import StitchBackend
 from stitchml.testing import compare_with_eager
 from launches import count_launches
 
@@ -195,6 +196,16 @@ def test_histc_counts_like_eager(dtype):
         return torch.histc(x * 2, bins=5, min=-1, max=3)
     x = torch.randn(7, 9, dtype=dtype)
     x[0, :3] = torch.tensor([-0.5, 1.5, 5.0])  # the upper edge (2 * 1.5 == max) and an element outside
+    if dtype == torch.bfloat16:
+        # eager's bfloat16 histc computes each bin position in bfloat16 and files values next
+        # to a bin edge in the neighbouring bin (5 of 60 seeds: a flaky comparison); the
+        # counts are judged exactly against a float64 run of the same values instead
+        backend = StitchBackend()
+        got = torch.compile(f, backend=backend)(x.clone())
+        assert torch.equal(got, f(x.double()).to(dtype)), (got, f(x.double()), f(x))
+        assert backend.records[0].plan.num_kernels >= 1
+        assert not [f for r in backend.records for f in r.graph.fallbacks]
+        return
     cmp = compare_with_eager(f, [x], backward=False)
     assert cmp.num_kernels >= 1
     assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
