@@ -88,7 +88,53 @@ CASES = {
                                                                                           _leaf(2, 3, dtype=d)]),
     "index_copy": (lambda x, s: x.index_copy(0, _IDX["uniq"], s), lambda d: [_nc(5, 4, dtype=d), _leaf(3, 4, dtype=d)]),
     "safe_softmax": (lambda x: aten._safe_softmax(x, -1), lambda d: [_nc(3, 7, dtype=d)]),
+    "cumprod": (lambda x: torch.cumprod(x * 0.5 + 1, 0), lambda d: [_nc(6, 5, dtype=d)]),
+    # data-dependent index ops through the scan form (capture/decomp_index.py); masks,
+    # indices and offsets are drawn fresh for each run (inputs, not constants)
+    "masked_scatter": (lambda x, s, m: x.masked_scatter(m, s * 2) + 1,
+                       lambda d: [_nc(4, 7, dtype=d), _leaf(30, dtype=d), torch.rand(4, 7) < 0.6]),
+    "masked_scatter_broadcast": (lambda x, s, m: x.masked_scatter(m, s),
+                                 lambda d: [_nc(4, 6, dtype=d), _leaf(5, 7, dtype=d), torch.rand(4, 1) < 0.5]),
+    "embedding_bag_sum": (lambda w, i, o: F.embedding_bag(i, w * 2, o, mode="sum"),
+                          lambda d: [_leaf(11, 5, dtype=d), _idx(11, 13), _offsets(13, 4)]),
+    "embedding_bag_mean_padding": (lambda w, i, o: F.embedding_bag(i, w, o, mode="mean", padding_idx=3),
+                                   lambda d: [_leaf(11, 5, dtype=d), _idx(11, 13), _offsets(13, 5)]),
+    "embedding_bag_weighted_last_offset": (
+        lambda w, i, o, p: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p * 2, include_last_offset=True),
+        lambda d: [_leaf(11, 5, dtype=d), _idx(11, 13), torch.cat([_offsets(13, 3), torch.tensor([13])]),
+                   _leaf(13, dtype=d)]),
+    "embedding_bag_2d_mean": (lambda w, i: F.embedding_bag(i, w, mode="mean"),
+                              lambda d: [_leaf(11, 5, dtype=d), _idx(11, 3, 4)]),
+    # pairwise distances (capture/decomp_distance.py): eager's direct path per p, its
+    # matrix-product path for p = 2 beyond 25 rows, and pdist's upper triangle
+    "cdist_p2": (lambda x, y: torch.cdist(x * 2, y), lambda d: [_nc(2, 5, 4, dtype=d), _leaf(2, 6, 4, dtype=d)]),
+    "cdist_p1_5": (lambda x, y: torch.cdist(x, y, p=1.5), lambda d: [_nc(5, 4, dtype=d), _leaf(7, 4, dtype=d)]),
+    "cdist_inf": (lambda x, y: torch.cdist(x, y, p=float("inf")), lambda d: [_nc(5, 4, dtype=d), _leaf(7, 4, dtype=d)]),
+    "cdist_mm": (lambda x, y: torch.cdist(x, y), lambda d: [_nc(27, 4, dtype=d), _leaf(6, 4, dtype=d)]),
+    "pdist_p3": (lambda x: torch.pdist(x, 3) * 2, lambda d: [_nc(7, 3, dtype=d)]),
+    # grid_sample (torch's forward, our backward: capture/decomp_sample.py); grid points
+    # reach outside [-1, 1] so every padding mode's clip and reflection are exercised
+    "grid_sample_bilinear_zeros": (lambda x, g: F.grid_sample(x, g * 1.3, align_corners=False),
+                                   lambda d: [_nc(2, 3, 5, 7, dtype=d), _grid(2, 4, 6, dtype=d)]),
+    "grid_sample_bilinear_reflection_aligned": (
+        lambda x, g: F.grid_sample(x, g * 1.3, padding_mode="reflection", align_corners=True),
+        lambda d: [_nc(2, 3, 5, 7, dtype=d), _grid(2, 4, 6, dtype=d)]),
+    "grid_sample_bilinear_border": (lambda x, g: F.grid_sample(x, g * 1.3, padding_mode="border"),
+                                    lambda d: [_nc(1, 2, 6, 4, dtype=d), _grid(1, 5, 3, dtype=d)]),
+    "grid_sample_nearest_reflection": (lambda x, g: F.grid_sample(x, g, mode="nearest", padding_mode="reflection"),
+                                       lambda d: [_nc(2, 3, 5, 7, dtype=d), _grid(2, 4, 6, dtype=d)]),
 }
+
+
+def _grid(n, h, w, dtype=torch.float32):
+    """Sampling points in [-1, 1]^2 (times the case's own scale), fresh each run."""
+    return (torch.rand(n, h, w, 2) * 2 - 1).to(dtype).requires_grad_()
+
+
+def _offsets(n: int, bags: int) -> torch.Tensor:
+    """Sorted bag starts in [0, n], the first 0; repeats make empty bags."""
+    inner = torch.sort(torch.randint(0, n + 1, (bags - 1,))).values
+    return torch.cat([torch.zeros(1, dtype=torch.int64), inner])
 
 # fixed index tensors (captured as constants): duplicates and negative indices included
 torch.manual_seed(0)
@@ -98,7 +144,11 @@ _IDX = {"a": torch.tensor([[0, -1], [2, 1], [3, 0]]), "b": torch.tensor([1, -5])
 
 
 # eager's CPU kernel has no bfloat16 avg_pool3d: nothing to compare against
-NO_BF16_EAGER = {"avg_pool3d", "avg_pool3d_ceil_nopad"}
+NO_BF16_EAGER = {"avg_pool3d", "avg_pool3d_ceil_nopad", "cdist_p2", "cdist_p1_5", "cdist_inf", "cdist_mm", "pdist_p3",
+                 # eager's bfloat16 grid_sample rounds the pixel coordinates to bfloat16 (a
+                 # whole pixel off near the border): judged against float64 below instead
+                 "grid_sample_bilinear_zeros", "grid_sample_bilinear_reflection_aligned",
+                 "grid_sample_bilinear_border", "grid_sample_nearest_reflection"}
 
 
 @pytest.mark.parametrize("name, dtype", [pytest.param(n, d, id=f"{n}-{i}") for n in sorted(CASES)
@@ -111,7 +161,9 @@ def test_op_stitches_and_matches_eager(name, dtype):
     tol = {} if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2, grad_rtol=4e-2, grad_atol=4e-2)
     with count_launches() as launches:
         cmp = compare_with_eager(fn, inputs, **tol)
-    eager = [(f.op, f.reason) for r in cmp.backend.records if r.graph is not None for f in r.graph.fallbacks]
+    # (matrix products stay the library's: cdist's p = 2 path beyond 25 rows has them)
+    eager = [(f.op, f.reason) for r in cmp.backend.records if r.graph is not None for f in r.graph.fallbacks
+             if not f.reason.startswith("compute-intensive")]
     assert not eager, eager
     assert [r.kind for r in cmp.backend.records] == ["forward", "backward"]
     assert all(r.eager_reason is None for r in cmp.backend.records)
@@ -174,13 +226,81 @@ def test_atomic_scatters_refuse_under_deterministic_algorithms():
     assert len(reasons) == 1 and "use_deterministic_algorithms" in reasons[0], reasons
 
 
-def test_scan_over_a_long_row_stays_eager_with_its_reason():
-    from stitchml.capture.decomp_window import SCAN_MAX_ROW
+def test_integer_accumulates_stitch_and_are_exact_even_under_deterministic_algorithms():
+    """Integer sums are exact in any order: index_put / scatter_add / index_add into
+    integer tensors use int64 atomics, allowed under use_deterministic_algorithms."""
+    def f(x, v, i, j):
+        return (x.index_put((i,), v * 3, accumulate=True), x.scatter_add(1, _IDX["sc"][:, :3], v[:3, :3]),
+                x.index_add(0, j, v))
+    x = torch.randint(-100, 100, (4, 5), dtype=torch.int32)
+    v, i, j = torch.randint(-(2**20), 2**20, (6, 5), dtype=torch.int32), _idx(4, 6, neg=True), _idx(4, 6)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        from stitchml import config
+        with config.override(strict=True):
+            cmp = compare_with_eager(f, [x, v, i, j], backward=False, rtol=0, atol=0)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert cmp.num_kernels >= 1 and [o.dtype for o in cmp.outputs] == [torch.int32] * 3
 
-    def f(x):
-        return torch.cumsum(x * 2, -1)
-    cmp = compare_with_eager(f, [torch.randn(2, SCAN_MAX_ROW + 1)], backward=False)
-    assert [f.op for r in cmp.backend.records for f in r.graph.fallbacks] == ["aten.cumsum.default"]
+
+def test_declined_embedding_bag_runs_eagerly_with_its_reason_and_raises_under_strict():
+    from stitchml import config
+    from stitchml.fallback import StrictFallbackError
+
+    def f(w, i, o):
+        return F.embedding_bag(i, w * 2, o, mode="max")
+    args = [torch.randn(11, 5), _idx(11, 9), _offsets(9, 3)]
+    cmp = compare_with_eager(f, args, backward=False)
+    reasons = {f.reason for r in cmp.backend.records for f in r.graph.fallbacks}
+    assert len(reasons) == 1 and "max bags" in reasons.pop()
+    with config.override(strict=True), pytest.raises(Exception) as info:
+        torch.compile(f, backend=StitchBackend())(*args)
+    chain, e = [], info.value
+    while e is not None:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    assert any(isinstance(x, StrictFallbackError) and "max bags" in str(x) for x in chain), chain
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 2.0, 3.0, float("inf")], ids=str)
+def test_distances_at_zero_and_between_equal_rows_match_eager(p):
+    """Rows shared between the operands (distance 0: eager's gradient is 0 there, not
+    NaN) and equal coordinates (|diff| = 0 under fractional p)."""
+    x = torch.randn(4, 3)
+    y = torch.cat([x[:2], torch.randn(3, 3)])
+    y[3, 1] = x[2, 1]
+    args = [x.requires_grad_(), y.requires_grad_()]
+
+    def f(a, b):
+        return torch.cdist(a, b, p=p), torch.pdist(torch.cat([a, b]), p)
+    cmp = compare_with_eager(f, args, rtol=1e-4, atol=1e-4)   # (gradients compared too, NaN positions included)
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+    assert [r.kind for r in cmp.backend.records] == ["forward", "backward"]
+    torch.autograd.backward(f(*args), [torch.ones(4, 5), torch.ones(36)])
+    assert all(torch.isfinite(a.grad).all() for a in args)   # eager's own gradient there is finite
+
+
+@pytest.mark.parametrize("padding", ["zeros", "reflection"])
+def test_grid_sample_bf16_is_as_close_to_float64_as_eager(padding):
+    from stitchml.testing import compare_against_float64
+
+    def f(x, g):
+        return F.grid_sample(x, g * 1.3, padding_mode=padding, align_corners=padding == "reflection")
+    cmp, judgement = compare_against_float64(f, [_nc(2, 3, 5, 7, dtype=torch.bfloat16),
+                                                 _grid(2, 4, 6, dtype=torch.bfloat16)])
+    judgement.assert_ok(padding)
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+
+
+def test_bicubic_grid_sample_backward_runs_eagerly_with_its_reason():
+    def f(x, g):
+        return F.grid_sample(x * 2, g, mode="bicubic", align_corners=False)
+    cmp = compare_with_eager(f, [_nc(1, 2, 5, 6), _grid(1, 3, 4)], rtol=1e-4, atol=1e-4)
+    reasons = [(f.op, f.reason) for r in cmp.backend.records for f in r.graph.fallbacks]
+    assert reasons == [("aten.grid_sampler_2d_backward.default",
+                        "grid_sample backward: bicubic interpolation has no stitched form")], reasons
 
 
 def test_zero_dim_scatter_value_does_not_drop_the_graph():

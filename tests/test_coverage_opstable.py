@@ -24,12 +24,16 @@ def test_issue_18_ops_are_stitched_and_library_ops_say_why():
                aten.flip.default, aten.index_put.default, aten.scatter_add.default, aten.cumsum.default,
                aten.slice_scatter.default, aten.reflection_pad2d.default, aten.upsample_nearest2d.default,
                aten.histc.default, aten._unsafe_index.Tensor, aten.all.dim, aten.scatter.src,
-               aten.index_copy.default, aten.index_fill.int_Scalar):
+               aten.index_copy.default, aten.index_fill.int_Scalar, aten.cumprod.default, aten.logcumsumexp.default,
+               aten.masked_scatter.default, aten._embedding_bag.default, aten._cdist_forward.default,
+               aten._pdist_forward.default, aten.grid_sampler_2d.default):
         row = opstable.classify(op)
         assert row.status == opstable.STITCHED, row
     assert opstable.classify(aten.sort.default).status == opstable.LIBRARY
     assert "sort" in opstable.classify(aten.sort.default).how
     assert opstable.classify(aten.mm.default).status == opstable.LIBRARY
+    assert opstable.classify(aten.randperm.default).status == opstable.LIBRARY
+    assert opstable.classify(aten._fft_r2c.default).status == opstable.LIBRARY
 
 
 def test_cli_ops_prints_the_table(capsys):

@@ -51,7 +51,8 @@ def test_generator_is_deterministic_and_covers_the_space():
                    ".var(", "keepdim=True", "keepdim=False", ".transpose(", ".permute(", ".reshape(", "torch.cat(",
                    "torch.stack(", ".select(", ".narrow(", "torch.where(", "torch.exp(", "torch.log(", "torch.sqrt(",
                    "torch.maximum(", ".to(HI)", ".expand(", ".gather(", ".index_select(", ".scatter(",
-                   ".scatter_add(", ".index_put(", "accumulate=True", "torch.cumsum(", ".flip("]:
+                   ".scatter_add(", ".index_put(", "accumulate=True", "torch.cumsum(", ".flip(", "torch.cumprod(",
+                   "torch.logcumsumexp(", ".masked_scatter("]:
         assert needle in text, needle
     assert {p.dtype for p in progs} == {"fp32", "fp16", "bf16"}
     assert {p.backward for p in progs} == {True, False}

@@ -34,6 +34,13 @@ LIBRARY_OPS: dict[object, str] = {
     # failing check is never dropped; a kernel could not raise
     aten._assert_async.msg: "library op: a runtime check (raises when its condition is false)",
     aten._assert_async.default: "library op: a runtime check (raises when its condition is false)",
+    # a random permutation is a sort of random keys (and eager's generator draws it)
+    aten.randperm.default: "library op: a random permutation (a sort of random keys)",
+    # size queries of dynamic shapes: answered on the host from the tensor's metadata
+    aten.sym_size.int: "host: a size query under dynamic shapes (no data moved)",
+    aten.sym_stride.int: "host: a size query under dynamic shapes (no data moved)",
+    aten.sym_numel.default: "host: a size query under dynamic shapes (no data moved)",
+    aten.sym_storage_offset.default: "host: a size query under dynamic shapes (no data moved)",
 }
 
 
@@ -72,6 +79,8 @@ def library_reason(target: object) -> str | None:
     name = str(target)
     if name in LIBRARY_OP_NAMES:
         return LIBRARY_OP_NAMES[name]
+    if name.startswith("aten._fft_"):
+        return "compute-intensive: FFT (vendor library)"
     if name == "with_effects":
         return "library op: an op with side effects, ordered by an effect token (linalg's error checks)"
     if name.startswith(_LINALG_PREFIXES) or name.split(".")[1:2] and name.split(".")[1] in _LINALG_OPS:
@@ -85,9 +94,12 @@ def no_rule_reason(target: object) -> str:
     lib = library_reason(target)
     if lib is not None:
         return lib
+    from .capture import decomp_distance, decomp_index, decomp_sample  # a declined case says why
+    reason = next((m.DECLINED[target] for m in (decomp_index, decomp_distance, decomp_sample)
+                   if target in m.DECLINED), NO_RULE)
     if strict():
-        raise StrictFallbackError(f"stitchml strict: op {target} would run eagerly: {NO_RULE}")
-    return NO_RULE
+        raise StrictFallbackError(f"stitchml strict: op {target} would run eagerly: {reason}")
+    return reason
 
 
 def graph_falls_back(kind: str, reason: str, error: BaseException | None = None) -> None:

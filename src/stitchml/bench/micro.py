@@ -64,6 +64,11 @@ def column_sum(x: torch.Tensor) -> torch.Tensor:
     return x.sum(0)
 
 
+def cumsum_rows(x: torch.Tensor) -> torch.Tensor:
+    """A prefix sum along rows (positions from a mask, MoE expert offsets): the scan form."""
+    return torch.cumsum(x, -1)
+
+
 def astitch_running(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor):
     """AStitch's running example: a row reduce, an expensive element-wise op on its
     broadcast, a column reduce, and a consumer of both."""
@@ -136,6 +141,10 @@ def _jax_row_sum(jax: Any) -> Callable[..., Any]:
 
 def _jax_column_sum(jax: Any) -> Callable[..., Any]:
     return lambda key, x: x.sum(0)
+
+
+def _jax_cumsum(jax: Any) -> Callable[..., Any]:
+    return lambda key, x: jax.numpy.cumsum(x, axis=-1)
 
 
 def _jax_astitch(jax: Any) -> Callable[..., Any]:
@@ -283,6 +292,9 @@ def cases(quick: bool) -> list[CaseSpec]:
     simple(row_sum, _jax_row_sum, (128, 32) if quick else (750000, 32), "row_sum_irregular")
     simple(softmax, _jax_softmax, (2, 3000) if quick else (64, 30000), "row_softmax_irregular")
     simple(column_sum, _jax_column_sum, (64, 64) if quick else (32768, 1024), "column_sum")
+    # rows held whole (scan in registers) and rows walked in blocks with a carry
+    simple(cumsum_rows, _jax_cumsum, (8, 300) if quick else (8192, 4096), "cumsum_rows")
+    simple(cumsum_rows, _jax_cumsum, (2, 3000) if quick else (64, 131072), "cumsum_long_rows")
 
     as_shape = (8, 256) if quick else (8192, 4096)
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import torch
 from torch._decomp import get_decompositions
 
-from . import decomp_window
+from . import decomp_distance, decomp_index, decomp_sample, decomp_window
 
 aten = torch.ops.aten
 
 FROM_TORCH = [
+    aten.grid_sampler_2d,  # corners gathered and weighted (our backward: capture/decomp_sample.py)
     aten.native_layer_norm, aten.native_layer_norm_backward,
     aten._softmax, aten._softmax_backward_data, aten._log_softmax, aten._log_softmax_backward_data,
     aten.gelu, aten.gelu_backward, aten.silu, aten.silu_backward, aten.sigmoid_backward,
@@ -194,7 +195,10 @@ def decomposition_table() -> dict:
     packets = [p for p in FROM_TORCH if p not in (aten.addmm, aten.baddbmm)]  # keep GEMMs whole
     table = get_decompositions(packets)
     table.update(_own())
-    table.update(decomp_window.table())  # pooling, scans, strided slice_backward, a few backwards
+    table.update(decomp_window.table())  # pooling, strided slice_backward, a few backwards
+    table.update(decomp_index.table())   # masked_scatter, embedding_bag (data-dependent index ops)
+    table.update(decomp_distance.table())  # cdist, pdist
+    table.update(decomp_sample.table())    # grid_sample's backward (its forward is torch's)
     for op in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
                aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit_no_training.default,
                aten._native_batch_norm_legit_functional.default):

@@ -1,4 +1,4 @@
-"""Our decompositions of window and scan ops (issue 18): each reduces to strided slices,
+"""Our decompositions of window ops (issue 18): each reduces to strided slices,
 zero-interleaving pads, element-wise ops and reductions, which all stitch; no atomics.
 
 - pooling (avg_pool2d, max_pool2d_with_indices and their backwards; 1-d as (1, k)
@@ -8,11 +8,6 @@ zero-interleaving pads, element-wise ops and reductions, which all stitch; no at
   and sums the k*k placements: a gather form, deterministic, no scatter.
 - strided `slice_backward` (torch has no rule for step > 1 that we lower): the gradient
   with step-1 zeros interleaved, then placed with a step-1 slice_backward.
-- scans (cumsum, cumprod, logcumsumexp) along rows of at most `SCAN_MAX_ROW` elements:
-  a masked reduction over the row (out[i] = sum_j x[j] * [j <= i]), i.e. a row kernel
-  with the (i, j) square as its domain, stitched with its neighbours.  Quadratic in the
-  row length, which is fine for the short rows these ops see in models (positions,
-  expert counts); longer rows stay eager (the decomposition declines).
 - `_weight_norm_interface_backward`, `upsample_nearest2d_backward`,
   `replication_pad2d_backward` (index_put with accumulate: the scatter-add form).
 Any case a decomposition does not cover returns NotImplemented: the op stays whole and
@@ -26,9 +21,6 @@ from types import SimpleNamespace
 import torch
 
 aten = torch.ops.aten
-
-SCAN_MAX_ROW = 1024  # longest scanned row decomposed (the masked square is row² elements)
-
 
 def _pair(v, default=None) -> tuple[int, int]:
     if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
@@ -327,58 +319,6 @@ def _adaptive_avg_pool3d_backward(grad, x):
     return avg_pool3d_backward(grad, x, k, k, 0, False, True, None)
 
 
-# ------------------------------------------------------------------------- scans
-
-def _scan_mask(n: int, device) -> torch.Tensor:
-    i = torch.arange(n, device=device)
-    return i.unsqueeze(1) >= i.unsqueeze(0)  # [i, j]: j <= i
-
-
-def _scan(x, dim: int, combine: str):
-    if x.dim() == 0:
-        return NotImplemented
-    dim %= x.dim()
-    n = x.shape[dim]
-    if n == 1:  # every scan of one element is the element
-        return x.clone()
-    if n > SCAN_MAX_ROW or n == 0:
-        return NotImplemented
-    xm = x.movedim(dim, -1).unsqueeze(-2)            # (..., 1, j)
-    mask = _scan_mask(n, x.device)                     # (i, j)
-    if combine == "sum":
-        out = torch.where(mask, xm, 0).sum(-1)
-    elif combine == "prod":
-        out = torch.where(mask, xm, 1).prod(-1)
-    else:  # logsumexp
-        masked = torch.where(mask, xm, -math.inf)
-        top = masked.amax(-1, keepdim=True)
-        top = torch.where(torch.isinf(top), 0, top)
-        out = (torch.log(torch.exp(masked - top).sum(-1, keepdim=True)) + top).squeeze(-1)
-    return out.movedim(-1, dim)
-
-
-def cumsum(x, dim: int, *, dtype=None):
-    if dtype is not None:
-        x = x.to(dtype)
-    elif not x.is_floating_point():
-        x = x.to(torch.int64)  # eager promotes integer (and bool) cumsum to int64
-    return _scan(x, dim, "sum")
-
-
-def cumprod(x, dim: int, *, dtype=None):
-    if dtype is not None:
-        x = x.to(dtype)
-    elif not x.is_floating_point():
-        x = x.to(torch.int64)
-    return _scan(x, dim, "prod")
-
-
-def logcumsumexp(x, dim: int):
-    if not x.is_floating_point():
-        return NotImplemented
-    return _scan(x, dim, "logsumexp")
-
-
 # ------------------------------------------------------------- other backwards
 
 def weight_norm_backward(grad_w, saved_v, saved_g, saved_norms, dim: int):
@@ -442,9 +382,6 @@ def table() -> dict:
         aten.max_pool3d_with_indices_backward.default: max_pool3d_with_indices_backward,
         aten._adaptive_avg_pool3d.default: _adaptive_avg_pool3d,
         aten._adaptive_avg_pool3d_backward.default: _adaptive_avg_pool3d_backward,
-        aten.cumsum.default: cumsum,
-        aten.cumprod.default: cumprod,
-        aten.logcumsumexp.default: logcumsumexp,
         aten._weight_norm_interface_backward.default: weight_norm_backward,
         aten.upsample_nearest2d_backward.default: upsample_nearest2d_backward,
         aten.replication_pad2d_backward.default: replication_pad2d_backward,

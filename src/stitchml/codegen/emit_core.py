@@ -43,6 +43,9 @@ class Scope:
     lines: list[str] = field(default_factory=list)
     cache: dict = field(default_factory=dict)
     exprs: dict = field(default_factory=dict)  # expression text → Val (CSE across IR nodes)
+    # order in which a column loop walks its row: None (any), "forward", or "reverse" (a
+    # scan read backwards: lanes and blocks run from the row's end, `emit_scan.py`)
+    direction: str | None = None
 
 
 class KernelBuilder:
@@ -128,6 +131,13 @@ class KernelBuilder:
 
     def close_loop(self) -> None:
         scope = self.scopes.pop()  # loops never nest: each closes into `top`
+        if scope.direction == "reverse":
+            # walk the row from its end: lane position p holds column cols - 1 - p, so a
+            # prefix in lane order is a suffix of the row (the lines above are per lane
+            # and every reduction is order-free: only scans see the direction)
+            assert scope.lines[0].startswith("cflat = cbase + ") and scope.lines[1].startswith("cmask = ")
+            scope.lines[0:2] = [scope.lines[0].replace("cflat", "cpos", 1), f"cmask = cpos < {self.dom.cols}",
+                                f"cflat = {self.dom.cols - 1} - cpos"]
         self.top.lines.append(f"for cbase in range(0, {self.dom.cols}, {self.m.block_c}):")
         self.top.lines.extend("    " + line for line in scope.lines)
 
@@ -189,6 +199,9 @@ class KernelBuilder:
             return self._pointwise(n, index)
         if n.kind == ir.REDUCE:
             return self.reductions.reduce(n, index)
+        if n.kind == ir.SCAN:
+            from .emit_scan import scan  # (emit_scan builds on this module)
+            return scan(self, n, index)
         if n.kind == ir.CAT:
             return self._cat(n, index)
         if n.kind == ir.GATHER:

@@ -68,6 +68,17 @@ def _mul(a, b):
 
 
 @triton.jit
+def _logaddexp(a, b):
+    # log(e^a + e^b) = max + log1p(e^(min - max)): the combine of logcumsumexp.  -inf
+    # with -inf stays -inf and +inf wins (min - max would be NaN there); NaN propagates
+    mx = tl.where(a > b, a, b)
+    mn = tl.where(a > b, b, a)
+    r = mx + _log1p(tl.exp(mn - mx))
+    r = tl.where((mn == float("-inf")) | (mx == float("inf")), mx, r)
+    return tl.where((a != a) | (b != b), a + b, r)
+
+
+@triton.jit
 def _expm1(x):
     # Kahan: (u - 1) * x / log(u) keeps full relative precision near 0; away from 0
     # u - 1 is exact enough, and (u - 1) * x would overflow for x near log(FLT_MAX)

@@ -498,9 +498,19 @@ class _Builder:
             self.emit(f"{x.name}.index_put(({index((k,), not acc)},), {v.name}, accumulate={acc})", x.shape,
                       x.bound + (k * v.bound if acc else v.bound), x.hi)
         elif choice == 7:
-            self.emit(f"torch.cumsum({x.name}, {d})", x.shape, x.bound * n, x.hi)
-        else:
+            # which scan: drawn from `gen`, so `rng` (and every later draw of the program)
+            # is what it was when only cumsum existed
+            variant = int(torch.randint(0, 4, (1,), generator=gen))
+            if variant == 2:
+                self.emit(f"torch.logcumsumexp({x.name}, {d})", x.shape, x.bound + math.log(n) + 1, x.hi)
+            elif variant == 3 and n <= 24:  # factors in [0.5, 1.5]: at most 1.5^24 ≈ 1.7e4
+                self.emit(f"torch.cumprod(torch.tanh({x.name}) * 0.5 + 1, {d})", x.shape, 1.5 ** n, x.hi)
+            else:
+                self.emit(f"torch.cumsum({x.name}, {d})", x.shape, x.bound * n, x.hi)
+        elif int(torch.randint(0, 2, (1,), generator=gen)) == 0:
             self.emit(f"{x.name}.flip({d})", x.shape, x.bound, x.hi)
+        else:  # masked_scatter: the mask's running count picks the source element (a scan)
+            self.emit(f"{x.name}.masked_scatter({x.name} > 0.3, {x.name}.flip({d}) * 0.5)", x.shape, x.bound, x.hi)
         return True
 
 

@@ -77,8 +77,32 @@ def _make(terms: list[tuple[Atom, int]], c: int) -> Expr:
     acc: dict[Atom, int] = {}
     for a, k in terms:
         acc[a] = acc.get(a, 0) + k
+    # (e // m) * m + e % m == e, with floor and with truncating division alike: a
+    # reshape of an unravelled index flattens back to the index itself (a scan read
+    # through a reshape is then read at its own column)
+    folded = True
+    while folded:   # a fold can make another one possible (nested unravels)
+        folded = False
+        for md in [a for a, k in acc.items() if k and isinstance(a, Mod)]:
+            k, dv = acc[md], _div_partner(md)
+            if k and acc.get(md) == k and acc.get(dv, 0) == k * md.m:
+                acc[md] = acc[dv] = 0
+                for a, k2 in md.expr.terms:
+                    acc[a] = acc.get(a, 0) + k * k2
+                c += k * md.expr.const
+                folded = True
     items = sorted(((a, k) for a, k in acc.items() if k != 0), key=lambda t: repr(t[0]))
     return Expr(tuple(items), c)
+
+
+def _div_partner(md: Mod) -> Div:
+    """The division that completes `md` to its dividend: e // m for e % m; for
+    (x // a) % m it is x // (a*m), the form `floordiv` gives (x // a) // m."""
+    e = md.expr
+    if len(e.terms) == 1 and e.const == 0 and e.terms[0][1] == 1 and isinstance(e.terms[0][0], Div):
+        inner = e.terms[0][0]
+        return Div(inner.expr, inner.d * md.m)
+    return Div(e, md.m)
 
 
 def const(c: int) -> Expr:
@@ -135,6 +159,10 @@ def floordiv(e: Expr, d: int) -> Expr:
         rlo, rhi = bounds(rem)
         if rlo >= 0 and rhi < d:
             return _make(q, e.const // d)
+        if rlo >= 0 and (q or e.const // d):
+            # (q*d + rem) // d == q + rem // d for rem >= 0: the multiples of d leave the
+            # division (so an unravelled index flattens back: see `_make`)
+            return _make(q, e.const // d) + floordiv(rem, d)
         if len(e.terms) == 1 and e.const == 0 and e.terms[0][1] == 1 and isinstance(e.terms[0][0], Div):
             inner = e.terms[0][0]
             return floordiv(inner.expr, inner.d * d)

@@ -26,6 +26,7 @@ INPUT = "input"          # graph placeholder
 POINTWISE = "pointwise"  # element-wise op on operands of exactly this node's shape
 VIEW = "view"            # pure index map of one operand (permute, expand, reshape, slice, ...)
 REDUCE = "reduce"        # sum / amax / amin / prod / argmax / argmin over `dims`
+SCAN = "scan"            # inclusive prefix sum / prod / logsumexp along `dim` (same shape as its operand)
 CAT = "cat"              # concatenation: an index map with a select on the position
 GATHER = "gather"        # index map whose index is a loaded value (embedding, index_select, gather)
 RAND = "rand"            # counter-based uniform [0,1) numbers, keyed by element index and a seed
@@ -33,7 +34,7 @@ SCATTER_ADD = "scatter_add"  # embedding backward: rows of `src` added into `num
 OPAQUE = "opaque"        # runs eagerly (matrix products, convolutions, ops without a rule)
 ITEM = "item"            # one output of a multi-output opaque node
 
-STITCHABLE = frozenset({POINTWISE, VIEW, REDUCE, CAT, GATHER, RAND})
+STITCHABLE = frozenset({POINTWISE, VIEW, REDUCE, SCAN, CAT, GATHER, RAND})
 # reductions whose partial results combine with the reduction itself, so a row can be
 # reduced in pieces: chunks of a split row, column partials per program, one loop
 # shared by siblings (argmax/argmin carry an index and are not among them)

@@ -6,7 +6,7 @@ import torch
 
 from ..ir import nodes as ir
 from ..ir.nodes import Ref, contiguous_strides
-from .context import FLOAT_TYPES, LowerCtx, static_shape
+from .context import LowerCtx, static_shape
 from .registry import Unsupported, register
 
 aten = torch.ops.aten
@@ -130,11 +130,15 @@ def _refuse_nondeterministic(what: str) -> None:
 
 
 def _scatter_add_rows(ctx: LowerCtx, values: Ref, lin: Ref, rows: int, cols: int) -> Ref:
-    """out[rows, cols] (float32, or float64 for float64 values; zero-initialised) with
-    values[m, :] added into row lin[m] by atomics: the scatter-add kernel form of
-    embedding's backward."""
-    _refuse_nondeterministic("scatter-add")
-    acc = torch.float64 if ctx.dtype(values) == torch.float64 else torch.float32
+    """out[rows, cols] (float32, float64 for float64 values, int64 for integer ones;
+    zero-initialised) with values[m, :] added into row lin[m] by atomics: the
+    scatter-add kernel form of embedding's backward."""
+    vt = ctx.dtype(values)
+    if vt.is_floating_point:
+        _refuse_nondeterministic("scatter-add")
+        acc = torch.float64 if vt == torch.float64 else torch.float32
+    else:  # integer sums are exact in any order: int64 atomics, deterministic
+        acc = torch.int64
     vals = ctx.cast(values, acc)
     shape = (rows, cols)
     return Ref(ctx.g.add(ir.SCATTER_ADD, "index_put", (vals, lin), shape, acc,
@@ -181,8 +185,8 @@ def _index_put(ctx, node, x, indices, values, accumulate=False):
     like eager.  Without accumulate: a scatter-write (the last of duplicate positions
     wins, see `scatter_winner`)."""
     val = node.meta["val"]
-    if accumulate and val.dtype not in FLOAT_TYPES:
-        raise Unsupported("index_put accumulate into an integer tensor runs eagerly")
+    if accumulate and val.dtype == torch.bool:
+        raise Unsupported("index_put accumulate into a bool tensor runs eagerly")
     shape = static_shape(val)
     a = _Indexed(ctx, x, indices)
     # bring values to the order (pre, I, post) of the linearised view, then rows = I

@@ -84,8 +84,8 @@ def _arg(op):
     def rule(ctx, node, x, dim=None, keepdim=False):
         if not ctx.shape(x):
             return ctx.full((), 0, torch.int64)
-        if ctx.dtype(x) == torch.bool:
-            raise Unsupported(f"{op} of a bool tensor")
+        if ctx.dtype(x) == torch.bool:  # (max.dim of bools: cumprod's gradient) True > False as int32
+            x = ctx.cast(x, torch.int32)
         if dim is None:
             flat = ctx.reshape(x, (prod(ctx.shape(x)),))
             out = ctx.reduce(op, flat, (0,), False, torch.int64)

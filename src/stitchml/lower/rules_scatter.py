@@ -61,8 +61,8 @@ def _scatter_index(ctx: LowerCtx, shape, dim: int, index, src) -> tuple[Ref, Ref
 
 def _scatter_sum(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bool = True) -> Ref:
     val = node.meta["val"]
-    if val.dtype not in FLOAT_TYPES:
-        raise Unsupported("scatter-add into an integer tensor runs eagerly")
+    if val.dtype == torch.bool:
+        raise Unsupported("scatter-add into a bool tensor runs eagerly")
     if (same := _untouched(ctx, node, x, index)) is not None:
         return same
     shape = static_shape(val)

@@ -50,6 +50,9 @@ class Grouper:
                 grp = Group(self._next, {n.id}, Domain(src.shape, kept), (n.id,), True, {n.id})
             else:
                 grp = Group(self._next, {n.id}, Domain(src.shape, n.attr("dims")), (n.id,), True)
+        elif n.kind == ir.SCAN:
+            # the scanned dim runs along the program's column axis, like a reduced dim
+            grp = Group(self._next, {n.id}, Domain(n.shape, (n.attr("dim"),)), (n.id,), True)
         elif n.kind == ir.SCATTER_ADD:
             src = self.g[n.refs[0]]
             grp = Group(self._next, {n.id}, Domain(src.shape, (len(src.shape) - 1,)), (n.id,), True)

@@ -1,0 +1,149 @@
+"""Our decompositions of data-dependent index ops (issue 18) onto ops that stitch: the scan
+form (`cumsum`), gathers, and the scatter forms of `index_put`.
+
+- `masked_scatter(x, mask, source)` (multimodal models write image features into the
+  token embeddings this way): the k-th True element of the broadcast mask takes
+  source's k-th element; k is the mask's running count, an inclusive `cumsum` of the
+  flattened mask minus one, so the op is a scan, a gather and a `where`.  Its gradient
+  for `source` (`masked_scatter_backward`) writes each selected gradient element to its
+  k with the scatter-write (deterministic), unselected ones to a slot that is dropped.
+- `_embedding_bag` (sum and mean bags, with or without per-sample weights and a padding
+  index; recommendation models): each index's bag is the running count of bag starts at
+  or before it (`cumsum` of the starts scattered into a zero vector, minus one); the
+  rows are gathered and added into their bag with the scatter-add form.  The backward
+  gathers each index's bag gradient and adds it into the weight rows; the per-sample
+  weights' gradient is a row dot product.  The extra outputs (offset2bag, bag sizes)
+  are our own: only our backward reads them.  Max bags, `scale_grad_by_freq` and sparse
+  gradients stay eager with their reason.
+As with every index op, an index out of range (here: a source with fewer elements than
+the mask selects) is an error in eager; kernels clamp the address and `tl.device_assert`
+it, which only Triton's debug mode checks (README, known limits).
+"""
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+
+_SUM, _MEAN = 0, 1
+
+
+def _running_position(mask_flat: torch.Tensor) -> torch.Tensor:
+    """0-based rank of every True element among the True ones (garbage where False)."""
+    return torch.cumsum(mask_flat.to(torch.int64), 0) - 1
+
+
+def masked_scatter(x, mask, source):
+    if mask.dtype != torch.bool or source.numel() == 0:
+        return NotImplemented
+    shape = torch.broadcast_shapes(x.shape, mask.shape)
+    m = mask.expand(shape).reshape(-1)
+    pos = torch.where(m, _running_position(m), 0)
+    picked = source.reshape(-1)[pos]
+    return torch.where(m, picked, x.expand(shape).reshape(-1)).reshape(shape)
+
+
+def masked_scatter_backward(grad, mask, sizes):
+    if mask.dtype != torch.bool:
+        return NotImplemented
+    n = 1
+    for s in sizes:
+        n *= int(s)
+    m = mask.expand(grad.shape).reshape(-1)
+    dest = torch.where(m, _running_position(m), n)      # unselected → slot n, dropped below
+    out = grad.new_zeros(n + 1).index_put((dest,), grad.reshape(-1))
+    return out[:n].reshape(tuple(sizes))
+
+
+def _bags(indices, offsets, include_last_offset: bool):
+    n = indices.numel()
+    bags = offsets.numel() - 1 if include_last_offset else offsets.numel()
+    starts = torch.zeros(n + 1, dtype=torch.int64, device=indices.device)
+    starts = starts.index_put((offsets[:bags].to(torch.int64),), torch.ones((), dtype=torch.int64,
+                                                                           device=indices.device), accumulate=True)
+    return bags, torch.cumsum(starts, 0)[:n] - 1
+
+
+def _embedding_bag_supported(indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+                             include_last_offset) -> bool:
+    bags = offsets.numel() - (1 if include_last_offset else 0)
+    return (mode in (_SUM, _MEAN) and not scale_grad_by_freq and not sparse and indices.dim() == 1
+            and offsets.dim() == 1 and indices.numel() > 0 and bags > 0
+            and (per_sample_weights is None or mode == _SUM))
+
+
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    if not _embedding_bag_supported(indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+                                    include_last_offset):
+        return NotImplemented
+    bags, bag = _bags(indices, offsets, include_last_offset)
+    rows = weight[indices]
+    keep = (indices != padding_idx) if padding_idx is not None and padding_idx >= 0 else None
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.to(rows.dtype).unsqueeze(1)
+    if keep is not None:
+        rows = torch.where(keep.unsqueeze(1), rows, 0)
+    counted = keep.to(torch.int64) if keep is not None else torch.ones_like(indices, dtype=torch.int64)
+    size = torch.zeros(bags, dtype=torch.int64, device=indices.device).index_put((bag,), counted, accumulate=True)
+    out = weight.new_zeros(bags, weight.shape[1]).index_put((bag,), rows, accumulate=True)
+    if mode == _MEAN:
+        out = out / size.clamp(min=1).to(out.dtype).unsqueeze(1)
+    size = size.to(indices.dtype)
+    return out, bag.to(indices.dtype), size, size.clone()
+
+
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                           scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    if sparse:
+        return NotImplemented
+    return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                        scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                 scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+    if mode not in (_SUM, _MEAN) or scale_grad_by_freq or indices.dim() != 1:
+        return NotImplemented
+    bag = offset2bag.to(torch.int64)
+    g = grad[bag]
+    if mode == _MEAN:
+        g = g / bag_size.to(torch.int64)[bag].clamp(min=1).to(g.dtype).unsqueeze(1)
+    if per_sample_weights is not None:
+        g = g * per_sample_weights.to(g.dtype).unsqueeze(1)
+    if padding_idx is not None and padding_idx >= 0:
+        g = torch.where((indices != padding_idx).unsqueeze(1), g, 0)
+    return grad.new_zeros(num_weights, grad.shape[1]).index_put((indices,), g, accumulate=True)
+
+
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    if mode != _SUM or indices.dim() != 1:
+        return NotImplemented
+    dot = (grad[offset2bag.to(torch.int64)] * weight[indices]).sum(1)
+    if padding_idx is not None and padding_idx >= 0:
+        dot = torch.where(indices != padding_idx, dot, 0)
+    return dot
+
+
+# The reason an op still runs eagerly when its decomposition declined the case
+# (`fallback.no_rule_reason` reports it instead of "no lowering rule").
+DECLINED: dict[object, str] = {
+    op: "embedding_bag: max bags, scale_grad_by_freq, sparse gradients and 2-d offsets have no stitched form"
+    for op in (aten._embedding_bag.default, aten._embedding_bag_forward_only.default,
+               aten._embedding_bag_backward.default, aten._embedding_bag_dense_backward.default,
+               aten._embedding_bag_per_sample_weights_backward.default)
+}
+DECLINED[aten.masked_scatter.default] = "masked_scatter: a non-bool mask or an empty source has no stitched form"
+DECLINED[aten.masked_scatter_backward.default] = DECLINED[aten.masked_scatter.default]
+
+
+def table() -> dict:
+    return {
+        aten.masked_scatter.default: masked_scatter,
+        aten.masked_scatter_backward.default: masked_scatter_backward,
+        aten._embedding_bag.default: embedding_bag,
+        aten._embedding_bag_forward_only.default: embedding_bag,
+        aten._embedding_bag_backward.default: embedding_bag_backward,
+        aten._embedding_bag_dense_backward.default: embedding_bag_dense_backward,
+        aten._embedding_bag_per_sample_weights_backward.default: embedding_bag_per_sample_weights_backward,
+    }
