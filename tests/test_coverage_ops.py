@@ -112,6 +112,8 @@ CASES = {
     "cdist_inf": (lambda x, y: torch.cdist(x, y, p=float("inf")), lambda d: [_nc(5, 4, dtype=d), _leaf(7, 4, dtype=d)]),
     "cdist_mm": (lambda x, y: torch.cdist(x, y), lambda d: [_nc(27, 4, dtype=d), _leaf(6, 4, dtype=d)]),
     "pdist_p3": (lambda x: torch.pdist(x, 3) * 2, lambda d: [_nc(7, 3, dtype=d)]),
+    "cdist_broadcast_batch": (lambda x, y: torch.cdist(x, y, p=1.0), lambda d: [_nc(2, 1, 5, 4, dtype=d),
+                                                                              _leaf(3, 6, 4, dtype=d)]),
     # grid_sample (torch's forward, our backward: capture/decomp_sample.py); grid points
     # reach outside [-1, 1] so every padding mode's clip and reflection are exercised
     "grid_sample_bilinear_zeros": (lambda x, g: F.grid_sample(x, g * 1.3, align_corners=False),
@@ -145,6 +147,7 @@ _IDX = {"a": torch.tensor([[0, -1], [2, 1], [3, 0]]), "b": torch.tensor([1, -5])
 
 # eager's CPU kernel has no bfloat16 avg_pool3d: nothing to compare against
 NO_BF16_EAGER = {"avg_pool3d", "avg_pool3d_ceil_nopad", "cdist_p2", "cdist_p1_5", "cdist_inf", "cdist_mm", "pdist_p3",
+                 "cdist_broadcast_batch",
                  # eager's bfloat16 grid_sample rounds the pixel coordinates to bfloat16 (a
                  # whole pixel off near the border): judged against float64 below instead
                  "grid_sample_bilinear_zeros", "grid_sample_bilinear_reflection_aligned",
@@ -292,6 +295,15 @@ def test_grid_sample_bf16_is_as_close_to_float64_as_eager(padding):
                                                  _grid(2, 4, 6, dtype=torch.bfloat16)])
     judgement.assert_ok(padding)
     assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+
+
+def test_distances_without_pairs_or_features_are_stitched_zeros():
+    def f(x, y, one):
+        return torch.cdist(x[:, :0], y[:, :0]) + 1, torch.pdist(one * 2), torch.cdist(x, y, p=0.0)
+    args = [_leaf(4, 3), _leaf(5, 3), _leaf(1, 3)]
+    cmp = compare_with_eager(f, args)
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+    assert cmp.outputs[1].shape == (0,)
 
 
 def test_bicubic_grid_sample_backward_runs_eagerly_with_its_reason():

@@ -1,4 +1,4 @@
-"""Issue 18: cumsum / cumprod / logcumsumexp as a scan kernel form (lower/rules_scan.py,
+"""Issue 18: cumsum / cumprod / logcumsumexp / cummax / cummin as a scan kernel form (lower/rules_scan.py,
 codegen/emit_scan.py), stitched with their neighbours.
 
 Every case runs against eager on fresh random inputs (odd sizes, a non-contiguous
@@ -167,13 +167,83 @@ def test_scan_under_changing_sizes_stitches_every_size():
     assert any(r.dynamic is not None for r in backend.records)
 
 
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+@pytest.mark.parametrize("op", [torch.cummax, torch.cummin], ids=["cummax", "cummin"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cummax_cummin_match_eager_exactly(op, form, dtype):
+    """Values and indices, bit for bit (a selection: nothing is rounded), with ties
+    (few distinct values: the later index wins) and NaN (it wins and stays, the later
+    NaN's index from there on); the gradient (a scatter-add at the indices) is one
+    kernel; values and indices come from one tuple scan."""
+    shape, knobs = FORMS[form]
+    x = torch.randint(-3, 4, shape).to(dtype)
+    x[0, 2] = x[-1, shape[1] // 2] = float("nan")
+    x[-1, -2] = float("nan")
+    x = x.t().contiguous().t().requires_grad_()     # (non-contiguous: a transposed buffer)
+
+    def f(t):
+        v, i = op(t * 2, 1)
+        return v, i
+    with config.override(strict=True, **knobs):
+        cmp = compare_with_eager(f, [x], rtol=0, atol=0)
+    assert [len(r.plan.kernels) for r in cmp.backend.records][0] == 1
+    src = _sources(cmp)
+    assert src.count("tl.associative_scan(") == 1, src
+
+
+@pytest.mark.parametrize("form", ["persistent", "looped"])
+def test_integer_and_bool_cummax(form):
+    shape, knobs = FORMS[form]
+
+    def f(i, x):
+        return (*torch.cummax(i, 1), *torch.cummin(x > 0, 1))
+    with config.override(strict=True, **knobs):
+        cmp = compare_with_eager(f, [torch.randint(-4, 4, shape), torch.randn(shape)], backward=False, rtol=0, atol=0)
+    assert [o.dtype for o in cmp.outputs] == [torch.int64, torch.int64, torch.bool, torch.int64]
+    assert cmp.num_kernels == 1
+
+
+
+@pytest.mark.parametrize("case", ["1d", "leading_dim", "int", "prod", "masked_scatter"])
+def test_few_long_rows_are_scanned_in_two_levels(case):
+    """A scan with fewer rows than SPLIT_MAX_ROWS and rows longer than SPLIT_MIN_COLS
+    (a flattened mask: masked_scatter) is split into chunks scanned in parallel, the
+    chunk totals scanned, and each chunk combined with the totals before it — not
+    walked by one program.  Odd lengths (a padded last chunk), forward and backward."""
+    from stitchml.lower import rules_scan
+    n = rules_scan.SPLIT_MIN_COLS + 1807
+    backward = True
+    if case == "1d":
+        f, args = (lambda x: torch.cumsum(x * 2, 0)), [torch.randn(n, dtype=torch.float64)]
+    elif case == "leading_dim":
+        f, args = (lambda x: torch.cumsum(x, 0) + 1), [torch.randn(n, 3)]
+    elif case == "int":
+        f, args, backward = (lambda i: torch.cumsum(i, 0)), [torch.randint(-9, 9, (n,))], False
+    elif case == "prod":
+        f, args = (lambda x: torch.cumprod(x, 0)), [1 + 1e-4 * torch.randn(n, dtype=torch.float64)]
+        args[0][100] = 0.0                      # (a zero: the offsets are shifted, never divided)
+    else:
+        m = torch.rand(n) < 0.4
+        f, args, backward = (lambda x, s, m: x.masked_scatter(m, s)), [torch.randn(n), torch.randn(n), m], False
+    if backward:
+        args = [a.requires_grad_() for a in args]
+    with config.override(strict=True):
+        cmp = compare_with_eager(f, args, backward=backward, rtol=1e-6 if case != "leading_dim" else 1e-4,
+                                 atol=1e-6 if case != "leading_dim" else 1e-4)
+    fwd = cmp.backend.records[0].plan
+    assert any(k.domain.cols == rules_scan.SPLIT_CHUNK for k in fwd.kernels), [k.domain for k in fwd.kernels]
+    assert len(fwd.kernels) <= 4
+
+
 AOT_SCRIPT = '''
 import json, torch
 from stitchml import config
 from stitchml.tools.aot_check import check
 
 def scans(x):
-    return torch.cumsum(x, 1), torch.cumprod(x, 1), torch.logcumsumexp(x, 1), torch.cumsum(x.flip(1), 1).flip(1)
+    return (torch.cumsum(x, 1), torch.cumprod(x, 1), torch.logcumsumexp(x, 1), torch.cumsum(x.flip(1), 1).flip(1),
+            *torch.cummax(x, 1), *torch.cummin(x * 2, 0))
 
 def index_ops(x, m, s, i, v):
     return x.masked_scatter(m, s), v.index_put((i,), v * 3, accumulate=True)
@@ -206,7 +276,8 @@ print(json.dumps({k: [r.__dict__ for r in v] for k, v in out.items()}))
 
 
 def test_scan_and_index_kernels_compile_for_sm90():
-    """The scan forms (persistent, reversed, looped with a carry, the logaddexp combine),
+    """The scan forms (persistent, reversed, looped with a carry, the logaddexp combine,
+    cummax/cummin's tuple scan and tuple carry),
     the int64 atomics of integer accumulates and the kernels of masked_scatter,
     embedding_bag, cdist/pdist and grid_sample, forward and backward, compile for an
     H100 ahead of time."""

@@ -13,7 +13,8 @@ and backward, onto broadcasts, reductions and index ops that stitch.
   pair position `i*N - i*(i+1)/2 + j - i - 1` with the scatter-write (other entries to
   a dropped slot); the backward spreads each pair's gradient to both rows as a
   symmetric (N, N) matrix and reuses the cdist backward.
-Batched operands whose batch dims differ (broadcast batches) stay eager with their reason.
+Batch dims broadcast as in eager (the backward sums the gradient back to each operand's
+own batch shape); no features or fewer than two rows give zero distances / no pairs.
 """
 from __future__ import annotations
 
@@ -36,8 +37,14 @@ def _uses_mm(x1, x2, p, compute_mode) -> bool:
     return compute_mode in (None, 0) and (x1.shape[-2] > _MM_ROWS or x2.shape[-2] > _MM_ROWS)
 
 
-def _same_batch(x1, x2) -> bool:
-    return x1.dim() >= 2 and x1.dim() == x2.dim() and x1.shape[:-2] == x2.shape[:-2] and x1.shape[-1] == x2.shape[-1]
+def _supported(x1, x2, p) -> bool:
+    return x1.dim() >= 2 and x2.dim() >= 2 and x1.shape[-1] == x2.shape[-1] and p >= 0
+
+
+def _broadcast(x1, x2):
+    """Both operands expanded to their common batch dims (eager broadcasts them)."""
+    batch = tuple(torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]))
+    return x1.expand(batch + tuple(x1.shape[-2:])), x2.expand(batch + tuple(x2.shape[-2:]))
 
 
 def _direct(x1, x2, p: float):
@@ -54,11 +61,14 @@ def _direct(x1, x2, p: float):
 
 
 def cdist_forward(x1, x2, p, compute_mode=None):
-    if not _same_batch(x1, x2) or x1.shape[-1] == 0 or p < 0:
+    if not _supported(x1, x2, p):
         return NotImplemented
+    e1, e2 = _broadcast(x1, x2)
+    if x1.shape[-1] == 0:   # no features: every distance is 0
+        return e1.new_zeros(e1.shape[:-1] + (e2.shape[-2],))
     if _uses_mm(x1, x2, p, compute_mode):
-        return aten._euclidean_dist(x1, x2)
-    return _direct(x1, x2, float(p))
+        return aten._euclidean_dist(e1, e2)
+    return _direct(e1, e2, float(p))
 
 
 def _pair_grad(grad, x1, x2, p: float, dist):
@@ -83,16 +93,21 @@ def _pair_grad(grad, x1, x2, p: float, dist):
 
 
 def cdist_backward(grad, x1, x2, p, dist):
-    if not _same_batch(x1, x2) or x1.shape[-1] == 0 or p < 0:
+    if not _supported(x1, x2, p):
         return NotImplemented
-    return _pair_grad(grad, x1, x2, float(p), dist)
+    if x1.shape[-1] == 0 or x1.numel() == 0:
+        return torch.zeros_like(x1)
+    e1, e2 = _broadcast(x1, x2)
+    # the gradient of the expanded x1, summed over the batch dims x1 was broadcast along
+    return _pair_grad(grad, e1, e2, float(p), dist).sum_to_size(x1.shape)
 
 
 def euclidean_dist(x1, x2):
     """eager's matrix-product form: |a|^2 - 2 a.b + |b|^2 (one matrix product), clamped
     at 1e-30 before the square root as eager does."""
-    if not _same_batch(x1, x2):
+    if not _supported(x1, x2, 2):
         return NotImplemented
+    x1, x2 = _broadcast(x1, x2)
     n1 = x1.square().sum(-1, keepdim=True)
     n2 = x2.square().sum(-1, keepdim=True)
     prod = torch.matmul(x1, x2.transpose(-1, -2))
@@ -108,10 +123,12 @@ def _pair_positions(n: int, device):
 
 
 def pdist_forward(x, p=2):
-    if x.dim() != 2 or x.shape[0] < 2 or x.shape[1] == 0 or p < 0:
+    if x.dim() != 2 or p < 0:
         return NotImplemented
     n = x.shape[0]
     k = n * (n - 1) // 2
+    if k == 0 or x.shape[1] == 0:   # fewer than two rows: no pair; no features: distances 0
+        return x.new_zeros(k)
     full = _direct(x, x, float(p))
     i, j, pos = _pair_positions(n, x.device)
     dest = torch.where(j > i, pos, k).reshape(-1)          # lower triangle and diagonal → dropped slot
@@ -119,8 +136,10 @@ def pdist_forward(x, p=2):
 
 
 def pdist_backward(grad, x, p, pdist):
-    if x.dim() != 2 or x.shape[0] < 2 or x.shape[1] == 0 or p < 0:
+    if x.dim() != 2 or p < 0:
         return NotImplemented
+    if x.shape[0] < 2 or x.shape[1] == 0:
+        return torch.zeros_like(x)
     n = x.shape[0]
     i, j, pos = _pair_positions(n, x.device)
     off = i != j
@@ -131,7 +150,7 @@ def pdist_backward(grad, x, p, pdist):
 
 
 DECLINED: dict[object, str] = {
-    op: "cdist/pdist: broadcast batch dims, an empty feature dim or p < 0 have no stitched form"
+    op: "cdist/pdist: a negative p, or operands of fewer than 2 dims (eager rejects both), have no stitched form"
     for op in (aten._cdist_forward.default, aten._cdist_backward.default, aten._euclidean_dist.default,
                aten._pdist_forward.default, aten._pdist_backward.default)
 }

@@ -20,10 +20,12 @@ reversed prefix absorbs).
 """
 from __future__ import annotations
 
+import torch
+
 from ..ir import index as ix
 from ..ir import nodes as ir
-from .emit_core import COL, KernelBuilder, Val
-from .triton_ops import TL_DTYPE, compute_dtype, literal
+from .emit_core import COL, ROW, KernelBuilder, Val
+from .triton_ops import TL_DTYPE, compute_dtype, literal, reduce_identity
 
 # the combine of two partial results, as a @triton.jit function of triton_ops' prelude
 _COMBINE = {"sum": "_add", "prod": "_mul", "logsumexp": "_logaddexp"}
@@ -63,10 +65,12 @@ def scan(b: KernelBuilder, n: ir.Node, index) -> Val:
         v = b.value(n.refs[0], index)
     finally:
         b.cond = outer
-    cd = compute_dtype(n.dtype)
-    ident = _identity(n.op, cd)
     scope = b.scopes[-1]
     assert scope.has_col, "scan pulled outside a column scope (emitter bug)"
+    if n.op in ("max", "min"):
+        return _extreme(b, n, v, reverse, scope)
+    cd = compute_dtype(n.dtype)
+    ident = _identity(n.op, cd)
     # the scan varies along the columns, and along the rows only where its operand does
     # (one row under a dynamic-shape row block: the store's pointer has no row axis)
     axes = set(v.axes) | {COL}
@@ -78,9 +82,7 @@ def scan(b: KernelBuilder, n: ir.Node, index) -> Val:
     # forward; carry the combination of the blocks before this one (initialised before
     # the loop: `close_loop` places the loop after every line of the top scope)
     want = "reverse" if reverse else "forward"
-    if scope.direction not in (None, want):
-        raise ix.IndexMismatch("scans read in opposite directions in one column loop")
-    scope.direction = want
+    _walk(scope, want)
     blk = b.emit(scope, _scan_expr(n.op, lanes.name, False), axes, cd)
     comb = _COMBINE[n.op]
     carry = b.new("carry")
@@ -89,6 +91,39 @@ def scan(b: KernelBuilder, n: ir.Node, index) -> Val:
     total = f"tl.sum({lanes.name}, 1)" if n.op == "sum" else f"tl.reduce({lanes.name}, 1, {comb})"
     scope.lines.append(f"{carry} = {comb}({carry}, {total}[:, None])")
     return out
+
+
+def _walk(scope, want: str) -> None:
+    """Claim the column loop's direction for a scan (one loop walks one way)."""
+    if scope.direction not in (None, want):
+        raise ix.IndexMismatch("scans read in opposite directions in one column loop")
+    scope.direction = want
+
+
+def _extreme(b: KernelBuilder, n: ir.Node, v: Val, reverse: bool, scope) -> Val:
+    """cummax / cummin: a scan of (value, column) pairs whose combine keeps the later
+    pair when it is NaN or at least as large (small): eager's tie and NaN rules.  The
+    value and the index node emit the same scan text, so the kernel scans once."""
+    if reverse:
+        raise ix.IndexMismatch("cummax / cummin read backwards")
+    cd = compute_dtype(v.dtype)
+    comb = "_cummax" if n.op == "max" else "_cummin"
+    ident = reduce_identity("amax" if n.op == "max" else "amin", cd)
+    out_dtype = torch.int64 if n.attr("output") == 1 else cd
+    axes = set(v.axes) | {COL}
+    zero = "zr + zc" if ROW in axes else "zc"
+    lanes = b.emit(scope, f"tl.where({b.mask(axes)}, {v.name}, {ident})", axes, cd)
+    pos = b.emit(scope, f"({ix.render(b.col_flat)} + {zero}).to(tl.int64)", axes, torch.int64)
+    pair = b.emit(scope, f"tl.associative_scan(({lanes.name}, {pos.name}), 1, {comb})", axes, cd)
+    if b.looped:
+        _walk(scope, "forward")
+        cv, ci = b.new("carry"), b.new("carry")
+        b.top.lines += [f"{cv} = tl.full([{b.m.block_r}, 1], {ident}, {TL_DTYPE[cd]})",
+                        f"{ci} = tl.full([{b.m.block_r}, 1], 0, tl.int64)"]
+        pair = b.emit(scope, f"{comb}({cv}, {ci}, {pair.name}[0], {pair.name}[1])", axes, cd)
+        best = b.emit(scope, f"tl.reduce(({lanes.name}, {pos.name}), 1, {comb})", {ROW}, cd)
+        scope.lines.append(f"{cv}, {ci} = {comb}({cv}, {ci}, {best.name}[0][:, None], {best.name}[1][:, None])")
+    return b.emit(scope, f"{pair.name}[{n.attr('output')}]", axes, out_dtype)
 
 
 __all__ = ["scan"]

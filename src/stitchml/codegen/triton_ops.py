@@ -68,6 +68,20 @@ def _mul(a, b):
 
 
 @triton.jit
+def _cummax(v1, i1, v2, i2):
+    # cummax's combine of (value, index) pairs, the second one later: it wins when its
+    # value is NaN, or when it is >= a non-NaN first (ties: the later index, as eager)
+    take = (v2 != v2) | ((v1 == v1) & (v2 >= v1))
+    return tl.where(take, v2, v1), tl.where(take, i2, i1)
+
+
+@triton.jit
+def _cummin(v1, i1, v2, i2):
+    take = (v2 != v2) | ((v1 == v1) & (v2 <= v1))
+    return tl.where(take, v2, v1), tl.where(take, i2, i1)
+
+
+@triton.jit
 def _logaddexp(a, b):
     # log(e^a + e^b) = max + log1p(e^(min - max)): the combine of logcumsumexp.  -inf
     # with -inf stays -inf and +inf wins (min - max would be NaN there); NaN propagates
