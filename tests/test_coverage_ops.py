@@ -112,6 +112,10 @@ CASES = {
     "cdist_inf": (lambda x, y: torch.cdist(x, y, p=float("inf")), lambda d: [_nc(5, 4, dtype=d), _leaf(7, 4, dtype=d)]),
     "cdist_mm": (lambda x, y: torch.cdist(x, y), lambda d: [_nc(27, 4, dtype=d), _leaf(6, 4, dtype=d)]),
     "pdist_p3": (lambda x: torch.pdist(x, 3) * 2, lambda d: [_nc(7, 3, dtype=d)]),
+    # adaptive max pooling (torch's forward for global and evenly tiled windows, our backward)
+    "adaptive_max_pool2d": (lambda x: F.adaptive_max_pool2d(x * 2, (3, 4)), lambda d: [_nc(2, 3, 6, 8, dtype=d)]),
+    "adaptive_max_pool2d_global": (lambda x: F.adaptive_max_pool2d(x, 1) + 1, lambda d: [_nc(2, 3, 5, 7, dtype=d)]),
+    "adaptive_max_pool3d": (lambda x: F.adaptive_max_pool3d(x, (2, 3, 2)), lambda d: [_nc(2, 3, 4, 6, 4, dtype=d)]),
     "cdist_broadcast_batch": (lambda x, y: torch.cdist(x, y, p=1.0), lambda d: [_nc(2, 1, 5, 4, dtype=d),
                                                                               _leaf(3, 6, 4, dtype=d)]),
     # grid_sample (torch's forward, our backward: capture/decomp_sample.py); grid points
@@ -304,6 +308,13 @@ def test_distances_without_pairs_or_features_are_stitched_zeros():
     cmp = compare_with_eager(f, args)
     assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
     assert cmp.outputs[1].shape == (0,)
+
+
+def test_uneven_adaptive_max_pool_runs_eagerly_with_its_reason():
+    cmp = compare_with_eager(lambda x: F.adaptive_max_pool2d(x * 2, (4, 5)), [_nc(2, 3, 6, 8)])
+    reasons = {(f.op, f.reason) for r in cmp.backend.records for f in r.graph.fallbacks}
+    assert reasons == {("aten.adaptive_max_pool2d.default",
+                        "adaptive pooling whose windows do not tile the input evenly has no stitched form")}, reasons
 
 
 def test_bicubic_grid_sample_backward_runs_eagerly_with_its_reason():

@@ -34,6 +34,8 @@ LIBRARY_OPS: dict[object, str] = {
     # failing check is never dropped; a kernel could not raise
     aten._assert_async.msg: "library op: a runtime check (raises when its condition is false)",
     aten._assert_async.default: "library op: a runtime check (raises when its condition is false)",
+    # nn.functional.bilinear's contraction of three operands: matrix products in eager
+    aten._trilinear.default: "compute-intensive: a bilinear contraction (matrix products)",
     # a random permutation is a sort of random keys (and eager's generator draws it)
     aten.randperm.default: "library op: a random permutation (a sort of random keys)",
     # size queries of dynamic shapes: answered on the host from the tensor's metadata
@@ -94,8 +96,8 @@ def no_rule_reason(target: object) -> str:
     lib = library_reason(target)
     if lib is not None:
         return lib
-    from .capture import decomp_distance, decomp_index, decomp_sample  # a declined case says why
-    reason = next((m.DECLINED[target] for m in (decomp_index, decomp_distance, decomp_sample)
+    from .capture import decomp_distance, decomp_index, decomp_sample, decomp_window  # a declined case says why
+    reason = next((m.DECLINED[target] for m in (decomp_index, decomp_distance, decomp_sample, decomp_window)
                    if target in m.DECLINED), NO_RULE)
     if strict():
         raise StrictFallbackError(f"stitchml strict: op {target} would run eagerly: {reason}")

@@ -56,8 +56,9 @@ FROM_TORCH = [
     # these land on prims, lowered in lower/rules_special.py
     aten.copysign, aten.round.decimals, aten.frexp, aten.i0, aten.special_i0e, aten.special_i1, aten.special_i1e,
     aten.special_erfcx, aten.special_log_ndtr, aten.special_spherical_bessel_j0,
-    # (not torch's adaptive_max_pool2d: it lands on ops without a rule, several eager ops in
-    # place of one)
+    # adaptive max pooling: torch's decomposition covers global and evenly tiled windows
+    # (max_pool_with_indices, amax/argmax); its backward is ours (capture/decomp_window.py)
+    aten.adaptive_max_pool2d, aten.adaptive_max_pool3d,
 ]
 
 _HALF = (torch.float16, torch.bfloat16)

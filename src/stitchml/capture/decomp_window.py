@@ -365,6 +365,28 @@ def slice_scatter(x, src, dim: int = 0, start=None, end=None, step: int = 1):
     return torch.where(hit != 0, placed, x)
 
 
+def _adaptive_max_pool_backward(spatial: int):
+    """Adaptive max pooling's backward: each output gradient added at its window's
+    maximum, `indices` being flat positions in the input's spatial plane (H*W, or D*H*W
+    in 3-d): a scatter-add into the flattened plane (windows may overlap)."""
+    def backward(grad, x, indices):
+        flat_in = tuple(x.shape[:-spatial]) + (math.prod(x.shape[-spatial:]),)
+        flat_out = tuple(grad.shape[:-spatial]) + (math.prod(grad.shape[-spatial:]),)
+        acc = torch.zeros(flat_in, dtype=grad.dtype, device=grad.device)
+        return acc.scatter_add(-1, indices.reshape(flat_out), grad.reshape(flat_out)).reshape(x.shape)
+    return backward
+
+
+# The reason an op still runs eagerly when a decomposition here (or torch's, for adaptive
+# max pooling) declined the case (`fallback.no_rule_reason` reports it).
+DECLINED: dict[object, str] = {
+    op: "adaptive pooling whose windows do not tile the input evenly has no stitched form"
+    for op in (aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default,
+               aten._adaptive_avg_pool2d_backward.default, aten._adaptive_avg_pool3d.default,
+               aten._adaptive_avg_pool3d_backward.default)
+}
+
+
 def table() -> dict:
     out = {
         aten.slice_backward.default: slice_backward,
@@ -385,5 +407,7 @@ def table() -> dict:
         aten._weight_norm_interface_backward.default: weight_norm_backward,
         aten.upsample_nearest2d_backward.default: upsample_nearest2d_backward,
         aten.replication_pad2d_backward.default: replication_pad2d_backward,
+        aten.adaptive_max_pool2d_backward.default: _adaptive_max_pool_backward(2),
+        aten.adaptive_max_pool3d_backward.default: _adaptive_max_pool_backward(3),
     }
     return out
