@@ -96,9 +96,8 @@ def no_rule_reason(target: object) -> str:
     lib = library_reason(target)
     if lib is not None:
         return lib
-    from .capture import decomp_distance, decomp_index, decomp_sample, decomp_window  # a declined case says why
-    reason = next((m.DECLINED[target] for m in (decomp_index, decomp_distance, decomp_sample, decomp_window)
-                   if target in m.DECLINED), NO_RULE)
+    from .capture.decomp import declined_reason  # a decomposition that declined the case says why
+    reason = declined_reason(target) or NO_RULE
     if strict():
         raise StrictFallbackError(f"stitchml strict: op {target} would run eagerly: {reason}")
     return reason

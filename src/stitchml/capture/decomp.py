@@ -208,6 +208,15 @@ def decomposition_table() -> dict:
     return table
 
 
+def declined_reason(target: object) -> str | None:
+    """Why one of our decompositions declined `target`'s case (the op then runs eagerly),
+    or None: each module's `DECLINED` table."""
+    for module in (decomp_index, decomp_distance, decomp_sample, decomp_window):
+        if target in module.DECLINED:
+            return module.DECLINED[target]
+    return None
+
+
 def _stats_in_eager_dtype(decomp):
     """torch's batch-norm decompositions return the saved mean and inverse std in the
     computation dtype (float32 for half inputs); eager on the CPU returns them in the

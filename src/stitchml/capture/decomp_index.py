@@ -21,6 +21,8 @@ it, which only Triton's debug mode checks (README, known limits).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 aten = torch.ops.aten
@@ -46,9 +48,7 @@ def masked_scatter(x, mask, source):
 def masked_scatter_backward(grad, mask, sizes):
     if mask.dtype != torch.bool:
         return NotImplemented
-    n = 1
-    for s in sizes:
-        n *= int(s)
+    n = math.prod(int(s) for s in sizes)
     m = mask.expand(grad.shape).reshape(-1)
     dest = torch.where(m, _running_position(m), n)      # unselected → slot n, dropped below
     out = grad.new_zeros(n + 1).index_put((dest,), grad.reshape(-1))
@@ -62,6 +62,11 @@ def _bags(indices, offsets, include_last_offset: bool):
     starts = starts.index_put((offsets[:bags].to(torch.int64),), torch.ones((), dtype=torch.int64,
                                                                            device=indices.device), accumulate=True)
     return bags, torch.cumsum(starts, 0)[:n] - 1
+
+
+def _kept(indices, padding_idx):
+    """Positions whose index is not the padding index (None: no padding index)."""
+    return indices != padding_idx if padding_idx is not None and padding_idx >= 0 else None
 
 
 def _embedding_bag_supported(indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
@@ -79,7 +84,7 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
         return NotImplemented
     bags, bag = _bags(indices, offsets, include_last_offset)
     rows = weight[indices]
-    keep = (indices != padding_idx) if padding_idx is not None and padding_idx >= 0 else None
+    keep = _kept(indices, padding_idx)
     if per_sample_weights is not None:
         rows = rows * per_sample_weights.to(rows.dtype).unsqueeze(1)
     if keep is not None:
@@ -111,8 +116,8 @@ def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_in
         g = g / bag_size.to(torch.int64)[bag].clamp(min=1).to(g.dtype).unsqueeze(1)
     if per_sample_weights is not None:
         g = g * per_sample_weights.to(g.dtype).unsqueeze(1)
-    if padding_idx is not None and padding_idx >= 0:
-        g = torch.where((indices != padding_idx).unsqueeze(1), g, 0)
+    if (keep := _kept(indices, padding_idx)) is not None:
+        g = torch.where(keep.unsqueeze(1), g, 0)
     return grad.new_zeros(num_weights, grad.shape[1]).index_put((indices,), g, accumulate=True)
 
 
@@ -120,8 +125,8 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
     if mode != _SUM or indices.dim() != 1:
         return NotImplemented
     dot = (grad[offset2bag.to(torch.int64)] * weight[indices]).sum(1)
-    if padding_idx is not None and padding_idx >= 0:
-        dot = torch.where(indices != padding_idx, dot, 0)
+    if (keep := _kept(indices, padding_idx)) is not None:
+        dot = torch.where(keep, dot, 0)
     return dot
 
 

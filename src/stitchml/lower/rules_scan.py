@@ -58,6 +58,10 @@ _TWO_LEVEL = {"sum": ("add", 0), "prod": ("mul", 1)}
 def _two_level(ctx: LowerCtx, x: Ref, shape, d: int, op: str, dtype) -> Ref:
     from .rules_views import _concat
     combine, ident = _TWO_LEVEL[op]
+    # the chunk scans and their totals are written out: keep them in the compute type
+    # (float32 for half types) so the result is rounded once, as a one-level scan's is
+    out_dtype, dtype = dtype, ir.compute_dtype(dtype)
+    x = ctx.cast(x, dtype)
     nd = len(shape)
     n = shape[d]
     order = tuple(i for i in range(nd) if i != d) + (d,)
@@ -93,7 +97,7 @@ def _two_level(ctx: LowerCtx, x: Ref, shape, d: int, op: str, dtype) -> Ref:
     if d != nd - 1:
         inverse = tuple(order.index(i) for i in range(nd))
         out = ctx.view("permute", out, shape, (("dims", inverse),))
-    return ctx.pointwise("identity", (out,), shape, dtype)
+    return ctx.cast(out, out_dtype) if out_dtype != dtype else ctx.pointwise("identity", (out,), shape, dtype)
 
 
 @register(aten.cumsum.default)
