@@ -367,9 +367,11 @@ def test_as_strided_scatter_and_copy_of_a_contiguous_run():
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32], ids=["i64", "i32", "fp32"])
-def test_floor_divide_and_remainder_round_like_python(dtype):
+def test_integer_divisions_and_remainder_round_like_eager(dtype):
     def f(a, b):
-        return torch.floor_divide(a, b), torch.remainder(a, b), torch.remainder(a, 3), a // -4
+        return (torch.floor_divide(a, b), torch.remainder(a, b), torch.remainder(a, 3), a // -4,
+                torch.div(a, b, rounding_mode="trunc"), torch.div(a, -3, rounding_mode="trunc"),
+                torch.div(a, b, rounding_mode="floor"), torch.ops.prims.div(a, b))
     a = torch.randint(-50, 50, (5, 7)).to(dtype)
     b = torch.randint(1, 9, (5, 7)).to(dtype) * (1 - 2 * (torch.rand(5, 7) < 0.5)).to(dtype)
     if dtype == torch.float32:

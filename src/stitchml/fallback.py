@@ -25,6 +25,10 @@ LIBRARY_OPS: dict[object, str] = {
     aten.sort.default: "library op: sorting networks are not a stitched kernel form",
     aten.sort.stable: "library op: sorting networks are not a stitched kernel form",
     aten.topk.default: "library op: selection (top-k) is not a stitched kernel form",
+    # medians, modes and k-th values select by order, like top-k
+    **{op: "library op: selection (median, mode, k-th value) is not a stitched kernel form"
+       for op in (aten.median.default, aten.median.dim, aten.nanmedian.default, aten.nanmedian.dim,
+                  aten.mode.default, aten.kthvalue.default)},
     aten._local_scalar_dense.default: "library op: reads a value back to the host",
     aten.nonzero.default: "library op: data-dependent output shape",
     aten.masked_select.default: "library op: data-dependent output shape",

@@ -40,7 +40,11 @@ def _floor_divide(ctx, node, a, b):
         return rule(ctx, node, a, b)
     if val.dtype == torch.bool:
         raise Unsupported("floor_divide of bools")
-    shape, dtype = static_shape(val), val.dtype
+    return floor_divide_ints(ctx, a, b, static_shape(val), val.dtype)
+
+
+def floor_divide_ints(ctx: LowerCtx, a, b, shape, dtype):
+    """Python's floor quotient of integers (also div with rounding_mode='floor')."""
     a, b = _operands(ctx, a, b, shape, dtype)
     q = ctx.pointwise("tdiv", (a, b), shape, dtype)
     r = ctx.pointwise("fmod", (a, b), shape, dtype)

@@ -81,8 +81,10 @@ def _rsub(ctx, node, a, b, *, alpha=1):
 @register(aten.div.Tensor, aten.div.Scalar, prims.div.default)
 def _div(ctx, node, a, b):
     shape, dtype = _out(node)
-    if dtype not in FLOAT_TYPES:
-        raise Unsupported("integer division (prims.div truncation) runs eagerly")
+    if dtype not in FLOAT_TYPES:   # prims.div of integers truncates (C's quotient: `//` in Triton)
+        if dtype == torch.bool:
+            raise Unsupported("division of bools")
+        return ctx.pointwise("tdiv", _operands(ctx, (a, b), shape, dtype), shape, dtype)
     return ctx.pointwise("truediv", _operands(ctx, (a, b), shape, dtype), shape, dtype)
 
 
@@ -92,7 +94,14 @@ def _div_mode(ctx, node, a, b, *, rounding_mode=None):
     if rounding_mode is None:
         return _div(ctx, node, a, b)
     if dtype not in FLOAT_TYPES:
-        raise Unsupported(f"integer division with rounding_mode={rounding_mode} runs eagerly")
+        # integers: C's truncating quotient, or Python's floor from it (rules_intdiv); a zero
+        # divisor is undefined in a kernel, where eager raises
+        if dtype == torch.bool or rounding_mode not in ("trunc", "floor"):
+            raise Unsupported(f"division of {dtype} with rounding_mode={rounding_mode}")
+        if rounding_mode == "floor":
+            from .rules_intdiv import floor_divide_ints
+            return floor_divide_ints(ctx, a, b, shape, dtype)
+        return ctx.pointwise("tdiv", _operands(ctx, (a, b), shape, dtype), shape, dtype)
     ops = _operands(ctx, (a, b), shape, dtype)
     if rounding_mode == "floor":
         # not floor(a / b): the rounded quotient can be an integer above the true one
