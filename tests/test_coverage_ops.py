@@ -113,6 +113,14 @@ CASES = {
     "cdist_inf": (lambda x, y: torch.cdist(x, y, p=float("inf")), lambda d: [_nc(5, 4, dtype=d), _leaf(7, 4, dtype=d)]),
     "cdist_mm": (lambda x, y: torch.cdist(x, y), lambda d: [_nc(27, 4, dtype=d), _leaf(6, 4, dtype=d)]),
     "pdist_p3": (lambda x: torch.pdist(x, 3) * 2, lambda d: [_nc(7, 3, dtype=d)]),
+    # 'mean' reductions into scattered positions: sums and counts by atomics, then divided
+    "scatter_reduce_mean": (lambda x, s: x.scatter_reduce(0, _IDX["sc"][:, :4], s * 2, "mean"),
+                            lambda d: [_nc(4, 5, dtype=d), _leaf(3, 4, dtype=d)]),
+    "scatter_reduce_mean_exclude_self": (
+        lambda x, s: x.scatter_reduce(1, _IDX["sc"], s, "mean", include_self=False),
+        lambda d: [_nc(3, 5, dtype=d), _leaf(3, 4, dtype=d)]),
+    "index_reduce_mean": (lambda x, s: x.index_reduce(1, _IDX["dup"], s, "mean", include_self=False),
+                          lambda d: [_nc(3, 5, dtype=d), _leaf(3, 6, dtype=d)]),
     # adaptive max pooling (torch's forward for global and evenly tiled windows, our backward)
     "adaptive_max_pool2d": (lambda x: F.adaptive_max_pool2d(x * 2, (3, 4)), lambda d: [_nc(2, 3, 6, 8, dtype=d)]),
     "adaptive_max_pool2d_global": (lambda x: F.adaptive_max_pool2d(x, 1) + 1, lambda d: [_nc(2, 3, 5, 7, dtype=d)]),
@@ -251,6 +259,20 @@ def test_integer_accumulates_stitch_and_are_exact_even_under_deterministic_algor
     finally:
         torch.use_deterministic_algorithms(was)
     assert cmp.num_kernels >= 1 and [o.dtype for o in cmp.outputs] == [torch.int32] * 3
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+def test_integer_scatter_mean_rounds_down_like_eager(include_self):
+    """Integer means divide with floor rounding (negative sums included), exactly."""
+    def f(x, s, i):
+        return x.scatter_reduce(0, i, s, "mean", include_self=include_self), x.index_reduce(
+            1, i[0, :3], s[:, :3].repeat(2, 1)[:4] * 3, "mean", include_self=include_self)
+    x, s = torch.randint(-20, 20, (4, 5)), torch.randint(-20, 20, (3, 5))
+    i = torch.randint(0, 4, (3, 5))
+    from stitchml import config
+    with config.override(strict=True):
+        cmp = compare_with_eager(f, [x, s, i], backward=False, rtol=0, atol=0)
+    assert cmp.num_kernels >= 1
 
 
 def test_declined_embedding_bag_runs_eagerly_with_its_reason_and_raises_under_strict():

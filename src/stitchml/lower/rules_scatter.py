@@ -1,4 +1,5 @@
-"""Scatters (issue 18): `scatter_add` / `scatter_reduce(sum)` into the scatter-add
+"""Scatters (issue 18): `scatter_add` / `scatter_reduce(sum)` (and 'mean': sums and
+counts, then divided; `index_reduce(mean)` through it) into the scatter-add
 kernel form (atomics; refused under torch.use_deterministic_algorithms(True)),
 `scatter.src` as a scatter-write (an atomic max picks each destination's last
 writer, a gather reads it: deterministic), and
@@ -126,11 +127,63 @@ def _scatter_add(ctx, node, x, dim, index, src):
     return _scatter_sum(ctx, node, x, dim, index, src)
 
 
+def _scatter_mean(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bool = True) -> Ref:
+    """scatter_reduce / index_reduce 'mean': the scatter-add of the values and of a count
+    per destination (two atomic adds into zeroed buffers), then their quotient — with x
+    counted once when include_self, else x where nothing arrived; integers divide with
+    floor rounding, as eager does."""
+    val = node.meta["val"]
+    if val.dtype == torch.bool:
+        raise Unsupported("scatter_reduce 'mean' of bools")
+    if (same := _untouched(ctx, node, x, index)) is not None:
+        return same
+    shape = static_shape(val)
+    if not shape:
+        raise Unsupported("scatter_reduce 'mean' of a 0-d tensor")
+    n = ir.prod(shape)
+    lin, vals = _scatter_index(ctx, shape, dim % len(shape), index, src)
+    sums = ctx.reshape(_scatter_add_rows(ctx, ctx.cast(vals, val.dtype), lin, n, 1), shape)
+    ones = ctx.full((ctx.shape(lin)[0], 1), 1, torch.int64)
+    counts = ctx.reshape(_scatter_add_rows(ctx, ones, lin, n, 1), shape)
+    at = ctx.dtype(sums)
+    if include_self:
+        sums = ctx.pointwise("add", (ctx.cast(x, at), sums), shape, at)
+        counts = ctx.pointwise("add", (counts, 1), shape, torch.int64)
+    else:
+        hit = ctx.pointwise("gt", (counts, 0), shape, torch.bool)
+        counts = ctx.pointwise("maximum", (counts, 1), shape, torch.int64)
+    if at.is_floating_point:
+        mean = ctx.pointwise("truediv", (sums, ctx.cast(counts, at)), shape, at)
+    else:
+        from .rules_intdiv import floor_divide_ints
+        mean = floor_divide_ints(ctx, sums, counts, shape, at)
+    if not include_self:
+        mean = ctx.pointwise("where", (hit, mean, ctx.cast(x, at)), shape, at)
+    return ctx.cast(mean, val.dtype)
+
+
 @register(aten.scatter_reduce.two)
 def _scatter_reduce(ctx, node, x, dim, index, src, reduce, *, include_self=True):
+    if reduce == "mean":
+        return _scatter_mean(ctx, node, x, dim, index, src, include_self)
     if reduce != "sum":
-        raise Unsupported(f"scatter_reduce {reduce!r} runs eagerly (only 'sum' has a kernel form)")
+        raise Unsupported(f"scatter_reduce {reduce!r} runs eagerly ('sum' and 'mean' have a kernel form)")
     return _scatter_sum(ctx, node, x, dim, index, src, include_self)
+
+
+@register(aten.index_reduce.default)
+def _index_reduce(ctx, node, x, dim, index, source, reduce, *, include_self=True):
+    """index_reduce: source's slice i along `dim` reduced into x's slice index[i] — the
+    scatter form with index[i] broadcast over the slice."""
+    if reduce != "mean":
+        raise Unsupported(f"index_reduce {reduce!r} runs eagerly ('mean' has a kernel form)")
+    sshape = ctx.shape(source)
+    if not sshape or not ctx.shape(x) or len(ctx.shape(index)) != 1:
+        raise Unsupported("index_reduce of a 0-d tensor")
+    dim %= len(sshape)
+    along = tuple(s if d == dim else 1 for d, s in enumerate(sshape))
+    full = ctx.broadcast_to(ctx.reshape(index, along), sshape)
+    return _scatter_mean(ctx, node, x, dim, full, source, include_self)
 
 
 @register(aten._unsafe_masked_index.default)
