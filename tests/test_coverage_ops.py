@@ -119,6 +119,11 @@ CASES = {
     "scatter_reduce_mean_exclude_self": (
         lambda x, s: x.scatter_reduce(1, _IDX["sc"], s, "mean", include_self=False),
         lambda d: [_nc(3, 5, dtype=d), _leaf(3, 4, dtype=d)]),
+    # amax / amin: order-preserving integer keys and an int64 atomic max
+    "scatter_reduce_amax": (lambda x, s: x.scatter_reduce(0, _IDX["sc"][:, :4], s * 2, "amax"),
+                            lambda d: [_nc(4, 5, dtype=d), _leaf(3, 4, dtype=d)]),
+    "index_reduce_amin_exclude_self": (lambda x, s: x.index_reduce(1, _IDX["dup"], s, "amin", include_self=False),
+                                       lambda d: [_nc(3, 5, dtype=d), _leaf(3, 6, dtype=d)]),
     "index_reduce_mean": (lambda x, s: x.index_reduce(1, _IDX["dup"], s, "mean", include_self=False),
                           lambda d: [_nc(3, 5, dtype=d), _leaf(3, 6, dtype=d)]),
     # adaptive max pooling (torch's forward for global and evenly tiled windows, our backward)
@@ -273,6 +278,42 @@ def test_integer_scatter_mean_rounds_down_like_eager(include_self):
     with config.override(strict=True):
         cmp = compare_with_eager(f, [x, s, i], backward=False, rtol=0, atol=0)
     assert cmp.num_kernels >= 1
+
+
+@pytest.mark.parametrize("reduce", ["amax", "amin"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.uint8],
+                         ids=["fp32", "bf16", "i32", "u8"])
+def test_scatter_extremes_are_exact_with_nan_and_signed_zeros(reduce, dtype):
+    """Every value survives its key round trip bit for bit (±0, ±inf, subnormals, NaN of
+    either sign: NaN wins, as eager propagates it); integer atomics, so allowed under
+    deterministic algorithms."""
+    from stitchml import config
+    if dtype.is_floating_point:
+        pool = torch.tensor([0.0, -0.0, 1e-40, -1e-40, float("inf"), -float("inf"), 3.5, -2.25, 7.0])
+        s = pool[torch.randint(0, len(pool), (6, 5))].to(dtype)
+        s[2, 1] = float("nan")
+        s[4, 3] = -float("nan")
+        x = torch.randn(4, 5).to(dtype)
+    else:
+        lo, hi = (0, 255) if dtype == torch.uint8 else (-2**31, 2**31 - 1)
+        s = torch.randint(lo, hi, (6, 5), dtype=torch.int64).to(dtype)
+        x = torch.randint(lo, hi, (4, 5), dtype=torch.int64).to(dtype)
+    i = torch.randint(0, 4, (6, 5))
+
+    def f(x, s, i):
+        return x.scatter_reduce(0, i, s, reduce), x.scatter_reduce(0, i, s, reduce, include_self=False)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with config.override(strict=True):
+            cmp = compare_with_eager(f, [x, s, i], backward=False, rtol=0, atol=0)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    for got, want in zip(cmp.outputs, cmp.expected):
+        if dtype.is_floating_point:
+            assert torch.equal(got.isnan(), want.isnan())
+            same = got.isnan() | ((got == want) & (got.signbit() == want.signbit()))
+            assert same.all(), (got, want)
 
 
 def test_declined_embedding_bag_runs_eagerly_with_its_reason_and_raises_under_strict():

@@ -258,7 +258,9 @@ def scans(x):
             *torch.cummax(x, 1), *torch.cummin(x * 2, 0))
 
 def index_ops(x, m, s, i, v):
-    return x.masked_scatter(m, s), v.index_put((i,), v * 3, accumulate=True)
+    return (x.masked_scatter(m, s), v.index_put((i,), v * 3, accumulate=True),
+            x.scatter_reduce(0, i[:5, None].expand(5, 9) % 5, x * 2, "amin"),
+            v.to(torch.int32).scatter_reduce(0, i[:, None].expand(6, 9), v.to(torch.int32), "amax"))
 
 def more_ops(w, i, o, x, g, img):
     return (torch.nn.functional.embedding_bag(i, w, o, mode="mean"), torch.cdist(x, x * 2, p=1.5), torch.pdist(x),
@@ -290,7 +292,7 @@ print(json.dumps({k: [r.__dict__ for r in v] for k, v in out.items()}))
 def test_scan_and_index_kernels_compile_for_sm90():
     """The scan forms (persistent, reversed, looped with a carry, the logaddexp combine,
     cummax/cummin's tuple scan and tuple carry),
-    the int64 atomics of integer accumulates and the kernels of masked_scatter,
+    the int64 atomics of integer accumulates and of scatter amax/amin keys, the kernels of masked_scatter,
     embedding_bag, cdist/pdist and grid_sample, forward and backward, compile for an
     H100 ahead of time."""
     from test_aot_gpu import _run_outside_interpreter

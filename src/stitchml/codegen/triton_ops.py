@@ -82,6 +82,40 @@ def _cummin(v1, i1, v2, i2):
 
 
 @triton.jit
+def _order_key(x, IS_FLOAT: tl.constexpr, FLIP: tl.constexpr):
+    # scatter amax/amin: a value of at most 32 bits -> an int64 key >= 1 that orders as the
+    # value does (reversed for FLIP: a min as a max), so an int64 atomic max into a zeroed
+    # buffer finds the extreme and 0 means "nothing arrived".  Floats order by their bits
+    # (negatives with the magnitude bits flipped); NaN takes the top key: it always wins
+    if IS_FLOAT:
+        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+        k = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    else:
+        k = x.to(tl.int32)
+    if FLIP:
+        k = ~k
+    if IS_FLOAT:
+        k = tl.where(x != x, 2147483647, k)
+    return k.to(tl.int64) + 2147483649
+
+
+@triton.jit
+def _from_order_key(key, IS_FLOAT: tl.constexpr, FLIP: tl.constexpr):
+    # the value of a key of `_order_key` (float32 or int32; a key of 0 decodes to garbage:
+    # callers select it away)
+    # (one return: compiled Triton rejects returns of different types, even in branches
+    # that a constexpr removes)
+    k = (key - 2147483649).to(tl.int32)
+    nan = k == 2147483647
+    if FLIP:
+        k = ~k
+    if IS_FLOAT:
+        bits = tl.where(k < 0, k ^ 0x7FFFFFFF, k)
+        k = tl.where(nan, float("nan"), bits.to(tl.float32, bitcast=True))
+    return k
+
+
+@triton.jit
 def _logaddexp(a, b):
     # log(e^a + e^b) = max + log1p(e^(min - max)): the combine of logcumsumexp.  -inf
     # with -inf stays -inf and +inf wins (min - max would be NaN there); NaN propagates
@@ -595,6 +629,10 @@ def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_d
             bits = "tl.int64" if in_dtype == torch.float64 else "tl.int32"
             return f"({args[0]}.to({bits}, bitcast=True) < 0)"
         return f"({args[0]} < 0)"
+    if op in ("order_key_max", "order_key_min"):
+        return f"_order_key({args[0]}, {in_dtype in FLOATS}, {op == 'order_key_min'})"
+    if op in ("from_order_key_max", "from_order_key_min"):
+        return f"_from_order_key({args[0]}, {out_dtype in FLOATS}, {op == 'from_order_key_min'})"
     if op == "nextafter":
         a, b = args
         a = f"(tl.zeros_like({b}) + {a})" if _is_literal(a) else a

@@ -1,5 +1,6 @@
 """Scatters (issue 18): `scatter_add` / `scatter_reduce(sum)` (and 'mean': sums and
-counts, then divided; `index_reduce(mean)` through it) into the scatter-add
+counts, then divided; 'amax'/'amin': an int64 atomic max of order-preserving keys;
+`index_reduce` through them) into the scatter-add
 kernel form (atomics; refused under torch.use_deterministic_algorithms(True)),
 `scatter.src` as a scatter-write (an atomic max picks each destination's last
 writer, a gather reads it: deterministic), and
@@ -162,12 +163,47 @@ def _scatter_mean(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bo
     return ctx.cast(mean, val.dtype)
 
 
+_KEYED = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _scatter_extreme(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bool, op: str) -> Ref:
+    """scatter_reduce 'amax' / 'amin': each value becomes an int64 key that orders as the
+    value does (`triton_ops._order_key`: NaN on top, so it propagates as in eager; a min
+    as the max of reversed keys), an int64 atomic max per destination over a zeroed
+    buffer (0: nothing arrived; integer atomics: deterministic), then the key decoded
+    and combined with x."""
+    val = node.meta["val"]
+    if val.dtype not in _KEYED:
+        raise Unsupported(f"scatter_reduce {op!r} of {val.dtype}: keys hold values of at most 32 bits")
+    if (same := _untouched(ctx, node, x, index)) is not None:
+        return same
+    shape = static_shape(val)
+    if not shape:
+        raise Unsupported(f"scatter_reduce {op!r} of a 0-d tensor")
+    n = ir.prod(shape)
+    lin, vals = _scatter_index(ctx, shape, dim % len(shape), index, src)
+    m = ctx.shape(lin)[0]
+    keys = ctx.pointwise(f"order_key_{op[1:]}", (ctx.cast(vals, val.dtype),), (m, 1), torch.int64)
+    best = ctx.reshape(Ref(ctx.g.add(ir.SCATTER_ADD, "scatter_extreme", (keys, lin), (n, 1), torch.int64,
+                                     contiguous_strides((n, 1)), (("padding_idx", None), ("combine", "max")))),
+                       shape)
+    kt = torch.float32 if val.dtype.is_floating_point else torch.int32
+    got = ctx.cast(ctx.pointwise(f"from_order_key_{op[1:]}", (best,), shape, kt), val.dtype)
+    hit = ctx.pointwise("gt", (best, 0), shape, torch.bool)
+    if include_self:
+        got = ctx.pointwise("maximum" if op == "amax" else "minimum", (ctx.cast(x, val.dtype), got), shape,
+                            val.dtype)
+    return ctx.pointwise("where", (hit, got, ctx.cast(x, val.dtype)), shape, val.dtype)
+
+
 @register(aten.scatter_reduce.two)
 def _scatter_reduce(ctx, node, x, dim, index, src, reduce, *, include_self=True):
     if reduce == "mean":
         return _scatter_mean(ctx, node, x, dim, index, src, include_self)
+    if reduce in ("amax", "amin"):
+        return _scatter_extreme(ctx, node, x, dim, index, src, include_self, reduce)
     if reduce != "sum":
-        raise Unsupported(f"scatter_reduce {reduce!r} runs eagerly ('sum' and 'mean' have a kernel form)")
+        raise Unsupported(f"scatter_reduce {reduce!r} runs eagerly (no atomic multiply)")
     return _scatter_sum(ctx, node, x, dim, index, src, include_self)
 
 
@@ -175,15 +211,17 @@ def _scatter_reduce(ctx, node, x, dim, index, src, reduce, *, include_self=True)
 def _index_reduce(ctx, node, x, dim, index, source, reduce, *, include_self=True):
     """index_reduce: source's slice i along `dim` reduced into x's slice index[i] — the
     scatter form with index[i] broadcast over the slice."""
-    if reduce != "mean":
-        raise Unsupported(f"index_reduce {reduce!r} runs eagerly ('mean' has a kernel form)")
+    if reduce not in ("mean", "amax", "amin"):
+        raise Unsupported(f"index_reduce {reduce!r} runs eagerly (no atomic multiply)")
     sshape = ctx.shape(source)
     if not sshape or not ctx.shape(x) or len(ctx.shape(index)) != 1:
         raise Unsupported("index_reduce of a 0-d tensor")
     dim %= len(sshape)
     along = tuple(s if d == dim else 1 for d, s in enumerate(sshape))
     full = ctx.broadcast_to(ctx.reshape(index, along), sshape)
-    return _scatter_mean(ctx, node, x, dim, full, source, include_self)
+    if reduce == "mean":
+        return _scatter_mean(ctx, node, x, dim, full, source, include_self)
+    return _scatter_extreme(ctx, node, x, dim, full, source, include_self, reduce)
 
 
 @register(aten._unsafe_masked_index.default)
