@@ -8,6 +8,8 @@ column blocks with a running carry (long rows; `loop_block_cols` made small so t
 carry crosses many blocks).  Kernel counts are asserted: a scan and its element-wise
 neighbours are one kernel, and a scan's gradient (flip, scan, flip) is one kernel too.
 """
+import re
+
 import pytest
 import torch
 
@@ -188,6 +190,8 @@ def test_cummax_cummin_match_eager_exactly(op, form, dtype):
     assert [len(r.plan.kernels) for r in cmp.backend.records][0] == 1
     src = _sources(cmp)
     assert src.count("tl.associative_scan(") == 1, src
+    if form == "looped":   # and one carried (value, index) pair shared by both outputs
+        assert len(re.findall(r"carry\d+ = tl.full", src)) == 2, src
 
 
 @pytest.mark.parametrize("form", ["persistent", "looped"])

@@ -25,14 +25,15 @@ import torch
 from ..ir import index as ix
 from ..ir import nodes as ir
 from .emit_core import COL, ROW, KernelBuilder, Val
-from .triton_ops import TL_DTYPE, compute_dtype, literal, reduce_identity
+from .triton_ops import REDUCE_COMBINE, TL_DTYPE, compute_dtype, reduce_identity
 
 # the combine of two partial results, as a @triton.jit function of triton_ops' prelude
-_COMBINE = {"sum": "_add", "prod": "_mul", "logsumexp": "_logaddexp"}
+_COMBINE = {**REDUCE_COMBINE, "logsumexp": "_logaddexp"}
 
 
 def _identity(op: str, cd) -> str:
-    return literal({"sum": 0, "prod": 1, "logsumexp": float("-inf")}[op], cd)
+    """What an empty prefix holds: the reductions' identities (-inf for a log-sum-exp)."""
+    return reduce_identity("amax" if op == "logsumexp" else op, cd)
 
 
 def _scan_expr(op: str, x: str, reverse: bool) -> str:
@@ -116,13 +117,20 @@ def _extreme(b: KernelBuilder, n: ir.Node, v: Val, reverse: bool, scope) -> Val:
     pos = b.emit(scope, f"({ix.render(b.col_flat)} + {zero}).to(tl.int64)", axes, torch.int64)
     pair = b.emit(scope, f"tl.associative_scan(({lanes.name}, {pos.name}), 1, {comb})", axes, cd)
     if b.looped:
-        _walk(scope, "forward")
-        cv, ci = b.new("carry"), b.new("carry")
-        b.top.lines += [f"{cv} = tl.full([{b.m.block_r}, 1], {ident}, {TL_DTYPE[cd]})",
-                        f"{ci} = tl.full([{b.m.block_r}, 1], 0, tl.int64)"]
-        pair = b.emit(scope, f"{comb}({cv}, {ci}, {pair.name}[0], {pair.name}[1])", axes, cd)
-        best = b.emit(scope, f"tl.reduce(({lanes.name}, {pos.name}), 1, {comb})", {ROW}, cd)
-        scope.lines.append(f"{cv}, {ci} = {comb}({cv}, {ci}, {best.name}[0][:, None], {best.name}[1][:, None])")
+        # one carried pair per scan: the value and the index node share it (the key is
+        # no expression text, so nothing else can meet it in the scope's memo)
+        key = f"carried {pair.name}"
+        if key not in scope.exprs:
+            _walk(scope, "forward")
+            cv, ci = b.new("carry"), b.new("carry")
+            b.top.lines += [f"{cv} = tl.full([{b.m.block_r}, 1], {ident}, {TL_DTYPE[cd]})",
+                            f"{ci} = tl.full([{b.m.block_r}, 1], 0, tl.int64)"]
+            carried = b.emit(scope, f"{comb}({cv}, {ci}, {pair.name}[0], {pair.name}[1])", axes, cd)
+            best = b.emit(scope, f"tl.reduce(({lanes.name}, {pos.name}), 1, {comb})", {ROW}, cd)
+            scope.lines.append(f"{cv}, {ci} = {comb}({cv}, {ci}, {best.name}[0][:, None], "
+                               f"{best.name}[1][:, None])")
+            scope.exprs[key] = carried
+        pair = scope.exprs[key]
     return b.emit(scope, f"{pair.name}[{n.attr('output')}]", axes, out_dtype)
 
 
