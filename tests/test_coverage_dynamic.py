@@ -62,3 +62,30 @@ def test_training_on_chunks_with_a_changing_length():
         torch.testing.assert_close(gw, rw, rtol=1e-5, atol=1e-5)
     assert any(r.dynamic is not None for r in backend.records)
     _no_fallback(backend)
+
+
+def test_float_computed_from_sizes_compiles_under_dynamic_sizes():
+    """grid_sample's backward takes (size - 1) / 2 as a SymFloat input: folded in at each
+    size like any size arithmetic (the whole backward graph ran eagerly before)."""
+    import torch.nn.functional as F
+
+    def f(x, g):
+        return F.grid_sample(x * 2, g, padding_mode="border", align_corners=True)
+
+    backend = stitchml.StitchBackend()
+    c = torch.compile(f, backend=backend, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for h, w in ((5, 6), (7, 9), (6, 11)):
+            x = torch.randn(2, 3, h, w, requires_grad=True)
+            g = (torch.rand(2, 4, 5, 2) * 2.6 - 1.3).requires_grad_()
+            out = c(x, g)
+            go = torch.randn_like(out)
+            got = torch.autograd.grad(out, (x, g), go)
+            ref = f(x, g)
+            want = torch.autograd.grad(ref, (x, g), go)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert any(r.kind == "backward" and r.dynamic is not None for r in backend.records)
+    _no_fallback(backend)

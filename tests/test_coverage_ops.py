@@ -143,12 +143,52 @@ CASES = {
                                     lambda d: [_nc(1, 2, 6, 4, dtype=d), _grid(1, 5, 3, dtype=d)]),
     "grid_sample_nearest_reflection": (lambda x, g: F.grid_sample(x, g, mode="nearest", padding_mode="reflection"),
                                        lambda d: [_nc(2, 3, 5, 7, dtype=d), _grid(2, 4, 6, dtype=d)]),
+    # volumetric grid_sample (capture/decomp_sample.py: eight corners, forward and backward)
+    "grid_sample_3d_trilinear_border": (
+        lambda x, g: F.grid_sample(x, g * 1.3, padding_mode="border", align_corners=True),
+        lambda d: [_nc(2, 3, 4, 5, 6, dtype=d), _grid3(2, 3, 4, 5, dtype=d)]),
+    "grid_sample_3d_trilinear_zeros": (lambda x, g: F.grid_sample(x * 2, g * 1.3),
+                                       lambda d: [_nc(1, 2, 3, 5, 4, dtype=d), _grid3(1, 2, 3, 4, dtype=d)]),
+    "grid_sample_3d_nearest_reflection": (
+        lambda x, g: F.grid_sample(x, g * 1.3, mode="nearest", padding_mode="reflection"),
+        lambda d: [_nc(2, 3, 4, 5, 6, dtype=d), _grid3(2, 3, 4, 5, dtype=d)]),
+    # adaptive pooling over windows that do not tile evenly (capture/decomp_window.py:
+    # a gather of clamped window indices per axis; the backward the transposed gather)
+    "adaptive_avg_pool2d_uneven": (lambda x: F.adaptive_avg_pool2d(x, (3, 4)), lambda d: [_nc(2, 3, 7, 9, dtype=d)]),
+    "adaptive_avg_pool2d_upsampling": (lambda x: F.adaptive_avg_pool2d(x * 2, (5, 7)),
+                                       lambda d: [_nc(2, 3, 3, 4, dtype=d)]),
+    "adaptive_avg_pool1d_uneven": (lambda x: F.adaptive_avg_pool1d(x, 4), lambda d: [_nc(2, 3, 11, dtype=d)]),
+    "adaptive_avg_pool3d_uneven": (lambda x: F.adaptive_avg_pool3d(x, (2, 3, 4)),
+                                   lambda d: [_nc(2, 2, 5, 7, 6, dtype=d)]),
+    "adaptive_max_pool2d_uneven": (lambda x: F.adaptive_max_pool2d(x * 2, (4, 5), return_indices=True),
+                                   lambda d: [_nc(2, 3, 6, 8, dtype=d)]),
+    "adaptive_max_pool3d_uneven": (lambda x: F.adaptive_max_pool3d(x, (2, 3, 4), return_indices=True),
+                                   lambda d: [_nc(2, 2, 5, 7, 6, dtype=d)]),
+    # replication padding's backward as slices and edge sums per axis (no atomics)
+    "replicate_pad_1d": (lambda x: F.pad(x, (3, 2), mode="replicate") * 2, lambda d: [_nc(2, 3, 7, dtype=d)]),
+    "replicate_pad_3d": (lambda x: F.pad(x, (1, 2, 0, 3, 2, 1), mode="replicate"),
+                         lambda d: [_nc(1, 2, 3, 5, 6, dtype=d)]),
+    "reflect_pad_3d": (lambda x: F.pad(x, (1, 2, 0, 1, 2, 1), mode="reflect"), lambda d: [_nc(1, 2, 3, 5, 6, dtype=d)]),
+    # losses and backwards through torch's decompositions, addbmm as one matrix product
+    "smooth_l1_loss": (lambda x, y: F.smooth_l1_loss(x, y, beta=0.5), lambda d: [_nc(4, 7, dtype=d),
+                                                                                 _leaf(4, 7, dtype=d)]),
+    "huber_loss": (lambda x, y: F.huber_loss(x * 2, y, delta=0.7, reduction="sum"),
+                   lambda d: [_nc(4, 7, dtype=d), _leaf(4, 7, dtype=d)]),
+    "logsigmoid": (lambda x: F.logsigmoid(x * 3), lambda d: [_nc(4, 7, dtype=d)]),
+    "sgn": (lambda x: torch.sgn(x) * x + x, lambda d: [_nc(4, 7, dtype=d)]),
+    "angle": (lambda x: torch.angle(x) + x, lambda d: [_nc(4, 7, dtype=d)]),
+    "addbmm": (lambda s, a, b: torch.addbmm(s, a * 2, b, beta=0.5, alpha=1.5),
+               lambda d: [_nc(5, 6, dtype=d), _leaf(3, 5, 4, dtype=d), _leaf(3, 4, 6, dtype=d)]),
 }
 
 
 def _grid(n, h, w, dtype=torch.float32):
     """Sampling points in [-1, 1]^2 (times the case's own scale), fresh each run."""
     return (torch.rand(n, h, w, 2) * 2 - 1).to(dtype).requires_grad_()
+
+
+def _grid3(n, d, h, w, dtype=torch.float32):
+    return (torch.rand(n, d, h, w, 3) * 2 - 1).to(dtype).requires_grad_()
 
 
 def _offsets(n: int, bags: int) -> torch.Tensor:
@@ -169,7 +209,9 @@ NO_BF16_EAGER = {"avg_pool3d", "avg_pool3d_ceil_nopad", "cdist_p2", "cdist_p1_5"
                  # eager's bfloat16 grid_sample rounds the pixel coordinates to bfloat16 (a
                  # whole pixel off near the border): judged against float64 below instead
                  "grid_sample_bilinear_zeros", "grid_sample_bilinear_reflection_aligned",
-                 "grid_sample_bilinear_border", "grid_sample_nearest_reflection"}
+                 "grid_sample_bilinear_border", "grid_sample_nearest_reflection",
+                 "grid_sample_3d_trilinear_border", "grid_sample_3d_trilinear_zeros",
+                 "grid_sample_3d_nearest_reflection"}
 
 
 @pytest.mark.parametrize("name, dtype", [pytest.param(n, d, id=f"{n}-{i}") for n in sorted(CASES)
@@ -365,6 +407,10 @@ def test_grid_sample_bf16_is_as_close_to_float64_as_eager(padding):
                                                  _grid(2, 4, 6, dtype=torch.bfloat16)])
     judgement.assert_ok(padding)
     assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+    cmp, judgement = compare_against_float64(f, [_nc(1, 2, 3, 5, 4, dtype=torch.bfloat16),
+                                                 _grid3(1, 2, 3, 4, dtype=torch.bfloat16)])
+    judgement.assert_ok(f"3-d {padding}")
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
 
 
 def test_distances_without_pairs_or_features_are_stitched_zeros():
@@ -376,11 +422,40 @@ def test_distances_without_pairs_or_features_are_stitched_zeros():
     assert cmp.outputs[1].shape == (0,)
 
 
-def test_uneven_adaptive_max_pool_runs_eagerly_with_its_reason():
-    cmp = compare_with_eager(lambda x: F.adaptive_max_pool2d(x * 2, (4, 5)), [_nc(2, 3, 6, 8)])
-    reasons = {(f.op, f.reason) for r in cmp.backend.records for f in r.graph.fallbacks}
-    assert reasons == {("aten.adaptive_max_pool2d.default",
-                        "adaptive pooling whose windows do not tile the input evenly has no stitched form")}, reasons
+def test_uneven_adaptive_max_pool_ties_pick_the_first_position_like_eager():
+    """Windows of unequal length over values with many ties (small integers): the
+    positions must be eager's (the first maximum in row-major order of the window)."""
+    x = torch.randint(0, 3, (2, 3, 7, 9)).float()
+    cmp = compare_with_eager(lambda t: F.adaptive_max_pool2d(t, (3, 4), return_indices=True), [x],
+                             backward=False)
+    assert torch.equal(cmp.outputs[1], F.adaptive_max_pool2d(x, (3, 4), return_indices=True)[1])
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+
+
+def test_zero_dim_max_dim_and_index_reduce_stitch():
+    """0-d operands of max.dim and of the scatter reductions: the 1-element case."""
+    def f(x, s):
+        v, i = torch.max(x * 2, 0)
+        m = x.index_reduce(0, torch.tensor([0]), s, "amax")
+        return v + m + x.scatter_reduce(0, torch.tensor(0), s, "mean"), i
+    cmp = compare_with_eager(f, [torch.randn(()).requires_grad_(), torch.randn(()).requires_grad_()])
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+    assert cmp.num_kernels >= 1
+
+
+def test_embedding_max_norm_renormalises_the_weight_in_place_like_eager():
+    """embedding_renorm_ (F.embedding with max_norm) rewrites the looked-up rows of the
+    weight: the mutated weight and the output both match eager; duplicates included."""
+    w = torch.randn(10, 4) * 3
+    idx = torch.tensor([[1, 3, 3], [0, 9, 1]])
+    w_eager, w_ours = w.clone(), w.clone()
+    backend = StitchBackend()
+    out = torch.compile(lambda t, i: F.embedding(i, t, max_norm=1.5) * 2, backend=backend)(w_ours, idx)
+    ref = F.embedding(idx, w_eager, max_norm=1.5) * 2
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(w_ours, w_eager)
+    assert not torch.equal(w_ours, w)  # rows were renormalised
+    assert not [f for r in backend.records for f in r.graph.fallbacks]
 
 
 def test_bicubic_grid_sample_backward_runs_eagerly_with_its_reason():
@@ -429,6 +504,41 @@ def test_as_strided_scatter_and_copy_of_a_contiguous_run():
     cmp = compare_with_eager(f, [torch.randn(30), torch.randn(8)], backward=False)  # (copy has no derivative)
     assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
     assert cmp.num_kernels >= 2
+
+
+AS_STRIDED = {
+    # (function, inputs, backward): eager's storage layout decides what as_strided reads
+    "view_of_transposed_input": (lambda a: torch.as_strided(a * 2, (3, 4), (2, 3), 1) + 1,
+                                 lambda: [torch.randn(5, 6).t().requires_grad_()], True),
+    "view_of_permuted_intermediate": (lambda a: torch.as_strided(a.t() * 2, (3, 4), (1, 5), 2),
+                                      lambda: [torch.randn(5, 6).requires_grad_()], True),
+    "scatter_strided": (lambda a, s: torch.as_strided_scatter(a * 2, s, (2, 3), (1, 4), 1),
+                        lambda: [torch.randn(5, 4).requires_grad_(), torch.randn(2, 3).requires_grad_()], True),
+    # (eager refuses the gradient of a non-contiguous as_strided_scatter)
+    "scatter_into_transposed": (lambda a, s: torch.as_strided_scatter(a.t() * 2, s, (2, 3), (3, 1), 0),
+                                lambda: [torch.randn(5, 4), torch.randn(2, 3)], False),
+    "scatter_overlapping_view": (lambda a, s: torch.as_strided_scatter(a * 2, s, (3, 3), (1, 1), 0),
+                                 lambda: [torch.randn(5, 4), torch.randn(3, 3)], False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(AS_STRIDED))
+def test_as_strided_and_its_scatter_follow_eagers_storage_layout(name):
+    fn, make, backward = AS_STRIDED[name]
+    torch.manual_seed(stable_seed(name))
+    cmp = compare_with_eager(fn, make(), backward=backward)
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+    assert cmp.num_kernels >= 1
+
+
+def test_as_strided_of_a_sliced_layout_runs_eagerly_with_its_reason():
+    """A column slice has gaps in its storage: as_strided would read elements that are
+    not the operand's — eager with the reason, never a wrong re-index."""
+    cmp = compare_with_eager(lambda a: torch.as_strided((a * 2)[:, 1:4], (2, 3), (6, 1), 1) * 2,
+                             [torch.randn(4, 6)], backward=False)
+    reasons = [(f.op, f.reason) for r in cmp.backend.records for f in r.graph.fallbacks]
+    assert reasons == [("aten.as_strided.default",
+                        "as_strided of an operand whose storage has gaps or overlaps (not a dense layout)")], reasons
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32], ids=["i64", "i32", "fp32"])

@@ -55,6 +55,11 @@ LIBRARY_OPS: dict[object, str] = {
 LIBRARY_OP_NAMES: dict[str, str] = {
     "transformers.grouped_mm_fallback.default": "compute-intensive: grouped matrix product (vendor library)",
     "transformers.grouped_mm_fallback_backward.default": "compute-intensive: grouped matrix product (vendor library)",
+    # F.linear_cross_entropy with `options`: torch's own chunked loss, chosen by the user
+    # (matrix products per chunk of tokens; the logits never exist in full)
+    **{f"torch_nn._linear_cross_entropy_batch_chunked{tail}.default":
+       "compute-intensive: torch's chunked linear cross-entropy (matrix products per chunk)"
+       for tail in ("", "_no_reduction")},
 }
 
 

@@ -6,10 +6,12 @@ a pattern the planner reads (logsumexp's shift by the row maximum).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch._decomp import get_decompositions
 
-from . import decomp_distance, decomp_index, decomp_sample, decomp_window
+from . import decomp_distance, decomp_index, decomp_sample, decomp_search, decomp_window
 
 aten = torch.ops.aten
 
@@ -59,6 +61,9 @@ FROM_TORCH = [
     # adaptive max pooling: torch's decomposition covers global and evenly tiled windows
     # (max_pool_with_indices, amax/argmax); its backward is ours (capture/decomp_window.py)
     aten.adaptive_max_pool2d, aten.adaptive_max_pool3d,
+    # losses and backwards op_db still ran eagerly (this session)
+    aten.smooth_l1_loss, aten.smooth_l1_loss_backward, aten.huber_loss_backward, aten.log_sigmoid_backward,
+    aten.reflection_pad3d_backward,
 ]
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -180,8 +185,54 @@ def put(x, index, source, accumulate=False):
     return flat.reshape(x.shape)
 
 
+def addbmm(x, batch1, batch2, *, beta=1, alpha=1):
+    """beta·x + alpha·Σ_b batch1[b] @ batch2[b] as ONE matrix product over the joined
+    (batch, inner) axis: (n, B·m) @ (B·m, p) — the library's GEMM, the scaling stitched."""
+    b, n, m = batch1.shape
+    p = batch2.shape[-1]
+    prod_ = torch.mm(batch1.permute(1, 0, 2).reshape(n, b * m), batch2.reshape(b * m, p))
+    if alpha != 1:
+        prod_ = prod_ * alpha
+    if beta == 0:  # eager ignores x then (NaN in x does not propagate)
+        return prod_.to(x.dtype).expand(torch.broadcast_shapes(x.shape, prod_.shape)).clone()
+    return (x * beta if beta != 1 else x) + prod_
+
+
+def angle(x):
+    """Real inputs: pi for negative values, 0 otherwise, NaN kept (-0.0 gives 0, as
+    eager); integers give the default float type.  Complex inputs: the op itself."""
+    if x.is_complex():
+        return NotImplemented
+    xf = x if x.is_floating_point() else x.to(torch.get_default_dtype())
+    zero = torch.zeros((), dtype=xf.dtype, device=x.device)
+    pi = torch.full((), math.pi, dtype=xf.dtype, device=x.device)
+    return torch.where(torch.isnan(xf), xf, torch.where(xf < 0, pi, zero))
+
+
+def efficient_zero_tensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """Autograd's placeholder zero gradient (sgn's backward): plain zeros."""
+    return torch.zeros(size, dtype=dtype, device=device)
+
+
+def embedding_renorm(weight, indices, max_norm: float, norm_type: float):
+    """The rows of `weight` that `indices` name, scaled to norm max_norm where theirs is
+    larger (eager: max_norm / (norm + 1e-7)); an index_put of the scaled rows (duplicate
+    indices write the same row value, so the write order does not matter)."""
+    idx = indices.reshape(-1)
+    rows = weight[idx]
+    norm = torch.linalg.vector_norm(rows.float() if rows.dtype in _HALF else rows, norm_type, dim=1,
+                                    keepdim=True)
+    scale = torch.where(norm > max_norm, max_norm / (norm + 1e-7), torch.ones((), dtype=norm.dtype,
+                                                                               device=norm.device))
+    return aten.index_put(weight, [idx], (rows * scale).to(weight.dtype))
+
+
 def _own() -> dict:
     table = {}
+    table[aten.addbmm.default] = addbmm
+    table[aten.angle.default] = angle
+    table[aten._efficientzerotensor.default] = efficient_zero_tensor
+    table[aten.embedding_renorm.default] = embedding_renorm
     table[aten.index_put.default] = index_put_masked
     table[aten.put.default] = put
     for packet, fn in ((aten.var_mean, var_mean), (aten.var, var), (aten.std, std)):
@@ -200,6 +251,7 @@ def decomposition_table() -> dict:
     table.update(decomp_index.table())   # masked_scatter, embedding_bag (data-dependent index ops)
     table.update(decomp_distance.table())  # cdist, pdist
     table.update(decomp_sample.table())    # grid_sample's backward (its forward is torch's)
+    table.update(decomp_search.table())    # searchsorted/bucketize, isin, nonzero_static
     for op in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
                aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit_no_training.default,
                aten._native_batch_norm_legit_functional.default):
@@ -211,7 +263,7 @@ def decomposition_table() -> dict:
 def declined_reason(target: object) -> str | None:
     """Why one of our decompositions declined `target`'s case (the op then runs eagerly),
     or None: each module's `DECLINED` table."""
-    for module in (decomp_index, decomp_distance, decomp_sample, decomp_window):
+    for module in (decomp_index, decomp_distance, decomp_sample, decomp_search, decomp_window):
         if target in module.DECLINED:
             return module.DECLINED[target]
     return None

@@ -8,8 +8,10 @@ zero-interleaving pads, element-wise ops and reductions, which all stitch; no at
   and sums the k*k placements: a gather form, deterministic, no scatter.
 - strided `slice_backward` (torch has no rule for step > 1 that we lower): the gradient
   with step-1 zeros interleaved, then placed with a step-1 slice_backward.
-- `_weight_norm_interface_backward`, `upsample_nearest2d_backward`,
-  `replication_pad2d_backward` (index_put with accumulate: the scatter-add form).
+- `_weight_norm_interface_backward`, `upsample_nearest2d_backward` (index_put with
+  accumulate: the scatter-add form), replication padding's backward (slices and edge
+  sums per axis), adaptive pooling over windows that do not tile evenly (a gather of
+  clamped window indices per axis, reduced; its backward the same gather transposed).
 Any case a decomposition does not cover returns NotImplemented: the op stays whole and
 runs eagerly with its reason.
 """
@@ -202,11 +204,12 @@ def max_pool2d_with_indices_backward(grad, x, kernel_size, stride, padding, dila
 
 def _adaptive_avg_pool2d_backward(grad, x):
     """Windows [floor(o*n/out), ceil((o+1)*n/out)): when they tile the input evenly
-    this is avg_pool2d's backward; other sizes decline (eager)."""
+    this is avg_pool2d's backward (strided windows); other sizes the per-axis gather
+    form (`_adaptive_avg_backward`)."""
     h, w = x.shape[-2], x.shape[-1]
     oh, ow = grad.shape[-2], grad.shape[-1]
     if h % oh or w % ow:
-        return NotImplemented
+        return _adaptive_avg_backward(grad, x.shape, 2)
     k = (h // oh, w // ow)
     return avg_pool2d_backward(grad, x, k, k, 0, False, True, None)
 
@@ -246,7 +249,7 @@ def _one(v, default) -> tuple[int]:
 def adaptive_avg_pool1d(x, output_size):
     n, (o,) = x.shape[-1], _one(output_size, 1)
     if n % o:
-        return NotImplemented
+        return _adaptive_avg(x, (o,))
     return avg_pool1d(x, (n // o,), (n // o,))
 
 
@@ -303,10 +306,10 @@ def max_pool3d_with_indices_backward(grad, x, kernel_size, stride, padding, dila
 
 
 def _adaptive_avg_pool3d(x, output_size):
-    """Windows that tile the input evenly: avg_pool3d; other sizes decline (eager)."""
+    """Windows that tile the input evenly: avg_pool3d; other sizes the gather form."""
     sizes, outs = x.shape[-3:], _triple(output_size)
     if any(n % o for n, o in zip(sizes, outs)):
-        return NotImplemented
+        return _adaptive_avg(x, outs)
     k = tuple(n // o for n, o in zip(sizes, outs))
     return avg_pool3d(x, k, k)
 
@@ -314,9 +317,116 @@ def _adaptive_avg_pool3d(x, output_size):
 def _adaptive_avg_pool3d_backward(grad, x):
     sizes, outs = x.shape[-3:], grad.shape[-3:]
     if any(n % o for n, o in zip(sizes, outs)):
-        return NotImplemented
+        return _adaptive_avg_backward(grad, x.shape, 3)
     k = tuple(n // o for n, o in zip(sizes, outs))
     return avg_pool3d_backward(grad, x, k, k, 0, False, True, None)
+
+
+# ------------------------------------------- adaptive windows that do not tile evenly
+# Output o of an axis of n inputs averages (or maximises) inputs [start_o, end_o) with
+# start_o = floor(o·n/out), end_o = ceil((o+1)·n/out): windows of unequal length, at most
+# K long.  Each axis is a gather of a (out, K) index (clamped, with a validity mask)
+# reduced over K — one reduction kernel per axis.  Averages and maxima are separable
+# (a box window is the product of its axis windows), so n-d pooling is the 1-d form
+# applied axis after axis.  Sizes must be static (K is a kernel constant).
+
+def _windows(n: int, out: int) -> tuple[list[int], list[int]]:
+    return [o * n // out for o in range(out)], [-(-(o + 1) * n // out) for o in range(out)]
+
+
+def _axis_index(n: int, out: int, device):
+    """(index (out, K) clamped into [0, n), valid (out, K), count (out,))."""
+    starts, ends = _windows(n, out)
+    k = max(e - s for s, e in zip(starts, ends))
+    o = torch.arange(out, device=device)
+    start, end = (o * n) // out, ((o + 1) * n + out - 1) // out
+    idx = start.unsqueeze(1) + torch.arange(k, device=device).unsqueeze(0)
+    valid = idx < end.unsqueeze(1)
+    return torch.clamp_max(idx, n - 1), valid, end - start
+
+
+def _adaptive_avg_axis(x: torch.Tensor, axis: int, out: int) -> torch.Tensor:
+    n = x.shape[axis]
+    idx, valid, count = _axis_index(n, out, x.device)
+    xm = x.movedim(axis, -1)
+    win = torch.where(valid, xm[..., idx], torch.zeros((), dtype=x.dtype, device=x.device))
+    return (win.sum(-1) / count.to(x.dtype)).movedim(-1, axis)
+
+
+def _adaptive_avg_axis_backward(grad: torch.Tensor, axis: int, n: int) -> torch.Tensor:
+    """The adjoint of `_adaptive_avg_axis` as a gather: input w lies in the windows
+    o = floor(w·out/n) + j, j < J, those with start_o <= w (and o < out) — no atomics."""
+    out = grad.shape[axis]
+    starts, ends = _windows(n, out)
+    cover = [0] * n
+    for s_, e in zip(starts, ends):
+        for w in range(s_, e):
+            cover[w] += 1
+    j_max = max(cover)
+    w = torch.arange(n, device=grad.device)
+    o = ((w * out) // n).unsqueeze(1) + torch.arange(j_max, device=grad.device).unsqueeze(0)
+    valid = (o < out) & ((o * n) // out <= w.unsqueeze(1))
+    o = torch.clamp_max(o, out - 1)
+    count = (((o + 1) * n + out - 1) // out - (o * n) // out).to(grad.dtype)
+    gm = grad.movedim(axis, -1)
+    share = torch.where(valid, gm[..., o] / count, torch.zeros((), dtype=grad.dtype, device=grad.device))
+    return share.sum(-1).movedim(-1, axis)
+
+
+def _static(*sizes) -> bool:
+    """Static, non-zero sizes (K and the cover count are kernel constants)."""
+    return all(isinstance(v, int) and v > 0 for v in sizes)
+
+
+def _adaptive_avg(x: torch.Tensor, outs) -> torch.Tensor:
+    spatial = len(outs)
+    if not x.is_floating_point() or not _static(*x.shape[-spatial:], *outs):
+        return NotImplemented
+    for i, out in enumerate(outs):
+        axis = x.dim() - spatial + i
+        if x.shape[axis] != out:
+            x = _adaptive_avg_axis(x, axis, out)
+    return x
+
+
+def _adaptive_avg_backward(grad: torch.Tensor, input_shape, spatial: int) -> torch.Tensor:
+    if not grad.is_floating_point() or not _static(*input_shape[-spatial:], *grad.shape[-spatial:]):
+        return NotImplemented
+    for i in range(spatial):
+        axis = grad.dim() - spatial + i
+        n = input_shape[axis]
+        if grad.shape[axis] != n:
+            grad = _adaptive_avg_axis_backward(grad, axis, n)
+    return grad
+
+
+def _adaptive_max_axis(x: torch.Tensor, axis: int, out: int):
+    """Maximum and its position along one axis (the first maximum; NaN wins)."""
+    n = x.shape[axis]
+    idx, valid, _ = _axis_index(n, out, x.device)
+    xm = x.movedim(axis, -1)
+    low = torch.full((), -math.inf, dtype=x.dtype, device=x.device)
+    vals, k = torch.where(valid, xm[..., idx], low).max(-1)
+    at = torch.gather(idx.expand(k.shape + idx.shape[-1:]), -1, k.unsqueeze(-1)).squeeze(-1)
+    return vals.movedim(-1, axis), at.movedim(-1, axis)
+
+
+def _adaptive_max(x: torch.Tensor, outs):
+    """Values and flat positions in the input's spatial plane: maximum along the last
+    axis first, then along each earlier one, each step carrying the position of the
+    maximum found so far (first in row-major order wins a tie)."""
+    spatial = len(outs)
+    if not x.is_floating_point() or not _static(*x.shape[-spatial:], *outs):
+        return NotImplemented
+    sizes = tuple(x.shape[-spatial:])
+    vals, pos = x, None
+    for i in reversed(range(spatial)):
+        axis = x.dim() - spatial + i
+        vals, at = _adaptive_max_axis(vals, axis, outs[i])
+        plane = math.prod(sizes[i + 1:])
+        # the inner position found so far, taken at the chosen index of this axis
+        pos = at if pos is None else torch.gather(pos, axis, at) + at * plane
+    return vals, pos
 
 
 # ------------------------------------------------------------- other backwards
@@ -346,12 +456,35 @@ def upsample_nearest2d_backward(grad, output_size, input_size, scales_h=None, sc
     return _add_at(grad, input_size, src(oh, h, scales_h), src(ow, w, scales_w))
 
 
-def replication_pad2d_backward(grad, x, padding):
-    left, _, top, _ = padding
-    h, w = x.shape[-2], x.shape[-1]
-    rows = torch.clamp(torch.arange(grad.shape[-2], device=grad.device) - top, 0, h - 1)
-    cols = torch.clamp(torch.arange(grad.shape[-1], device=grad.device) - left, 0, w - 1)
-    return _add_at(grad, x.shape, rows, cols)
+def _replication_pad_backward(spatial: int):
+    """Replication padding's adjoint, axis by axis (padding lists the last axis first):
+    the gradient's middle, plus at the first (last) position the sum of the gradient of
+    the copies padded before (after) it — slices, two small reductions and a pad, a
+    gather form: no atomics, deterministic."""
+    def backward(grad, x, padding):
+        pads = list(padding)
+        if any(p < 0 for p in pads):  # (negative padding crops: eager)
+            return NotImplemented
+        for i in range(spatial):
+            axis = grad.dim() - 1 - i
+            before, after = pads[2 * i], pads[2 * i + 1]
+            n = x.shape[axis]
+            mid = grad.narrow(axis, before, n)
+            if before:
+                head = grad.narrow(axis, 0, before).sum(axis, keepdim=True)
+                mid = mid + _at_end(head, axis, n, first=True)
+            if after:
+                tail = grad.narrow(axis, before + n, after).sum(axis, keepdim=True)
+                mid = mid + _at_end(tail, axis, n, first=False)
+            grad = mid
+        return grad
+    return backward
+
+
+def _at_end(v: torch.Tensor, axis: int, n: int, first: bool) -> torch.Tensor:
+    """v (size 1 along axis) zero-padded to n along axis, at the first or last position."""
+    pad = [0, 0] * (v.dim() - 1 - axis % v.dim()) + ([0, n - 1] if first else [n - 1, 0])
+    return aten.constant_pad_nd(v, pad, 0.0)
 
 
 def slice_scatter(x, src, dim: int = 0, start=None, end=None, step: int = 1):
@@ -377,10 +510,24 @@ def _adaptive_max_pool_backward(spatial: int):
     return backward
 
 
+def _adaptive_max_pool(spatial: int):
+    """torch's decomposition where windows tile evenly (strided max pooling), else the
+    per-axis gather form."""
+    def forward(x, output_size):
+        from torch._decomp import decomposition_table as torch_table
+        op = aten.adaptive_max_pool2d.default if spatial == 2 else aten.adaptive_max_pool3d.default
+        out = torch_table[op](x, output_size)
+        if out is NotImplemented:
+            out = _adaptive_max(x, tuple(output_size) if len(output_size) == spatial else
+                                tuple(output_size) * spatial)
+        return out
+    return forward
+
+
 # The reason an op still runs eagerly when a decomposition here (or torch's, for adaptive
 # max pooling) declined the case (`fallback.no_rule_reason` reports it).
 DECLINED: dict[object, str] = {
-    op: "adaptive pooling whose windows do not tile the input evenly has no stitched form"
+    op: "adaptive pooling of integers, with dynamic sizes or empty windows has no stitched form"
     for op in (aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default,
                aten._adaptive_avg_pool2d_backward.default, aten._adaptive_avg_pool3d.default,
                aten._adaptive_avg_pool3d_backward.default)
@@ -406,7 +553,11 @@ def table() -> dict:
         aten._adaptive_avg_pool3d_backward.default: _adaptive_avg_pool3d_backward,
         aten._weight_norm_interface_backward.default: weight_norm_backward,
         aten.upsample_nearest2d_backward.default: upsample_nearest2d_backward,
-        aten.replication_pad2d_backward.default: replication_pad2d_backward,
+        aten.replication_pad1d_backward.default: _replication_pad_backward(1),
+        aten.replication_pad2d_backward.default: _replication_pad_backward(2),
+        aten.replication_pad3d_backward.default: _replication_pad_backward(3),
+        aten.adaptive_max_pool2d.default: _adaptive_max_pool(2),
+        aten.adaptive_max_pool3d.default: _adaptive_max_pool(3),
         aten.adaptive_max_pool2d_backward.default: _adaptive_max_pool_backward(2),
         aten.adaptive_max_pool3d_backward.default: _adaptive_max_pool_backward(3),
     }

@@ -43,7 +43,7 @@ def _expr(x: Any, shape_env) -> sympy.Expr:
 class Signature:
     """The graph's inputs with their sizes as expressions of the free symbols.
 
-    `inputs[i]` is ("int", expr) for a number input, ("tensor", shape, stride, dtype,
+    `inputs[i]` is ("int", expr) or ("float", expr) for a number input, ("tensor", shape, stride, dtype,
     device) for a tensor; `sources[sym]` is where a call's arguments give the symbol's
     value: (input index, dim) or (input index, None) for a number input."""
 
@@ -96,6 +96,11 @@ def signature(gm: fx.GraphModule) -> Signature:
             inputs.append(("int", e))
             if isinstance(e, sympy.Symbol):
                 sources.setdefault(e, (i, None))
+        elif isinstance(v, torch.SymFloat):
+            # a float computed from sizes (grid_sample's (size - 1) / 2 scale in a
+            # backward graph): folded in at each size like any size arithmetic; a float
+            # that is not a function of sizes has no source and is refused below
+            inputs.append(("float", v.node.expr))
         elif isinstance(v, torch.Tensor):
             shape = tuple(_expr(s, env) for s in v.shape)
             stride = tuple(_expr(s, env) for s in v.stride())
@@ -109,7 +114,7 @@ def signature(gm: fx.GraphModule) -> Signature:
             raise ValueError(f"input {n.name} is a {type(v).__name__}")
     free = set()
     for inp in inputs:
-        for e in (inp[1:2] if inp[0] == "int" else inp[1] + inp[2]):
+        for e in (inp[1:2] if inp[0] in ("int", "float") else inp[1] + inp[2]):
             free |= sympy.sympify(e).free_symbols
     missing = free - set(sources)
     if missing:
@@ -276,14 +281,15 @@ def retraced_graph(gm: fx.GraphModule, sig: Signature, values: dict[sympy.Symbol
 
     sub = {s: sympy.Integer(v) for s, v in values.items()}
 
-    def ev(e) -> int:
-        return int(sympy.sympify(e).xreplace(sub))
+    def ev(e, kind: str = "int"):
+        v = sympy.sympify(e).xreplace(sub)
+        return float(v) if kind == "float" else int(v)
 
     mode = FakeTensorMode()
     numbers, fakes = {}, []
     for i, inp in enumerate(sig.inputs):
-        if inp[0] == "int":
-            numbers[i] = ev(inp[1])
+        if inp[0] in ("int", "float"):
+            numbers[i] = ev(inp[1], inp[0])
         else:
             _, shape, stride, dtype, device = inp
             with mode:

@@ -507,10 +507,30 @@ class _Builder:
                 self.emit(f"torch.cumprod(torch.tanh({x.name}) * 0.5 + 1, {d})", x.shape, 1.5 ** n, x.hi)
             else:
                 self.emit(f"torch.cumsum({x.name}, {d})", x.shape, x.bound * n, x.hi)
-        elif int(torch.randint(0, 2, (1,), generator=gen)) == 0:
+        else:
+            return self._window(x, d, gen)
+        return True
+
+    def _window(self, x: _Value, d: int, gen: torch.Generator) -> bool:
+        """flip, masked_scatter, adaptive average pooling over windows that do not tile
+        the last dim evenly, replication padding of the last dim (which one: from `gen`)."""
+        variant = int(torch.randint(0, 4, (1,), generator=gen))
+        n = x.shape[-1]
+        lead = x.shape[:-1]
+        if variant == 0:
             self.emit(f"{x.name}.flip({d})", x.shape, x.bound, x.hi)
-        else:  # masked_scatter: the mask's running count picks the source element (a scan)
+        elif variant == 1:  # masked_scatter: the mask's running count picks the source element (a scan)
             self.emit(f"{x.name}.masked_scatter({x.name} > 0.3, {x.name}.flip({d}) * 0.5)", x.shape, x.bound, x.hi)
+        elif variant == 2:
+            m = int(torch.randint(1, n + 3, (1,), generator=gen))
+            self.emit(f"F.adaptive_avg_pool1d({x.name}.reshape(1, -1, {n}), {m}).reshape({_fmt(lead + (m,))})",
+                      lead + (m,), x.bound, x.hi)
+        else:
+            a, b = (int(v) for v in torch.randint(0, 4, (2,), generator=gen))
+            if _numel(lead + (n + a + b,)) > self.prof.max_numel:
+                return False
+            self.emit(f"F.pad({x.name}.reshape(1, -1, {n}), ({a}, {b}), mode='replicate')"
+                      f".reshape({_fmt(lead + (n + a + b,))})", lead + (n + a + b,), x.bound, x.hi)
         return True
 
 

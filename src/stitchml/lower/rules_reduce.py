@@ -100,8 +100,8 @@ register(aten.argmin.default)(_arg("argmin"))
 
 @register(aten.max.dim, aten.min.dim)
 def _max_dim(ctx, node, x, dim, keepdim=False):
-    if not ctx.shape(x):
-        raise Unsupported("max.dim of a 0-d tensor")
+    if not ctx.shape(x):  # a 0-d tensor is its own maximum, at index 0
+        return (ctx.pointwise("identity", (x,), (), ctx.dtype(x)), ctx.full((), 0, torch.int64))
     is_max = node.target is aten.max.dim
     vals = _minmax("amax" if is_max else "amin")(ctx, _first(node), x, dim, keepdim)
     idx = _arg("argmax" if is_max else "argmin")(ctx, node, x, dim, keepdim)

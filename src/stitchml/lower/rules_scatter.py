@@ -128,7 +128,13 @@ def _scatter_add(ctx, node, x, dim, index, src):
     return _scatter_sum(ctx, node, x, dim, index, src)
 
 
-def _scatter_mean(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bool = True) -> Ref:
+def _on_one_element(ctx: LowerCtx, *ts):
+    """0-d operands as 1-element vectors: a 0-d scatter is the 1-d one of its element."""
+    return tuple(ctx.reshape(t, (1,)) if isinstance(t, Ref) and not ctx.shape(t) else t for t in ts)
+
+
+def _scatter_mean(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bool = True,
+                  shape: tuple | None = None) -> Ref:
     """scatter_reduce / index_reduce 'mean': the scatter-add of the values and of a count
     per destination (two atomic adds into zeroed buffers), then their quotient — with x
     counted once when include_self, else x where nothing arrived; integers divide with
@@ -138,9 +144,10 @@ def _scatter_mean(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bo
         raise Unsupported("scatter_reduce 'mean' of bools")
     if (same := _untouched(ctx, node, x, index)) is not None:
         return same
-    shape = static_shape(val)
+    shape = static_shape(val) if shape is None else shape
     if not shape:
-        raise Unsupported("scatter_reduce 'mean' of a 0-d tensor")
+        x, index, src = _on_one_element(ctx, x, index, src)
+        return ctx.reshape(_scatter_mean(ctx, node, x, 0, index, src, include_self, (1,)), ())
     n = ir.prod(shape)
     lin, vals = _scatter_index(ctx, shape, dim % len(shape), index, src)
     sums = ctx.reshape(_scatter_add_rows(ctx, ctx.cast(vals, val.dtype), lin, n, 1), shape)
@@ -166,7 +173,8 @@ def _scatter_mean(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bo
 _KEYED = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
-def _scatter_extreme(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bool, op: str) -> Ref:
+def _scatter_extreme(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bool, op: str,
+                     shape: tuple | None = None) -> Ref:
     """scatter_reduce 'amax' / 'amin': each value becomes an int64 key that orders as the
     value does (`triton_ops._order_key`: NaN on top, so it propagates as in eager; a min
     as the max of reversed keys), an int64 atomic max per destination over a zeroed
@@ -177,9 +185,10 @@ def _scatter_extreme(ctx: LowerCtx, node, x, dim: int, index, src, include_self:
         raise Unsupported(f"scatter_reduce {op!r} of {val.dtype}: keys hold values of at most 32 bits")
     if (same := _untouched(ctx, node, x, index)) is not None:
         return same
-    shape = static_shape(val)
+    shape = static_shape(val) if shape is None else shape
     if not shape:
-        raise Unsupported(f"scatter_reduce {op!r} of a 0-d tensor")
+        x, index, src = _on_one_element(ctx, x, index, src)
+        return ctx.reshape(_scatter_extreme(ctx, node, x, 0, index, src, include_self, op, (1,)), ())
     n = ir.prod(shape)
     lin, vals = _scatter_index(ctx, shape, dim % len(shape), index, src)
     m = ctx.shape(lin)[0]
@@ -213,15 +222,19 @@ def _index_reduce(ctx, node, x, dim, index, source, reduce, *, include_self=True
     scatter form with index[i] broadcast over the slice."""
     if reduce not in ("mean", "amax", "amin"):
         raise Unsupported(f"index_reduce {reduce!r} runs eagerly (no atomic multiply)")
+    if len(ctx.shape(index)) > 1:
+        raise Unsupported("index_reduce with an index of more than one dim (eager rejects it)")
+    x, index, source = _on_one_element(ctx, x, index, source)  # 0-d: the 1-element case
     sshape = ctx.shape(source)
-    if not sshape or not ctx.shape(x) or len(ctx.shape(index)) != 1:
-        raise Unsupported("index_reduce of a 0-d tensor")
     dim %= len(sshape)
     along = tuple(s if d == dim else 1 for d, s in enumerate(sshape))
     full = ctx.broadcast_to(ctx.reshape(index, along), sshape)
+    shape = tuple(ctx.shape(x))
     if reduce == "mean":
-        return _scatter_mean(ctx, node, x, dim, full, source, include_self)
-    return _scatter_extreme(ctx, node, x, dim, full, source, include_self, reduce)
+        out = _scatter_mean(ctx, node, x, dim, full, source, include_self, shape)
+    else:
+        out = _scatter_extreme(ctx, node, x, dim, full, source, include_self, reduce, shape)
+    return ctx.reshape(out, static_shape(node.meta["val"]))
 
 
 @register(aten._unsafe_masked_index.default)
@@ -290,26 +303,47 @@ def _copy(ctx, node, x, src, non_blocking=False):
 
 @register(aten.as_strided_scatter.default)
 def _as_strided_scatter(ctx, node, x, src, size, stride, storage_offset=None):
-    """x (contiguous) with src written at as_strided(x, size, stride, offset), where that
-    view is a contiguous run of x's elements [offset, offset + numel): the run replaced
-    by src's elements (a cat along x's flattened elements).  Other views run eagerly."""
-    from .rules_views import _concat
+    """x with src written at as_strided(x, size, stride, offset).  A view that is a
+    contiguous run of a contiguous x: the run replaced by src's elements (a cat along
+    x's flattened elements).  Any other view of a densely laid out x: a scatter-write
+    of src's elements at their storage positions, x taken in storage order
+    (`rules_views.storage_order`; of positions the view repeats, the last wins)."""
+    from .rules_views import _concat, in_storage_order, storage_order, strided_offset
     val = node.meta["val"]
     shape = static_shape(val)
-    off = storage_offset or 0
+    xval = node.args[0].meta["val"]
+    order = storage_order(xval)
+    off = strided_offset(ctx, node, x, size, stride, storage_offset)
     n, total = ir.prod(size), ir.prod(shape)
-    if (ctx.node(x).stride != contiguous_strides(ctx.shape(x)) or tuple(stride) != contiguous_strides(tuple(size))
-            or off + n > total):
-        raise Unsupported("as_strided_scatter of a view that is not a contiguous run of a contiguous tensor")
     dtype = val.dtype
-    flat_src = ctx.reshape(ctx.cast(src, dtype), (n,))
-    if n == total:
-        return ctx.pointwise("identity", (ctx.reshape(flat_src, shape),), shape, dtype)
-    flat_x = ctx.reshape(ctx.cast(x, dtype), (total,))
-    parts = []
-    if off:
-        parts.append(ctx.view("slice", flat_x, (off,), (("dim", 0), ("start", 0), ("step", 1))))
-    parts.append(flat_src)
-    if off + n < total:
-        parts.append(ctx.view("slice", flat_x, (total - off - n,), (("dim", 0), ("start", off + n), ("step", 1))))
-    return ctx.reshape(_concat(ctx, parts, (total,), 0, dtype), shape)
+    if order == list(range(len(shape))) and tuple(stride) == contiguous_strides(tuple(size)):
+        flat_src = ctx.reshape(ctx.cast(src, dtype), (n,))
+        if n == total:
+            return ctx.pointwise("identity", (ctx.reshape(flat_src, shape),), shape, dtype)
+        flat_x = ctx.reshape(ctx.cast(x, dtype), (total,))
+        parts = []
+        if off:
+            parts.append(ctx.view("slice", flat_x, (off,), (("dim", 0), ("start", 0), ("step", 1))))
+        parts.append(flat_src)
+        if off + n < total:
+            parts.append(ctx.view("slice", flat_x, (total - off - n,), (("dim", 0), ("start", off + n), ("step", 1))))
+        return ctx.reshape(_concat(ctx, parts, (total,), 0, dtype), shape)
+    if n == 0:
+        return ctx.pointwise("identity", (ctx.cast(x, dtype),), shape, dtype)
+    size = tuple(size)
+    lin = None
+    for d, st in enumerate(stride):
+        if size[d] == 1:
+            continue
+        term = ctx.pointwise("mul", (_iota(ctx, size, d), st), size, torch.int64)
+        lin = term if lin is None else ctx.pointwise("add", (lin, term), size, torch.int64)
+    lin = ctx.full(size, off, torch.int64) if lin is None else ctx.pointwise("add", (lin, off), size, torch.int64)
+    stored = in_storage_order(ctx, ctx.cast(x, dtype), xval, order)
+    sshape = ctx.shape(stored)
+    out = scatter_written(ctx, node, scatter_winner(ctx, ctx.reshape(lin, (n,)), total),
+                          ctx.reshape(ctx.cast(src, dtype), (n, 1)), ctx.reshape(stored, (total, 1)), dtype)
+    out = ctx.reshape(out, sshape)
+    if order != list(range(len(shape))):
+        inverse = tuple(order.index(d) for d in range(len(shape)))
+        out = ctx.view("permute", out, shape, (("dims", inverse),))
+    return out

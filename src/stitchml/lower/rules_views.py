@@ -110,19 +110,47 @@ def _stack(ctx, node, tensors, dim=0):
     return _concat(ctx, parts, shape, dim, dtype)
 
 
+def storage_order(val) -> list[int]:
+    """The dims of a tensor (its metadata: eager's layout) by decreasing stride, when
+    that layout is dense (a permutation of a contiguous one): permuted so, the tensor's
+    contiguous order is its storage order.  Size-1 dims last (any stride)."""
+    shape, strides = tuple(val.shape), tuple(val.stride())
+    order = sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: -strides[d])
+    order += [d for d in range(len(shape)) if shape[d] == 1]
+    dense = contiguous_strides(tuple(shape[d] for d in order))
+    if any(shape[d] != 1 and strides[d] != dense[i] for i, d in enumerate(order)):
+        raise Unsupported("as_strided of an operand whose storage has gaps or overlaps (not a dense layout)")
+    return order
+
+
+def in_storage_order(ctx, x, val, order: list[int]):
+    if order == list(range(len(order))):
+        return x
+    return ctx.view("permute", x, tuple(val.shape[d] for d in order), (("dims", tuple(order)),))
+
+
+def strided_offset(ctx, node, x, size, stride, storage_offset) -> int:
+    """as_strided's first storage position relative to its operand's own start;
+    refuses a view reaching outside the operand's elements."""
+    val = node.args[0].meta["val"]
+    if ctx.node(x).kind == ir.INPUT and val.storage_offset() != 0:
+        raise Unsupported("as_strided of an input with a storage offset")
+    off = (0 if storage_offset is None else storage_offset) - val.storage_offset()
+    if off < 0 or off + sum((n - 1) * st for n, st in zip(size, stride) if n > 0) >= max(val.numel(), 1):
+        raise Unsupported("as_strided reaches past the elements of its operand")
+    return off
+
+
 @register(aten.as_strided.default)
 def _as_strided(ctx, node, x, size, stride, storage_offset=None):
-    src = ctx.node(x)
-    # a graph input or a computed value (not a view: its strides are not its storage)
-    # laid out contiguously: as_strided re-indexes its elements in that order
-    if src.kind == ir.VIEW or src.stride != contiguous_strides(src.shape):
-        raise Unsupported("as_strided is only a plain re-index of a contiguous buffer")
+    """as_strided addresses its operand's storage, laid out as eager lays it out (the
+    operand's metadata, not our buffer): when that layout is dense, storage position p
+    is element p - offset of the operand in storage order (`storage_order`) — a plain
+    re-index, whatever our own buffer's layout."""
     val = node.args[0].meta["val"]
-    if val.storage_offset() != 0:
-        raise Unsupported("as_strided of an input with a storage offset")
-    off = 0 if storage_offset is None else storage_offset
-    if off + sum((n - 1) * st for n, st in zip(size, stride) if n > 0) >= max(src.numel, 1):
-        raise Unsupported("as_strided reaches past the elements of its operand")
+    order = storage_order(val)
+    off = strided_offset(ctx, node, x, size, stride, storage_offset)
+    x = in_storage_order(ctx, x, val, order)
     return ctx.view("as_strided", x, _shape(node), (("stride", tuple(stride)), ("offset", off)))
 
 
