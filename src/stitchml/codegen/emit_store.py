@@ -2,6 +2,8 @@
 and column partials (per-program partial rows of a column reduction)."""
 from __future__ import annotations
 
+import torch
+
 from ..ir import index as ix
 from ..ir import nodes as ir
 from .emit_core import KernelBuilder
@@ -80,6 +82,12 @@ class Stores:
         off = ix.offset((ix.loaded(iv.name, n.shape[0], frozenset(iv.axes)), full[-1]), n.stride)
         ptr = b.param("out", nid)
         keep = f" & ({iv.name} != {pad})" if pad is not None and pad >= 0 else ""
+        if n.attr("combine") == "mul":  # a compare-and-swap loop (triton_ops._atomic_mul)
+            wide = n.dtype in (torch.float64, torch.int64)
+            b.scopes[-1].lines.append(
+                f"_atomic_mul({ptr}, {ix.render(off)}, {g.name}, rmask & cmask{keep}, "
+                f"{n.dtype.is_floating_point}, {wide})")
+            return
         op = "atomic_max" if n.attr("combine") == "max" else "atomic_add"
         b.scopes[-1].lines.append(
             f"tl.{op}({ptr} + {ix.render(off)}, {g.name}, mask=rmask & cmask{keep}, sem='relaxed')")

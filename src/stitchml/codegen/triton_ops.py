@@ -116,6 +116,32 @@ def _from_order_key(key, IS_FLOAT: tl.constexpr, FLIP: tl.constexpr):
 
 
 @triton.jit
+def _atomic_mul(base, off, v, m, IS_FLOAT: tl.constexpr, WIDE: tl.constexpr):
+    # scatter_reduce 'prod': base[off] *= v per lane where m, by a compare-and-swap loop
+    # (there is no atomic multiply).  Every lane takes part in every round: a lane that is
+    # done, or masked, swaps a value with itself (a no-op) at a valid address (base + 0).
+    # Floats are swapped as their bit patterns (NaN and -0.0 compare as bits).
+    p = base + tl.where(m, off, 0)
+    cur = tl.load(p, mask=m, other=1)
+    todo = m
+    if IS_FLOAT:
+        bits_ty = tl.int64 if WIDE else tl.int32
+        ip = p.to(tl.pointer_type(bits_ty))
+        while tl.sum(todo.to(tl.int32)) > 0:
+            cb = cur.to(bits_ty, bitcast=True)
+            new = tl.where(todo, (cur * v).to(bits_ty, bitcast=True), cb)
+            old = tl.atomic_cas(ip, cb, new, sem="relaxed")
+            todo = todo & (old != cb)
+            cur = old.to(cur.dtype, bitcast=True)
+    else:
+        while tl.sum(todo.to(tl.int32)) > 0:
+            new = tl.where(todo, cur * v, cur)
+            old = tl.atomic_cas(p, cur, new, sem="relaxed")
+            todo = todo & (old != cur)
+            cur = old
+
+
+@triton.jit
 def _logaddexp(a, b):
     # log(e^a + e^b) = max + log1p(e^(min - max)): the combine of logcumsumexp.  -inf
     # with -inf stays -inf and +inf wins (min - max would be NaN there); NaN propagates

@@ -1,5 +1,6 @@
 """Scatters (issue 18): `scatter_add` / `scatter_reduce(sum)` (and 'mean': sums and
 counts, then divided; 'amax'/'amin': an int64 atomic max of order-preserving keys;
+'prod': a compare-and-swap multiply;
 `index_reduce` through them) into the scatter-add
 kernel form (atomics; refused under torch.use_deterministic_algorithms(True)),
 `scatter.src` as a scatter-write (an atomic max picks each destination's last
@@ -205,14 +206,48 @@ def _scatter_extreme(ctx: LowerCtx, node, x, dim: int, index, src, include_self:
     return ctx.pointwise("where", (hit, got, ctx.cast(x, val.dtype)), shape, val.dtype)
 
 
+def _scatter_prod(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bool = True,
+                  shape: tuple | None = None) -> Ref:
+    """scatter_reduce / index_reduce 'prod': each value multiplied into its destination
+    of a buffer of ones by a compare-and-swap loop (`triton_ops._atomic_mul`), then x
+    multiplied in (include_self) or kept where nothing arrived (a count of arrivals,
+    an integer scatter-add).  Float products depend on the order: refused under
+    deterministic algorithms; integer ones (int64, wrapping as eager's) do not."""
+    from .rules_index import _refuse_nondeterministic
+    val = node.meta["val"]
+    if val.dtype == torch.bool:
+        raise Unsupported("scatter_reduce 'prod' of bools")
+    if (same := _untouched(ctx, node, x, index)) is not None:
+        return same
+    shape = static_shape(val) if shape is None else shape
+    if not shape:
+        x, index, src = _on_one_element(ctx, x, index, src)
+        return ctx.reshape(_scatter_prod(ctx, node, x, 0, index, src, include_self, (1,)), ())
+    if val.dtype.is_floating_point:
+        _refuse_nondeterministic("scatter_reduce 'prod'")
+        acc = torch.float64 if val.dtype == torch.float64 else torch.float32
+    else:
+        acc = torch.int64
+    n = ir.prod(shape)
+    lin, vals = _scatter_index(ctx, shape, dim % len(shape), index, src)
+    prod_ = ctx.reshape(Ref(ctx.g.add(ir.SCATTER_ADD, "scatter_prod", (ctx.cast(vals, acc), lin), (n, 1), acc,
+                                      contiguous_strides((n, 1)), (("padding_idx", None), ("combine", "mul")))),
+                        shape)
+    if include_self:
+        return ctx.cast(ctx.pointwise("mul", (ctx.cast(x, acc), prod_), shape, acc), val.dtype)
+    ones = ctx.full((ctx.shape(lin)[0], 1), 1, torch.int64)
+    hit = ctx.pointwise("gt", (ctx.reshape(_scatter_add_rows(ctx, ones, lin, n, 1), shape), 0), shape, torch.bool)
+    return ctx.pointwise("where", (hit, ctx.cast(prod_, val.dtype), ctx.cast(x, val.dtype)), shape, val.dtype)
+
+
 @register(aten.scatter_reduce.two)
 def _scatter_reduce(ctx, node, x, dim, index, src, reduce, *, include_self=True):
     if reduce == "mean":
         return _scatter_mean(ctx, node, x, dim, index, src, include_self)
     if reduce in ("amax", "amin"):
         return _scatter_extreme(ctx, node, x, dim, index, src, include_self, reduce)
-    if reduce != "sum":
-        raise Unsupported(f"scatter_reduce {reduce!r} runs eagerly (no atomic multiply)")
+    if reduce == "prod":
+        return _scatter_prod(ctx, node, x, dim, index, src, include_self)
     return _scatter_sum(ctx, node, x, dim, index, src, include_self)
 
 
@@ -220,8 +255,6 @@ def _scatter_reduce(ctx, node, x, dim, index, src, reduce, *, include_self=True)
 def _index_reduce(ctx, node, x, dim, index, source, reduce, *, include_self=True):
     """index_reduce: source's slice i along `dim` reduced into x's slice index[i] — the
     scatter form with index[i] broadcast over the slice."""
-    if reduce not in ("mean", "amax", "amin"):
-        raise Unsupported(f"index_reduce {reduce!r} runs eagerly (no atomic multiply)")
     if len(ctx.shape(index)) > 1:
         raise Unsupported("index_reduce with an index of more than one dim (eager rejects it)")
     x, index, source = _on_one_element(ctx, x, index, source)  # 0-d: the 1-element case
@@ -232,6 +265,8 @@ def _index_reduce(ctx, node, x, dim, index, source, reduce, *, include_self=True
     shape = tuple(ctx.shape(x))
     if reduce == "mean":
         out = _scatter_mean(ctx, node, x, dim, full, source, include_self, shape)
+    elif reduce == "prod":
+        out = _scatter_prod(ctx, node, x, dim, full, source, include_self, shape)
     else:
         out = _scatter_extreme(ctx, node, x, dim, full, source, include_self, reduce, shape)
     return ctx.reshape(out, static_shape(node.meta["val"]))

@@ -170,7 +170,8 @@ class Alloc:
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     dtype: torch.dtype
-    zero: bool = False          # accumulated into with atomics
+    zero: bool = False          # accumulated into with atomics: initialised to `fill`
+    fill: int = 0               # (1 for an atomic product)
     poison: bool = False        # testing: filled with NaN / max int
     reuse: str | None = None
     reuse_same: bool = False    # the reused buffer has exactly this shape and strides
@@ -181,6 +182,8 @@ class Alloc:
     def render(self) -> str:
         if self.reuse:
             text = self.reuse if self.reuse_same else f"_view({self.reuse}, {self.shape}, {self.stride}, 0)"
+        elif self.zero and self.fill:
+            return f"{self.name} = torch.full({self.shape}, {self.fill}, dtype={self.dtype}, device=DEVICE)"
         elif self.zero:
             return f"{self.name} = torch.zeros({self.shape}, dtype={self.dtype}, device=DEVICE)"
         else:

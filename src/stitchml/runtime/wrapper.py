@@ -218,8 +218,10 @@ class ProgramBuilder:
                 if nid not in self.names:
                     n = self.g[nid]
                     name = f"v{nid}"
-                    self.steps.append(Alloc(name, n.shape, n.stride, n.dtype, zero=n.kind == ir.SCATTER_ADD,
-                                            poison=poison and n.kind != ir.SCATTER_ADD))
+                    atomic = n.kind == ir.SCATTER_ADD
+                    self.steps.append(Alloc(name, n.shape, n.stride, n.dtype, zero=atomic,
+                                            fill=1 if atomic and n.attr("combine") == "mul" else 0,
+                                            poison=poison and not atomic))
                     self.names[nid] = name
                     self.known[name] = Layout(n.shape, n.stride)
                 args.append(self.names[nid])
