@@ -333,23 +333,26 @@ def test_integer_scatter_mean_rounds_down_like_eager(include_self):
 
 
 @pytest.mark.parametrize("reduce", ["amax", "amin"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.uint8],
-                         ids=["fp32", "bf16", "i32", "u8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.uint8, torch.float64, torch.int64],
+                         ids=["fp32", "bf16", "i32", "u8", "fp64", "i64"])
 def test_scatter_extremes_are_exact_with_nan_and_signed_zeros(reduce, dtype):
     """Every value survives its key round trip bit for bit (±inf, subnormals, NaN of
     either sign: NaN wins, as eager propagates it; zeros by value); integer atomics, so
     allowed under deterministic algorithms."""
     from stitchml import config
     if dtype.is_floating_point:
-        pool = torch.tensor([0.0, -0.0, 1e-40, -1e-40, float("inf"), -float("inf"), 3.5, -2.25, 7.0])
+        tiny = 1e-310 if dtype == torch.float64 else 1e-40   # a subnormal of the dtype
+        pool = torch.tensor([0.0, -0.0, tiny, -tiny, float("inf"), -float("inf"), 3.5, -2.25, 7.0],
+                            dtype=torch.float64)
         s = pool[torch.randint(0, len(pool), (6, 5))].to(dtype)
         s[2, 1] = float("nan")
         s[4, 3] = -float("nan")
         x = torch.randn(4, 5).to(dtype)
     else:
-        lo, hi = (0, 255) if dtype == torch.uint8 else (-2**31, 2**31 - 1)
+        lo, hi = {torch.uint8: (0, 255), torch.int32: (-2**31, 2**31 - 1), torch.int64: (-2**63, 2**63 - 1)}[dtype]
         s = torch.randint(lo, hi, (6, 5), dtype=torch.int64).to(dtype)
         x = torch.randint(lo, hi, (4, 5), dtype=torch.int64).to(dtype)
+        s[0, 0] = lo  # the least value: 64-bit keys have no spare key for "nothing arrived"
     i = torch.randint(0, 4, (6, 5))
 
     def f(x, s, i):
@@ -614,7 +617,8 @@ from stitchml.tools.aot_check import check
 
 def prods(x, s, i, xi, si, xd):
     return (x.scatter_reduce(0, i, s, "prod"), x.scatter_reduce(0, i, s, "prod", include_self=False),
-            xi.scatter_reduce(0, i, si, "prod"), xd.scatter_reduce(0, i, xd[:3, :4] * 2, "prod"))
+            xi.scatter_reduce(0, i, si, "prod"), xd.scatter_reduce(0, i, xd[:3, :4] * 2, "prod"),
+            xd.scatter_reduce(0, i, xd[:3, :4], "amin", include_self=False), xi.scatter_reduce(0, i, si, "amax"))
 
 def windows(x, v, a, s):
     return (F.adaptive_avg_pool2d(x, (3, 4)), *F.adaptive_max_pool2d(x, (4, 5), return_indices=True),
@@ -639,7 +643,7 @@ print(json.dumps({k: [r.__dict__ for r in v] for k, v in out.items()}))
 
 
 def test_this_sessions_kernel_forms_compile_for_sm90():
-    """The compare-and-swap product (float32, float64 bits, int64), uneven adaptive
+    """The compare-and-swap product (float32, float64 bits, int64), 64-bit amax/amin keys, uneven adaptive
     pooling's window gathers, grid_sample 3-d, as_strided_scatter's scatter-write and
     the backwards (transposed gathers, replication-pad edge sums) compile for an H100
     ahead of time: code the interpreter accepts but compiled Triton rejects fails here."""

@@ -116,6 +116,35 @@ def _from_order_key(key, IS_FLOAT: tl.constexpr, FLIP: tl.constexpr):
 
 
 @triton.jit
+def _order_key64(x, IS_FLOAT: tl.constexpr, FLIP: tl.constexpr):
+    # 64-bit scatter amax/amin: a signed int64 key that orders as the value does (float64:
+    # negatives with the magnitude bits flipped, NaN on top; a min as the max of ~key).
+    # Every int64 is a key, so "nothing arrived" is told apart by the caller
+    if IS_FLOAT:
+        bits = x.to(tl.int64, bitcast=True)
+        k = tl.where(bits < 0, bits ^ 0x7FFFFFFFFFFFFFFF, bits)
+    else:
+        k = x.to(tl.int64)
+    if FLIP:
+        k = ~k
+    if IS_FLOAT:  # (after the flip: NaN wins a min too)
+        k = tl.where(x != x, 0x7FFFFFFFFFFFFFFF, k)
+    return k
+
+
+@triton.jit
+def _from_order_key64(key, IS_FLOAT: tl.constexpr, FLIP: tl.constexpr):
+    nan = key == 0x7FFFFFFFFFFFFFFF
+    k = key
+    if FLIP:
+        k = ~k
+    if IS_FLOAT:
+        bits = tl.where(k < 0, k ^ 0x7FFFFFFFFFFFFFFF, k)
+        k = tl.where(nan, float("nan"), bits.to(tl.float64, bitcast=True))
+    return k
+
+
+@triton.jit
 def _atomic_mul(base, off, v, m, IS_FLOAT: tl.constexpr, WIDE: tl.constexpr):
     # scatter_reduce 'prod': base[off] *= v per lane where m, by a compare-and-swap loop
     # (there is no atomic multiply).  Every lane takes part in every round: a lane that is
@@ -659,12 +688,16 @@ def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_d
         return f"_order_key({args[0]}, {in_dtype in FLOATS}, {op == 'order_key_min'})"
     if op in ("from_order_key_max", "from_order_key_min"):
         return f"_from_order_key({args[0]}, {out_dtype in FLOATS}, {op == 'from_order_key_min'})"
+    if op in ("order_key64_max", "order_key64_min"):
+        return f"_order_key64({args[0]}, {in_dtype in FLOATS}, {op == 'order_key64_min'})"
+    if op in ("from_order_key64_max", "from_order_key64_min"):
+        return f"_from_order_key64({args[0]}, {out_dtype in FLOATS}, {op == 'from_order_key64_min'})"
     if op == "nextafter":
         a, b = args
         a = f"(tl.zeros_like({b}) + {a})" if _is_literal(a) else a
         b = f"(tl.zeros_like({a}) + {b})" if _is_literal(b) else b
         return f"_nextafter({a}, {b}, {65536 if out_dtype == torch.bfloat16 else 1})"
-    if op in ("floordiv", "atan2") or float_fmod:
+    if op in ("floordiv", "atan2", "zeta") or float_fmod:
         a, b = args
         # the helpers compare (or pass to libdevice) their operands as tensors: give
         # literals a block shape and the other operand's type

@@ -172,6 +172,31 @@ def _scatter_mean(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bo
 
 
 _KEYED = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int16, torch.int8, torch.uint8)
+_KEYED64 = (torch.float64, torch.int64)
+_INT64_MIN = -(2**63)
+
+
+def _scatter_extreme64(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bool, op: str,
+                       shape: tuple) -> Ref:
+    """amax / amin of 64-bit values: keys that order as the values do in all 64 bits
+    (`triton_ops._order_key64`), an int64 atomic max into a buffer of the least int64,
+    and where nothing arrived told by a count of arrivals (the least key is a value too)."""
+    val = node.meta["val"]
+    n = ir.prod(shape)
+    lin, vals = _scatter_index(ctx, shape, dim % len(shape), index, src)
+    m = ctx.shape(lin)[0]
+    keys = ctx.pointwise(f"order_key64_{op[1:]}", (ctx.cast(vals, val.dtype),), (m, 1), torch.int64)
+    best = ctx.reshape(Ref(ctx.g.add(ir.SCATTER_ADD, "scatter_extreme", (keys, lin), (n, 1), torch.int64,
+                                     contiguous_strides((n, 1)),
+                                     (("padding_idx", None), ("combine", "max"), ("init", _INT64_MIN)))),
+                       shape)
+    got = ctx.pointwise(f"from_order_key64_{op[1:]}", (best,), shape, val.dtype)
+    ones = ctx.full((m, 1), 1, torch.int64)
+    hit = ctx.pointwise("gt", (ctx.reshape(_scatter_add_rows(ctx, ones, lin, n, 1), shape), 0), shape, torch.bool)
+    if include_self:
+        got = ctx.pointwise("maximum" if op == "amax" else "minimum", (ctx.cast(x, val.dtype), got), shape,
+                            val.dtype)
+    return ctx.pointwise("where", (hit, got, ctx.cast(x, val.dtype)), shape, val.dtype)
 
 
 def _scatter_extreme(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bool, op: str,
@@ -182,14 +207,16 @@ def _scatter_extreme(ctx: LowerCtx, node, x, dim: int, index, src, include_self:
     buffer (0: nothing arrived; integer atomics: deterministic), then the key decoded
     and combined with x."""
     val = node.meta["val"]
-    if val.dtype not in _KEYED:
-        raise Unsupported(f"scatter_reduce {op!r} of {val.dtype}: keys hold values of at most 32 bits")
+    if val.dtype not in _KEYED + _KEYED64:
+        raise Unsupported(f"scatter_reduce {op!r} of {val.dtype}")
     if (same := _untouched(ctx, node, x, index)) is not None:
         return same
     shape = static_shape(val) if shape is None else shape
     if not shape:
         x, index, src = _on_one_element(ctx, x, index, src)
         return ctx.reshape(_scatter_extreme(ctx, node, x, 0, index, src, include_self, op, (1,)), ())
+    if val.dtype in _KEYED64:
+        return _scatter_extreme64(ctx, node, x, dim, index, src, include_self, op, shape)
     n = ir.prod(shape)
     lin, vals = _scatter_index(ctx, shape, dim % len(shape), index, src)
     m = ctx.shape(lin)[0]
@@ -231,7 +258,8 @@ def _scatter_prod(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bo
     n = ir.prod(shape)
     lin, vals = _scatter_index(ctx, shape, dim % len(shape), index, src)
     prod_ = ctx.reshape(Ref(ctx.g.add(ir.SCATTER_ADD, "scatter_prod", (ctx.cast(vals, acc), lin), (n, 1), acc,
-                                      contiguous_strides((n, 1)), (("padding_idx", None), ("combine", "mul")))),
+                                      contiguous_strides((n, 1)),
+                                      (("padding_idx", None), ("combine", "mul"), ("init", 1)))),
                         shape)
     if include_self:
         return ctx.cast(ctx.pointwise("mul", (ctx.cast(x, acc), prod_), shape, acc), val.dtype)

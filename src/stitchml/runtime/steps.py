@@ -171,7 +171,7 @@ class Alloc:
     stride: tuple[int, ...]
     dtype: torch.dtype
     zero: bool = False          # accumulated into with atomics: initialised to `fill`
-    fill: int = 0               # (1 for an atomic product)
+    fill: int = 0               # (1 for an atomic product, the least int64 for a 64-bit max)
     poison: bool = False        # testing: filled with NaN / max int
     reuse: str | None = None
     reuse_same: bool = False    # the reused buffer has exactly this shape and strides

@@ -220,7 +220,7 @@ class ProgramBuilder:
                     name = f"v{nid}"
                     atomic = n.kind == ir.SCATTER_ADD
                     self.steps.append(Alloc(name, n.shape, n.stride, n.dtype, zero=atomic,
-                                            fill=1 if atomic and n.attr("combine") == "mul" else 0,
+                                            fill=n.attr("init", 0) if atomic else 0,
                                             poison=poison and not atomic))
                     self.names[nid] = name
                     self.known[name] = Layout(n.shape, n.stride)
