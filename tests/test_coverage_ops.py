@@ -106,6 +106,11 @@ CASES = {
                    _leaf(13, dtype=d)]),
     "embedding_bag_2d_mean": (lambda w, i: F.embedding_bag(i, w, mode="mean"),
                               lambda d: [_leaf(11, 5, dtype=d), _idx(11, 3, 4)]),
+    # max bags: scatter amax of the rows, scatter amin of the winning positions
+    "embedding_bag_max": (lambda w, i, o: F.embedding_bag(i, w * 2, o, mode="max"),
+                          lambda d: [_leaf(11, 5, dtype=d), _idx(11, 13), _offsets(13, 4)]),
+    "embedding_bag_max_padding_2d": (lambda w, i: F.embedding_bag(i, w, mode="max", padding_idx=3),
+                                     lambda d: [_leaf(11, 5, dtype=d), _idx(11, 3, 4)]),
     # pairwise distances (capture/decomp_distance.py): eager's direct path per p, its
     # matrix-product path for p = 2 beyond 25 rows, and pdist's upper triangle
     "cdist_p2": (lambda x, y: torch.cdist(x * 2, y), lambda d: [_nc(2, 5, 4, dtype=d), _leaf(2, 6, 4, dtype=d)]),
@@ -378,18 +383,18 @@ def test_declined_embedding_bag_runs_eagerly_with_its_reason_and_raises_under_st
     from stitchml.fallback import StrictFallbackError
 
     def f(w, i, o):
-        return F.embedding_bag(i, w * 2, o, mode="max")
-    args = [torch.randn(11, 5), _idx(11, 9), _offsets(9, 3)]
-    cmp = compare_with_eager(f, args, backward=False)
+        return F.embedding_bag(i, w * 2, o, mode="sum", scale_grad_by_freq=True)
+    args = [torch.randn(11, 5).requires_grad_(), _idx(11, 9), _offsets(9, 3)]
+    cmp = compare_with_eager(f, args)
     reasons = {f.reason for r in cmp.backend.records for f in r.graph.fallbacks}
-    assert len(reasons) == 1 and "max bags" in reasons.pop()
+    assert len(reasons) == 1 and "scale_grad_by_freq" in reasons.pop()
     with config.override(strict=True), pytest.raises(Exception) as info:
         torch.compile(f, backend=StitchBackend())(*args)
     chain, e = [], info.value
     while e is not None:
         chain.append(e)
         e = e.__cause__ or e.__context__
-    assert any(isinstance(x, StrictFallbackError) and "max bags" in str(x) for x in chain), chain
+    assert any(isinstance(x, StrictFallbackError) and "scale_grad_by_freq" in str(x) for x in chain), chain
 
 
 @pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 2.0, 3.0, float("inf")], ids=str)
@@ -423,6 +428,25 @@ def test_grid_sample_bf16_is_as_close_to_float64_as_eager(padding):
     cmp, judgement = compare_against_float64(f, [_nc(1, 2, 3, 5, 4, dtype=torch.bfloat16),
                                                  _grid3(1, 2, 3, 4, dtype=torch.bfloat16)])
     judgement.assert_ok(f"3-d {padding}")
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+
+
+def test_embedding_bag_max_follows_eagers_nan_and_tie_rules():
+    """Eager keeps a bag's first row and replaces it only by a strictly greater one: a
+    NaN first row stays, later NaN rows are skipped, ties keep the earlier row (the
+    max_indices output and the gradient's destination say which)."""
+    w = torch.randint(0, 3, (11, 5)).float()   # many ties
+    w[3, 1] = float("nan")
+    w[7, 2] = float("nan")
+    idx = torch.tensor([3, 1, 3, 0, 7, 3, 9, 9, 2, 1, 4, 6, 7])
+    off = torch.tensor([0, 2, 2, 6, 9])
+
+    def f(w, i, o):
+        return torch.ops.aten._embedding_bag(w, i, o, False, 2, False, None, False, -1)
+    cmp = compare_with_eager(f, [w, idx, off], backward=False)
+    got, want = cmp.outputs, cmp.expected
+    assert torch.equal(got[0].isnan(), want[0].isnan()) and got[0].isnan().any()
+    assert torch.equal(got[3], want[3])  # the winning rows
     assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
 
 

@@ -13,8 +13,10 @@ form (`cumsum`), gathers, and the scatter forms of `index_put`.
   rows are gathered and added into their bag with the scatter-add form.  The backward
   gathers each index's bag gradient and adds it into the weight rows; the per-sample
   weights' gradient is a row dot product.  The extra outputs (offset2bag, bag sizes)
-  are our own: only our backward reads them.  Max bags, `scale_grad_by_freq` and sparse
-  gradients stay eager with their reason.
+  are our own: only our backward reads them.  Max bags (`_embedding_bag_max`): scatter
+  amax of the rows and scatter amin of the winning positions; the backward adds each
+  bag's gradient at its winners.  `scale_grad_by_freq` and sparse gradients stay eager
+  with their reason.
 As with every index op, an index out of range (here: a source with fewer elements than
 the mask selects) is an error in eager; kernels clamp the address and `tl.device_assert`
 it, which only Triton's debug mode checks (README, known limits).
@@ -27,7 +29,7 @@ import torch
 
 aten = torch.ops.aten
 
-_SUM, _MEAN = 0, 1
+_SUM, _MEAN, _MAX = 0, 1, 2
 
 
 def _running_position(mask_flat: torch.Tensor) -> torch.Tensor:
@@ -72,7 +74,7 @@ def _kept(indices, padding_idx):
 def _embedding_bag_supported(indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
                              include_last_offset) -> bool:
     bags = offsets.numel() - (1 if include_last_offset else 0)
-    return (mode in (_SUM, _MEAN) and not scale_grad_by_freq and not sparse and indices.dim() == 1
+    return (mode in (_SUM, _MEAN, _MAX) and not scale_grad_by_freq and not sparse and indices.dim() == 1
             and offsets.dim() == 1 and indices.numel() > 0 and bags > 0
             and (per_sample_weights is None or mode == _SUM))
 
@@ -83,6 +85,8 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
                                     include_last_offset):
         return NotImplemented
     bags, bag = _bags(indices, offsets, include_last_offset)
+    if mode == _MAX:
+        return _embedding_bag_max(weight, indices, bags, bag, _kept(indices, padding_idx))
     rows = weight[indices]
     keep = _kept(indices, padding_idx)
     if per_sample_weights is not None:
@@ -98,6 +102,40 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
     return out, bag.to(indices.dtype), size, size.clone()
 
 
+def _embedding_bag_max(weight, indices, bags: int, bag, keep):
+    """Max bags as eager computes them: the bag's first row, replaced by each later row
+    that is strictly greater — so a NaN first row stays, NaN later rows are skipped, and
+    a tie keeps the earlier row.  Without the loop: the maximum of the non-NaN rows
+    (scatter amax), NaN where the first row is NaN, and each feature's winning position
+    the least one holding that value (scatter amin of positions).  Empty bags give 0 and
+    index 0; padded positions take no part."""
+    n, f = indices.numel(), weight.shape[1]
+    dev = indices.device
+    rows = weight[indices]                                        # (n, F)
+    pos = torch.arange(n, device=dev)
+    big = torch.full((), n, dtype=torch.int64, device=dev)
+    live = keep if keep is not None else torch.ones(n, dtype=torch.bool, device=dev)
+    first = torch.full((bags,), n, dtype=torch.int64, device=dev).scatter_reduce(
+        0, bag, torch.where(live, pos, big), "amin")              # (bags,): n when empty
+    ninf = torch.full((), -math.inf, dtype=rows.dtype, device=dev)
+    cand = torch.where(live.unsqueeze(1) & ~rows.isnan(), rows, ninf)
+    b2 = bag.unsqueeze(1).expand(n, f)
+    top = torch.full((bags, f), -math.inf, dtype=rows.dtype, device=dev).scatter_reduce(0, b2, cand, "amax")
+    hit = (cand == top[bag]) & live.unsqueeze(1) & ~rows.isnan()
+    at = torch.full((bags, f), n, dtype=torch.int64, device=dev).scatter_reduce(
+        0, b2, torch.where(hit, pos.unsqueeze(1), big), "amin")
+    empty = (first == n).unsqueeze(1)
+    head = rows[first.clamp(max=n - 1)]                           # the first live row of each bag
+    nan_head = head.isnan() & ~empty
+    at = torch.where(nan_head, first.unsqueeze(1), at)
+    out = torch.where(nan_head, head, top)
+    out = torch.where(empty, torch.zeros((), dtype=rows.dtype, device=dev), out)
+    max_idx = torch.where(empty, 0, indices.to(torch.int64)[at.clamp(max=n - 1)])
+    size = torch.zeros(bags, dtype=torch.int64, device=dev).index_put((bag,), live.to(torch.int64),
+                                                                       accumulate=True)
+    return out, bag.to(indices.dtype), size.to(indices.dtype), max_idx.to(indices.dtype)
+
+
 def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
                            scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
     if sparse:
@@ -108,8 +146,14 @@ def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum
 
 def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
                                  scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
-    if mode not in (_SUM, _MEAN) or scale_grad_by_freq or indices.dim() != 1:
+    if mode not in (_SUM, _MEAN, _MAX) or scale_grad_by_freq or indices.dim() != 1:
         return NotImplemented
+    if mode == _MAX:  # each bag's gradient to its winning rows, per feature (empty bags: none)
+        f = grad.shape[1]
+        g = torch.where((bag_size > 0).unsqueeze(1), grad, 0)
+        cols = torch.arange(f, device=grad.device).unsqueeze(0).expand(grad.shape[0], f)
+        return grad.new_zeros(num_weights, f).index_put((maximum_indices.to(torch.int64), cols), g,
+                                                        accumulate=True)
     bag = offset2bag.to(torch.int64)
     g = grad[bag]
     if mode == _MEAN:
@@ -133,7 +177,7 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
 # The reason an op still runs eagerly when its decomposition declined the case
 # (`fallback.no_rule_reason` reports it instead of "no lowering rule").
 DECLINED: dict[object, str] = {
-    op: "embedding_bag: max bags, scale_grad_by_freq, sparse gradients and 2-d offsets have no stitched form"
+    op: "embedding_bag: scale_grad_by_freq, sparse gradients and 2-d offsets have no stitched form"
     for op in (aten._embedding_bag.default, aten._embedding_bag_forward_only.default,
                aten._embedding_bag_backward.default, aten._embedding_bag_dense_backward.default,
                aten._embedding_bag_per_sample_weights_backward.default)
