@@ -211,8 +211,8 @@ MORE_OPS = {
 def test_more_op_db_entries_stitch(case):
     fn, inputs = MORE_OPS[case]
     cmp = _strict(fn, inputs())
-    # (polygamma of order 1, in digamma's backward, is refused with its reason)
-    assert all(op == "aten.polygamma.default" for op, _ in _no_fallbacks(cmp)), _no_fallbacks(cmp)
+    # (polygamma of order 1, in digamma's backward, is stitched too: tests/test_coverage_zeta.py)
+    assert not _no_fallbacks(cmp), _no_fallbacks(cmp)
     assert cmp.num_kernels >= 1
 
 

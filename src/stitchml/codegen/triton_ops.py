@@ -608,6 +608,129 @@ def _bessel_i(x, NU: tl.constexpr):
 
 
 @triton.jit
+def _zeta_pos(s, q):
+    # sum_{k>=0} (q + k)^-s for q > 0, s > 1: N terms, then the Euler-Maclaurin remainder at
+    # a = q + N: a^(1-s) (1/(s-1) + 1/(2a) + sum_{j<=M} B_2j/(2j)! s(s+1)..(s+2j-2) / a^2j),
+    # Horner in 1/a^2 (the constants are B_2j/(2j)!).  (N, M) = (4, 5) in float32, (7, 10) in
+    # float64: truncation error below 5e-10 and 3e-17 against a 50-digit sum over s in
+    # (1, 1000], q in [1e-3, 1e5].  The corrections take c = min(s, 8a): past it they lie
+    # below the first term's last bit (it is >= e^(8N) times larger), and s(s+1).. overflows.
+    # Powers are exp2(-s log2 x): relative error ~ |s log2 x| ulps, that of s itself
+    if q.dtype == tl.float64:
+        a = q + 7.0
+        w = 1.0 / (a * a)
+        c = tl.minimum(s, 8.0 * a)
+        h = (c + 17.0) * (c + 18.0) * w * -2.174868698558062e-16 + 8.586062056277845e-15
+        h = (c + 15.0) * (c + 16.0) * w * h - 3.3896802963225827e-13
+        h = (c + 13.0) * (c + 14.0) * w * h + 1.3382536530684679e-11
+        h = (c + 11.0) * (c + 12.0) * w * h - 5.284190138687493e-10
+        h = (c + 9.0) * (c + 10.0) * w * h + 2.08767569878681e-08
+        h = (c + 7.0) * (c + 8.0) * w * h - 8.267195767195768e-07
+        h = (c + 5.0) * (c + 6.0) * w * h + 3.306878306878307e-05
+        h = (c + 3.0) * (c + 4.0) * w * h - 0.001388888888888889
+        h = (c + 1.0) * (c + 2.0) * w * h + 0.08333333333333333
+        r = tl.exp2((1.0 - s) * tl.log2(a)) * (1.0 / (s - 1.0) + 0.5 / a + c * w * h)
+        for k in tl.static_range(7):  # (smallest term first)
+            r = r + tl.exp2(-s * tl.log2(q + (6 - k)))
+    else:
+        a = q + 4.0
+        w = 1.0 / (a * a)
+        c = tl.minimum(s, 8.0 * a)
+        h = (c + 7.0) * (c + 8.0) * w * 2.08767569878681e-08 - 8.267195767195768e-07
+        h = (c + 5.0) * (c + 6.0) * w * h + 3.306878306878307e-05
+        h = (c + 3.0) * (c + 4.0) * w * h - 0.001388888888888889
+        h = (c + 1.0) * (c + 2.0) * w * h + 0.08333333333333333
+        r = tl.exp2((1.0 - s) * tl.log2(a)) * (1.0 / (s - 1.0) + 0.5 / a + c * w * h)
+        for k in tl.static_range(4):
+            r = r + tl.exp2(-s * tl.log2(q + (3 - k)))
+    return r
+
+
+@triton.jit
+def _zeta(s, q):
+    # Hurwitz zeta sum_{k>=0} (q + k)^-s with eager's values at its edges: inf at s == 1, NaN
+    # below; inf at q = 0, -1, -2, .. and -inf; other q < 0 only for integer s (NaN else),
+    # where the terms with q + k < 0 are (-1)^s (g + j)^-s, g = frac(|q|), j < ceil(|q|):
+    # zeta(s, q) = zeta(s, 1 - g) + (-1)^s (zeta(s, g) - zeta(s, 1 + |q|)).  Those two extra
+    # sums run only in blocks that hold such a q
+    pole = (q <= 0) & (q == tl.floor(q))
+    neg = (q < 0) & (pole == 0)
+    aq = tl.abs(q)
+    g = aq - tl.floor(aq)
+    r = _zeta_pos(s, tl.where(neg, 1.0 - g, q))
+    if tl.max(neg.to(tl.int32)) > 0:
+        odd = (s - 2.0 * tl.floor(0.5 * s)) == 1.0
+        zg = _zeta_pos(s, tl.where(neg, g, 1.0))
+        zq = _zeta_pos(s, tl.where(neg, 1.0 + aq, 2.0))
+        # (odd s: the halves at 1 - g and g cancel first, exactly so at g = 1/2)
+        r = tl.where(neg, tl.where(odd, (r - zg) + zq, r + (zg - zq)), r)
+    r = tl.where(neg & (s != tl.floor(s)), float("nan"), r)
+    r = tl.where(q == float("inf"), float("nan"), r)
+    r = tl.where(pole, float("inf"), r)
+    # eager's sum at s = +inf: inf below q = 1, 1 at 1, NaN above (0 * inf in its remainder)
+    at_inf = tl.where((q > 1.0) | (q != q), float("nan"), tl.where(q == 1.0, 1.0, float("inf")))
+    r = tl.where(s == float("inf"), at_inf, r)
+    r = tl.where(s < 1.0, float("nan"), r)
+    return tl.where(s == 1.0, float("inf"), r)
+
+
+@triton.jit
+def _sum3(a, b, c, lo):
+    # a + b + c + lo with a + b + c exact before its one rounding (Knuth's two-sum, twice):
+    # near eager's trigamma poles they cancel to a few ulps of the largest
+    s = a + b
+    t = s - a
+    err = (a - (s - t)) + (b - t)
+    u = s + c
+    t = u - s
+    err = err + ((s - (u - t)) + (c - t))
+    return u + (err + lo)
+
+
+@triton.jit
+def _sin2_rounded_pi_x(x, PI: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, BIG: tl.constexpr):
+    # sin^2(p), p = PI x rounded (PI: pi rounded to x's type, PI - pi = D1 + D2), with the
+    # relative precision of sin^2 kept where p nears a multiple of pi: sin^2(p) = sin^2(r),
+    # r = p - k pi = PI f + (PI - pi) k + e, x = k + f (k an integer: f exact), e = p - PI x,
+    # each part exact as a pair (fmas), summed exactly (_sum3).  k is round(x), moved by
+    # round(r / pi) where that leaves |r| > 2 (|x| > 2^21, where f is a multiple of 1/4 and
+    # stays exact; r then reaches 2 pi, x + 1/2 rounding up from 2^23).
+    # From BIG (2^24, 2^53) on r outgrows its precision: sin(p) itself there
+    p = x * PI
+    e = -tl.fma(x, PI, -p)
+    k = tl.floor(x + 0.5)
+    f = x - k
+    r0 = (e + D1 * k) + PI * f
+    j = tl.where(tl.abs(r0) > 2.0, tl.floor(r0 * 0.3183098861837907 + 0.5), 0.0)
+    k = k + j
+    f = f - j
+    a = PI * f
+    b = D1 * k
+    lo = tl.fma(f, PI, -a) + tl.fma(k, D1, -b) + D2 * k
+    sn = tl.where(tl.abs(x) < BIG, tl.sin(_sum3(e, b, a, lo)), tl.sin(p))
+    return sn * sn
+
+
+@triton.jit
+def _trigamma(x):
+    # polygamma(1, x) as eager computes it: zeta(2, x) from 0 up (inf at 0, 0 at +inf: no
+    # remainder there, unlike _zeta's NaN); below 0 its reflection PI^2 / sin^2(PI x) -
+    # zeta(2, 1 - x) with PI x rounded to the compute type (PI: pi rounded) as eager's, so
+    # that its finite values at -1, -2, .. (pi^2 over the product's rounding error squared)
+    # come out alike
+    if x.dtype == tl.float64:
+        refl = 9.869604401089358 / _sin2_rounded_pi_x(x, 3.141592653589793, -1.2246467991473532e-16,
+                                                      2.9947698097183397e-33, 9007199254740992.0)
+    else:
+        refl = 9.86960506439209 / _sin2_rounded_pi_x(x, 3.1415927410125732, 8.742277657347586e-08,
+                                                     3.4302490200117637e-15, 16777216.0)
+    below = x < 0
+    z = _zeta_pos(tl.zeros_like(x) + 2.0, tl.where(below, 1.0 - x, x))
+    r = tl.where(below, refl - z, z)
+    return tl.where(x == float("-inf"), float("nan"), r)
+
+
+@triton.jit
 def _erfinv(y):
     # Giles' single-precision polynomials in w = -log((1 - y)(1 + y)) (central below w = 5,
     # tail above), then one Newton step on erf(x) = y; +-inf at +-1, nan beyond
@@ -641,7 +764,7 @@ BINARY = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
     "maximum": "_nanmax({0}, {1})", "minimum": "_nanmin({0}, {1})",
     "clamp_min": "_nanmax({0}, {1})", "clamp_max": "_nanmin({0}, {1})",
-    "floordiv": "_floordiv({0}, {1})", "atan2": "_atan2({0}, {1})",
+    "floordiv": "_floordiv({0}, {1})", "atan2": "_atan2({0}, {1})", "zeta": "_zeta({0}, {1})",
     # C semantics (issue 18, lower/rules_intdiv.py): integer `//` truncates, `%` (ints and
     # floats) takes the dividend's sign; the rules build Python's rounding from them
     "tdiv": "({0} // {1})", "fmod": "({0} % {1})",
@@ -670,6 +793,7 @@ UNARY = {
     "frexp_mantissa": "_frexp({0})[0]", "frexp_exponent": "_frexp({0})[1]",
     "bessel_i0": "_bessel_i({0}, 0)", "bessel_i1": "_bessel_i({0}, 1)",
     "bessel_i0e": "_bessel_ie({0}, 0)", "bessel_i1e": "_bessel_ie({0}, 1)",
+    "trigamma": "_trigamma({0})",
 }
 
 

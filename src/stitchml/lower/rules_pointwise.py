@@ -185,8 +185,11 @@ for _op, _packet in UNARY.items():
 
 @register(aten.polygamma.default)
 def _polygamma(ctx, node, n, x):
-    if n != 0:
-        raise Unsupported("polygamma of order >= 1 has no kernel form valid for every argument (only order 0)")
+    if n < 0:
+        raise Unsupported("polygamma of a negative order (eager raises)")
+    if n >= 1:  # zeta-based (lower/rules_special.py; imported here: it imports this module)
+        from .rules_special import polygamma_ge1
+        return polygamma_ge1(ctx, node, int(n), x)
     return _unary("digamma")(ctx, node, x)
 
 

@@ -1,15 +1,18 @@
 """Element-wise ops that torch's decompositions (capture/decomp.py) leave as `prims`
 calls, and the IEEE helpers behind them (issue 19, op_db coverage): signbit, copysign
 (through prims), fmax/fmin, hypot, nextafter, round with decimals (prims.round), frexp,
-erfc, erfcx, erfinv and the modified Bessel functions I0/I1, plain and exponentially scaled.
+erfc, erfcx, erfinv, the modified Bessel functions I0/I1, plain and exponentially scaled, and
+the Hurwitz zeta function (with polygamma of order >= 1 built on it).
 Each is built from element-wise nodes the code generator already knows, or from one
 helper of `codegen/triton_ops.py` where a bit pattern or a series is needed.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-from ..ir.nodes import compute_dtype
+from ..ir.nodes import Ref, compute_dtype
 from .context import FLOAT_TYPES, LowerCtx
 from .registry import Unsupported, register
 from .rules_pointwise import _operands, _out, _unary, _where
@@ -145,3 +148,33 @@ def _spherical_bessel_j0(ctx: LowerCtx, node, x):
     r = pw("where", pw("lt", a, 0.5, dt=torch.bool), series, ratio)
     r = pw("where", pw("eq", a, float("inf"), dt=torch.bool), 0.0, r)
     return ctx.cast(r, dtype)
+
+
+@register(prims.zeta.default, aten.special_zeta.default, aten.special_zeta.self_scalar,
+          aten.special_zeta.other_scalar)
+def _zeta(ctx: LowerCtx, node, s, q):
+    """Hurwitz zeta(s, q) (codegen `_zeta`): eager's values at s <= 1, at the poles
+    q = 0, -1, .., for negative q; half types computed in float32 and rounded once."""
+    shape, dtype = _out(node)
+    if dtype not in FLOAT_TYPES:
+        raise Unsupported("zeta of an integer tensor")
+    cd = compute_dtype(dtype)
+    s, q = _operands(ctx, (s, q), shape, cd)
+    return ctx.cast(ctx.pointwise("zeta", (s, q), shape, cd), dtype)
+
+
+def polygamma_ge1(ctx: LowerCtx, node, n: int, x) -> Ref:
+    """polygamma(n, x) for n >= 1 as eager computes it: (-1)^(n+1) n! zeta(n + 1, x), and for
+    n = 1 eager's trigamma (its reflection below 0: finite at the poles -1, -2, ..)."""
+    shape, dtype = _out(node)
+    if dtype not in FLOAT_TYPES:
+        raise Unsupported("polygamma of an integer result")
+    cd = compute_dtype(dtype)
+    x = ctx.cast(x, cd)
+    if n == 1:
+        return ctx.cast(ctx.pointwise("trigamma", (x,), shape, cd), dtype)
+    # n! overflows from n = 35 (float32), 171 (float64): inf, as eager's exp(lgamma(n + 1))
+    fact = float(math.factorial(n)) if n <= 170 else math.inf
+    fact = fact if fact <= torch.finfo(cd).max else math.inf
+    z = ctx.pointwise("zeta", (float(n + 1), x), shape, cd)
+    return ctx.cast(ctx.pointwise("mul", (z, fact if n % 2 else -fact), shape, cd), dtype)
