@@ -89,3 +89,22 @@ def test_float_computed_from_sizes_compiles_under_dynamic_sizes():
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert any(r.kind == "backward" and r.dynamic is not None for r in backend.records)
     _no_fallback(backend)
+
+
+def test_element_wise_siblings_are_one_launch_under_dynamic_sizes():
+    """Dynamic graphs never pack launches horizontally; independent element-wise
+    outputs of one input are one kernel instead (sibling fusion), at every size."""
+    def f(s, v):
+        return v + s[0], v * s[1], v - s[2]
+
+    backend = stitchml.StitchBackend()
+    c = torch.compile(f, backend=backend)
+    for n in (3, 4, 5, 9, 13):
+        s, v = torch.randn(n), torch.randn(n)
+        with count_launches() as launches:
+            out = c(s, v)
+        assert launches["n"] == 1, (n, launches["n"])
+        for a, b in zip(out, f(s, v)):
+            torch.testing.assert_close(a, b)
+    assert any(r.dynamic is not None for r in backend.records)
+    _no_fallback(backend)

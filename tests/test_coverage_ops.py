@@ -280,9 +280,10 @@ def test_scatter_writes_with_duplicates_keep_the_last_writer(dtype):
     finally:
         torch.use_deterministic_algorithms(was)
     assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
-    # per scatter: a winner kernel (index math fused in) and a write kernel (launches may be
-    # fewer: horizontal fusion packs the independent ones together)
-    assert sum(len(r.plan.kernels) for r in cmp.backend.records) == 6 and 2 <= cmp.num_kernels <= 6
+    # per scatter: a winner kernel (index math fused in) and a write kernel; the two
+    # scatters' write kernels read the same x in one domain, so they are one kernel
+    # (sibling fusion); launches may be fewer: horizontal fusion packs independent ones
+    assert sum(len(r.plan.kernels) for r in cmp.backend.records) == 5 and 2 <= cmp.num_kernels <= 5
     torch.testing.assert_close(cmp.outputs[0], want_sc, rtol=0, atol=0)
     torch.testing.assert_close(cmp.outputs[1], want_ip, rtol=0, atol=0)
 

@@ -67,6 +67,33 @@ def test_pointwise_chain_is_one_local_kernel():
     assert k.bytes_read == (33 * 7 + 7) * 4
 
 
+def test_element_wise_siblings_of_one_input_are_one_kernel_reading_it_once():
+    """Independent element-wise outputs of one input (rotary halves, gate and up
+    activations): one kernel that reads the input once; with the knob off, one kernel
+    each (each reads it)."""
+    x, s = torch.randn(37, 9), torch.randn(3)
+
+    def f(x, s):
+        return torch.sin(x) * s[0], torch.cos(x) + s[1], torch.sigmoid(x * s[2])
+    plan = plan_of(f, x, s)
+    (k,) = plan.kernels
+    assert k.mapping.form == "pointwise" and len(k.outputs) == 3
+    assert k.bytes_read == (37 * 9 + 3) * 4 and k.bytes_written == 3 * 37 * 9 * 4
+    with config.override(sibling_fusion=False):
+        apart = plan_of(f, x, s)
+    assert len(apart.kernels) == 3
+    assert sum(k.bytes_read for k in apart.kernels) > 2 * k.bytes_read
+
+
+def test_siblings_of_different_domains_stay_apart():
+    x = torch.randn(8, 6)
+    # a row reduction and an element-wise op of x: different domains
+    assert len(plan_of(lambda x: (x.sum(1), torch.exp(x)), x).kernels) == 2
+    # element-wise outputs of other shapes (x read through a transpose): kept apart
+    assert len(plan_of(lambda x: (torch.exp(x), torch.sin(x.t())), x).kernels) == 2
+    assert len(plan_of(lambda x: (torch.exp(x), torch.sin(x)), x).kernels) == 1
+
+
 def test_row_softmax_then_column_sum_is_one_kernel_plus_a_combine():
     x = torch.randn(16, 40)
     plan = plan_of(lambda x: torch.softmax(x, -1).sum(0), x)

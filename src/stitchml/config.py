@@ -52,6 +52,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "barriers. Off = the phase-split twin (one launch per phase)."),
     Knob("horizontal_fusion", "STITCHML_HORIZONTAL_FUSION", True, _bool,
          "Launch independent, launch-bound kernels together (dispatch on program-id ranges)."),
+    Knob("sibling_fusion", "STITCHML_SIBLING_FUSION", True, _bool,
+         "Merge independent element-wise kernels of the same shape that read a common buffer into one kernel "
+         "(the buffer read once, one launch; also under dynamic shapes, where launches are never packed). "
+         "Reductions over the same rows reading a common buffer are always merged."),
     Knob("ilp", "STITCHML_ILP", True, _bool,
          "Choose launch-level stitching (global / horizontal / separate) by ILP (scipy HiGHS); off = rules."),
     Knob("ilp_time_limit", "STITCHML_ILP_TIME_LIMIT", 0.5, float,

@@ -75,11 +75,12 @@ class Grouper:
 
     def _merge_siblings(self) -> None:
         """Operator-level reuse: kernels with the same domain that read the same
-        buffer (dγ and dβ of a norm backward, several bias gradients of one tensor)
-        become one kernel, so the shared operand is loaded once."""
+        buffer (dγ and dβ of a norm backward, several bias gradients of one tensor,
+        element-wise ops of one input such as a rotary embedding's halves) become one
+        kernel, so the shared operand is loaded once and one launch does the work."""
         readers: dict[int, list[Group]] = {}
         for grp in {id(g): g for g in self.group_of.values()}.values():
-            if not grp.rowwise or any(self.g[m].kind == ir.SCATTER_ADD for m in grp.members):
+            if any(self.g[m].kind == ir.SCATTER_ADD for m in grp.members):
                 continue
             srcs = {s for m in grp.members for s in self.gv.sources[m] if s not in grp.members}
             for s in srcs:
@@ -87,7 +88,11 @@ class Grouper:
         for s, grps in readers.items():
             for i in range(1, len(grps)):
                 a, b = self.group_of[min(grps[0].members)], self.group_of[min(grps[i].members)]
-                if a is b or (a.domain.rows, a.domain.cols) != (b.domain.rows, b.domain.cols):
+                if a is b or a.rowwise != b.rowwise:
+                    continue
+                if a.rowwise and (a.domain.rows, a.domain.cols) != (b.domain.rows, b.domain.cols):
+                    continue
+                if not a.rowwise and (a.domain.shape != b.domain.shape or not self.opts.sibling_fusion):
                     continue
                 if self._forbidden(a, b) or self._reads_cross(a, b) or self._reads_cross(b, a):
                     continue  # a reader of a column reduction needs the combined value

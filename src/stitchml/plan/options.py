@@ -27,6 +27,7 @@ class PlanOptions:
     split_min_cols: int = 1024     # task splitting: smallest chunk of a split row
     global_barriers: bool = True   # the global scheme (phases + grid barrier) may be chosen
     horizontal_fusion: bool = True   # independent launch-bound kernels may share a launch
+    sibling_fusion: bool = True    # element-wise kernels of one domain reading one buffer merge
     ilp: bool = True               # launch grouping by ILP (else the rules)
     plan_search: str = "ilp"       # ilp | rules
     ilp_time_limit: float = 0.5    # seconds per region
