@@ -451,6 +451,40 @@ def test_embedding_bag_max_follows_eagers_nan_and_tie_rules():
     assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
 
 
+from stitchml.capture.decomp_index import DECLINED as _INDEX_DECLINED  # noqa: E402
+
+DECLINED_SEGMENT = _INDEX_DECLINED[aten.segment_reduce.default]
+SEGMENT_LENGTHS = torch.tensor([2, 0, 3, 1, 1])   # an empty segment included
+SEGMENT_OFFSETS = torch.tensor([0, 2, 2, 5, 6, 7])
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("initial", [None, 0.5], ids=["no_initial", "initial"])
+@pytest.mark.parametrize("how", ["lengths", "offsets"])
+def test_segment_reduce_matches_eager_with_ties_zeros_and_empty_segments(reduce, initial, how):
+    """segment_reduce as scatter reductions: eager's empty-segment values and `initial`
+    rule (mean: added to the sum), and its backward — ties share a positive gradient,
+    products with one zero take the others' product."""
+    torch.manual_seed(stable_seed(f"segment-{reduce}-{initial}-{how}"))
+    d = torch.randn(7, 3)
+    d[0, 1] = d[1, 1]          # a tie
+    d[3, 0] = 0.0              # one zero in a product
+    d[3, 2] = d[4, 2] = 0.0    # two zeros
+    kw = {"lengths": SEGMENT_LENGTHS} if how == "lengths" else {"offsets": SEGMENT_OFFSETS}
+    cmp = compare_with_eager(lambda t: torch.segment_reduce(t * 1.5, reduce, initial=initial, **kw),
+                             [d.t().contiguous().t().requires_grad_()])
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+    assert cmp.num_kernels >= 1
+
+
+def test_segment_reduce_with_batched_lengths_runs_eagerly_with_its_reason():
+    lengths = torch.tensor([[2, 1], [0, 3]])
+    cmp = compare_with_eager(lambda t: torch.segment_reduce(t * 2, "sum", lengths=lengths, axis=1),
+                             [torch.randn(2, 3)], backward=False)
+    reasons = [f.reason for r in cmp.backend.records for f in r.graph.fallbacks]
+    assert reasons == [DECLINED_SEGMENT], reasons
+
+
 def test_distances_without_pairs_or_features_are_stitched_zeros():
     def f(x, y, one):
         return torch.cdist(x[:, :0], y[:, :0]) + 1, torch.pdist(one * 2), torch.cdist(x, y, p=0.0)

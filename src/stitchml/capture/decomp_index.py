@@ -174,6 +174,99 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
     return dot
 
 
+_SEGMENT = {"sum": "sum", "mean": "sum", "max": "amax", "min": "amin", "prod": "prod"}
+_EMPTY = {"sum": 0.0, "mean": math.nan, "max": -math.inf, "min": math.inf, "prod": 1.0}
+
+
+def _segments(data, lengths, offsets, axis: int):
+    """(segment count, each position's segment along axis (n,), each segment's length)
+    from 1-d lengths or offsets; None where the case is not covered."""
+    if data.numel() == 0 or not data.is_floating_point():
+        return None
+    if lengths is not None and lengths.dim() == 1:
+        lengths = lengths.to(torch.int64)
+        starts = torch.cumsum(lengths, 0) - lengths
+    elif lengths is None and offsets is not None and offsets.dim() == 1 and offsets.numel() >= 1:
+        offsets = offsets.to(torch.int64)
+        starts, lengths = offsets[:-1], offsets[1:] - offsets[:-1]
+    else:
+        return None
+    nseg, n = lengths.numel(), data.shape[axis]
+    marks = torch.zeros(n + 1, dtype=torch.int64, device=data.device).index_put(
+        (starts.clamp(0, n),), torch.ones((), dtype=torch.int64, device=data.device), accumulate=True)
+    return nseg, torch.cumsum(marks, 0)[:n] - 1, lengths
+
+
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    """Each segment of `axis` reduced with the scatter forms (scatter_reduce into a
+    buffer holding the empty segment's value): eager's rules — `initial` takes part in
+    every segment (mean: added to the sum, the count unchanged) and is the value of an
+    empty one, else 0 / NaN / -inf / inf / 1."""
+    axis %= max(data.dim(), 1)
+    got = _segments(data, lengths, offsets, axis) if indices is None and reduce in _SEGMENT else None
+    if got is None:
+        return NotImplemented
+    nseg, seg, lens = got
+    x = data.movedim(axis, 0)
+    shape = (nseg,) + tuple(x.shape[1:])
+    idx = seg.reshape((-1,) + (1,) * (x.dim() - 1)).expand(x.shape)
+    start = _EMPTY[reduce] if initial is None else float(initial)
+    base = torch.full(shape, 0.0 if reduce == "mean" else start, dtype=x.dtype, device=x.device)
+    out = base.scatter_reduce(0, idx, x, _SEGMENT[reduce], include_self=False)
+    lens = lens.reshape((-1,) + (1,) * (x.dim() - 1))
+    if reduce == "mean":
+        if initial is not None:
+            out = out + float(initial)
+        out = torch.where(lens > 0, out / lens.clamp(min=1).to(x.dtype), start)
+    elif initial is not None and reduce != "mean":
+        ini = torch.full((), float(initial), dtype=x.dtype, device=x.device)
+        op = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum, "prod": torch.mul}[reduce]
+        out = torch.where(lens > 0, op(out, ini), ini)
+    return out.movedim(0, axis)
+
+
+def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+    """The gradient for `data`: each element takes its segment's gradient (mean: over
+    the length; max/min: to the elements equal to the result, a positive gradient shared
+    among ties, as eager;
+    prod: the product of the others — from the output where no element is zero, else
+    from the product of the nonzero ones where exactly one is)."""
+    axis %= max(data.dim(), 1)
+    got = _segments(data, lengths, offsets, axis) if reduce in _SEGMENT else None
+    if got is None:
+        return NotImplemented
+    nseg, seg, lens = got
+    x = data.movedim(axis, 0)
+    g = grad.movedim(axis, 0)[seg]
+    out = output.movedim(axis, 0)
+    lens_at = lens.reshape((-1,) + (1,) * (x.dim() - 1))[seg]
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    if reduce == "sum":
+        gx = g
+    elif reduce == "mean":
+        gx = g / lens_at.clamp(min=1).to(g.dtype)
+    elif reduce in ("max", "min"):
+        # eager's rule, to the letter: every element equal to the result (or NaN) takes
+        # the gradient; where two or more do, a positive gradient is divided among them
+        # and a negative one is not
+        hit = (x == out[seg]) | x.isnan()
+        idx = seg.reshape((-1,) + (1,) * (x.dim() - 1)).expand(x.shape)
+        count = torch.zeros(out.shape, dtype=x.dtype, device=x.device).scatter_add(0, idx, hit.to(x.dtype))[seg]
+        gx = torch.where(hit, torch.where((count >= 2) & (g > 0), g / count, g), zero)
+    else:  # prod
+        idx = seg.reshape((-1,) + (1,) * (x.dim() - 1)).expand(x.shape)
+        is_zero = x == 0
+        zeros = torch.zeros(out.shape, dtype=torch.int64, device=x.device).scatter_add(0, idx, is_zero.to(torch.int64))
+        one = torch.ones((), dtype=x.dtype, device=x.device)
+        start = one if initial is None else torch.full((), float(initial), dtype=x.dtype, device=x.device)
+        nonzero = torch.ones(out.shape, dtype=x.dtype, device=x.device).scatter_reduce(
+            0, idx, torch.where(is_zero, one, x), "prod", include_self=False) * start
+        z = zeros[seg]
+        gx = torch.where(z == 0, g * out[seg] / torch.where(is_zero, one, x),
+                         torch.where((z == 1) & is_zero, g * nonzero[seg], zero))
+    return gx.movedim(0, axis).to(data.dtype)
+
+
 # The reason an op still runs eagerly when its decomposition declined the case
 # (`fallback.no_rule_reason` reports it instead of "no lowering rule").
 DECLINED: dict[object, str] = {
@@ -183,12 +276,17 @@ DECLINED: dict[object, str] = {
                aten._embedding_bag_per_sample_weights_backward.default)
 }
 DECLINED[aten.masked_scatter.default] = "masked_scatter: a non-bool mask or an empty source has no stitched form"
+DECLINED[aten.segment_reduce.default] = ("segment_reduce: integer data, an empty tensor, N-d lengths/offsets or "
+                                         "unsorted indices have no stitched form")
+DECLINED[aten._segment_reduce_backward.default] = DECLINED[aten.segment_reduce.default]
 DECLINED[aten.masked_scatter_backward.default] = DECLINED[aten.masked_scatter.default]
 
 
 def table() -> dict:
     return {
         aten.masked_scatter.default: masked_scatter,
+        aten.segment_reduce.default: segment_reduce,
+        aten._segment_reduce_backward.default: segment_reduce_backward,
         aten.masked_scatter_backward.default: masked_scatter_backward,
         aten._embedding_bag.default: embedding_bag,
         aten._embedding_bag_forward_only.default: embedding_bag,
