@@ -713,3 +713,18 @@ def test_this_sessions_kernel_forms_compile_for_sm90():
     assert len(kernels) >= 6
     failed = [(name, r["kernel"], r["error"]) for name, r in kernels if not r["ok"]]
     assert not failed, failed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_memory_format_copies_stitch_in_eagers_layout(dtype):
+    """`.to(memory_format=...)` (with or without a dtype change) is a copy written in the
+    requested layout: same values and the same strides as eager, no op left eager."""
+    def f(x):
+        return (x.to(memory_format=torch.channels_last), (x * 2).to(torch.float16, memory_format=torch.channels_last),
+                (x + 1).contiguous(memory_format=torch.channels_last).sum((2, 3)))
+    x = torch.randn(2, 3, 5, 7, dtype=dtype).requires_grad_()
+    cmp = compare_with_eager(f, [x], **({} if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)))
+    for got, want in zip(cmp.outputs, cmp.expected):
+        assert got.stride() == want.stride(), (got.stride(), want.stride())
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+    assert cmp.num_kernels >= 1
