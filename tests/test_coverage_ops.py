@@ -175,6 +175,13 @@ CASES = {
                                    lambda d: [_nc(2, 3, 6, 8, dtype=d)]),
     "adaptive_max_pool3d_uneven": (lambda x: F.adaptive_max_pool3d(x, (2, 3, 4), return_indices=True),
                                    lambda d: [_nc(2, 2, 5, 7, 6, dtype=d)]),
+    # antialiased bilinear resize (torchvision's Resize(antialias=True)): per axis a
+    # weighted window gather; the backward an index_add of each output's weighted gradient
+    "interpolate_antialias_down": (lambda x: F.interpolate(x * 2, size=(5, 7), mode="bilinear", antialias=True),
+                                   lambda d: [_nc(2, 3, 13, 16, dtype=d)]),
+    "interpolate_antialias_mixed_scales": (
+        lambda x: F.interpolate(x, scale_factor=(1.7, 0.45), mode="bilinear", antialias=True, align_corners=False),
+        lambda d: [_nc(1, 2, 9, 16, dtype=d)]),
     # replication padding's backward as slices and edge sums per axis (no atomics)
     "replicate_pad_1d": (lambda x: F.pad(x, (3, 2), mode="replicate") * 2, lambda d: [_nc(2, 3, 7, dtype=d)]),
     "replicate_pad_3d": (lambda x: F.pad(x, (1, 2, 0, 3, 2, 1), mode="replicate"),
@@ -214,8 +221,9 @@ _IDX = {"a": torch.tensor([[0, -1], [2, 1], [3, 0]]), "b": torch.tensor([1, -5])
         "perm": torch.tensor([[4, 0, 2, 1], [1, 4, 3, 0], [2, 3, 0, 4]]), "uniq": torch.tensor([3, 0, 4])}
 
 
-# eager's CPU kernel has no bfloat16 avg_pool3d: nothing to compare against
-NO_BF16_EAGER = {"avg_pool3d", "avg_pool3d_ceil_nopad", "cdist_p2", "cdist_p1_5", "cdist_inf", "cdist_mm", "pdist_p3",
+# eager's CPU kernels have no bfloat16 avg_pool3d or antialiased backward: nothing to compare against
+NO_BF16_EAGER = {"avg_pool3d", "avg_pool3d_ceil_nopad", "interpolate_antialias_down",
+                 "interpolate_antialias_mixed_scales", "cdist_p2", "cdist_p1_5", "cdist_inf", "cdist_mm", "pdist_p3",
                  "cdist_broadcast_batch",
                  # eager's bfloat16 grid_sample rounds the pixel coordinates to bfloat16 (a
                  # whole pixel off near the border): judged against float64 below instead
@@ -681,13 +689,15 @@ def prods(x, s, i, xi, si, xd):
 
 def windows(x, v, a, s):
     return (F.adaptive_avg_pool2d(x, (3, 4)), *F.adaptive_max_pool2d(x, (4, 5), return_indices=True),
+            F.interpolate(x, size=(3, 5), mode="bilinear", antialias=True),
             F.grid_sample(v, torch.rand(2, 3, 4, 5, 3) * 2.6 - 1.3, padding_mode="reflection"),
             torch.as_strided_scatter(a * 2, s, (2, 3), (1, 4), 1))
 
 def backward(x, v, g, p):   # the gradients, traced through autograd (joint graph)
     x, v, g, p = (t.detach().requires_grad_() for t in (x, v, g, p))
     out = (F.adaptive_avg_pool2d(x, (3, 4)).sum() + F.adaptive_max_pool2d(x, (4, 5)).sum()
-           + F.grid_sample(v, g).sum() + F.pad(p, (2, 3, 1, 0, 1, 2), mode="replicate").sum())
+           + F.grid_sample(v, g).sum() + F.pad(p, (2, 3, 1, 0, 1, 2), mode="replicate").sum()
+           + F.interpolate(x, size=(3, 5), mode="bilinear", antialias=True).sum())
     return torch.autograd.grad(out, [x, v, g, p])
 
 idx = torch.tensor([[0, 1, 1, 3], [2, 2, 0, 0], [3, 3, 3, 1]])

@@ -429,6 +429,76 @@ def _adaptive_max(x: torch.Tensor, outs):
     return vals, pos
 
 
+# ------------------------------------------------ antialiased bilinear resampling
+# `_upsample_bilinear2d_aa` (torchvision's Resize(antialias=True) on tensors) is
+# separable: along each axis output o averages inputs [xmin_o, xmin_o + xsize_o) with
+# triangle weights, normalised to sum 1 — eager's formulas: scale = in/out (1/scale
+# when given; (in-1)/(out-1) with align_corners), support = max(scale, 1), center =
+# scale·(o + 0.5), xmin = trunc(center - support + 0.5) clamped at 0, xmax =
+# trunc(center + support + 0.5) clamped at in, weight of input j = max(0, 1 - |(j -
+# center + 0.5) / max(scale, 1)|).  Per axis: a gather of K = max window length
+# clamped indices, weighted and reduced (one kernel); the backward adds each output's
+# gradient times its weights back at its window (index_add: the scatter-add form).
+
+def _aa_scale(n: int, out: int, align_corners: bool, scale) -> float:
+    if align_corners:
+        return (n - 1) / (out - 1) if out > 1 else 0.0
+    return 1.0 / scale if scale is not None and scale > 0 else n / out
+
+
+def _aa_axis(n: int, out: int, scale: float, device, dtype):
+    """(clamped indices (out, K), normalised weights (out, K)) of one axis."""
+    support = scale if scale >= 1.0 else 1.0
+    invscale = 1.0 / scale if scale >= 1.0 else 1.0
+    k = 0
+    for o in range(out):  # the longest window (Python floats; one more lane is harmless)
+        c = scale * (o + 0.5)
+        k = max(k, min(int(c + support + 0.5), n) - max(int(c - support + 0.5), 0))
+    k += 1
+    center = (torch.arange(out, device=device, dtype=dtype) + 0.5) * scale
+    xmin = torch.clamp_min((center - support + 0.5).to(torch.int64), 0)
+    xmax = torch.clamp_max((center + support + 0.5).to(torch.int64), n)
+    j = xmin.unsqueeze(1) + torch.arange(k, device=device).unsqueeze(0)
+    w = torch.clamp_min(1.0 - ((j.to(dtype) - center.unsqueeze(1) + 0.5) * invscale).abs(), 0.0)
+    w = torch.where(j < xmax.unsqueeze(1), w, torch.zeros((), dtype=dtype, device=device))
+    total = w.sum(1, keepdim=True)
+    w = torch.where(total != 0, w / total, w)
+    return torch.clamp_max(j, n - 1), w
+
+
+def _aa_scales(input_size, output_size, align_corners, scales_h, scales_w):
+    (h, w), (oh, ow) = input_size[-2:], output_size
+    return (_aa_scale(h, oh, align_corners, scales_h), _aa_scale(w, ow, align_corners, scales_w))
+
+
+def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
+    if not x.is_floating_point() or not _static(*x.shape[-2:], *output_size):
+        return NotImplemented
+    wt = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    sh, sw = _aa_scales(x.shape, output_size, align_corners, scales_h, scales_w)
+    y = x.to(wt)
+    for axis, n, out, sc in ((-1, x.shape[-1], output_size[1], sw), (-2, x.shape[-2], output_size[0], sh)):
+        j, w = _aa_axis(n, out, sc, x.device, wt)
+        ym = y.movedim(axis, -1)
+        y = (ym[..., j] * w).sum(-1).movedim(-1, axis)
+    return y.to(x.dtype)
+
+
+def upsample_bilinear2d_aa_backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    if not grad.is_floating_point() or not _static(*input_size[-2:], *output_size):
+        return NotImplemented
+    wt = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
+    sh, sw = _aa_scales(input_size, output_size, align_corners, scales_h, scales_w)
+    g = grad.to(wt)
+    for axis, n, out, sc in ((-2, input_size[-2], output_size[0], sh), (-1, input_size[-1], output_size[1], sw)):
+        j, w = _aa_axis(n, out, sc, grad.device, wt)
+        gm = g.movedim(axis, -1)                                   # (..., out)
+        share = (gm.unsqueeze(-1) * w).flatten(-2)                 # (..., out·K)
+        acc = torch.zeros(gm.shape[:-1] + (n,), dtype=wt, device=grad.device)
+        g = acc.index_add(-1, j.flatten(), share).movedim(-1, axis)
+    return g.to(grad.dtype)
+
+
 # ------------------------------------------------------------- other backwards
 
 def weight_norm_backward(grad_w, saved_v, saved_g, saved_norms, dim: int):
@@ -556,6 +626,8 @@ def table() -> dict:
         aten.replication_pad1d_backward.default: _replication_pad_backward(1),
         aten.replication_pad2d_backward.default: _replication_pad_backward(2),
         aten.replication_pad3d_backward.default: _replication_pad_backward(3),
+        aten._upsample_bilinear2d_aa.default: upsample_bilinear2d_aa,
+        aten._upsample_bilinear2d_aa_backward.default: upsample_bilinear2d_aa_backward,
         aten.adaptive_max_pool2d.default: _adaptive_max_pool(2),
         aten.adaptive_max_pool3d.default: _adaptive_max_pool(3),
         aten.adaptive_max_pool2d_backward.default: _adaptive_max_pool_backward(2),
