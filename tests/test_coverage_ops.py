@@ -184,6 +184,10 @@ CASES = {
         lambda d: [_nc(1, 2, 9, 16, dtype=d)]),
     # replication padding's backward as slices and edge sums per axis (no atomics)
     "replicate_pad_1d": (lambda x: F.pad(x, (3, 2), mode="replicate") * 2, lambda d: [_nc(2, 3, 7, dtype=d)]),
+    "replicate_pad_negative": (lambda x: F.pad(x * 2, (-1, 2, 1, -2), mode="replicate"),
+                               lambda d: [_nc(1, 3, 5, 6, dtype=d)]),
+    "avg_pool3d_divisor": (lambda x: F.avg_pool3d(x, 3, 2, 1, ceil_mode=True, divisor_override=5),
+                           lambda d: [_nc(2, 3, 5, 7, 6, dtype=d)]),
     "replicate_pad_3d": (lambda x: F.pad(x, (1, 2, 0, 3, 2, 1), mode="replicate"),
                          lambda d: [_nc(1, 2, 3, 5, 6, dtype=d)]),
     "reflect_pad_3d": (lambda x: F.pad(x, (1, 2, 0, 1, 2, 1), mode="reflect"), lambda d: [_nc(1, 2, 3, 5, 6, dtype=d)]),
@@ -222,7 +226,7 @@ _IDX = {"a": torch.tensor([[0, -1], [2, 1], [3, 0]]), "b": torch.tensor([1, -5])
 
 
 # eager's CPU kernels have no bfloat16 avg_pool3d or antialiased backward: nothing to compare against
-NO_BF16_EAGER = {"avg_pool3d", "avg_pool3d_ceil_nopad", "interpolate_antialias_down",
+NO_BF16_EAGER = {"avg_pool3d", "avg_pool3d_ceil_nopad", "avg_pool3d_divisor", "interpolate_antialias_down",
                  "interpolate_antialias_mixed_scales", "cdist_p2", "cdist_p1_5", "cdist_inf", "cdist_mm", "pdist_p3",
                  "cdist_broadcast_batch",
                  # eager's bfloat16 grid_sample rounds the pixel coordinates to bfloat16 (a

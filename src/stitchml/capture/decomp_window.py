@@ -255,25 +255,31 @@ def adaptive_avg_pool1d(x, output_size):
 
 def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
-    if divisor_override or not x.is_floating_point():
+    """With divisor_override: box sums (both stages divide by 1), then the divisor."""
+    if not x.is_floating_point():
         return NotImplemented
     (kd, kh, kw), (pd, ph, pw) = _triple(kernel_size), _triple(padding, 0)
     sd, sh, sw = _triple(stride, (kd, kh, kw))
-    y = avg_pool2d(x, (kh, kw), (sh, sw), (ph, pw), ceil_mode, count_include_pad)      # (..., D, oh, ow)
-    z = avg_pool2d(y.movedim(-3, -1), (1, kd), (1, sd), (0, pd), ceil_mode, count_include_pad)
-    return z.movedim(-1, -3)
+    one = 1 if divisor_override else None
+    y = avg_pool2d(x, (kh, kw), (sh, sw), (ph, pw), ceil_mode, count_include_pad, one)      # (..., D, oh, ow)
+    z = avg_pool2d(y.movedim(-3, -1), (1, kd), (1, sd), (0, pd), ceil_mode, count_include_pad, one)
+    z = z.movedim(-1, -3)
+    return z / divisor_override if divisor_override else z
 
 
 def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
-    if divisor_override or not grad.is_floating_point():
+    if not grad.is_floating_point():
         return NotImplemented
     (kd, kh, kw), (pd, ph, pw) = _triple(kernel_size), _triple(padding, 0)
     sd, sh, sw = _triple(stride, (kd, kh, kw))
     oh, ow = grad.shape[-2], grad.shape[-1]
+    one = 1 if divisor_override else None
+    if divisor_override:
+        grad = grad / divisor_override
     y_moved = _shaped(tuple(x.shape[:-3]) + (oh, ow, x.shape[-3]), x.device)            # (..., oh, ow, D)
     gy = avg_pool2d_backward(grad.movedim(-3, -1), y_moved, (1, kd), (1, sd), (0, pd), ceil_mode,
-                             count_include_pad, None).movedim(-1, -3)                      # (..., D, oh, ow)
-    return avg_pool2d_backward(gy, x, (kh, kw), (sh, sw), (ph, pw), ceil_mode, count_include_pad, None)
+                             count_include_pad, one).movedim(-1, -3)                       # (..., D, oh, ow)
+    return avg_pool2d_backward(gy, x, (kh, kw), (sh, sw), (ph, pw), ceil_mode, count_include_pad, one)
 
 
 def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
@@ -528,24 +534,28 @@ def upsample_nearest2d_backward(grad, output_size, input_size, scales_h=None, sc
 
 def _replication_pad_backward(spatial: int):
     """Replication padding's adjoint, axis by axis (padding lists the last axis first):
-    the gradient's middle, plus at the first (last) position the sum of the gradient of
-    the copies padded before (after) it — slices, two small reductions and a pad, a
-    gather form: no atomics, deterministic."""
+    the gradient at the positions that copy an input element one to one, plus at the
+    first (last) element the sum of the gradient of the copies padded before (after)
+    it; a negative pad crops, and the cropped inputs get zero — slices, two small
+    reductions and pads, a gather form: no atomics, deterministic."""
     def backward(grad, x, padding):
         pads = list(padding)
-        if any(p < 0 for p in pads):  # (negative padding crops: eager)
-            return NotImplemented
         for i in range(spatial):
             axis = grad.dim() - 1 - i
             before, after = pads[2 * i], pads[2 * i + 1]
             n = x.shape[axis]
-            mid = grad.narrow(axis, before, n)
-            if before:
+            lo, hi = max(-before, 0), n - max(-after, 0)       # inputs that reach the output
+            if hi <= lo:
+                return NotImplemented
+            mid = grad.narrow(axis, max(before, 0), hi - lo)
+            if before > 0:
                 head = grad.narrow(axis, 0, before).sum(axis, keepdim=True)
-                mid = mid + _at_end(head, axis, n, first=True)
-            if after:
-                tail = grad.narrow(axis, before + n, after).sum(axis, keepdim=True)
-                mid = mid + _at_end(tail, axis, n, first=False)
+                mid = mid + _at_end(head, axis, hi - lo, first=True)
+            if after > 0:
+                tail = grad.narrow(axis, grad.shape[axis] - after, after).sum(axis, keepdim=True)
+                mid = mid + _at_end(tail, axis, hi - lo, first=False)
+            if lo or hi < n:   # cropped inputs: no gradient
+                mid = aten.constant_pad_nd(mid, [0, 0] * (grad.dim() - 1 - axis) + [lo, n - hi], 0.0)
             grad = mid
         return grad
     return backward
