@@ -542,13 +542,17 @@ def test_embedding_max_norm_renormalises_the_weight_in_place_like_eager():
     assert not [f for r in backend.records for f in r.graph.fallbacks]
 
 
-def test_bicubic_grid_sample_backward_runs_eagerly_with_its_reason():
+@pytest.mark.parametrize("padding,align", [("zeros", False), ("border", True), ("reflection", False),
+                                           ("reflection", True)])
+def test_bicubic_grid_sample_backward_is_stitched(padding, align):
+    """Bicubic grid_sample (torch's forward decomposition, our backward): the 4x4 taps
+    mapped by the padding mode, points beyond the image (scale 1.3), a non-contiguous
+    input; both gradients against eager, and no op left eagerly."""
     def f(x, g):
-        return F.grid_sample(x * 2, g, mode="bicubic", align_corners=False)
-    cmp = compare_with_eager(f, [_nc(1, 2, 5, 6), _grid(1, 3, 4)], rtol=1e-4, atol=1e-4)
-    reasons = [(f.op, f.reason) for r in cmp.backend.records for f in r.graph.fallbacks]
-    assert reasons == [("aten.grid_sampler_2d_backward.default",
-                        "grid_sample backward: bicubic interpolation has no stitched form")], reasons
+        return F.grid_sample(x * 2, g * 1.3, mode="bicubic", padding_mode=padding, align_corners=align)
+    cmp = compare_with_eager(f, [_nc(2, 3, 5, 6), _grid(2, 3, 4)], rtol=1e-4, atol=1e-4)
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+    assert cmp.num_kernels >= 2
 
 
 def test_zero_dim_scatter_value_does_not_drop_the_graph():

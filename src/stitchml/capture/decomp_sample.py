@@ -13,7 +13,10 @@ grid_sampler_{2,3}d_backward(grad, input, grid, mode, padding, align_corners, ma
   weights' derivatives times the corner values, summed over channels;
 - nearest: the output gradient is added at the nearest pixel (half to even, as eager
   rounds); the grid gradient is zero.
-Bicubic stays eager with its reason (`DECLINED`).
+- bicubic (2-d): the 4x4 taps around floor(point) - 1 with eager's cubic-convolution
+  coefficients (A = -0.75); the padding mode maps each integer tap (clip or reflect), not
+  the point, so the grid gradient is the coefficients' derivatives times the tap values,
+  scaled only by the unnormalisation.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import torch
 
 aten = torch.ops.aten
 
-_BILINEAR, _NEAREST = 0, 1
+_BILINEAR, _NEAREST, _BICUBIC = 0, 1, 2
 _ZEROS, _BORDER, _REFLECTION = 0, 1, 2
 
 
@@ -125,6 +128,69 @@ def _corners(coords):
     return out
 
 
+_CUBIC_A = -0.75
+
+
+def _cubic_weights(t):
+    """eager's cubic-convolution coefficients of the four taps at offsets -1, 0, 1, 2
+    from floor(point), for the fraction t, and their derivatives d/dt."""
+    a = _CUBIC_A
+
+    def near(x):        # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def near_d(x):
+        return (3 * (a + 2) * x - 2 * (a + 3)) * x
+
+    def far(x):         # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    def far_d(x):
+        return (3 * a * x - 10 * a) * x + 8 * a
+
+    weights = [far(t + 1), near(t), near(1 - t), far(2 - t)]
+    derivs = [far_d(t + 1), near_d(t), -near_d(1 - t), -far_d(2 - t)]
+    return weights, derivs
+
+
+def _tap(c, size: int, padding: int, align: bool):
+    """An integer tap position under the padding mode (eager's compute_coordinates)."""
+    if padding == _BORDER:
+        c = c.clamp(0, size - 1)
+    elif padding == _REFLECTION:
+        c = _reflect(c, 0, 2 * (size - 1))[0] if align else _reflect(c, -1, 2 * size - 1)[0]
+        c = c.clamp(0, size - 1)
+    return c.to(torch.int64)
+
+
+def _bicubic_backward(g, inp, grid, padding_mode, align_corners, output_mask, n_idx):
+    sizes = tuple(inp.shape[2:])
+    points, scales = [], []
+    for axis in range(2):                     # height, width; the grid lists x (width) first
+        p, m = _source(grid[..., 1 - axis], sizes[axis], _ZEROS, align_corners)
+        points.append(p)
+        scales.append(m)
+    lows = [torch.floor(p) for p in points]
+    coef = [_cubic_weights(p - lo) for p, lo in zip(points, lows)]
+    acc = torch.zeros((inp.shape[0],) + sizes + (inp.shape[1],), dtype=g.dtype, device=g.device)
+    d_h = d_w = 0
+    for i in range(4):                        # height taps
+        row = _tap(lows[0] + (i - 1), sizes[0], padding_mode, align_corners)
+        for j in range(4):                    # width taps
+            col = _tap(lows[1] + (j - 1), sizes[1], padding_mode, align_corners)
+            pos = [row, col]
+            if output_mask[0]:
+                w = (coef[0][0][i] * coef[1][0][j]).unsqueeze(-1).to(g.dtype)
+                acc = _add_at(acc, n_idx, pos, g * w, sizes)
+            if output_mask[1]:
+                sc = (_at(inp, n_idx, pos, sizes) * g).sum(-1).to(grid.dtype)
+                d_h = d_h + coef[0][1][i] * coef[1][0][j] * sc
+                d_w = d_w + coef[0][0][i] * coef[1][1][j] * sc
+    grad_input = acc.movedim(-1, 1) if output_mask[0] else None
+    grad_grid = torch.stack([d_w * scales[1], d_h * scales[0]], -1) if output_mask[1] else None
+    return grad_input, grad_grid
+
+
 def _batch_index(inp, grid):
     n = inp.shape[0]
     return torch.arange(n, device=inp.device).view((n,) + (1,) * (grid.dim() - 2))
@@ -149,12 +215,16 @@ def grid_sampler_3d(inp, grid, interpolation_mode, padding_mode, align_corners):
 
 def grid_sampler_backward(grad, inp, grid, interpolation_mode, padding_mode, align_corners, output_mask):
     """grid_sampler_2d_backward and grid_sampler_3d_backward."""
-    if (interpolation_mode not in (_BILINEAR, _NEAREST) or inp.dim() not in (4, 5) or inp.numel() == 0
-            or grid.numel() == 0):
+    if (interpolation_mode not in (_BILINEAR, _NEAREST, _BICUBIC) or inp.dim() not in (4, 5)
+            or inp.numel() == 0 or grid.numel() == 0):
         return NotImplemented
-    sizes, coords, mults = _sources(inp, grid, padding_mode, align_corners)
     n_idx = _batch_index(inp, grid)
     g = grad.movedim(1, -1)                                   # (N, *out, C)
+    if interpolation_mode == _BICUBIC:
+        if inp.dim() != 4:
+            return NotImplemented
+        return _bicubic_backward(g, inp, grid, padding_mode, align_corners, output_mask, n_idx)
+    sizes, coords, mults = _sources(inp, grid, padding_mode, align_corners)
     acc = torch.zeros((inp.shape[0],) + sizes + (inp.shape[1],), dtype=grad.dtype, device=grad.device)
     if interpolation_mode == _NEAREST:
         pos = [torch.round(c).to(torch.int64) for c in coords]
@@ -177,7 +247,7 @@ def grid_sampler_backward(grad, inp, grid, interpolation_mode, padding_mode, ali
 
 
 DECLINED: dict[object, str] = {
-    aten.grid_sampler_2d_backward.default: "grid_sample backward: bicubic interpolation has no stitched form",
+    aten.grid_sampler_2d_backward.default: "grid_sample backward of an empty input or grid has no stitched form",
     aten.grid_sampler_3d.default: "grid_sample 3-d of an empty input has no stitched form",
     aten.grid_sampler_3d_backward.default: "grid_sample 3-d of an empty input has no stitched form",
 }
