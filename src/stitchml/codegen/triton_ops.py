@@ -434,8 +434,13 @@ def _lgamma_pos(x):
     p = xs * (xs + 1.0) * (xs + 2.0) * (xs + 3.0) * (xs + 4.0) * (xs + 5.0) * (xs + 6.0) * (xs + 7.0)
     y = tl.where(small, x + 8.0, x)
     r = 1.0 / (y * y)
-    s = (((-5.952380952380952e-04 * r + 7.936507936507937e-04) * r - 2.777777777777778e-03) * r
-         + 8.333333333333333e-02) / y
+    if x.dtype == tl.float64:  # four more terms: truncation 1e-16 at y = 8 (the first four leave 6e-12)
+        s = ((((((((-2.955065359477124e-02 * r + 6.4102564102564100e-03) * r - 1.9175269175269176e-03) * r
+                  + 8.4175084175084175e-04) * r - 5.952380952380952e-04) * r + 7.936507936507937e-04) * r
+               - 2.777777777777778e-03) * r + 8.333333333333333e-02) / y)
+    else:
+        s = (((-5.952380952380952e-04 * r + 7.936507936507937e-04) * r - 2.777777777777778e-03) * r
+             + 8.333333333333333e-02) / y
     return (y - 0.5) * tl.log(y) - y + 0.9189385332046727 + s - tl.where(small, tl.log(tl.abs(p)), 0.0)
 
 
@@ -757,6 +762,66 @@ def _erfinv(y):
     x = x - (tl.erf(x) - y) / (1.1283791670955126 * tl.exp(-x * x))
     x = tl.where(tl.abs(y) == 1.0, y * float("inf"), x)
     return tl.where((tl.abs(y) > 1.0) | (y != y), float("nan"), x)
+
+@triton.jit
+def _igamma(a, x, upper: tl.constexpr):
+    # Regularised incomplete gamma P(a, x) (Q = 1 - P when `upper`), in float64 whatever
+    # the operands' type: the prefactor x^a e^-x / Gamma(a) taken as exp(a log x - x -
+    # lgamma(a)) cancels ~a log a, so float32 would lose |a log a| ulps.  Below x = a + 1
+    # the series sum_n x^n / (a (a+1) .. (a+n)) gives P, above it Lentz's continued
+    # fraction gives Q; the other is 1 minus it.  Both run until every lane of the block
+    # has converged (~12 sqrt(a) steps near x = a, bench/NOTES.md); a lane still moving
+    # after 16384 steps (a beyond ~1e6 with x near a) gives NaN rather than a wrong value.
+    # Edges as eager's (SciPy's): NaN for a < 0 or x < 0 and at a = x = 0 or both infinite;
+    # a = 0 means P = 1; x = 0 means P = 0; a = inf P = 0; x = inf P = 1.
+    a = a.to(tl.float64)
+    x = x.to(tl.float64)
+    ok = (a > 0) & (x > 0) & (a < float("inf")) & (x < float("inf"))
+    aa = tl.where(ok, a, 1.0)
+    xx = tl.where(ok, x, 1.0)
+    series = xx < aa + 1.0
+    pre = tl.exp(aa * tl.log(xx) - xx - _lgamma(aa))
+    ap = aa
+    term = 1.0 / aa
+    total = term
+    b = xx + 1.0 - aa
+    c = tl.zeros_like(b) + 1e300
+    d = 1.0 / tl.where(tl.abs(b) < 1e-300, 1e-300, b)
+    h = d
+    busy = ok
+    i = 0
+    while (i < 16384) & (tl.max(busy.to(tl.int32)) > 0):
+        i += 1
+        ap = ap + 1.0
+        term = term * xx / ap
+        total = total + term
+        fi = i * 1.0
+        an = fi * (aa - fi)
+        b = b + 2.0
+        d = an * d + b
+        d = 1.0 / tl.where(tl.abs(d) < 1e-300, 1e-300, d)
+        c = b + an / c
+        c = tl.where(tl.abs(c) < 1e-300, 1e-300, c)
+        step = d * c
+        h = h * step
+        busy = ok & tl.where(series, tl.abs(term) > tl.abs(total) * 4.4e-16, tl.abs(step - 1.0) > 8.9e-16)
+    p_series = pre * total
+    q_fraction = pre * h
+    # eager's edge tests in eager's order (the first that holds decides; NaN operands
+    # reach a value where an earlier test decides, e.g. P(inf, NaN) = 0)
+    lo = 1.0 if upper else 0.0
+    hi = 1.0 - lo
+    if upper:
+        r = tl.where(series, 1.0 - p_series, q_fraction)
+    else:
+        r = tl.where(series, p_series, 1.0 - q_fraction)
+    r = tl.where(busy | (a != a) | (x != x), float("nan"), r)
+    r = tl.where(x == float("inf"), hi, r)
+    r = tl.where(a == float("inf"), tl.where(x == float("inf"), float("nan"), lo), r)
+    r = tl.where(x == 0, lo, r)
+    r = tl.where(a == 0, tl.where(x > 0, hi, float("nan")), r)
+    return tl.where((a < 0) | (x < 0), float("nan"), r)
+
 '''
 
 # (format, needs float)  — operands already share the compute dtype
@@ -765,6 +830,7 @@ BINARY = {
     "maximum": "_nanmax({0}, {1})", "minimum": "_nanmin({0}, {1})",
     "clamp_min": "_nanmax({0}, {1})", "clamp_max": "_nanmin({0}, {1})",
     "floordiv": "_floordiv({0}, {1})", "atan2": "_atan2({0}, {1})", "zeta": "_zeta({0}, {1})",
+    "igamma": "_igamma({0}, {1}, False)", "igammac": "_igamma({0}, {1}, True)",
     # C semantics (issue 18, lower/rules_intdiv.py): integer `//` truncates, `%` (ints and
     # floats) takes the dividend's sign; the rules build Python's rounding from them
     "tdiv": "({0} // {1})", "fmod": "({0} % {1})",
@@ -821,7 +887,7 @@ def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_d
         a = f"(tl.zeros_like({b}) + {a})" if _is_literal(a) else a
         b = f"(tl.zeros_like({a}) + {b})" if _is_literal(b) else b
         return f"_nextafter({a}, {b}, {65536 if out_dtype == torch.bfloat16 else 1})"
-    if op in ("floordiv", "atan2", "zeta") or float_fmod:
+    if op in ("floordiv", "atan2", "zeta", "igamma", "igammac") or float_fmod:
         a, b = args
         # the helpers compare (or pass to libdevice) their operands as tensors: give
         # literals a block shape and the other operand's type

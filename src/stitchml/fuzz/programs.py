@@ -258,7 +258,9 @@ class _Builder:
                (f"{a} / (1 + {b} * {b})", x.bound), (f"torch.maximum({a}, {b})", max(x.bound, y.bound)),
                (f"torch.minimum({a}, {b})", max(x.bound, y.bound)),
                (f"torch.pow({a}.abs() + 0.5, torch.tanh({b}))", max(2.0, x.bound + 0.5)),
-               (f"torch.atan2({a}, {b}.abs() + 0.5)", 1.58)]
+               (f"torch.atan2({a}, {b}.abs() + 0.5)", 1.58),
+               # (eager has no gradient with respect to a: detached)
+               (f"torch.igamma({a}.detach().abs() + 0.5, {b}.abs() + 0.1)", 1.0)]
         if x.hi == y.hi:  # lerp does not promote
             ops.append((f"torch.lerp({a}, {b}, 0.25)", max(x.bound, y.bound)))
         if y.is_input:

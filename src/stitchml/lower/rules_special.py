@@ -2,7 +2,8 @@
 calls, and the IEEE helpers behind them (issue 19, op_db coverage): signbit, copysign
 (through prims), fmax/fmin, hypot, nextafter, round with decimals (prims.round), frexp,
 erfc, erfcx, erfinv, the modified Bessel functions I0/I1, plain and exponentially scaled, and
-the Hurwitz zeta function (with polygamma of order >= 1 built on it).
+the Hurwitz zeta function (with polygamma of order >= 1 built on it), and the regularised
+incomplete gamma functions igamma/igammac.
 Each is built from element-wise nodes the code generator already knows, or from one
 helper of `codegen/triton_ops.py` where a bit pattern or a series is needed.
 """
@@ -161,6 +162,23 @@ def _zeta(ctx: LowerCtx, node, s, q):
     cd = compute_dtype(dtype)
     s, q = _operands(ctx, (s, q), shape, cd)
     return ctx.cast(ctx.pointwise("zeta", (s, q), shape, cd), dtype)
+
+
+def _incomplete_gamma(op: str):
+    def rule(ctx: LowerCtx, node, a, x):
+        """Regularised incomplete gamma P(a, x) (`igamma`) or Q(a, x) (`igammac`), codegen
+        `_igamma`: computed in float64 for every float type (the prefactor cancels ~a log a)
+        and rounded once; eager's values at the edges of the domain."""
+        shape, dtype = _out(node)
+        if dtype not in FLOAT_TYPES:
+            raise Unsupported(f"{op} of an integer tensor")
+        a, x = _operands(ctx, (a, x), shape, torch.float64)
+        return ctx.cast(ctx.pointwise(op, (a, x), shape, torch.float64), dtype)
+    return rule
+
+
+register(aten.igamma.default)(_incomplete_gamma("igamma"))
+register(aten.igammac.default)(_incomplete_gamma("igammac"))
 
 
 def polygamma_ge1(ctx: LowerCtx, node, n: int, x) -> Ref:
