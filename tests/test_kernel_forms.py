@@ -12,7 +12,7 @@ from stitchml.codegen.triton_kernel import generate
 from stitchml.plan import planner
 from stitchml.plan.cost import kernel_bytes, reread_miss, row_passes
 from stitchml.plan.row_loops import loop_groups, online_partner
-from stitchml.testing import compare_with_eager
+from stitchml.testing import compare_against_float64, compare_with_eager
 
 sys.path.insert(0, "tests")
 from planning import graph_of, plan_of  # noqa: E402
@@ -140,6 +140,55 @@ def _split_rows(dtype):
     """Two long rows (split into chunks on the cpu device: fewer rows than a wave)."""
     x = torch.randn(2, 512, dtype=dtype) * 4
     return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("special", ["none", "offset", "nan", "+inf"])
+def test_split_rows_take_the_variance_from_chunk_statistics(dtype, special):
+    """Few long rows: layer norm's mean and variance (and var/std) come from one pass of
+    chunk statistics (chunk sum and M2, combined by Chan's formula), so no pass over the
+    input runs between the mean and the variance; values as eager's, also far from 0
+    (a large mean over a small spread: no cancellation), with NaN and inf."""
+    x = _split_rows(dtype)
+    if special == "offset":
+        x = (x.float() * 1e-2 + 1e3).to(dtype)
+    elif special == "nan":
+        x[0, 300] = float("nan")
+    elif special == "+inf":
+        x[1, 7] = float("inf")
+    w, b = torch.randn(512, dtype=dtype), torch.randn(512, dtype=dtype)
+    knobs = dict(split_min_cols=64, persistent_max_cols=128, loop_block_cols=32)
+
+    def fn(x, w, b):
+        v, m = torch.var_mean(x.float(), -1, correction=0)
+        return F.layer_norm(x, (512,), w, b), v, m, x.float().std(-1)
+    tol = {} if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    with config.override(**knobs):
+        plan = plan_of(fn, x, w, b)
+        if special == "offset":   # ill-conditioned (x - mean ~ the ulp of x): judged against float64
+            c, verdict = compare_against_float64(fn, [x, w, b], backward=False)
+            verdict.assert_ok()
+        else:
+            c = compare_with_eager(fn, [x, w, b], backward=False, **tol)
+    g = plan.graph
+    m2 = [n for n in g.nodes if n.kind == "reduce" and n.attr("split_of") is not None
+          and g[n.refs[0]].op == "mul"]
+    assert m2, "no chunk M2: the variance was not taken from chunk statistics"
+    # every kernel that reads the input reads it once per row: the chunk pass and the output pass
+    reads_x = [k for k in plan.kernels if any(g[i].kind == "input" and g[i].numel == x.numel() for i in k.inputs)]
+    assert all(k.mapping.form != "row_looped" for k in reads_x), [k.mapping.form for k in reads_x]
+    assert len(reads_x) <= 2, [(k.name, k.mapping.form) for k in reads_x]
+    assert c.num_kernels >= 1
+
+
+def test_split_layer_norm_backward_matches_eager():
+    """Training through split rows: the forward's saved statistics come from chunk
+    statistics; both gradients against eager."""
+    x = (torch.randn(2, 512) * 3 + 5).requires_grad_()
+    w, b = torch.randn(512).requires_grad_(), torch.randn(512).requires_grad_()
+    with config.override(split_min_cols=64, persistent_max_cols=128, loop_block_cols=32):
+        c = compare_with_eager(lambda x, w, b: F.layer_norm(x, (512,), w, b), [x, w, b])
+    assert c.num_kernels >= 2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -45,6 +45,20 @@ def test_few_long_rows_are_split(rows, cols, chunks):
     assert_barriers_fit_one_wave(plan)
 
 
+def test_layer_norm_of_few_long_rows_reads_its_input_twice():
+    """LayerNorm over (128, 262144) on an H100: the mean and variance from one pass of
+    persistent chunk statistics (sum and M2 per chunk of 8192), then the output pass:
+    2 reads + 1 write of the row data (it was 3 reads + 1 write: a second statistics
+    pass for the variance)."""
+    plan = h100_plan(lambda x, w, b: F.layer_norm(x, (262144,), w, b), (128, 262144), (262144,), (262144,))
+    g = plan.graph
+    chunk_pass = [k for k in plan.kernels if any(g[m].attr("split_of") is not None for m in k.members)]
+    assert len(chunk_pass) == 1 and chunk_pass[0].mapping.form == "row_persistent"
+    row_bytes = 128 * 262144 * 4
+    total = sum(k.bytes_read + k.bytes_written for k in plan.kernels)
+    assert total <= 3.05 * row_bytes, total / row_bytes
+
+
 def test_layer_norm_4096x1000():
     plan = h100_plan(lambda x, w, b: F.layer_norm(x, (1000,), w, b), (4096, 1000), (1000,), (1000,))
     (k,) = plan.kernels

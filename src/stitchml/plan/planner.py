@@ -21,7 +21,9 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
     """Plan a lowered graph under `options` (default: the knobs' current values); the
     plan's `graph` may be a rewritten copy (dead nodes dropped, long rows split)."""
     opts = options or PlanOptions.from_config()
-    g = recompute_casts(split_long_rows(eliminate_dead(g), opts))
+    # (dead nodes dropped again after the split: a variance's d*d is unused once its sum
+    # is taken from chunk statistics)
+    g = recompute_casts(eliminate_dead(split_long_rows(eliminate_dead(g), opts)))
     gv = GraphView(g)
     # What dry runs of code generation taught us: a pair {x, y} keeps the kernels of
     # dominant ops x and y apart; a singleton {d} keeps d's kernel from absorbing

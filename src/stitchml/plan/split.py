@@ -9,6 +9,15 @@ over [64, 30000] becomes parallel phases in one persistent launch.
 
 S is the smallest divisor of the row length that gives at least one wave of rows and
 chunks of at least `split_min_cols` elements (a view needs S to divide the row).
+
+Variances (layer norm's statistics: `sum(d)` and `sum(d*d)` with `d = x - r`, r a row
+value such as the mean) would need a second pass over the row, after the mean.  Split,
+they take their chunks' statistics instead: per chunk its mean m_c, and the sums of
+x - m_c and of (x - m_c)^2 (lin_c, M2_c; a chunk is held in registers — these chunks are
+kept within `persistent_max_cols` — so that is one pass), then over the chunks, with
+e_c = m_c - r: sum(d) = sum_c(lin_c + C e_c), sum(d*d) = sum_c(M2_c + e_c (2 lin_c + C e_c))
+(Chan's combination, kept exact for a rounded m_c by the lin_c term; no cancellation
+between large sums).  One pass over the row gives the mean and the variance.
 """
 from __future__ import annotations
 
@@ -21,21 +30,64 @@ from .options import PlanOptions
 from .row_loops import online_partner
 
 
-def _chunks(rows: int, cols: int, opts: PlanOptions) -> int | None:
+def _chunks(rows: int, cols: int, opts: PlanOptions, persistent: bool = False) -> int | None:
+    """The number of chunks, or None; `persistent`: chunks no longer than
+    `persistent_max_cols` (held in registers), if there is such a divisor."""
     min_cols = opts.split_min_cols
     wave = 2 * opts.device.sms
     if rows >= wave or cols < 2 * min_cols:
         return None
     want = -(-wave // rows)
+    if persistent:
+        want = max(want, -(-cols // opts.persistent_max_cols))
     for s in range(max(want, 2), cols // min_cols + 1):
         if cols % s == 0:
             return s
     return None
 
 
+def _row_value(g: ir.Graph, nid: int, rows: int) -> int | None:
+    """The node a reshape/expand chain broadcasts back from, if it holds one value per row."""
+    n = g[nid]
+    while n.kind == ir.VIEW and n.op in ("reshape", "expand"):
+        n = g[n.refs[0]]
+    return n.id if prod(n.shape) == rows else None
+
+
+def deviation_sum(g: ir.Graph, n: ir.Node) -> tuple[str, int, int] | None:
+    """("sq" | "lin", x, r) when `n` is sum(d * d) or sum(d) over trailing dims with
+    d = x - r, r one value per row broadcast back, in float32/float64; else None."""
+    if n.kind != ir.REDUCE or n.op != "sum" or n.attr("split_chunks") or n.attr("split_of"):
+        return None
+    kind, d = "lin", g[n.refs[0]]
+    if d.kind == ir.POINTWISE and d.op == "mul" and len(d.refs) == 2 and d.refs[0] == d.refs[1] \
+            and all(isinstance(a, Ref) for a in d.args):
+        kind, d = "sq", g[d.refs[0]]
+    if d.kind != ir.POINTWISE or d.op != "sub" or len(d.refs) != 2 or not all(isinstance(a, Ref) for a in d.args):
+        return None
+    x, b = d.refs
+    if (g[x].shape != d.shape or d.shape != g[n.refs[0]].shape or d.dtype != n.dtype or g[x].dtype != n.dtype
+            or n.dtype not in (torch.float32, torch.float64)):
+        return None
+    r = _row_value(g, b, n.numel)
+    return (kind, x, r) if r is not None and r != x else None
+
+
+def _variance_sources(g: ir.Graph) -> set[tuple[int, tuple[int, ...]]]:
+    """(x, dims) of every sum(d * d) with d = x - r: the reductions over x with those
+    dims take persistent chunks, so that the mean and the variance share them."""
+    out = set()
+    for n in g.nodes:
+        hit = deviation_sum(g, n)
+        if hit and hit[0] == "sq":
+            out.add((hit[1], n.attr("dims")))
+    return out
+
+
 def split_plan(g: ir.Graph, opts: PlanOptions) -> dict[int, int]:
     """Which reductions to split, and into how many chunks (plain data for tests)."""
     out = {}
+    variance = _variance_sources(g)
     for n in g.nodes:
         if n.kind != ir.REDUCE or n.op not in ir.COMBINABLE_REDUCES:
             continue
@@ -44,7 +96,9 @@ def split_plan(g: ir.Graph, opts: PlanOptions) -> dict[int, int]:
         nd = len(src.shape)
         if dims != tuple(range(nd - len(dims), nd)):  # only trailing dims view as chunks
             continue
-        s = _chunks(n.numel, prod(src.shape[d] for d in dims), opts)
+        dev = deviation_sum(g, n)
+        x = dev[1] if dev else src.id
+        s = _chunks(n.numel, prod(src.shape[d] for d in dims), opts, persistent=(x, dims) in variance)
         if s:
             out[n.id] = s
     return out
@@ -57,6 +111,7 @@ def split_long_rows(g: ir.Graph, opts: PlanOptions) -> ir.Graph:
     new = ir.Graph(inputs=[], outputs=[], fallbacks=list(g.fallbacks))
     remap: dict[int, int] = {}
     chunks: dict[int, tuple[int, int]] = {}   # split amax -> (its chunked view, its chunk maxima)
+    stats = _ChunkStats(new, remap)           # per (x, chunks): the chunked view, sums, M2
     for n in g.nodes:
         if n.id not in plan:
             copy_node(new, g, n, remap)
@@ -71,6 +126,16 @@ def split_long_rows(g: ir.Graph, opts: PlanOptions) -> ir.Graph:
         if partner is not None and partner in chunks and plan.get(partner) == s:
             remap[n.id] = _split_online_sum(new, n, chunks[partner], remap[partner], chunked)
             continue
+        dev = deviation_sum(g, n)
+        if dev is not None:
+            remap[n.id] = stats.deviation_sum(n, dev, chunked)
+            continue
+        if n.op == "sum" and src.dtype == n.dtype and n.dtype in (torch.float32, torch.float64):
+            # a plain row sum: its chunk sums are the ones a variance over the same rows uses
+            view, part = stats.sums(src.id, src.dtype, chunked, n.id)
+            remap[n.id] = new.add(ir.REDUCE, "sum", (Ref(part),), n.shape, n.dtype, n.stride,
+                                  (("dims", (len(chunked) - 2,)), ("split_chunks", s)))
+            continue
         view = new.add(ir.VIEW, "reshape", (Ref(remap[src.id]),), chunked, src.dtype, contiguous_strides(chunked))
         acc = torch.float32 if n.dtype in (torch.float16, torch.bfloat16) else n.dtype
         part_shape = kept + (s,)
@@ -83,6 +148,85 @@ def split_long_rows(g: ir.Graph, opts: PlanOptions) -> ir.Graph:
             chunks[n.id] = (view, part)
     finish_copy(new, g, remap)
     return new
+
+
+class _ChunkStats:
+    """Chunk statistics of a split row source x, built once per (x, chunk count) in the
+    new graph: the chunked view, the chunk sums, and the chunk means with the sums of
+    deviations from them and of their squares."""
+
+    def __init__(self, new: ir.Graph, remap: dict[int, int]):
+        self.new, self.remap = new, remap
+        self.views: dict[tuple[int, int], int] = {}
+        self.sum_parts: dict[tuple[int, int], int] = {}
+        self.m2_parts: dict[tuple[int, int], tuple[int, int, int]] = {}
+
+    def view(self, x: int, dtype: torch.dtype, chunked: tuple[int, ...]) -> int:
+        key = (x, chunked[-2])
+        if key not in self.views:
+            self.views[key] = self.new.add(ir.VIEW, "reshape", (Ref(self.remap[x]),), chunked, dtype,
+                                           contiguous_strides(chunked))
+        return self.views[key]
+
+    def sums(self, x: int, dtype: torch.dtype, chunked: tuple[int, ...], of: int) -> tuple[int, int]:
+        key = (x, chunked[-2])
+        view = self.view(x, dtype, chunked)
+        if key not in self.sum_parts:
+            ps = chunked[:-1]
+            self.sum_parts[key] = self.new.add(ir.REDUCE, "sum", (Ref(view),), ps, dtype, contiguous_strides(ps),
+                                               (("dims", (len(chunked) - 1,)), ("split_of", of)))
+        return view, self.sum_parts[key]
+
+    def deviations(self, x: int, dtype: torch.dtype, chunked: tuple[int, ...], of: int) -> tuple[int, int, int]:
+        """(chunk means m_c, chunk sums of x - m_c, chunk sums of (x - m_c)^2), each of
+        the parts' shape.  The first sum is 0 only in exact arithmetic: m_c is rounded
+        (by about an ulp of x), and the combination below uses it rather than assume it."""
+        key = (x, chunked[-2])
+        new = self.new
+        view, total = self.sums(x, dtype, chunked, of)
+        ps = chunked[:-1]
+        pst = contiguous_strides(ps)
+        if key not in self.m2_parts:
+            mean = new.add(ir.POINTWISE, "truediv", (Ref(total), float(chunked[-1])), ps, dtype, pst)
+            dev = new.add(ir.POINTWISE, "sub", (Ref(view), Ref(_bcast(new, mean, ps, chunked, dtype))), chunked,
+                          dtype, contiguous_strides(chunked))
+            sq = new.add(ir.POINTWISE, "mul", (Ref(dev), Ref(dev)), chunked, dtype, contiguous_strides(chunked))
+            attrs = (("dims", (len(chunked) - 1,)), ("split_of", of))
+            lin = new.add(ir.REDUCE, "sum", (Ref(dev),), ps, dtype, pst, attrs)
+            m2 = new.add(ir.REDUCE, "sum", (Ref(sq),), ps, dtype, pst, attrs)
+            self.m2_parts[key] = (mean, lin, m2)
+        return self.m2_parts[key]
+
+    def deviation_sum(self, n: ir.Node, dev: tuple[str, int, int], chunked: tuple[int, ...]) -> int:
+        """With e_c = m_c - r: sum(d) = sum_c(lin_c + C e_c) and
+        sum(d*d) = sum_c(M2_c + e_c (2 lin_c + C e_c)) — exact for any m_c."""
+        kind, x, r = dev
+        new, dt = self.new, n.dtype
+        ps = chunked[:-1]
+        pst = contiguous_strides(ps)
+        c = float(chunked[-1])
+
+        def pw(op, *args):
+            return new.add(ir.POINTWISE, op, tuple(Ref(a) if isinstance(a, int) and not isinstance(a, bool) else a
+                                                   for a in args), ps, dt, pst)
+        mean, lin, m2 = self.deviations(x, dt, chunked, n.id)
+        e = pw("sub", mean, _bcast(new, self.remap[r], ps[:-1], ps, dt))
+        ce = new.add(ir.POINTWISE, "mul", (Ref(e), c), ps, dt, pst)
+        if kind == "lin":
+            term = pw("add", lin, ce)
+        else:
+            twice = new.add(ir.POINTWISE, "mul", (Ref(lin), 2.0), ps, dt, pst)
+            term = pw("add", m2, pw("mul", e, pw("add", twice, ce)))
+        return new.add(ir.REDUCE, "sum", (Ref(term),), n.shape, dt, n.stride,
+                       (("dims", (len(ps) - 1,)), ("split_chunks", chunked[-2])))
+
+
+def _bcast(new: ir.Graph, nid: int, from_shape: tuple[int, ...], to_shape: tuple[int, ...], dt) -> int:
+    """A row value (any shape of that many elements) broadcast over the trailing dims of
+    `to_shape` (`from_shape`: its leading dims)."""
+    keep = tuple(from_shape) + (1,) * (len(to_shape) - len(from_shape))
+    r = new.add(ir.VIEW, "reshape", (Ref(nid),), keep, dt, contiguous_strides(keep))
+    return new.add(ir.VIEW, "expand", (Ref(r),), to_shape, dt, (0,) * len(to_shape))
 
 
 def _split_online_sum(new: ir.Graph, n: ir.Node, chunk: tuple[int, int], row_max: int,
