@@ -20,7 +20,7 @@ from ..ir import nodes as ir
 from .graph_view import is_free
 
 
-def _through_views(g: ir.Graph, nid: int) -> int:
+def through_views(g: ir.Graph, nid: int) -> int:
     """The node a chain of reshape/expand views reads (a row value broadcast back)."""
     n = g[nid]
     while n.kind == ir.VIEW and n.op in ("reshape", "expand"):
@@ -40,7 +40,7 @@ def online_partner(g: ir.Graph, s: ir.Node) -> int | None:
     if d.kind != ir.POINTWISE or d.op != "sub" or len(d.refs) != 2 or not all(isinstance(a, ir.Ref) for a in d.args):
         return None
     x, mb = d.refs
-    m = g[_through_views(g, mb)]
+    m = g[through_views(g, mb)]
     if (m.kind != ir.REDUCE or m.op != "amax" or m.refs[0] != x or m.attr("split_chunks")
             or m.attr("dims") != s.attr("dims") or m.shape != s.shape or m.dtype != s.dtype
             or not m.dtype.is_floating_point or g[x].dtype != m.dtype):
@@ -99,4 +99,4 @@ def loop_groups(g: ir.Graph, members: tuple[int, ...] | frozenset) -> list[tuple
     return [tuple(sorted(x.id for x in grp)) for grp in groups]
 
 
-__all__ = ["loop_groups", "online_partner"]
+__all__ = ["loop_groups", "online_partner", "through_views"]

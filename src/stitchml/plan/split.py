@@ -27,7 +27,7 @@ from ..ir import nodes as ir
 from ..ir.nodes import Ref, contiguous_strides, prod
 from ..ir.rewrite import copy_node, finish_copy
 from .options import PlanOptions
-from .row_loops import online_partner
+from .row_loops import through_views, online_partner
 
 
 def _chunks(rows: int, cols: int, opts: PlanOptions, persistent: bool = False) -> int | None:
@@ -48,10 +48,8 @@ def _chunks(rows: int, cols: int, opts: PlanOptions, persistent: bool = False) -
 
 def _row_value(g: ir.Graph, nid: int, rows: int) -> int | None:
     """The node a reshape/expand chain broadcasts back from, if it holds one value per row."""
-    n = g[nid]
-    while n.kind == ir.VIEW and n.op in ("reshape", "expand"):
-        n = g[n.refs[0]]
-    return n.id if prod(n.shape) == rows else None
+    src = through_views(g, nid)
+    return src if prod(g[src].shape) == rows else None
 
 
 def deviation_sum(g: ir.Graph, n: ir.Node) -> tuple[str, int, int] | None:
@@ -242,9 +240,7 @@ def _split_online_sum(new: ir.Graph, n: ir.Node, chunk: tuple[int, int], row_max
     ps = contiguous_strides(part_shape)
 
     def bcast(nid: int, from_shape: tuple[int, ...], to_shape: tuple[int, ...]) -> int:
-        keep = from_shape + (1,) * (len(to_shape) - len(from_shape))
-        r = new.add(ir.VIEW, "reshape", (Ref(nid),), keep, dt, contiguous_strides(keep))
-        return new.add(ir.VIEW, "expand", (Ref(r),), to_shape, dt, (0,) * len(to_shape))
+        return _bcast(new, nid, from_shape, to_shape, dt)
 
     # per chunk: s_c = sum(exp(x - m_c)), an online pair with m_c (plan/row_loops.py)
     diff = new.add(ir.POINTWISE, "sub", (Ref(view), Ref(bcast(m_c, part_shape, chunked))), chunked, dt,
