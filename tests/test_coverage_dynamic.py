@@ -108,3 +108,34 @@ def test_element_wise_siblings_are_one_launch_under_dynamic_sizes():
             torch.testing.assert_close(a, b)
     assert any(r.dynamic is not None for r in backend.records)
     _no_fallback(backend)
+
+
+def _pools(x):
+    return (torch.nn.functional.adaptive_max_pool2d(x * 2, (2, 3)), torch.nn.functional.adaptive_avg_pool2d(x, (3, 5)),
+            torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1),
+            torch.nn.functional.adaptive_max_pool2d(x, (4, 4), return_indices=True)[1])
+
+
+def test_adaptive_pooling_follows_size_changes_with_one_graph():
+    """Adaptive avg/max pooling (uneven windows, global pooling, indices) at four input
+    sizes, training: after the first size one dynamic graph serves the rest — the window
+    length is a bound (n // out + 2, masked), not a guard on n % out, so Dynamo does not
+    recompile per size class — and nothing runs eagerly; values, indices and gradients
+    as eager's."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    backend = stitchml.StitchBackend()
+    f = torch.compile(_pools, backend=backend)
+    for h in (14, 15, 17, 21):
+        x = torch.randn(2, 3, h, h + 1, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        got, want = f(x), _pools(x2)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+        (got[0].sum() + got[1].square().sum() + got[2].sum()).backward()
+        (want[0].sum() + want[1].square().sum() + want[2].sum()).backward()
+        torch.testing.assert_close(x.grad, x2.grad)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2   # the static graph, then one dynamic
+    assert any(r.dynamic is not None for r in backend.records)
+    _no_fallback(backend)
+    assert not [fb for r in backend.records if r.graph for fb in r.graph.fallbacks]

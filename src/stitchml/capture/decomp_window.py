@@ -208,7 +208,7 @@ def _adaptive_avg_pool2d_backward(grad, x):
     form (`_adaptive_avg_backward`)."""
     h, w = x.shape[-2], x.shape[-1]
     oh, ow = grad.shape[-2], grad.shape[-1]
-    if h % oh or w % ow:
+    if isinstance(h, torch.SymInt) or isinstance(w, torch.SymInt) or h % oh or w % ow:
         return _adaptive_avg_backward(grad, x.shape, 2)
     k = (h // oh, w // ow)
     return avg_pool2d_backward(grad, x, k, k, 0, False, True, None)
@@ -341,9 +341,14 @@ def _windows(n: int, out: int) -> tuple[list[int], list[int]]:
 
 
 def _axis_index(n: int, out: int, device):
-    """(index (out, K) clamped into [0, n), valid (out, K), count (out,))."""
-    starts, ends = _windows(n, out)
-    k = max(e - s for s, e in zip(starts, ends))
+    """(index (out, K) clamped into [0, n), valid (out, K), count (out,)).  K is the
+    longest window for a static n; for a dynamic one the bound n // out + 2 (a window
+    spans less than n/out + 2 inputs), its extra positions masked — no guard on n."""
+    if isinstance(n, int):
+        starts, ends = _windows(n, out)
+        k = max(e - s for s, e in zip(starts, ends))
+    else:
+        k = n // out + 2
     o = torch.arange(out, device=device)
     start, end = (o * n) // out, ((o + 1) * n + out - 1) // out
     idx = start.unsqueeze(1) + torch.arange(k, device=device).unsqueeze(0)
@@ -363,12 +368,15 @@ def _adaptive_avg_axis_backward(grad: torch.Tensor, axis: int, n: int) -> torch.
     """The adjoint of `_adaptive_avg_axis` as a gather: input w lies in the windows
     o = floor(w·out/n) + j, j < J, those with start_o <= w (and o < out) — no atomics."""
     out = grad.shape[axis]
-    starts, ends = _windows(n, out)
-    cover = [0] * n
-    for s_, e in zip(starts, ends):
-        for w in range(s_, e):
-            cover[w] += 1
-    j_max = max(cover)
+    if isinstance(n, int):
+        starts, ends = _windows(n, out)
+        cover = [0] * n
+        for s_, e in zip(starts, ends):
+            for w in range(s_, e):
+                cover[w] += 1
+        j_max = max(cover)
+    else:   # a dynamic n: at most out // n + 2 windows hold an input (extra ones masked)
+        j_max = out // n + 2
     w = torch.arange(n, device=grad.device)
     o = ((w * out) // n).unsqueeze(1) + torch.arange(j_max, device=grad.device).unsqueeze(0)
     valid = (o < out) & ((o * n) // out <= w.unsqueeze(1))
@@ -384,6 +392,12 @@ def _static(*sizes) -> bool:
     return all(isinstance(v, int) and v > 0 for v in sizes)
 
 
+def _sized(inputs, outs) -> bool:
+    """Adaptive windows need static, non-zero output sizes; an input size may be dynamic
+    (a SymInt: K and the cover count become bounds, `_axis_index`)."""
+    return _static(*outs) and all(isinstance(v, torch.SymInt) or (isinstance(v, int) and v > 0) for v in inputs)
+
+
 def _adaptive_avg(x: torch.Tensor, outs) -> torch.Tensor:
     spatial = len(outs)
     if not x.is_floating_point() or not _static(*x.shape[-spatial:], *outs):
@@ -395,13 +409,31 @@ def _adaptive_avg(x: torch.Tensor, outs) -> torch.Tensor:
     return x
 
 
+def _adaptive_avg_pool2d(x, output_size):
+    """torch's decomposition for static sizes; under dynamic sizes the per-axis window
+    gathers (`_adaptive_avg_axis`), whose K is a bound: torch's guards on `n % out`
+    would recompile the graph for every size class."""
+    outs = tuple(output_size)
+    sizes = tuple(x.shape[-2:])
+    if any(isinstance(v, torch.SymInt) for v in sizes) and x.is_floating_point() and _sized(sizes, outs):
+        for i, out in enumerate(outs):
+            axis = x.dim() - 2 + i
+            if out == 1:     # (global pooling: one window, the mean)
+                x = x.mean(axis, keepdim=True)
+            elif not (isinstance(sizes[i], int) and sizes[i] == out):
+                x = _adaptive_avg_axis(x, axis, out)
+        return x
+    from torch._decomp import decomposition_table as torch_table
+    return torch_table[aten._adaptive_avg_pool2d.default](x, output_size)
+
+
 def _adaptive_avg_backward(grad: torch.Tensor, input_shape, spatial: int) -> torch.Tensor:
-    if not grad.is_floating_point() or not _static(*input_shape[-spatial:], *grad.shape[-spatial:]):
+    if not grad.is_floating_point() or not _sized(input_shape[-spatial:], grad.shape[-spatial:]):
         return NotImplemented
     for i in range(spatial):
         axis = grad.dim() - spatial + i
         n = input_shape[axis]
-        if grad.shape[axis] != n:
+        if isinstance(n, torch.SymInt) or grad.shape[axis] != n:   # (no guard on a dynamic size)
             grad = _adaptive_avg_axis_backward(grad, axis, n)
     return grad
 
@@ -422,7 +454,7 @@ def _adaptive_max(x: torch.Tensor, outs):
     axis first, then along each earlier one, each step carrying the position of the
     maximum found so far (first in row-major order wins a tie)."""
     spatial = len(outs)
-    if not x.is_floating_point() or not _static(*x.shape[-spatial:], *outs):
+    if not x.is_floating_point() or not _sized(x.shape[-spatial:], outs):
         return NotImplemented
     sizes = tuple(x.shape[-spatial:])
     vals, pos = x, None
@@ -607,7 +639,7 @@ def _adaptive_max_pool(spatial: int):
 # The reason an op still runs eagerly when a decomposition here (or torch's, for adaptive
 # max pooling) declined the case (`fallback.no_rule_reason` reports it).
 DECLINED: dict[object, str] = {
-    op: "adaptive pooling of integers, with dynamic sizes or empty windows has no stitched form"
+    op: "adaptive pooling of integers, of empty windows or to a dynamic output size has no stitched form"
     for op in (aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default,
                aten._adaptive_avg_pool2d_backward.default, aten._adaptive_avg_pool3d.default,
                aten._adaptive_avg_pool3d_backward.default)
@@ -622,6 +654,7 @@ def table() -> dict:
         aten.avg_pool2d_backward.default: avg_pool2d_backward,
         aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
         aten.max_pool2d_with_indices_backward.default: max_pool2d_with_indices_backward,
+        aten._adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
         aten._adaptive_avg_pool2d_backward.default: _adaptive_avg_pool2d_backward,
         aten.avg_pool1d.default: avg_pool1d,
         aten.adaptive_avg_pool1d.default: adaptive_avg_pool1d,

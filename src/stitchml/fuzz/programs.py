@@ -43,6 +43,8 @@ KNOB_CHOICES = {
     "horizontal_fusion": [True, False],
     "global_barriers": [True, False],
     "ilp": [True, False],
+    # few long rows split into chunks (plan/split.py) at the interpreter's tiny sizes
+    "split_min_cols": [16, 1024],
 }
 
 
