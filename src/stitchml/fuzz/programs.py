@@ -43,9 +43,12 @@ KNOB_CHOICES = {
     "horizontal_fusion": [True, False],
     "global_barriers": [True, False],
     "ilp": [True, False],
-    # few long rows split into chunks (plan/split.py) at the interpreter's tiny sizes
-    "split_min_cols": [16, 1024],
 }
+# few long rows split into chunks (plan/split.py) at the interpreter's tiny sizes: drawn
+# from a stream of its own, so the programs (and the rest of their knobs) stay those of
+# the seeds before this knob existed
+SPLIT_MIN_COLS = 16
+SPLIT_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -574,6 +577,8 @@ def generate(seed: int, profile: str = "ci") -> Program:
                 knobs[k] = rng.choice(choices)
         if knobs.get("persistent_max_cols", 8192) < 8192:  # looped rows: keep the loop block below the
             knobs["loop_block_cols"] = min(knobs.get("loop_block_cols", 2048), knobs["persistent_max_cols"])
+    if random.Random(f"split-{seed}").random() < SPLIT_SHARE:
+        knobs["split_min_cols"] = SPLIT_MIN_COLS
     lo, hi = prof.min_ops, prof.max_ops
     draws = [rng.randint(lo, hi) for _ in range(3 if prof.short_bias else 1)]
     target = min(draws)
