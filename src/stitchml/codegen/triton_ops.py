@@ -822,7 +822,129 @@ def _igamma(a, x, upper: tl.constexpr):
     r = tl.where(a == 0, tl.where(x > 0, hi, float("nan")), r)
     return tl.where((a < 0) | (x < 0), float("nan"), r)
 
+
+@triton.jit
+def _ortho_poly(x, n, family: tl.constexpr):
+    # The orthogonal polynomials of torch.special as eager evaluates them (ATen's Math.h):
+    # family 0-3 Chebyshev T, U, V, W; 4-7 their shifted forms (argument y = 2x - 1);
+    # 8 Hermite H, 9 Hermite He, 10 Laguerre L, 11 Legendre P.  n is truncated to an
+    # integer (non-finite n counts as negative: 0); n < 0 gives 0, then eager's special
+    # points (|x| = 1; x = 0 and 1 when shifted; x = 0 for L), then Chebyshev's closed
+    # forms for |y| < 1 past a degree, then the three-term recurrence, n - 1 steps, run
+    # until every lane of the block has taken its steps or reached NaN (eager stops there).
+    # Hermite beyond degree 128 (float32) / 512 (float64) is NaN, as eager's
+    nn = tl.where((n == n) & (tl.abs(n) < float("inf")), n, -1.0)
+    nn = tl.where(nn < 0, tl.ceil(nn), tl.floor(nn))
+    shifted: tl.constexpr = family >= 4 and family < 8
+    kind: tl.constexpr = family % 4
+    cheb: tl.constexpr = family < 8
+    y = x + x - 1.0 if shifted else x
+    odd = (nn - 2.0 * tl.floor(nn * 0.5)) == 1.0
+    sgn = tl.where(odd, -1.0, 1.0)
+    one = tl.zeros_like(x) + 1.0
+    if cheb:
+        if kind == 0:
+            q1 = y
+        elif kind == 1:
+            q1 = y + y
+        elif kind == 2:
+            q1 = y + y - 1.0
+        else:
+            q1 = y + y + 1.0
+    elif family == 8:
+        q1 = x + x
+    elif family == 9:
+        q1 = x
+    elif family == 10:
+        q1 = 1.0 - x
+    else:
+        q1 = x
+    p = one
+    q = q1
+    j = 0
+    busy = (nn >= 2.0) & (q == q)
+    while tl.max(busy.to(tl.int32)) > 0:
+        j += 1
+        fj = j * 1.0
+        if cheb:
+            r = (y + y) * q - p
+        elif family == 8:
+            r = (x + x) * q - (fj + fj) * p
+        elif family == 9:
+            r = x * q - fj * p
+        elif family == 10:
+            r = (((fj + fj) + (1.0 - x)) * q - fj * p) / (fj + 1.0)
+        else:
+            r = ((fj + fj + 1.0) * x * q - fj * p) / (fj + 1.0)
+        p = tl.where(busy, q, p)
+        q = tl.where(busy, r, q)
+        busy = busy & (fj + 1.0 < nn) & (q == q)
+    res = tl.where(nn == 1.0, q1, q)
+    res = tl.where(nn == 0.0, 1.0, res)
+    if family == 8 or family == 9:
+        limit = 512.0 if x.dtype == tl.float64 else 128.0
+        res = tl.where(nn > limit, float("nan"), res)
+    if cheb:
+        # closed forms for |y| < 1 past a degree (eager's thresholds)
+        if shifted:
+            past = 4.0 if kind == 3 else 6.0
+        else:
+            past = 6.0 if kind == 0 else 8.0
+        inside = (nn > past) & (tl.abs(y) < 1.0)
+        # acos correctly rounded to the compute type (taken in float64): n times its error
+        # reaches the result, and eager's libm acos is within an ulp
+        t = _acos(tl.where(inside, y, 0.0).to(tl.float64)).to(y.dtype)
+        if kind == 0:
+            closed = tl.cos(nn * t)
+        elif kind == 1:
+            s = tl.sin(t)
+            closed = tl.where(s != 0.0, tl.sin((nn + 1.0) * t) / s, (nn + 1.0) * tl.cos((nn + 1.0) * t) / y)
+        elif kind == 2:
+            closed = tl.where(tl.sin(t * 0.5) != 1.0, tl.cos((nn + 0.5) * t) / tl.cos(t * 0.5), sgn * (nn + nn + 1.0))
+        else:
+            if shifted:
+                edge = sgn
+            else:
+                edge = tl.where(x > 0, nn + nn + 1.0, sgn)
+            closed = tl.where(tl.cos(t * 0.5) != 1.0, tl.sin((nn + 0.5) * t) / tl.sin(t * 0.5), edge)
+        res = tl.where(inside, closed, res)
+        # special points
+        if shifted:
+            if kind == 0:
+                at_one = one
+                at_zero = sgn
+            elif kind == 1:
+                at_one = nn + 1.0
+                at_zero = sgn * (nn + 1.0)
+            elif kind == 2:
+                at_one = one
+                at_zero = sgn * (nn + nn + 1.0)
+            else:
+                at_one = nn + nn + 1.0
+                at_zero = sgn
+            res = tl.where(x == 0.0, at_zero, res)
+            res = tl.where(x == 1.0, at_one, res)
+        else:
+            pos = x > 0
+            if kind == 0:
+                edge1 = tl.where(pos, 1.0, sgn)
+            elif kind == 1:
+                edge1 = tl.where(pos, nn + 1.0, sgn * (nn + 1.0))
+            elif kind == 2:
+                edge1 = tl.where(pos, 1.0, sgn * (nn + nn + 1.0))
+            else:
+                edge1 = tl.where(pos, nn + nn + 1.0, sgn)
+            res = tl.where(tl.abs(x) == 1.0, edge1, res)
+    elif family == 10:
+        res = tl.where(x == 0.0, 1.0, res)
+    elif family == 11:
+        res = tl.where(tl.abs(x) == 1.0, tl.where(x > 0, 1.0, sgn), res)
+    return tl.where(nn < 0.0, 0.0, res)
+
 '''
+
+ORTHO_POLY_OPS = ("cheb_t", "cheb_u", "cheb_v", "cheb_w", "scheb_t", "scheb_u", "scheb_v", "scheb_w",
+                  "hermite_h", "hermite_he", "laguerre_l", "legendre_p")
 
 # (format, needs float)  — operands already share the compute dtype
 BINARY = {
@@ -842,6 +964,8 @@ BINARY = {
     "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
     "gt": "({0} > {1})", "ge": "({0} >= {1})",
 }
+# torch.special's orthogonal polynomials: the family number is `_ortho_poly`'s constexpr
+BINARY.update({op: "_ortho_poly({0}, {1}, %d)" % i for i, op in enumerate(ORTHO_POLY_OPS)})
 UNARY = {
     "exp": "tl.exp({0})", "exp2": "tl.exp2({0})", "log": "tl.log({0})", "log2": "tl.log2({0})",
     "log1p": "_log1p({0})", "expm1": "_expm1({0})", "sqrt": "tl.sqrt_rn({0})", "rsqrt": "tl.rsqrt({0})",
@@ -887,7 +1011,7 @@ def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_d
         a = f"(tl.zeros_like({b}) + {a})" if _is_literal(a) else a
         b = f"(tl.zeros_like({a}) + {b})" if _is_literal(b) else b
         return f"_nextafter({a}, {b}, {65536 if out_dtype == torch.bfloat16 else 1})"
-    if op in ("floordiv", "atan2", "zeta", "igamma", "igammac") or float_fmod:
+    if op in ("floordiv", "atan2", "zeta", "igamma", "igammac") or op in ORTHO_POLY_OPS or float_fmod:
         a, b = args
         # the helpers compare (or pass to libdevice) their operands as tensors: give
         # literals a block shape and the other operand's type

@@ -2,8 +2,8 @@
 calls, and the IEEE helpers behind them (issue 19, op_db coverage): signbit, copysign
 (through prims), fmax/fmin, hypot, nextafter, round with decimals (prims.round), frexp,
 erfc, erfcx, erfinv, the modified Bessel functions I0/I1, plain and exponentially scaled, and
-the Hurwitz zeta function (with polygamma of order >= 1 built on it), and the regularised
-incomplete gamma functions igamma/igammac.
+the Hurwitz zeta function (with polygamma of order >= 1 built on it), the regularised
+incomplete gamma functions igamma/igammac, and the orthogonal polynomials of torch.special.
 Each is built from element-wise nodes the code generator already knows, or from one
 helper of `codegen/triton_ops.py` where a bit pattern or a series is needed.
 """
@@ -179,6 +179,35 @@ def _incomplete_gamma(op: str):
 
 register(aten.igamma.default)(_incomplete_gamma("igamma"))
 register(aten.igammac.default)(_incomplete_gamma("igammac"))
+
+
+# torch.special's orthogonal polynomials → codegen `_ortho_poly` (eager's special points,
+# closed forms and recurrences per family)
+ORTHO_POLYS = {
+    "chebyshev_polynomial_t": "cheb_t", "chebyshev_polynomial_u": "cheb_u", "chebyshev_polynomial_v": "cheb_v",
+    "chebyshev_polynomial_w": "cheb_w", "shifted_chebyshev_polynomial_t": "scheb_t",
+    "shifted_chebyshev_polynomial_u": "scheb_u", "shifted_chebyshev_polynomial_v": "scheb_v",
+    "shifted_chebyshev_polynomial_w": "scheb_w", "hermite_polynomial_h": "hermite_h",
+    "hermite_polynomial_he": "hermite_he", "laguerre_polynomial_l": "laguerre_l", "legendre_polynomial_p": "legendre_p",
+}
+
+
+def _ortho_poly(op: str):
+    def rule(ctx: LowerCtx, node, x, n):
+        """P_n(x) of one family: x and n in the result's compute type (n is truncated to
+        an integer in the kernel, as eager casts it to int64)."""
+        shape, dtype = _out(node)
+        if dtype not in FLOAT_TYPES:
+            raise Unsupported(f"{op} with an integer result")
+        cd = compute_dtype(dtype)
+        x, n = _operands(ctx, (x, n), shape, cd)
+        return ctx.cast(ctx.pointwise(op, (x, n), shape, cd), dtype)
+    return rule
+
+
+for _name, _op in ORTHO_POLYS.items():
+    _packet = getattr(aten, f"special_{_name}")
+    register(_packet.default, _packet.x_scalar, _packet.n_scalar)(_ortho_poly(_op))
 
 
 def polygamma_ge1(ctx: LowerCtx, node, n: int, x) -> Ref:
