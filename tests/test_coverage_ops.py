@@ -3,6 +3,8 @@ capture/decomp_window.py, rules in lower/rules_index.py, rules_scatter.py,
 rules_window.py, rules_reduce.py).  Each case runs forward and backward against eager
 on fresh random inputs with odd sizes and a non-contiguous input, in float32 and
 bfloat16, and asserts that no op of either graph ran eagerly and that kernels ran."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -744,5 +746,26 @@ def test_memory_format_copies_stitch_in_eagers_layout(dtype):
     cmp = compare_with_eager(f, [x], **({} if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)))
     for got, want in zip(cmp.outputs, cmp.expected):
         assert got.stride() == want.stride(), (got.stride(), want.stride())
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+    assert cmp.num_kernels >= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64], ids=["fp32", "fp64", "int64"])
+def test_scatter_with_reduce_multiply_is_the_product_scatter(dtype):
+    """The older string form `scatter(..., reduce="multiply")` (tensor and value sources)
+    is scatter_reduce's 'prod' with x included: duplicates multiply in, untouched
+    positions keep x; "add" stays the scatter-add."""
+    idx = torch.tensor([[0, 1, 1, 3], [2, 2, 0, 0], [3, 3, 3, 1]])
+    if dtype.is_floating_point:
+        x, s, v = torch.randn(4, 5, dtype=dtype), (torch.rand(3, 4) + 0.5).to(dtype), 1.5
+    else:
+        x, s, v = torch.randint(-3, 4, (4, 5)), torch.randint(-3, 4, (3, 4)), 2
+
+    def f(x, s):
+        return (x.scatter(0, idx, s, reduce="multiply"), x.scatter(1, idx, v, reduce="multiply"),
+                x.scatter(0, idx, s, reduce="add"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)   # (eager's deprecation notice of the string form)
+        cmp = compare_with_eager(f, [x, s], backward=False)
     assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
     assert cmp.num_kernels >= 1

@@ -116,11 +116,14 @@ def _scatter_src(ctx, node, x, dim, index, src):
 
 @register(aten.scatter.reduce, aten.scatter.value_reduce)
 def _scatter_reduce_str(ctx, node, x, dim, index, src, *, reduce):
-    """The older string form: reduce="add" is scatter_add (of a value: of a full tensor)."""
-    if reduce != "add":
-        raise Unsupported(f"scatter with reduce={reduce!r} runs eagerly (only 'add' has a kernel form)")
+    """The older string form: reduce="add" is scatter_add, "multiply" scatter_reduce's
+    'prod' with x included (of a value: of a full tensor)."""
+    if reduce not in ("add", "multiply"):
+        raise Unsupported(f"scatter with reduce={reduce!r} runs eagerly (eager accepts only 'add' and 'multiply')")
     if not isinstance(src, Ref):
         src = ctx.full(tuple(ctx.shape(index)), src, node.meta["val"].dtype)
+    if reduce == "multiply":
+        return _scatter_prod(ctx, node, x, dim, index, src)
     return _scatter_sum(ctx, node, x, dim, index, src)
 
 
