@@ -89,11 +89,12 @@ def _nextafter(ctx: LowerCtx, node, a, b):
     return ctx.pointwise("nextafter", (a, b), shape, dtype)
 
 
-def _single_precision(op: str):
+def _single_precision(op: str, float64: bool = False):
     def rule(ctx: LowerCtx, node, x):
-        """Forms accurate to single precision: float64 runs eagerly, with that reason."""
+        """Forms accurate to single precision: float64 runs eagerly, with that reason
+        (unless the form has a float64 branch: `float64`)."""
         shape, dtype = _out(node)
-        if dtype == torch.float64:
+        if dtype == torch.float64 and not float64:
             raise Unsupported(f"{op} in float64: the kernel form is accurate to single precision only")
         if dtype not in FLOAT_TYPES:
             raise Unsupported(f"{op} of an integer tensor")
@@ -104,10 +105,11 @@ def _single_precision(op: str):
 register(prims.erfc.default, aten.erfc.default)(_single_precision("erfc"))
 register(prims.erf_inv.default, aten.erfinv.default)(_single_precision("erfinv"))
 register(prims.erfcx.default)(_single_precision("erfcx"))
-register(prims.bessel_i0.default, aten.special_modified_bessel_i0.default)(_single_precision("bessel_i0"))
-register(prims.bessel_i1.default, aten.special_modified_bessel_i1.default)(_single_precision("bessel_i1"))
-register(prims.bessel_i0e.default)(_single_precision("bessel_i0e"))
-register(prims.bessel_i1e.default)(_single_precision("bessel_i1e"))
+# (the Bessel forms have a float64 branch: more terms and a later switch, codegen `_bessel_ie`)
+register(prims.bessel_i0.default, aten.special_modified_bessel_i0.default)(_single_precision("bessel_i0", True))
+register(prims.bessel_i1.default, aten.special_modified_bessel_i1.default)(_single_precision("bessel_i1", True))
+register(prims.bessel_i0e.default)(_single_precision("bessel_i0e", True))
+register(prims.bessel_i1e.default)(_single_precision("bessel_i1e", True))
 
 
 @register(prims.scalar_tensor.default)
