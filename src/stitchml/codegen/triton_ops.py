@@ -766,6 +766,7 @@ def _erfinv(y):
     x = tl.where(tl.abs(y) == 1.0, y * float("inf"), x)
     return tl.where((tl.abs(y) > 1.0) | (y != y), float("nan"), x)
 
+
 @triton.jit
 def _igamma(a, x, upper: tl.constexpr):
     # Regularised incomplete gamma P(a, x) (Q = 1 - P when `upper`), in float64 whatever
