@@ -89,10 +89,11 @@ def _nextafter(ctx: LowerCtx, node, a, b):
     return ctx.pointwise("nextafter", (a, b), shape, dtype)
 
 
-def _single_precision(op: str, float64: bool = False):
+def _series_form(op: str, float64: bool = False):
     def rule(ctx: LowerCtx, node, x):
-        """Forms accurate to single precision: float64 runs eagerly, with that reason
-        (unless the form has a float64 branch: `float64`)."""
+        """A one-operand helper of codegen (a series or rational form).  Without a float64
+        branch (`float64`) it is accurate to single precision: float64 runs eagerly, with
+        that reason."""
         shape, dtype = _out(node)
         if dtype == torch.float64 and not float64:
             raise Unsupported(f"{op} in float64: the kernel form is accurate to single precision only")
@@ -102,14 +103,14 @@ def _single_precision(op: str, float64: bool = False):
     return rule
 
 
-register(prims.erfc.default, aten.erfc.default)(_single_precision("erfc"))
-register(prims.erf_inv.default, aten.erfinv.default)(_single_precision("erfinv"))
-register(prims.erfcx.default)(_single_precision("erfcx"))
+register(prims.erfc.default, aten.erfc.default)(_series_form("erfc"))
+register(prims.erf_inv.default, aten.erfinv.default)(_series_form("erfinv"))
+register(prims.erfcx.default)(_series_form("erfcx"))
 # (the Bessel forms have a float64 branch: more terms and a later switch, codegen `_bessel_ie`)
-register(prims.bessel_i0.default, aten.special_modified_bessel_i0.default)(_single_precision("bessel_i0", True))
-register(prims.bessel_i1.default, aten.special_modified_bessel_i1.default)(_single_precision("bessel_i1", True))
-register(prims.bessel_i0e.default)(_single_precision("bessel_i0e", True))
-register(prims.bessel_i1e.default)(_single_precision("bessel_i1e", True))
+register(prims.bessel_i0.default, aten.special_modified_bessel_i0.default)(_series_form("bessel_i0", True))
+register(prims.bessel_i1.default, aten.special_modified_bessel_i1.default)(_series_form("bessel_i1", True))
+register(prims.bessel_i0e.default)(_series_form("bessel_i0e", True))
+register(prims.bessel_i1e.default)(_series_form("bessel_i1e", True))
 
 
 @register(prims.scalar_tensor.default)
@@ -158,12 +159,18 @@ def _spherical_bessel_j0(ctx: LowerCtx, node, x):
 def _zeta(ctx: LowerCtx, node, s, q):
     """Hurwitz zeta(s, q) (codegen `_zeta`): eager's values at s <= 1, at the poles
     q = 0, -1, .., for negative q; half types computed in float32 and rounded once."""
+    return _float_binary(ctx, node, "zeta", s, q)
+
+
+def _float_binary(ctx: LowerCtx, node, op: str, a, b, compute: torch.dtype | None = None) -> Ref:
+    """A two-operand helper of codegen with a float result: operands in `compute` (default:
+    the result's compute type), the result rounded once to its dtype."""
     shape, dtype = _out(node)
     if dtype not in FLOAT_TYPES:
-        raise Unsupported("zeta of an integer tensor")
-    cd = compute_dtype(dtype)
-    s, q = _operands(ctx, (s, q), shape, cd)
-    return ctx.cast(ctx.pointwise("zeta", (s, q), shape, cd), dtype)
+        raise Unsupported(f"{op} of an integer tensor")
+    cd = compute or compute_dtype(dtype)
+    a, b = _operands(ctx, (a, b), shape, cd)
+    return ctx.cast(ctx.pointwise(op, (a, b), shape, cd), dtype)
 
 
 def _incomplete_gamma(op: str):
@@ -171,11 +178,7 @@ def _incomplete_gamma(op: str):
         """Regularised incomplete gamma P(a, x) (`igamma`) or Q(a, x) (`igammac`), codegen
         `_igamma`: computed in float64 for every float type (the prefactor cancels ~a log a)
         and rounded once; eager's values at the edges of the domain."""
-        shape, dtype = _out(node)
-        if dtype not in FLOAT_TYPES:
-            raise Unsupported(f"{op} of an integer tensor")
-        a, x = _operands(ctx, (a, x), shape, torch.float64)
-        return ctx.cast(ctx.pointwise(op, (a, x), shape, torch.float64), dtype)
+        return _float_binary(ctx, node, op, a, x, torch.float64)
     return rule
 
 
@@ -198,12 +201,7 @@ def _ortho_poly(op: str):
     def rule(ctx: LowerCtx, node, x, n):
         """P_n(x) of one family: x and n in the result's compute type (n is truncated to
         an integer in the kernel, as eager casts it to int64)."""
-        shape, dtype = _out(node)
-        if dtype not in FLOAT_TYPES:
-            raise Unsupported(f"{op} with an integer result")
-        cd = compute_dtype(dtype)
-        x, n = _operands(ctx, (x, n), shape, cd)
-        return ctx.cast(ctx.pointwise(op, (x, n), shape, cd), dtype)
+        return _float_binary(ctx, node, op, x, n)
     return rule
 
 
