@@ -97,6 +97,14 @@ class _Value:
     is_input: bool = False
 
 
+def _promoted_hi(*vals: _Value) -> bool:
+    """Whether torch's type promotion gives the HI dtype: a 0-d operand's dtype counts
+    only when every operand is 0-d (a float32 scalar tensor beside a bfloat16 matrix
+    gives bfloat16)."""
+    dimmed = [v for v in vals if v.shape]
+    return any(v.hi for v in (dimmed or vals))
+
+
 def _numel(shape) -> int:
     return math.prod(shape)
 
@@ -256,7 +264,7 @@ class _Builder:
             return True
         y, out = self.broadcast_partner(x)
         y = self.tame(y, 100)
-        hi = x.hi or y.hi
+        hi = _promoted_hi(x, y)
         a, b = x.name, y.name
         ops = [(f"{a} + {b}", x.bound + y.bound), (f"{a} - {b}", x.bound + y.bound),
                (f"{a} * {b}", x.bound * y.bound), (f"{a} / ({b}.abs() + 0.5)", 2 * x.bound),
@@ -281,7 +289,8 @@ class _Builder:
         y, out = self.broadcast_partner(x)
         if out != x.shape:
             return False
-        self.emit(f"torch.where({cond.name} > 0.5, {x.name}, {y.name})", x.shape, max(x.bound, y.bound), x.hi or y.hi)
+        self.emit(f"torch.where({cond.name} > 0.5, {x.name}, {y.name})", x.shape, max(x.bound, y.bound),
+                  _promoted_hi(x, y))
         return True
 
     def reduce(self) -> bool:
