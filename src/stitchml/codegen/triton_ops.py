@@ -529,26 +529,80 @@ def _square_parts(z):
 
 
 @triton.jit
+def _erfcx64_pos(x):
+    # float64 erfcx(x) for x >= 0: (x + 3.75) erfcx(x) is smooth in t = (x - 3.75) / (x + 3.75)
+    # over all of [0, inf) (t -> 1 where erfcx ~ 1 / (x sqrt(pi))); its Chebyshev series in t,
+    # 24 terms summed by Clenshaw's recurrence, fitted here with mpmath (bench/NOTES.md):
+    # relative error 6e-16 from 0 to 1e300.  Infinity gives 0.
+    t = (x - 3.75) / (x + 3.75)
+    t2 = t + t
+    b0 = x * 0.0
+    b1 = x * 0.0
+    b0, b1 = 1.0501564927720586e-16 + t2 * b0 - b1, b0
+    b0, b1 = -1.0963030130900087e-16 + t2 * b0 - b1, b0
+    b0, b1 = -2.704740368320276e-15 + t2 * b0 - b1, b0
+    b0, b1 = 2.8807292328713077e-15 + t2 * b0 - b1, b0
+    b0, b1 = 7.242772425819852e-14 + t2 * b0 - b1, b0
+    b0, b1 = -1.1724828156626574e-13 + t2 * b0 - b1, b0
+    b0, b1 = -1.993785314415682e-12 + t2 * b0 - b1, b0
+    b0, b1 = 5.780745301094449e-12 + t2 * b0 - b1, b0
+    b0, b1 = 5.307787477918412e-11 + t2 * b0 - b1, b0
+    b0, b1 = -2.9040184105173024e-10 + t2 * b0 - b1, b0
+    b0, b1 = -1.0830423386818938e-09 + t2 * b0 - b1, b0
+    b0, b1 = 1.355826598349273e-08 + t2 * b0 - b1, b0
+    b0, b1 = -9.53473146659699e-09 + t2 * b0 - b1, b0
+    b0, b1 = -4.936920694378021e-07 + t2 * b0 - b1, b0
+    b0, b1 = 3.086971620657423e-06 + t2 * b0 - b1, b0
+    b0, b1 = 1.971677029425334e-06 + t2 * b0 - b1, b0
+    b0, b1 = -0.0001678661262168746 + t2 * b0 - b1, b0
+    b0, b1 = 0.0015696224296742666 + t2 * b0 - b1, b0
+    b0, b1 = -0.009506139167741073 + t2 * b0 - b1, b0
+    b0, b1 = 0.044234890018353 + t2 * b0 - b1, b0
+    b0, b1 = -0.16770511573096467 + t2 * b0 - b1, b0
+    b0, b1 = 0.5310168126584589 + t2 * b0 - b1, b0
+    b0, b1 = -1.4155291636062 + t2 * b0 - b1, b0
+    r = (1.5802719754089016 + t * b0 - b1) / (x + 3.75)
+    return tl.where(x == float("inf"), 0.0, r)
+
+
+@triton.jit
 def _erfc(x):
     # below |x| = 0.5, 1 - erf(x) (no cancellation: erfc > 0.47 there); above, the fit with
-    # exp(-z^2) taken in two exact-enough parts; erfc(-z) = 2 - erfc(z)
+    # exp(-z^2) taken in two exact-enough parts; erfc(-z) = 2 - erfc(z).  float64: erfcx's
+    # Chebyshev form times exp(-z^2) everywhere
     z = tl.abs(x)
-    t, p = _erfc_fit(z)
     hi, lo = _square_parts(z)
-    r = t * tl.exp(-hi) * tl.exp(p - lo)
-    r = tl.where(z == float("inf"), 0.0, r)
-    r = tl.where(x < 0, 2.0 - r, r)
-    r = tl.where(z < 0.5, 1.0 - tl.erf(x), r)
+    if x.dtype == tl.float64:
+        r = _erfcx64_pos(z) * tl.exp(-hi) * tl.exp(-lo)
+        r = tl.where(z == float("inf"), 0.0, r)
+        r = tl.where(x < 0, 2.0 - r, r)
+    else:
+        t, p = _erfc_fit(z)
+        r = t * tl.exp(-hi) * tl.exp(p - lo)
+        r = tl.where(z == float("inf"), 0.0, r)
+        r = tl.where(x < 0, 2.0 - r, r)
+        r = tl.where(z < 0.5, 1.0 - tl.erf(x), r)
     return tl.where(x != x, x, r)
 
 
 @triton.jit
+def _erfcx_pos(z):
+    # erfcx(z), z >= 0, in z's precision: the float64 Chebyshev form, or the float32 fit
+    # without its exp(-z^2) factor (0 at +inf)
+    if z.dtype == tl.float64:
+        r = _erfcx64_pos(z)
+    else:
+        t, p = _erfc_fit(z)
+        r = t * tl.exp(p)
+    return r
+
+
+@triton.jit
 def _erfcx(x):
-    # exp(x^2) erfc(x): the fit without its exp(-z^2) factor for x >= 0 (0 at +inf);
-    # 2 exp(x^2) - erfcx(-x) below 0, exp(x^2) in two parts as in _erfc (inf once it overflows)
+    # exp(x^2) erfc(x): the form above for x >= 0; 2 exp(x^2) - erfcx(-x) below 0, exp(x^2)
+    # in two parts as in _erfc (inf once it overflows)
     z = tl.abs(x)
-    t, p = _erfc_fit(z)
-    r = t * tl.exp(p)
+    r = _erfcx_pos(z)
     hi, lo = _square_parts(z)
     big = 2.0 * tl.exp(hi) * tl.exp(lo)
     big = tl.where(z == float("inf"), z, big)
@@ -739,10 +793,9 @@ def _trigamma(x):
 
 
 @triton.jit
-def _erfinv(y):
-    # Giles' single-precision polynomials in w = -log((1 - y)(1 + y)) (central below w = 5,
-    # tail above), then one Newton step on erf(x) = y; +-inf at +-1, nan beyond
-    w = -tl.log((1.0 - y) * (1.0 + y))
+def _erfinv_start(a, w):
+    # Giles' single-precision polynomials for erfinv(a), a in [0, 1), in w = -log((1 - a)(1 + a)):
+    # central below w = 5, tail above
     c = w - 2.5
     p = c * 2.81022636e-08 + 3.43273939e-07
     p = p * c - 3.5233877e-06
@@ -761,10 +814,64 @@ def _erfinv(y):
     q = q * t + 0.00943887047
     q = q * t + 1.00167406
     q = q * t + 2.83297682
-    x = tl.where(w < 5.0, p, q) * y
-    x = x - (tl.erf(x) - y) / (1.1283791670955126 * tl.exp(-x * x))
+    return tl.where(w < 5.0, p, q) * a
+
+
+@triton.jit
+def _erfinv(y):
+    # Giles' polynomials, then one Newton step on erf(x) = y; +-inf at +-1, nan beyond.
+    # float64: the polynomials only start _inv_erf's refinement
+    if y.dtype == tl.float64:
+        a = tl.abs(y)
+        x = _inv_erf(a, 1.0 - a)
+        x = tl.where(y < 0, -x, tl.where(y == 0, y, x))  # (-0.0 keeps its sign)
+    else:
+        w = -tl.log((1.0 - y) * (1.0 + y))
+        x = _erfinv_start(y, w)
+        x = x - (tl.erf(x) - y) / (1.1283791670955126 * tl.exp(-x * x))
     x = tl.where(tl.abs(y) == 1.0, y * float("inf"), x)
     return tl.where((tl.abs(y) > 1.0) | (y != y), float("nan"), x)
+
+
+@triton.jit
+def _inv_erf(a, c):
+    # x >= 0 with erf(x) = a and erfc(x) = c = 1 - a, for a in [0, 1): the caller passes
+    # both, each exact where it is used (a below 0.5, c above ~0 down to the smallest
+    # positive float), so neither erfinv next to 1 nor ndtri in its far tail loses the
+    # digits that 1 - c would.  Start: Giles' polynomials where they were fitted (w < 16),
+    # the asymptotic x^2 ~ L - log(pi L) / 2 (L = -log c) beyond.  Refinement: Newton on
+    # erf(x) = a below a = 0.5, and on log erfc(x) = log c above (log erfcx(x) - x^2, no
+    # exp to underflow: its slope is -2 / (sqrt(pi) erfcx(x))), x^2 in exact parts;
+    # three steps in float64, two in float32 (quadratic convergence from ~1e-3).
+    F64: tl.constexpr = a.dtype == tl.float64
+    w = -tl.log(c * (2.0 - c))
+    x = _erfinv_start(a, w)
+    big = -tl.log(tl.where(c < 0.5, c, 0.5))
+    x = tl.where(w < 16.0, x, tl.sqrt(big - 0.5 * tl.log(3.141592653589793 * big)))
+    central = a < 0.5
+    logc = tl.log(tl.where(central, 0.5, c))
+    for _ in tl.static_range(3 if F64 else 2):
+        xc = x - (tl.erf(x) - a) / (1.1283791670955126 * tl.exp(-x * x))
+        z = tl.where(central, 1.0, tl.maximum(x, 0.0))
+        e = _erfcx_pos(z)
+        hi, lo = _square_parts(z)
+        xt = z + (tl.log(e) - hi - lo - logc) * (0.886226925452758 * e)
+        x = tl.where(central, xc, xt)
+    return x
+
+
+@triton.jit
+def _ndtri(p):
+    # the standard normal quantile, sqrt(2) erfinv(2p - 1) = -sqrt(2) erfcinv(2p): below
+    # p = 0.5 from c = 2p (exact), above from c = 2 - 2p and a = 2p - 1 (exact there);
+    # -inf at 0, inf at 1, nan outside [0, 1]
+    lower = p < 0.5
+    c = tl.where(lower, p + p, 2.0 - (p + p))
+    x = 1.4142135623730951 * _inv_erf(1.0 - c, c)
+    x = tl.where(lower, -x, x)
+    x = tl.where(p == 0.0, float("-inf"), x)
+    x = tl.where(p == 1.0, float("inf"), x)
+    return tl.where((p < 0.0) | (p > 1.0) | (p != p), float("nan"), x)
 
 
 @triton.jit
@@ -983,7 +1090,7 @@ UNARY = {
     "asin": "_asin({0})", "acos": "_acos({0})", "atan": "_atan({0})", "asinh": "_asinh({0})",
     "acosh": "_acosh({0})", "atanh": "_atanh({0})", "sinh": "_sinh({0})", "cosh": "_cosh({0})",
     "tan": "(tl.sin({0}) / tl.cos({0}))", "log10": "(tl.log({0}) * 0.4342944819032518)",
-    "erfc": "_erfc({0})", "erfcx": "_erfcx({0})", "erfinv": "_erfinv({0})",
+    "erfc": "_erfc({0})", "erfcx": "_erfcx({0})", "erfinv": "_erfinv({0})", "ndtri": "_ndtri({0})",
     "frexp_mantissa": "_frexp({0})[0]", "frexp_exponent": "_frexp({0})[1]",
     "bessel_i0": "_bessel_i({0}, 0)", "bessel_i1": "_bessel_i({0}, 1)",
     "bessel_i0e": "_bessel_ie({0}, 0)", "bessel_i1e": "_bessel_ie({0}, 1)",

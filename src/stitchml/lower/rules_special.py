@@ -1,7 +1,7 @@
 """Element-wise ops that torch's decompositions (capture/decomp.py) leave as `prims`
 calls, and the IEEE helpers behind them (issue 19, op_db coverage): signbit, copysign
 (through prims), fmax/fmin, hypot, nextafter, round with decimals (prims.round), frexp,
-erfc, erfcx, erfinv, the modified Bessel functions I0/I1, plain and exponentially scaled, and
+erfc, erfcx, erfinv, ndtri (the normal quantile), the modified Bessel functions I0/I1, plain and exponentially scaled, and
 the Hurwitz zeta function (with polygamma of order >= 1 built on it), the regularised
 incomplete gamma functions igamma/igammac, and the orthogonal polynomials of torch.special.
 Each is built from element-wise nodes the code generator already knows, or from one
@@ -89,28 +89,27 @@ def _nextafter(ctx: LowerCtx, node, a, b):
     return ctx.pointwise("nextafter", (a, b), shape, dtype)
 
 
-def _series_form(op: str, float64: bool = False):
+def _series_form(op: str):
     def rule(ctx: LowerCtx, node, x):
-        """A one-operand helper of codegen (a series or rational form).  Without a float64
-        branch (`float64`) it is accurate to single precision: float64 runs eagerly, with
-        that reason."""
+        """A one-operand helper of codegen (a series or rational form), with a float32 body
+        and a float64 branch of its own (more terms, or Newton steps in float64)."""
         shape, dtype = _out(node)
-        if dtype == torch.float64 and not float64:
-            raise Unsupported(f"{op} in float64: the kernel form is accurate to single precision only")
         if dtype not in FLOAT_TYPES:
             raise Unsupported(f"{op} of an integer tensor")
         return ctx.pointwise(op, (ctx.cast(x, dtype),), shape, dtype)
     return rule
 
 
+# float64 branches: erfcx's Chebyshev form under erfc and erfcx, erfinv and ndtri refined by
+# Newton steps in float64 (`_inv_erf`); the Bessel forms take more terms and switch later
 register(prims.erfc.default, aten.erfc.default)(_series_form("erfc"))
 register(prims.erf_inv.default, aten.erfinv.default)(_series_form("erfinv"))
 register(prims.erfcx.default)(_series_form("erfcx"))
-# (the Bessel forms have a float64 branch: more terms and a later switch, codegen `_bessel_ie`)
-register(prims.bessel_i0.default, aten.special_modified_bessel_i0.default)(_series_form("bessel_i0", True))
-register(prims.bessel_i1.default, aten.special_modified_bessel_i1.default)(_series_form("bessel_i1", True))
-register(prims.bessel_i0e.default)(_series_form("bessel_i0e", True))
-register(prims.bessel_i1e.default)(_series_form("bessel_i1e", True))
+register(aten.special_ndtri.default)(_series_form("ndtri"))
+register(prims.bessel_i0.default, aten.special_modified_bessel_i0.default)(_series_form("bessel_i0"))
+register(prims.bessel_i1.default, aten.special_modified_bessel_i1.default)(_series_form("bessel_i1"))
+register(prims.bessel_i0e.default)(_series_form("bessel_i0e"))
+register(prims.bessel_i1e.default)(_series_form("bessel_i1e"))
 
 
 @register(prims.scalar_tensor.default)
