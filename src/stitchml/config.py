@@ -38,6 +38,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Task splitting: rows split into chunks of at least this many elements, only when there are fewer "
          "rows than two programs per SM (AStitch's rule: split when rows < programs per wave and a row "
          "has > 1024 elements). Not yet tuned on a GPU."),
+    Knob("looped_partials", "STITCHML_LOOPED_PARTIALS", True, _bool,
+         "Column reductions (a norm's weight and bias gradients) beside rows too long to hold on chip are "
+         "computed in the row-looped kernel itself: each program walks a few rows together and writes one "
+         "partial row per column block, a combine kernel sums the partials (instead of the element-wise "
+         "product going to memory and separate column-sum kernels reading it back). Static shapes, and rows "
+         "enough for two programs per SM; off = those column sums as kernels of their own."),
     Knob("fallback_on_error", "STITCHML_FALLBACK_ON_ERROR", True, _bool,
          "If planning or code generation fails, run the graph eagerly with a warning instead of raising."),
     Knob("debug_dir", "STITCHML_DEBUG_DIR", "", str,
@@ -108,14 +114,14 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "log-sum-exp form (patterns/cross_entropy.py): backward keeps the logits and one float per row instead of "
          "the [rows, classes] log-probabilities, about 3 passes over the logits for forward + backward instead of "
          "6. Refused (with the reason) for class weights, soft targets, N-D inputs, non-constant options."),
-    Knob("remat", "STITCHML_REMAT", False, _bool,
+    Knob("remat", "STITCHML_REMAT", True, _bool,
          "Split training graphs with AOTAutograd's min-cut rematerialisation partitioner: the backward recomputes "
          "cheap element-wise values from what the forward saves anyway (e.g. RMSNorm's normalised input from x and "
-         "the row's rsqrt: modelled backward bytes 539 -> 403 MB at [32768, 1024] fp32) instead of the forward "
-         "writing them and the backward reading them back. Off by default: a recomputed value is not bit-identical "
-         "to the saved one (kernels keep fp32 between half-precision ops; FMA contraction differs between kernels), "
-         "and backward formulas that compare with saved values (max/min/amin) then lose their mask (NaN gradients "
-         "in 8 fuzz cases). Off: the default partitioner (saves every intermediate the backward uses)."),
+         "the row's rsqrt: modelled backward bytes 539 -> 405 MB at [32768, 1024] fp32) instead of the forward "
+         "writing them and the backward reading them back. A backward that compares a recomputed tensor with a "
+         "saved one (a max/min mask) keeps the default partition for its graph, and a cast out of a half type "
+         "rounds first, so recomputed values match the saved ones where the program subtracts or compares them. "
+         "Off: the default partitioner (saves every intermediate the backward uses)."),
     Knob("attention_sdpa", "STITCHML_ATTENTION_SDPA", True, _bool,
          "Rewrite a captured math attention (q·kᵀ, scale, additive/boolean/causal mask, softmax, dropout, ·v) "
          "into F.scaled_dot_product_attention, so a fused attention kernel runs instead of the score tensor "

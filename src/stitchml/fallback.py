@@ -47,6 +47,7 @@ LIBRARY_OPS: dict[object, str] = {
     aten.sym_stride.int: "host: a size query under dynamic shapes (no data moved)",
     aten.sym_numel.default: "host: a size query under dynamic shapes (no data moved)",
     aten.sym_storage_offset.default: "host: a size query under dynamic shapes (no data moved)",
+    aten.sym_is_contiguous.default: "host: a layout query under dynamic shapes (no data moved)",
 }
 
 

@@ -28,7 +28,8 @@ class Reductions:
         self.b = b
         self.loop_of: dict[int, tuple[int, ...]] = {}
         if b.looped:
-            for grp in loop_groups(b.g, b.k.members):
+            # (column partials are reduced in the last loop, emit_store.looped_partial)
+            for grp in loop_groups(b.g, tuple(m for m in b.k.members if m not in b.k.partials)):
                 for r in grp:
                     self.loop_of[r] = grp
         self.running: set[int] = set()   # reductions whose loop is being emitted

@@ -114,5 +114,25 @@ class Stores:
         self.after.extend([f"cflat = tl.arange(0, {b.m.block_c})[None, :]", f"cmask = cflat < {b.dom.cols}"])
         self.after.append(f"tl.store({ptr} + {pid} * {b.dom.cols} + cflat, {red_expr}[None, :], mask=cmask)")
 
+    def looped_partial(self, nid: int) -> None:
+        """A column reduction in a row-looped kernel (inside its last loop): the column
+        block's reduction over the program's rows, stored at once as the block of the
+        program's partial row (each program owns its partial row and its rows are all
+        in the block: nothing to accumulate across iterations)."""
+        b = self.b
+        n = b.g[nid]
+        src = b.g[n.refs[0]]
+        lead = len(n.attr("dims"))
+        red = ix.unravel(b.row_flat, src.shape[:lead])
+        kept = ix.unravel(b.col_flat, src.shape[lead:])
+        v = b.value(src.id, tuple(red) + tuple(kept))
+        cd = compute_dtype(n.dtype)
+        ident = reduce_identity(n.op, cd)
+        body = f"tl.where(rmask & cmask, {v.name}, {ident}).to({TL_DTYPE[cd]})"
+        red_expr = f"tl.sum({body}, 0)" if n.op == "sum" else f"tl.reduce({body}, 0, {REDUCE_COMBINE[n.op]})"
+        pid = "tl.program_id(0).to(tl.int64)" if b.idx64 else "tl.program_id(0)"
+        b.scopes[-1].lines.append(
+            f"tl.store({b.param('partial', nid)} + {pid} * {b.dom.cols} + cflat, {red_expr}[None, :], mask=cmask)")
+
 
 __all__ = ["Stores"]

@@ -9,7 +9,8 @@ and stores are shared (`emit_reduce.py`, `emit_store.py`):
   registers; with column partials the program walks several row blocks (grid stride);
 - `row_looped`: one row per program, walked in column blocks: one loop per group of
   reductions (`plan/row_loops.py`), then one loop for the element-wise outputs;
-  row values are hoisted out of the loops;
+  row values are hoisted out of the loops; with column partials a few rows per
+  program, the last loop storing each column block's partial over them;
 - `combine`: the partials of column reductions reduced into their outputs.
 """
 from __future__ import annotations
@@ -78,8 +79,8 @@ def emit_rows(b: KernelBuilder, stores: Stores) -> list[str]:
 
 
 def emit_looped(b: KernelBuilder, stores: Stores) -> list[str]:
-    # column partials are only planned for rows that fit on chip (grouping.is_column_reduce)
-    assert not b.k.partials, "column partials in a row-looped kernel (planner bug)"
+    """Rows walked in column blocks; with column partials the program holds several rows
+    and its last loop stores, per column block, the block's sums over those rows."""
     _rows(b, _pid(b))
     for d in b.dom.col_dims:   # loop scopes define the c* names; the symbols are shared
         b.vars[d] = ix.var(f"c{d}", b.dom.shape[d], COL)
@@ -87,10 +88,12 @@ def emit_looped(b: KernelBuilder, stores: Stores) -> list[str]:
     row_level, full_level = _outputs(b, stores)
     for o in row_level:
         stores.store(o)
-    if full_level:
+    if full_level or b.k.partials:
         b.open_loop()
         for o in full_level:
             stores.store(o)
+        for o in b.k.partials:
+            stores.looped_partial(o)
         b.close_loop()
     return b.top.lines
 

@@ -1183,7 +1183,13 @@ def store_expr(x: str, dtype: torch.dtype) -> str:
 
 
 def cast_expr(x: str, src: torch.dtype, dst: torch.dtype) -> str:
-    """Cast between compute types, rounding through half types like eager does."""
+    """Cast between compute types, rounding through half types like eager does.  A
+    half-precision value is held in float32 between ops without rounding (more accurate
+    than eager); a cast out of its type rounds it first, as eager's value was rounded, so
+    that what the program asked for in float32 (x.float() - mean, a rematerialised
+    activation against a saved statistic) matches eager's bit for bit."""
+    if src in (torch.float16, torch.bfloat16) and dst != src:
+        x = f"_round_bf16({x})" if src == torch.bfloat16 else f"{x}.to(tl.float16).to(tl.float32)"
     if dst == torch.bool:
         return f"({x} != 0)"
     if src == torch.bool:

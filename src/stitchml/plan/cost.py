@@ -20,10 +20,48 @@ def row_passes(g: ir.Graph, k: KernelPlan) -> int:
     element-wise outputs."""
     if k.mapping.form != "row_looped":
         return 1
-    loops = len(loop_groups(g, k.members)) + 2 * sum(1 for m in k.members if g[m].kind == ir.REDUCE
-                                                     and g[m].op not in ir.COMBINABLE_REDUCES)
-    writes_elements = any(g[o].numel != k.domain.rows for o in k.outputs if o not in k.partials)
+    rowwise = tuple(m for m in k.members if m not in k.partials)   # (partials: in the last loop)
+    loops = len(loop_groups(g, rowwise)) + 2 * sum(1 for m in k.members if g[m].kind == ir.REDUCE
+                                                   and g[m].op not in ir.COMBINABLE_REDUCES)
+    writes_elements = bool(k.partials) or any(g[o].numel != k.domain.rows for o in k.outputs if o not in k.partials)
     return max(1, loops + int(writes_elements))
+
+
+def input_passes(g: ir.Graph, k: KernelPlan) -> dict[int, int]:
+    """How many of a row-looped kernel's loops read each input: a reduction loop reads
+    what its reductions' operands are computed from, the last loop what the element-wise
+    outputs and the column partials are computed from; row values of earlier loops are
+    held in registers (the walk stops at reductions).  An input no loop reads (a per-row
+    value) is read once."""
+    members = set(k.members)
+    inputs = set(k.inputs)
+
+    def reached(starts) -> set[int]:
+        seen, stack, found = set(), list(starts), set()
+        while stack:
+            nid = stack.pop()
+            if nid in seen:
+                continue
+            seen.add(nid)
+            if nid in inputs:
+                found.add(nid)
+            if nid in members and g[nid].kind == ir.REDUCE and nid not in starts:
+                continue   # its value is a row value by now
+            if nid in members or is_free(g[nid]):
+                stack.extend(g[nid].refs)
+        return found
+
+    counts = dict.fromkeys(k.inputs, 0)
+    rowwise = tuple(m for m in k.members if m not in k.partials)
+    # (loop starts, passes): argmax/argmin take two (the extreme value, then its position)
+    loops = [([g[r].refs[0] for r in grp], 1) for grp in loop_groups(g, rowwise)]
+    loops += [([g[m].refs[0]], 2) for m in k.members if g[m].kind == ir.REDUCE and g[m].op not in ir.COMBINABLE_REDUCES]
+    last = [o for o in k.outputs if o not in k.partials and g[o].numel != k.domain.rows]
+    loops.append((last + [g[p].refs[0] for p in k.partials], 1))
+    for starts, n in loops:
+        for i in reached(starts):
+            counts[i] += n
+    return {i: max(1, c) for i, c in counts.items()}
 
 
 def reread_miss(g: ir.Graph, k: KernelPlan, dev) -> float:
@@ -36,7 +74,7 @@ def reread_miss(g: ir.Graph, k: KernelPlan, dev) -> float:
     warps = max(k.mapping.num_warps, 1)
     resident = min(max(k.mapping.grid, 1), dev.sms * max(1, dev.max_warps_per_sm // warps))
     row_bytes = sum(_nbytes(g[i]) / max(k.domain.rows, 1) for i in k.inputs if g[i].numel >= k.domain.cols)
-    in_flight = resident * row_bytes
+    in_flight = resident * row_bytes * k.mapping.block_r
     return 0.0 if in_flight <= 0 else min(1.0, max(0.0, 1.0 - 0.75 * dev.l2_bytes / in_flight))
 
 
@@ -46,8 +84,9 @@ def kernel_bytes(g: ir.Graph, k: KernelPlan, dev=None) -> tuple[int, int]:
     they miss L2 (`reread_miss`) on `dev` (default: the current device)."""
     from .devices import current_device
     touched = k.domain.rows * k.domain.cols
-    passes = 1 + (row_passes(g, k) - 1) * reread_miss(g, k, dev or current_device())
-    read = int(sum(min(_nbytes(g[i]), _nbytes(g[i], touched)) for i in k.inputs) * passes)
+    miss = reread_miss(g, k, dev or current_device())
+    passes = input_passes(g, k) if k.mapping.form == "row_looped" else dict.fromkeys(k.inputs, 1)
+    read = int(sum(min(_nbytes(g[i]), _nbytes(g[i], touched)) * (1 + (passes[i] - 1) * miss) for i in k.inputs))
     written = sum(_nbytes(g[o]) for o in k.outputs if o not in k.partials)
     written += sum(k.mapping.grid * g[p].numel * 4 for p in k.partials)
     return read, written

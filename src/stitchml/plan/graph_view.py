@@ -18,29 +18,63 @@ def is_free(n: ir.Node) -> bool:
     return n.kind == ir.VIEW or (n.kind == ir.POINTWISE and (n.op in FREE_POINTWISE or bool(n.attr("recompute"))))
 
 
-def recompute_casts(g: ir.Graph) -> ir.Graph:
-    """Casts of values no kernel computes (graph inputs, eager results) become free:
-    every kernel that reads one converts it itself.  Converting on the fly reads the
-    source (bf16: 2 bytes an element) where a materialised cast would be written once
-    and read by each consuming kernel (fp32: 4 + 4 bytes).  A cast whose value must
-    exist as a tensor (a graph output, an eager op's operand) stays a kernel member."""
-    def source(nid: int) -> ir.Node:
+# element-wise ops cheap enough to compute again in every kernel that reads them
+CHEAP = frozenset({"add", "sub", "mul", "neg"})
+
+
+def recompute_cheap(g: ir.Graph) -> ir.Graph:
+    """Values that every reading kernel computes itself instead of one kernel writing them:
+
+    - casts of values no kernel computes (graph inputs, eager results): converting on the
+      fly reads the source (bf16: 2 bytes an element) where a materialised cast would be
+      written once and read by each consuming kernel (fp32: 4 + 4 bytes);
+    - cheap element-wise ops (add, sub, mul, neg) of such sources — at most two, through
+      views and casts of the first kind — whose result is at least as wide as what it is
+      computed from: a softmax backward's float32 dy * y from two bf16 tensors, which a
+      long-row split otherwise writes (134 MB at [128, 262144]) for a later kernel that
+      reads y anyway.  Each reader then reads at most the bytes it would have read.
+
+    A value that must exist as a tensor (a graph output, an eager op's operand) stays a
+    kernel member."""
+    def base(nid: int) -> ir.Node:
         n = g[nid]
         while n.kind == ir.VIEW:
             n = g[n.refs[0]]
         return n
 
-    picks = [n.id for n in g.nodes if n.kind == ir.POINTWISE and n.op == "cast" and n.refs
-             and source(n.refs[0]).kind in (ir.INPUT, ir.OPAQUE, ir.ITEM)]
-    if not picks:
-        return g
-    escapes = GraphView(g).escapes
-    picks = [p for p in picks if p not in escapes]
-    if not picks:
+    sources: dict[int, frozenset[int]] = {}   # recomputed node -> the sources it reads
+
+    def leaves(nid: int) -> frozenset[int] | None:
+        n = base(nid)
+        if n.kind in (ir.INPUT, ir.OPAQUE, ir.ITEM):
+            return frozenset({n.id})
+        return sources.get(n.id)
+
+    escapes = None
+    for n in g.nodes:
+        if n.kind != ir.POINTWISE or not n.refs:
+            continue
+        if n.op == "cast":
+            if base(n.refs[0]).kind not in (ir.INPUT, ir.OPAQUE, ir.ITEM):
+                continue
+            leaf = leaves(n.refs[0])
+        elif n.op in CHEAP:
+            parts = [leaves(r) for r in n.refs]
+            if any(p is None for p in parts):
+                continue
+            leaf = frozenset().union(*parts)
+            if len(leaf) > 2 or sum(g[s].numel * g[s].dtype.itemsize for s in leaf) > n.numel * n.dtype.itemsize:
+                continue
+        else:
+            continue
+        escapes = GraphView(g).escapes if escapes is None else escapes
+        if n.id not in escapes:
+            sources[n.id] = leaf
+    if not sources:
         return g
     out = copy.copy(g)
     out.nodes = list(g.nodes)
-    for p in picks:
+    for p in sources:
         out.nodes[p] = replace(g[p], attrs=g[p].attrs + (("recompute", True),))
     return out
 

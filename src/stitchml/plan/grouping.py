@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..ir import nodes as ir
 from .data import Domain, Refusal
-from .mapping import fits_on_chip
+from .mapping import fits_on_chip, partials_fit
 from .options import PlanOptions
 from .graph_view import EXPENSIVE, GraphView, is_free, is_member
 
@@ -40,12 +40,15 @@ class Grouper:
         self.group_of: dict[int, Group] = {}
         self.refusals: list[Refusal] = []
         self._next = 0
+        # column reductions over long rows kept out of row kernels (a first pass found no
+        # row reduction beside them: their partials would only add bytes)
+        self._plain_columns: set[int] = set()
 
     # -- initial groups -----------------------------------------------------
     def _new_group(self, n: ir.Node) -> Group:
         if n.kind == ir.REDUCE:
             src = self.g[n.refs[0]]
-            if is_column_reduce(n, src, self.opts):
+            if self._column_reduce(n, src):
                 kept = tuple(range(len(n.attr("dims")), len(src.shape)))
                 grp = Group(self._next, {n.id}, Domain(src.shape, kept), (n.id,), True, {n.id})
             else:
@@ -61,7 +64,35 @@ class Grouper:
         self._next += 1
         return grp
 
+    def _column_reduce(self, n: ir.Node, src: ir.Node) -> bool:
+        """A column reduction computed as per-program partials.  Over rows too long for
+        the chip only where it sums something computed in a kernel (a norm backward's
+        g * xhat) and, as `run` checks, only where a row reduction shares its kernel:
+        then the summed value never goes to memory.  A lone column sum of long rows stays
+        a reduction of its own (its partials would only add bytes)."""
+        if not is_column_reduce(n, src, self.opts):
+            return False
+        if fits_on_chip(n.numel, self.opts):
+            return True
+        if n.id in self._plain_columns:
+            return False
+        rows = src.numel // max(n.numel, 1)
+        producers = [self.group_of[s] for s in self.gv.sources[n.id] if s in self.group_of]
+        return any((p.domain.rows, p.domain.cols) == (rows, n.numel) if not p.domain.is_flat
+                   else _numel(p.domain) == rows * n.numel for p in producers)
+
     def run(self) -> list[Group]:
+        groups = self._run_once()
+        lone = {c for grp in groups if grp.cross and not fits_on_chip(grp.domain.cols, self.opts)
+                and not any(self.g[m].kind in (ir.REDUCE, ir.SCAN) and m not in grp.cross for m in grp.members)
+                for c in grp.cross}
+        if lone:   # plan again with those column reductions as reductions of their own
+            self._plain_columns |= lone
+            self.group_of, self.refusals, self._next = {}, [], 0
+            groups = self._run_once()
+        return groups
+
+    def _run_once(self) -> list[Group]:
         for n in self.g.nodes:
             if not is_member(n):
                 continue
@@ -99,7 +130,7 @@ class Grouper:
                 if self._creates_cycle(a, b):
                     continue
                 keep, gone = (a, b) if len(a.members) >= len(b.members) else (b, a)
-                if (a.cross or b.cross) and not fits_on_chip(a.domain.cols, self.opts):
+                if (a.cross or b.cross) and not partials_fit(a.domain.rows, a.domain.cols, self.opts):
                     continue
                 keep.members |= gone.members
                 keep.dominant = tuple(sorted(set(a.dominant) | set(b.dominant)))
@@ -172,8 +203,9 @@ class Grouper:
             return None, f"shape mismatch: {da.shape} vs {db.shape}"
         if not da.is_flat and not db.is_flat:
             if (da.rows, da.cols) == (db.rows, db.cols):
-                if (a.cross or b.cross) and not fits_on_chip(da.cols, self.opts):
-                    return None, "row and column reductions together need whole rows on chip"
+                if (a.cross or b.cross) and not partials_fit(da.rows, da.cols, self.opts):
+                    return None, ("row and column reductions together need whole rows on chip, or (looped rows) "
+                                  "rows for two programs per SM and static shapes")
                 if a.cross and not b.cross and b.rowwise:
                     return db, None  # keep the row reduction's geometry
                 return da, None
@@ -257,9 +289,14 @@ def _numel(d: Domain) -> int:
 
 
 def is_column_reduce(n: ir.Node, src: ir.Node, opts: PlanOptions) -> bool:
-    """Reduces leading dims and keeps trailing ones that fit on chip (bias gradients,
-    dγ/dβ): computed as per-program partials over row blocks, then combined."""
+    """Reduces leading dims and keeps trailing ones (bias gradients, dγ/dβ) that fit on
+    chip, or that looped programs of several rows can take (`mapping.partials_fit`):
+    computed as per-program partials over row blocks, then combined."""
     dims = n.attr("dims")
     nd = len(src.shape)
-    return (n.op in ir.COMBINABLE_REDUCES and 0 < len(dims) < nd and dims == tuple(range(len(dims)))
-            and fits_on_chip(n.numel, opts))
+    if not (n.op in ir.COMBINABLE_REDUCES and 0 < len(dims) < nd and dims == tuple(range(len(dims)))):
+        return False
+    rows = 1
+    for d in dims:
+        rows *= src.shape[d]
+    return partials_fit(rows, n.numel, opts)

@@ -5,7 +5,9 @@ the AStitch paper's guidance and Triton's usual register budget until measured o
 - no column axis → flat point-wise, `pointwise_block` elements per program;
 - rows that fit on chip (next pow2 ≤ `persistent_max_cols`) → whole row per program;
   short rows are packed (horizontal packing) until a program holds `block_elems`;
-- longer rows → one row per program, looping over `loop_block_cols` columns.
+- longer rows → one row per program, looping over `loop_block_cols` columns; beside
+  column reductions (`looped_partials`) a few rows per program, so that each column
+  block's partial sums over those rows are one store (`partials_fit`, `_looped_rows`).
 Under dynamic shapes (`PlanOptions.fixed_row_blocks`, set by the dynamic runner) the
 row and flat blocks take their cap instead of next_pow2 of the row count, so the
 mapping of a kernel changes only with its column extent: the power-of-two size
@@ -30,6 +32,28 @@ def fits_on_chip(cols: int, opts: PlanOptions) -> bool:
     return next_pow2(cols) <= opts.persistent_max_cols
 
 
+def partials_fit(rows: int, cols: int, opts: PlanOptions) -> bool:
+    """Column reductions over this domain's rows can be per-program partials: whole rows
+    on chip, or (knob `looped_partials`, static shapes) long rows walked in column blocks
+    by programs of several rows, when there are rows for two programs per SM at least."""
+    if fits_on_chip(cols, opts):
+        return True
+    return opts.looped_partials and not opts.fixed_row_blocks and rows >= 4 * opts.device.sms
+
+
+def _looped_rows(rows: int, opts: PlanOptions) -> int:
+    """Rows per program of a looped kernel with column partials: the fewest (at least 2,
+    at most 32) that keep the grid within two programs per SM.  The partial buffer is
+    (rows / R) x cols float32 values, written once and read by the combine: with R rows
+    per program it costs 8 / (R x 2 x itemsize) of the two [rows, cols] inputs (a norm
+    backward's x and gradient), ~12 % at R = 4 in bfloat16, while the grid still has a
+    program or two per SM to keep memory busy."""
+    r = 2
+    while r < 32 and -(-rows // r) > 2 * opts.device.sms:
+        r *= 2
+    return r
+
+
 def choose(domain: Domain, opts: PlanOptions, partials: bool = False) -> Mapping:
     fixed = opts.fixed_row_blocks
     if domain.is_flat:
@@ -49,6 +73,10 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False) -> Mapping
         # partial buffer (programs x cols) stays small; a few waves of programs suffice
         grid = min(blocks, _partial_programs(opts))
         return Mapping(form, br, bc, _warps(br * bc), grid, -(-blocks // grid))
+    if partials:   # several rows per program: one partial row per program and column block
+        br = _looped_rows(rows, opts)
+        bc = min(next_pow2(cols), max(min(32, opts.loop_block_cols), opts.loop_block_cols // br))
+        return Mapping("row_looped", br, bc, _warps(br * bc), -(-rows // br))
     bc = opts.loop_block_cols
     return Mapping("row_looped", 1, bc, _warps(bc), rows)
 

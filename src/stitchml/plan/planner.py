@@ -10,7 +10,7 @@ from ..ir.dce import eliminate_dead
 from . import mapping as mapping_rules
 from .cost import kernel_bytes, predict_seconds, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
-from .graph_view import GraphView, is_free, recompute_casts
+from .graph_view import GraphView, is_free, recompute_cheap
 from .grouping import Grouper, Group
 from .options import PlanOptions
 from .ilp import search
@@ -23,7 +23,7 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
     opts = options or PlanOptions.from_config()
     # (dead nodes dropped again after the split: a variance's d*d is unused once its sum
     # is taken from chunk statistics)
-    g = recompute_casts(eliminate_dead(split_long_rows(eliminate_dead(g), opts)))
+    g = recompute_cheap(eliminate_dead(split_long_rows(eliminate_dead(g), opts)))
     gv = GraphView(g)
     # What dry runs of code generation taught us: a pair {x, y} keeps the kernels of
     # dominant ops x and y apart; a singleton {d} keeps d's kernel from absorbing

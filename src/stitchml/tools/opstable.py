@@ -29,9 +29,13 @@ class OpRow:
 
 
 def core_aten_ops() -> list[torch._ops.OpOverload]:
-    """Every ATen overload tagged `core` (the core ATen opset), in name order."""
+    """Every ATen overload tagged `core` (the core ATen opset), in name order.  The names
+    come from the dispatcher's registry: `dir(torch.ops.aten)` lists only the packets
+    this process has touched, so the table would depend on what ran before."""
     out = []
-    for name in dir(torch.ops.aten):
+    names = sorted({n.split("::", 1)[1].split(".", 1)[0] for n in torch._C._dispatch_get_all_op_names()
+                    if n.startswith("aten::")})
+    for name in names:
         try:
             packet = getattr(torch.ops.aten, name)
         except Exception:

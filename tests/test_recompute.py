@@ -1,0 +1,62 @@
+"""Cheap element-wise values of graph inputs computed again by every kernel that reads
+them (`plan/graph_view.py::recompute_cheap`): a softmax backward over few long rows is
+split, and its float32 dy * y (from two bfloat16 tensors) was written by the chunk
+kernel for the last kernel to read back; now both compute it from dy and y."""
+import sys
+
+import pytest
+import torch
+
+from stitchml import config
+from stitchml.plan.graph_view import is_free
+from stitchml.testing import compare_against_float64, compare_with_eager
+
+sys.path.insert(0, "tests")
+from planning import plan_of  # noqa: E402
+
+SPLIT = dict(split_min_cols=64, persistent_max_cols=128, loop_block_cols=32)
+
+
+def softmax_backward(y, dy):
+    return torch.ops.aten._softmax_backward_data(dy, y, -1, y.dtype)
+
+
+def test_split_softmax_backward_writes_no_float32_product():
+    y = torch.empty(128, 262144, dtype=torch.bfloat16, device="meta")
+    dy = torch.empty(128, 262144, dtype=torch.bfloat16, device="meta")
+    with config.override(device="H100"):
+        plan = plan_of(softmax_backward, y, dy)
+    g = plan.graph
+    assert len(plan.kernels) >= 2   # (the split: chunk statistics, then the element-wise pass)
+    full = [o for k in plan.kernels for o in k.outputs if g[o].numel == 128 * 262144]
+    assert [g[o].dtype for o in full] == [torch.bfloat16]   # only the result itself
+    # dy * y (its operands the float32 casts of the two inputs): free, computed by each reader
+    (product,) = [n for n in g.nodes if n.kind == "pointwise" and n.op == "mul"
+                  and all(g[r].op == "cast" and g[g[r].refs[0]].kind == "input" for r in n.refs)]
+    assert product.dtype == torch.float32 and is_free(product)
+
+
+def test_a_narrow_product_is_not_recomputed():
+    """float32 * float32 in float32: writing it once (4 bytes an element) is cheaper than
+    re-reading both operands (8 bytes) in each reader."""
+    a = torch.empty(128, 262144, dtype=torch.float32, device="meta")
+    with config.override(device="H100"):
+        plan = plan_of(lambda a, b: ((a * b).sum(-1), (a * b) / 3), a, a.clone())
+    g = plan.graph
+    assert not any(n.attr("recompute") for n in g.nodes if n.op == "mul")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_split_softmax_backward_matches_eager(dtype):
+    y = torch.softmax(torch.randn(2, 600) * 3, -1).to(dtype)
+    dy = torch.randn(2, 600).to(dtype)
+    with config.override(**SPLIT):
+        if dtype == torch.bfloat16:
+            c, verdict = compare_against_float64(softmax_backward, [y, dy], backward=False)
+            verdict.assert_ok("softmax_backward")
+        else:
+            c = compare_with_eager(softmax_backward, [y, dy], backward=False)
+    plan = c.backend.records[0].plan
+    assert len(plan.kernels) >= 2
+    recomputed = [n for n in plan.graph.nodes if n.op == "mul" and n.attr("recompute")]
+    assert bool(recomputed) == (dtype == torch.bfloat16)
