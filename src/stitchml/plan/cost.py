@@ -20,11 +20,20 @@ def row_passes(g: ir.Graph, k: KernelPlan) -> int:
     element-wise outputs."""
     if k.mapping.form != "row_looped":
         return 1
-    rowwise = tuple(m for m in k.members if m not in k.partials)   # (partials: in the last loop)
-    loops = len(loop_groups(g, rowwise)) + 2 * sum(1 for m in k.members if g[m].kind == ir.REDUCE
-                                                   and g[m].op not in ir.COMBINABLE_REDUCES)
-    writes_elements = bool(k.partials) or any(g[o].numel != k.domain.rows for o in k.outputs if o not in k.partials)
-    return max(1, loops + int(writes_elements))
+    return max(1, sum(n for starts, n in _loops(g, k) if starts))
+
+
+def _loops(g: ir.Graph, k: KernelPlan) -> list[tuple[list[int], int]]:
+    """A row-looped kernel's passes over its row as (the values each pass starts from,
+    how many passes): one per loop group of reductions (`row_loops.loop_groups`; column
+    partials are taken in the last loop), two per argmax/argmin (the extreme value, then
+    its position), then the last loop: element-wise outputs and column partials."""
+    rowwise = tuple(m for m in k.members if m not in k.partials)
+    loops = [([g[r].refs[0] for r in grp], 1) for grp in loop_groups(g, rowwise)]
+    loops += [([g[m].refs[0]], 2) for m in k.members if g[m].kind == ir.REDUCE and g[m].op not in ir.COMBINABLE_REDUCES]
+    last = [o for o in k.outputs if o not in k.partials and g[o].numel != k.domain.rows]
+    loops.append((last + [g[p].refs[0] for p in k.partials], 1))
+    return loops
 
 
 def input_passes(g: ir.Graph, k: KernelPlan) -> dict[int, int]:
@@ -52,13 +61,7 @@ def input_passes(g: ir.Graph, k: KernelPlan) -> dict[int, int]:
         return found
 
     counts = dict.fromkeys(k.inputs, 0)
-    rowwise = tuple(m for m in k.members if m not in k.partials)
-    # (loop starts, passes): argmax/argmin take two (the extreme value, then its position)
-    loops = [([g[r].refs[0] for r in grp], 1) for grp in loop_groups(g, rowwise)]
-    loops += [([g[m].refs[0]], 2) for m in k.members if g[m].kind == ir.REDUCE and g[m].op not in ir.COMBINABLE_REDUCES]
-    last = [o for o in k.outputs if o not in k.partials and g[o].numel != k.domain.rows]
-    loops.append((last + [g[p].refs[0] for p in k.partials], 1))
-    for starts, n in loops:
+    for starts, n in _loops(g, k):
         for i in reached(starts):
             counts[i] += n
     return {i: max(1, c) for i, c in counts.items()}

@@ -44,10 +44,10 @@ def partials_fit(rows: int, cols: int, opts: PlanOptions) -> bool:
 def _looped_rows(rows: int, opts: PlanOptions) -> int:
     """Rows per program of a looped kernel with column partials: the fewest (at least 2,
     at most 32) that keep the grid within two programs per SM.  The partial buffer is
-    (rows / R) x cols float32 values, written once and read by the combine: with R rows
-    per program it costs 8 / (R x 2 x itemsize) of the two [rows, cols] inputs (a norm
-    backward's x and gradient), ~12 % at R = 4 in bfloat16, while the grid still has a
-    program or two per SM to keep memory busy."""
+    (rows / R) x cols float32 values, written once and read by the combine: 8 / R bytes
+    per [rows, cols] element, against the 2 x itemsize that a norm backward's x and
+    gradient cost (half of that at R = 4 in bfloat16, a quarter in float32; the float32
+    product it replaces cost 8), while the grid keeps a program or two per SM busy."""
     r = 2
     while r < 32 and -(-rows // r) > 2 * opts.device.sms:
         r *= 2
