@@ -593,7 +593,8 @@ def test_as_strided_scatter_and_copy_of_a_contiguous_run():
         return full, whole
     cmp = compare_with_eager(f, [torch.randn(30), torch.randn(8)], backward=False)  # (copy has no derivative)
     assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
-    assert cmp.num_kernels >= 2
+    # a kernel per output (launched together where both are launch-bound)
+    assert len(cmp.backend.records[0].plan.kernels) >= 2
 
 
 AS_STRIDED = {

@@ -1,7 +1,10 @@
 """Cheap element-wise values of graph inputs computed again by every kernel that reads
-them (`plan/graph_view.py::recompute_cheap`): a softmax backward over few long rows is
-split, and its float32 dy * y (from two bfloat16 tensors) was written by the chunk
-kernel for the last kernel to read back; now both compute it from dy and y."""
+them: a softmax backward over few long rows is split, and its float32 dy * y was written
+by the chunk kernel for the last kernel to read back; now both compute it from dy and y.
+From two bfloat16 tensors always (`plan/graph_view.py::recompute_cheap`: never more bytes
+for any reader); from two float32 tensors because the last kernel reads y anyway (the
+planner weighs it against the plan's kernels, `planner._cheaper_recomputed`), while a
+residual add that two kernels read stays written."""
 import sys
 
 import pytest
@@ -58,5 +61,31 @@ def test_split_softmax_backward_matches_eager(dtype):
             c = compare_with_eager(softmax_backward, [y, dy], backward=False)
     plan = c.backend.records[0].plan
     assert len(plan.kernels) >= 2
-    recomputed = [n for n in plan.graph.nodes if n.op == "mul" and n.attr("recompute")]
-    assert bool(recomputed) == (dtype == torch.bfloat16)
+    (recomputed,) = [n for n in plan.graph.nodes if n.op == "mul" and n.attr("recompute")]
+    assert recomputed.dtype == torch.float32
+
+
+def test_float32_product_over_split_rows_is_recomputed_by_the_plan():
+    y = torch.empty(128, 262144, dtype=torch.float32, device="meta")
+    with config.override(device="H100"):
+        plan = plan_of(softmax_backward, y, y.clone())
+    g = plan.graph
+    full = [o for k in plan.kernels for o in k.outputs if g[o].numel == 128 * 262144]
+    assert len(full) == 1   # only the result itself goes to memory
+
+
+def test_a_residual_add_read_by_another_kernel_stays_written():
+    """r = x + h (two float32 graph inputs) feeds a layer norm and a softmax over rows (a
+    column max first: the exponentials are a kernel of their own, reading r): computing r
+    there would read x and h (8 bytes an element), writing it and reading it back costs
+    the same, so it stays written."""
+    def block(x, h, w):
+        r = x + h
+        return torch.nn.functional.layer_norm(r, (r.shape[-1],), w), r.softmax(0)
+    x = torch.empty(4096, 4096, device="meta")
+    with config.override(device="H100"):
+        plan = plan_of(block, x, x.clone(), torch.empty(4096, device="meta"))
+    g = plan.graph
+    (add,) = [n for n in g.nodes if n.op == "add" and all(g[r].kind == "input" for r in n.refs)]
+    assert not add.attr("recompute")
+    assert len([k for k in plan.kernels if add.id in k.inputs]) == 1   # (the case weighed)

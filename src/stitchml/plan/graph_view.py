@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 from functools import cached_property
+from typing import Iterator
 
 from ..ir import nodes as ir
 
@@ -22,6 +23,54 @@ def is_free(n: ir.Node) -> bool:
 CHEAP = frozenset({"add", "sub", "mul", "neg"})
 
 
+def _base(g: ir.Graph, nid: int) -> ir.Node:
+    n = g[nid]
+    while n.kind == ir.VIEW:
+        n = g[n.refs[0]]
+    return n
+
+
+def cheap_chains(g: ir.Graph, free=None) -> Iterator[tuple[int, frozenset[int]]]:
+    """Casts of sources (graph inputs, eager results) and cheap element-wise ops (add,
+    sub, mul, neg) whose operands are sources or such nodes (through views), with at
+    most two sources in all, in graph order: (node, its sources).  With `free` (a
+    predicate, asked as the walk reaches each node), a chain passes only through nodes
+    for which it holds."""
+    chains: dict[int, frozenset[int]] = {}
+
+    def leaves(nid: int) -> frozenset[int] | None:
+        n = _base(g, nid)
+        if n.kind in (ir.INPUT, ir.OPAQUE, ir.ITEM):
+            return frozenset({n.id})
+        return chains.get(n.id) if free is None or free(n.id) else None
+
+    for n in g.nodes:
+        if n.kind != ir.POINTWISE or not n.refs:
+            continue
+        if n.op == "cast":
+            if _base(g, n.refs[0]).kind in (ir.INPUT, ir.OPAQUE, ir.ITEM):
+                chains[n.id] = leaves(n.refs[0])
+                yield n.id, chains[n.id]
+        elif n.op in CHEAP:
+            parts = [leaves(r) for r in n.refs]
+            if all(p is not None for p in parts) and len(leaf := frozenset().union(*parts)) <= 2:
+                chains[n.id] = leaf
+                yield n.id, leaf
+
+
+def source_bytes(g: ir.Graph, leaf) -> int:
+    return sum(g[s].numel * g[s].dtype.itemsize for s in leaf)
+
+
+def mark_recompute(g: ir.Graph, ids) -> ir.Graph:
+    """A copy of `g` whose nodes `ids` are free: computed by every kernel that reads them."""
+    out = copy.copy(g)
+    out.nodes = list(g.nodes)
+    for p in ids:
+        out.nodes[p] = replace(g[p], attrs=g[p].attrs + (("recompute", True),))
+    return out
+
+
 def recompute_cheap(g: ir.Graph) -> ir.Graph:
     """Values that every reading kernel computes itself instead of one kernel writing them:
 
@@ -33,50 +82,20 @@ def recompute_cheap(g: ir.Graph) -> ir.Graph:
       computed from: a softmax backward's float32 dy * y from two bf16 tensors, which a
       long-row split otherwise writes (134 MB at [128, 262144]) for a later kernel that
       reads y anyway.  Each reader then reads at most the bytes it would have read.
+      (Narrower results are weighed against the plan's kernels: `planner._cheaper_recomputed`.)
 
     A value that must exist as a tensor (a graph output, an eager op's operand) stays a
     kernel member."""
-    def base(nid: int) -> ir.Node:
-        n = g[nid]
-        while n.kind == ir.VIEW:
-            n = g[n.refs[0]]
-        return n
-
-    sources: dict[int, frozenset[int]] = {}   # recomputed node -> the sources it reads
-
-    def leaves(nid: int) -> frozenset[int] | None:
-        n = base(nid)
-        if n.kind in (ir.INPUT, ir.OPAQUE, ir.ITEM):
-            return frozenset({n.id})
-        return sources.get(n.id)
-
+    picked: set[int] = set()
     escapes = None
-    for n in g.nodes:
-        if n.kind != ir.POINTWISE or not n.refs:
-            continue
-        if n.op == "cast":
-            if base(n.refs[0]).kind not in (ir.INPUT, ir.OPAQUE, ir.ITEM):
-                continue
-            leaf = leaves(n.refs[0])
-        elif n.op in CHEAP:
-            parts = [leaves(r) for r in n.refs]
-            if any(p is None for p in parts):
-                continue
-            leaf = frozenset().union(*parts)
-            if len(leaf) > 2 or sum(g[s].numel * g[s].dtype.itemsize for s in leaf) > n.numel * n.dtype.itemsize:
-                continue
-        else:
+    for nid, leaf in cheap_chains(g, free=lambda m: m in picked):
+        n = g[nid]
+        if n.op != "cast" and source_bytes(g, leaf) > n.numel * n.dtype.itemsize:
             continue
         escapes = GraphView(g).escapes if escapes is None else escapes
-        if n.id not in escapes:
-            sources[n.id] = leaf
-    if not sources:
-        return g
-    out = copy.copy(g)
-    out.nodes = list(g.nodes)
-    for p in sources:
-        out.nodes[p] = replace(g[p], attrs=g[p].attrs + (("recompute", True),))
-    return out
+        if nid not in escapes:
+            picked.add(nid)
+    return mark_recompute(g, sorted(picked)) if picked else g
 
 
 def is_member(n: ir.Node) -> bool:

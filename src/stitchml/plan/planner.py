@@ -10,7 +10,7 @@ from ..ir.dce import eliminate_dead
 from . import mapping as mapping_rules
 from .cost import kernel_bytes, predict_seconds, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
-from .graph_view import GraphView, is_free, recompute_cheap
+from .graph_view import GraphView, cheap_chains, is_free, mark_recompute, recompute_cheap, source_bytes
 from .grouping import Grouper, Group
 from .options import PlanOptions
 from .ilp import search
@@ -29,10 +29,17 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
     # dominant ops x and y apart; a singleton {d} keeps d's kernel from absorbing
     # consumers that read it through a reordering index map.
     forbidden: frozenset = frozenset()
+    weighed = False
     while True:
         plan = _plan_once(g, gv, forbidden, opts)
         bad = _invalid_kernel(g, plan)
         if bad is None:
+            cheaper = set() if weighed else _cheaper_recomputed(g, plan)
+            weighed = True
+            if cheaper:   # plan once more with those values computed by their readers
+                g = mark_recompute(g, sorted(cheaper))
+                gv, forbidden = GraphView(g), frozenset()
+                continue
             plan.search = search(plan, opts)
             return plan
         learned = {frozenset((x, y)) for x in bad.dominant for y in bad.dominant if x != y}
@@ -41,6 +48,31 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
         if learned <= forbidden:
             raise RuntimeError(f"kernel {bad.name} cannot be generated and cannot be split")
         forbidden = forbidden | learned
+
+
+def _cheaper_recomputed(g: ir.Graph, plan: Plan) -> set[int]:
+    """Cheap values of at most two sources (`graph_view.cheap_chains`) that a kernel
+    writes and other kernels read, where the readers would read fewer bytes computing
+    them from their sources (those a reader does not read anyway) than writing the value
+    and reading it back costs: a float32 softmax backward's dy * y over split rows, whose
+    last kernel reads y anyway.  A residual add read by two kernels stays written."""
+    producer = {o: k for k in plan.kernels for o in k.outputs}
+    readers: dict[int, list[KernelPlan]] = {}
+    for k in plan.kernels:
+        for i in k.inputs:
+            readers.setdefault(i, []).append(k)
+    escapes = GraphView(g).escapes
+    out: set[int] = set()
+    for nid, leaf in cheap_chains(g, free=lambda m: bool(g[m].attr("recompute"))):
+        n = g[nid]
+        if nid not in producer or nid in escapes or n.attr("recompute"):
+            continue
+        others = [k for k in readers.get(nid, []) if k is not producer[nid]]
+        written = n.numel * n.dtype.itemsize * (1 + len(others))
+        recomputed = sum(source_bytes(g, [s for s in leaf if s not in k.inputs]) for k in others)
+        if recomputed < written:
+            out.add(nid)
+    return out
 
 
 def _invalid_kernel(g: ir.Graph, plan: Plan) -> KernelPlan | None:
