@@ -92,9 +92,9 @@ class Stores:
         b.scopes[-1].lines.append(
             f"tl.{op}({ptr} + {ix.render(off)}, {g.name}, mask=rmask & cmask{keep}, sem='relaxed')")
 
-    def partial(self, nid: int) -> None:
-        """A column reduction: accumulate over this program's row blocks, then write
-        one partial row per program; a combine kernel reduces the partials."""
+    def _partial_parts(self, nid: int) -> tuple[ir.Node, str, torch.dtype, str, str]:
+        """A column reduction's summand at this program's (row, column) index: the node,
+        the value's name, the compute type, the identity and the program's partial row."""
         b = self.b
         n = b.g[nid]
         src = b.g[n.refs[0]]
@@ -103,36 +103,31 @@ class Stores:
         kept = ix.unravel(b.col_flat, src.shape[lead:])
         v = b.value(src.id, tuple(red) + tuple(kept))
         cd = compute_dtype(n.dtype)
-        ident = reduce_identity(n.op, cd)
+        pid = "tl.program_id(0).to(tl.int64)" if b.idx64 else "tl.program_id(0)"
+        row = f"{b.param('partial', nid)} + {pid} * {b.dom.cols}"
+        return n, v.name, cd, reduce_identity(n.op, cd), row
+
+    def partial(self, nid: int) -> None:
+        """A column reduction: accumulate over this program's row blocks, then write
+        one partial row per program; a combine kernel reduces the partials."""
+        b = self.b
+        n, v, cd, ident, row = self._partial_parts(nid)
         combine = REDUCE_COMBINE[n.op]
         acc = b.new("pacc")
         self.before.append(f"{acc} = tl.full([{b.m.block_r}, {b.m.block_c}], {ident}, {TL_DTYPE[cd]})")
-        b.top.lines.append(f"{acc} = {combine}({acc}, tl.where(rmask & cmask, {v.name}, {ident}))")
-        ptr = b.param("partial", nid)
+        b.top.lines.append(f"{acc} = {combine}({acc}, tl.where(rmask & cmask, {v}, {ident}))")
         red_expr = f"tl.sum({acc}, 0)" if n.op == "sum" else f"tl.reduce({acc}, 0, {combine})"
-        pid = "tl.program_id(0).to(tl.int64)" if b.idx64 else "tl.program_id(0)"
         self.after.extend([f"cflat = tl.arange(0, {b.m.block_c})[None, :]", f"cmask = cflat < {b.dom.cols}"])
-        self.after.append(f"tl.store({ptr} + {pid} * {b.dom.cols} + cflat, {red_expr}[None, :], mask=cmask)")
+        self.after.append(f"tl.store({row} + cflat, {red_expr}[None, :], mask=cmask)")
 
     def looped_partial(self, nid: int) -> None:
         """A column reduction in a row-looped kernel (inside its last loop): the column
         block's reduction over the program's rows, stored at once as the block of the
         program's partial row (each program owns its partial row and its rows are all
         in the block: nothing to accumulate across iterations)."""
-        b = self.b
-        n = b.g[nid]
-        src = b.g[n.refs[0]]
-        lead = len(n.attr("dims"))
-        red = ix.unravel(b.row_flat, src.shape[:lead])
-        kept = ix.unravel(b.col_flat, src.shape[lead:])
-        v = b.value(src.id, tuple(red) + tuple(kept))
-        cd = compute_dtype(n.dtype)
-        ident = reduce_identity(n.op, cd)
-        body = f"tl.where(rmask & cmask, {v.name}, {ident}).to({TL_DTYPE[cd]})"
+        n, v, cd, ident, row = self._partial_parts(nid)
+        body = f"tl.where(rmask & cmask, {v}, {ident}).to({TL_DTYPE[cd]})"
         red_expr = f"tl.sum({body}, 0)" if n.op == "sum" else f"tl.reduce({body}, 0, {REDUCE_COMBINE[n.op]})"
-        pid = "tl.program_id(0).to(tl.int64)" if b.idx64 else "tl.program_id(0)"
-        b.scopes[-1].lines.append(
-            f"tl.store({b.param('partial', nid)} + {pid} * {b.dom.cols} + cflat, {red_expr}[None, :], mask=cmask)")
-
+        self.b.scopes[-1].lines.append(f"tl.store({row} + cflat, {red_expr}[None, :], mask=cmask)")
 
 __all__ = ["Stores"]
