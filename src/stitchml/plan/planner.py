@@ -34,7 +34,7 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
         plan = _plan_once(g, gv, forbidden, opts)
         bad = _invalid_kernel(g, plan)
         if bad is None:
-            cheaper = set() if weighed else _cheaper_recomputed(g, plan)
+            cheaper = set() if weighed else _cheaper_recomputed(g, gv, plan)
             weighed = True
             if cheaper:   # plan once more with those values computed by their readers
                 g = mark_recompute(g, sorted(cheaper))
@@ -50,18 +50,18 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
         forbidden = forbidden | learned
 
 
-def _cheaper_recomputed(g: ir.Graph, plan: Plan) -> set[int]:
+def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan) -> set[int]:
     """Cheap values of at most two sources (`graph_view.cheap_chains`) that a kernel
     writes and other kernels read, where the readers would read fewer bytes computing
     them from their sources (those a reader does not read anyway) than writing the value
     and reading it back costs: a float32 softmax backward's dy * y over split rows, whose
-    last kernel reads y anyway.  A residual add read by two kernels stays written."""
+    last kernel reads y anyway.  A residual add read by one more kernel (a tie) stays written."""
     producer = {o: k for k in plan.kernels for o in k.outputs}
     readers: dict[int, list[KernelPlan]] = {}
     for k in plan.kernels:
         for i in k.inputs:
             readers.setdefault(i, []).append(k)
-    escapes = GraphView(g).escapes
+    escapes = gv.escapes   # (the view the plan was made with: its escapes are computed once)
     out: set[int] = set()
     for nid, leaf in cheap_chains(g, free=lambda m: bool(g[m].attr("recompute"))):
         n = g[nid]
