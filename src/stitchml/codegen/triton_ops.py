@@ -10,6 +10,7 @@ import math
 import torch
 
 from ..ir.nodes import compute_dtype  # (the emitters import it from here too)
+from . import special_bessel
 
 TL_DTYPE = {
     torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
@@ -1054,6 +1055,9 @@ def _ortho_poly(x, n, family: tl.constexpr):
 
 '''
 
+# the Bessel J/Y/K and Airy helpers, generated from their Chebyshev tables
+PRELUDE += "\n\n" + special_bessel.SOURCE
+
 ORTHO_POLY_OPS = ("cheb_t", "cheb_u", "cheb_v", "cheb_w", "scheb_t", "scheb_u", "scheb_v", "scheb_w",
                   "hermite_h", "hermite_he", "laguerre_l", "legendre_p")
 
@@ -1095,6 +1099,7 @@ UNARY = {
     "bessel_i0": "_bessel_i({0}, 0)", "bessel_i1": "_bessel_i({0}, 1)",
     "bessel_i0e": "_bessel_ie({0}, 0)", "bessel_i1e": "_bessel_ie({0}, 1)",
     "trigamma": "_trigamma({0})",
+    **special_bessel.UNARY,
 }
 
 

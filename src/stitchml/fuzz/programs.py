@@ -453,6 +453,25 @@ class _Builder:
         return True
 
 
+    # torch.special's Bessel and Airy functions (issue 19): no gradient and no half-precision
+    # kernels in eager, so float32 programs only, on a detached copy of a value added back
+    # to it (the gradient flows through the value); expr on t, bound of |result|
+    SPECIALS = [("torch.special.bessel_j0({t})", 1.0), ("torch.special.bessel_j1({t})", 0.6),
+                ("torch.special.bessel_y0({t}.abs() + 0.5)", 0.53), ("torch.special.bessel_y1({t}.abs() + 0.5)", 1.5),
+                ("torch.special.modified_bessel_k0({t}.abs() + 0.5)", 0.93),
+                ("torch.special.modified_bessel_k1({t}.abs() + 0.5)", 1.7),
+                ("torch.special.scaled_modified_bessel_k0({t}.abs() + 0.5)", 1.53),
+                ("torch.special.scaled_modified_bessel_k1({t}.abs() + 0.5)", 2.8),
+                ("torch.special.airy_ai({t})", 0.54)]
+
+    def special(self, rng: random.Random) -> bool:
+        if self.dtype != "fp32":
+            return False
+        x = rng.choice(self.values)
+        expr, bound = rng.choice(self.SPECIALS)
+        self.emit(f"{x.name} + {expr.format(t=x.name + '.detach()')}", x.shape, x.bound + bound, x.hi)
+        return True
+
     def indexed(self, rng: random.Random) -> bool:
         """Index, scatter and scan ops (issue 18), with their index tensors written into
         the program as literals.  Draws from its own `rng`, so programs without them
@@ -608,6 +627,10 @@ def generate(seed: int, profile: str = "ci") -> Program:
     if irng.random() < 0.3:
         for _ in range(irng.choice([1, 1, 2])):
             b.indexed(irng)
+    # Bessel/Airy functions likewise from a stream of their own (float32 programs)
+    srng = random.Random(seed * 104729 + 5)
+    if srng.random() < 0.15:
+        b.special(srng)
     # outputs: the values nothing else reads (the newest few), sometimes an intermediate too
     computed = [v for v in b.values if not v.is_input]
     outs = [v for v in computed if v.name not in b.used][-4:]

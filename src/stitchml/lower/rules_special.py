@@ -1,7 +1,8 @@
 """Element-wise ops that torch's decompositions (capture/decomp.py) leave as `prims`
 calls, and the IEEE helpers behind them (issue 19, op_db coverage): signbit, copysign
 (through prims), fmax/fmin, hypot, nextafter, round with decimals (prims.round), frexp,
-erfc, erfcx, erfinv, ndtri (the normal quantile), the modified Bessel functions I0/I1, plain and exponentially scaled, and
+erfc, erfcx, erfinv, ndtri (the normal quantile), the modified Bessel functions I0/I1, plain and exponentially scaled,
+the Bessel functions J0/J1/Y0/Y1/K0/K1 and Airy's Ai (float64 Chebyshev forms), and
 the Hurwitz zeta function (with polygamma of order >= 1 built on it), the regularised
 incomplete gamma functions igamma/igammac, and the orthogonal polynomials of torch.special.
 Each is built from element-wise nodes the code generator already knows, or from one
@@ -110,6 +111,31 @@ register(prims.bessel_i0.default, aten.special_modified_bessel_i0.default)(_seri
 register(prims.bessel_i1.default, aten.special_modified_bessel_i1.default)(_series_form("bessel_i1"))
 register(prims.bessel_i0e.default)(_series_form("bessel_i0e"))
 register(prims.bessel_i1e.default)(_series_form("bessel_i1e"))
+
+
+def _float64_unary(op: str):
+    def rule(ctx: LowerCtx, node, x):
+        """A one-operand helper that works in float64 whatever the dtype (codegen
+        `special_bessel`: Chebyshev tables fitted to float64), its result rounded once;
+        integer inputs give the default float type as eager's do."""
+        shape, dtype = _out(node)
+        if dtype not in FLOAT_TYPES:
+            raise Unsupported(f"{op} with a {dtype} result")
+        r = ctx.pointwise(op, (ctx.cast(x, torch.float64),), shape, torch.float64)
+        return ctx.cast(r, dtype)
+    return rule
+
+
+# Bessel J/Y/K and Airy Ai (codegen/special_bessel.py)
+register(prims.bessel_j0.default, aten.special_bessel_j0.default)(_float64_unary("bessel_j0"))
+register(prims.bessel_j1.default, aten.special_bessel_j1.default)(_float64_unary("bessel_j1"))
+register(aten.special_bessel_y0.default)(_float64_unary("bessel_y0"))
+register(aten.special_bessel_y1.default)(_float64_unary("bessel_y1"))
+register(aten.special_modified_bessel_k0.default)(_float64_unary("bessel_k0"))
+register(aten.special_modified_bessel_k1.default)(_float64_unary("bessel_k1"))
+register(aten.special_scaled_modified_bessel_k0.default)(_float64_unary("bessel_k0e"))
+register(aten.special_scaled_modified_bessel_k1.default)(_float64_unary("bessel_k1e"))
+register(aten.special_airy_ai.default)(_float64_unary("airy_ai"))
 
 
 @register(prims.scalar_tensor.default)

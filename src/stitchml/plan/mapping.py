@@ -7,13 +7,15 @@ the AStitch paper's guidance and Triton's usual register budget until measured o
   short rows are packed (horizontal packing) until a program holds `block_elems`;
 - longer rows → one row per program, looping over `loop_block_cols` columns; beside
   column reductions (`looped_partials`) a few rows per program, so that each column
-  block's partial sums over those rows are one store (`partials_fit`, `_looped_rows`).
+  block's partial sums over those rows are one store (`partials_fit`, `looped_rows`).
 Under dynamic shapes (`PlanOptions.fixed_row_blocks`, set by the dynamic runner) the
 row and flat blocks take their cap instead of next_pow2 of the row count, so the
 mapping of a kernel changes only with its column extent: the power-of-two size
 buckets of `dynamic/shapes.py::bucket_of`.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 from .data import Domain, Mapping
 from .options import PlanOptions
@@ -41,7 +43,7 @@ def partials_fit(rows: int, cols: int, opts: PlanOptions) -> bool:
     return opts.looped_partials and not opts.fixed_row_blocks and rows >= 4 * opts.device.sms
 
 
-def _looped_rows(rows: int, opts: PlanOptions) -> int:
+def looped_rows(rows: int, opts: PlanOptions) -> int:
     """Rows per program of a looped kernel with column partials: the fewest (at least 2,
     at most 32) that keep the grid within two programs per SM.  The partial buffer is
     (rows / R) x cols float32 values, written once and read by the combine: 8 / R bytes
@@ -74,11 +76,27 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False) -> Mapping
         grid = min(blocks, _partial_programs(opts))
         return Mapping(form, br, bc, _warps(br * bc), grid, -(-blocks // grid))
     if partials:   # several rows per program: one partial row per program and column block
-        br = _looped_rows(rows, opts)
+        br = looped_rows(rows, opts)
         bc = min(next_pow2(cols), max(min(32, opts.loop_block_cols), opts.loop_block_cols // br))
         return Mapping("row_looped", br, bc, _warps(br * bc), -(-rows // br))
     bc = opts.loop_block_cols
     return Mapping("row_looped", 1, bc, _warps(bc), rows)
+
+
+# point-wise ops whose helper holds many float64 values per element (long unrolled series,
+# float64 sin/cos): with the usual 8 elements a thread their kernels reach 240-255
+# registers and spill on sm_90 (tools/aot_check; bench/NOTES.md, eighth session)
+REGISTER_HEAVY = frozenset({"bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "bessel_k0", "bessel_k1",
+                            "bessel_k0e", "bessel_k1e", "airy_ai", "igamma", "igammac"})
+HEAVY_ELEMS_PER_THREAD = 2
+
+
+def spread_for_registers(mp: Mapping) -> Mapping:
+    """The same blocks over more warps, so that each thread holds at most
+    HEAVY_ELEMS_PER_THREAD elements (up to 16 warps): for kernels with REGISTER_HEAVY ops,
+    compute-bound, where fewer registers a thread beat wider loads."""
+    want = next_pow2(-(-mp.block_r * mp.block_c // (32 * HEAVY_ELEMS_PER_THREAD)))
+    return replace(mp, num_warps=max(mp.num_warps, min(16, want)))
 
 
 def combine_mapping(rows: int, cols: int, opts: PlanOptions) -> Mapping:

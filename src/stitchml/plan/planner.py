@@ -136,6 +136,8 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     scatter = any(g[m].kind == ir.SCATTER_ADD for m in members)
     partials = tuple(sorted(grp.cross))
     mp = mapping_rules.choose(grp.domain, opts, partials=bool(partials))
+    if any(g[m].op in mapping_rules.REGISTER_HEAVY for m in members):
+        mp = mapping_rules.spread_for_registers(mp)
     scheme = "scatter" if scatter else ("regional" if any(s[2] == "regional" for s in stitches) else "local")
     kp = KernelPlan(name, members, outputs, tuple(inputs), grp.domain, mp, scheme, grp.dominant,
                     tuple(stitches), seeds=tuple(m for m in members if g[m].kind == ir.RAND),
