@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..ir import nodes as ir
 from .data import Domain, Refusal
-from .mapping import fits_on_chip, partials_fit
+from .mapping import looped_rows, fits_on_chip, partials_fit
 from .options import PlanOptions
 from .graph_view import EXPENSIVE, GraphView, is_free, is_member
 
@@ -43,6 +43,10 @@ class Grouper:
         # column reductions over long rows kept out of row kernels (a first pass found no
         # row reduction beside them: their partials would only add bytes)
         self._plain_columns: set[int] = set()
+        # column reductions over long rows of a buffer that a kernel with column partials
+        # over the same rows reads (a layer norm's bias gradient beside its weight gradient):
+        # taken in as one more partial (`_column_siblings`)
+        self._sibling_columns: set[int] = set()
 
     # -- initial groups -----------------------------------------------------
     def _new_group(self, n: ir.Node) -> Group:
@@ -76,6 +80,8 @@ class Grouper:
             return True
         if n.id in self._plain_columns:
             return False
+        if n.id in self._sibling_columns:
+            return True
         rows = src.numel // max(n.numel, 1)
         producers = [self.group_of[s] for s in self.gv.sources[n.id] if s in self.group_of]
         return any((p.domain.rows, p.domain.cols) == (rows, n.numel) if not p.domain.is_flat
@@ -83,6 +89,11 @@ class Grouper:
 
     def run(self) -> list[Group]:
         groups = self._run_once()
+        siblings = self._column_siblings(groups)
+        if siblings:   # plan again with those as partials, for `_merge_siblings` to take in
+            self._sibling_columns |= siblings
+            self.group_of, self.refusals, self._next = {}, [], 0
+            groups = self._run_once()
         lone = {c for grp in groups if grp.cross and not fits_on_chip(grp.domain.cols, self.opts)
                 and not any(self.g[m].kind in (ir.REDUCE, ir.SCAN) and m not in grp.cross for m in grp.members)
                 for c in grp.cross}
@@ -91,6 +102,41 @@ class Grouper:
             self.group_of, self.refusals, self._next = {}, [], 0
             groups = self._run_once()
         return groups
+
+    def _column_siblings(self, groups: list[Group]) -> set[int]:
+        """Column reductions over rows too long for the chip, planned as reductions of
+        their own because nothing they sum is computed in a kernel (the bias gradient
+        sum_rows dy of a norm backward: dy is a graph input), whose buffer a kernel with
+        column partials over the same rows x cols reads anyway (the row-looped kernel
+        that takes dx and the weight gradient's partials reads dy): as one more partial
+        of that kernel the buffer is read once instead of twice.  Only where that saves
+        bytes: the partial rows cost 8 bytes (a float32 written and read back) per column
+        and R rows of the kernel (`mapping.looped_rows`), against the buffer's itemsize per
+        element read again: float32 dy at R = 4 (2 < 4 bytes), not bfloat16 (a tie)."""
+        found: set[int] = set()
+        partial_kernels = [g for g in groups if g.cross and not g.domain.is_flat]
+        if not partial_kernels:
+            return found
+        for grp in groups:
+            if grp.cross or len(grp.dominant) != 1:
+                continue
+            n = self.g[grp.dominant[0]]
+            if n.kind != ir.REDUCE or n.id in self._plain_columns:
+                continue
+            src = self.g[n.refs[0]]
+            if not is_column_reduce(n, src, self.opts) or fits_on_chip(n.numel, self.opts):
+                continue
+            rows = src.numel // max(n.numel, 1)
+            reads = {s for m in grp.members for s in self.gv.sources[m] if s not in grp.members}
+            for other in partial_kernels:
+                if (other.domain.rows, other.domain.cols) != (rows, n.numel):
+                    continue
+                shared = reads & {s for m in other.members for s in self.gv.sources[m] if s not in other.members}
+                itemsize = max((self.g[s].dtype.itemsize for s in shared if self.g[s].dtype is not None), default=0)
+                if itemsize * looped_rows(rows, self.opts) > 8:
+                    found.add(n.id)
+                    break
+        return found
 
     def _run_once(self) -> list[Group]:
         for n in self.g.nodes:
