@@ -43,8 +43,8 @@ def _backward_kernels(c):
     return bwd.plan.kernels
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("fn", [layer_norm, rms_norm], ids=["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("fn, dtype", [(layer_norm, torch.float32), (rms_norm, torch.float32),
+                                       (rms_norm, torch.bfloat16)], ids=["layer_norm-fp32", "rms_norm-fp32", "rms_norm-bf16"])
 def test_norm_backward_takes_weight_gradient_partials_in_its_looped_kernel(fn, dtype):
     with config.override(**LOOPED):
         if dtype == torch.bfloat16:
@@ -61,6 +61,23 @@ def test_norm_backward_takes_weight_gradient_partials_in_its_looped_kernel(fn, d
     # [rows, cols] output
     g = [r for r in c.backend.records if r.kind == "backward"][0].plan.graph
     assert len([o for o in k.outputs if g[o].numel == 37 * 50]) == 1
+
+
+def test_bf16_layer_norm_weight_gradient_reads_its_sources_instead():
+    """bfloat16 layer norm: dy * xhat is a chain of two bfloat16 inputs (and the per-row
+    mean and rstd) as wide as its float32 result, so the column kernel computes it from
+    dy and x (`graph_view.recompute_cheap`) rather than the row kernel storing partials;
+    the weight and bias gradients share that kernel (both read dy), and the row kernel
+    writes dx alone."""
+    with config.override(**LOOPED):
+        c, verdict = compare_against_float64(layer_norm, _inputs(layer_norm, torch.bfloat16))
+    verdict.assert_ok("layer_norm")
+    ks = _backward_kernels(c)
+    g = [r for r in c.backend.records if r.kind == "backward"][0].plan.graph
+    assert not any(k.partials for k in ks)
+    column = [k for k in ks if any(g[o].numel == 50 for o in k.outputs)]
+    assert len(column) == 1 and len([o for o in column[0].outputs if g[o].numel == 50]) == 2
+    assert [g[o].dtype for k in ks for o in k.outputs if g[o].numel == 37 * 50] == [torch.bfloat16]
 
 
 @pytest.mark.parametrize("fn", [layer_norm, rms_norm], ids=["layer_norm", "rms_norm"])
@@ -133,15 +150,16 @@ def _plans_for(case: str, dtype: str, **changes):
     return pred, captured[-1]
 
 
-def test_full_size_layer_norm_backward_moves_a_third_fewer_bytes():
+def test_full_size_rms_norm_backward_moves_a_third_fewer_bytes():
     """[1024, 32768] bfloat16 on the H100: four rows per program (256 programs, two per
-    SM at most), and the modelled bytes drop from ~632 to ~431 MB (the float32 g * xhat
-    product written and read back, 268 MB, gone; 67 MB of partials in its place)."""
-    on, plan = _plans_for("layer_norm_bwd[N=32768]", "bf16")
-    off, _ = _plans_for("layer_norm_bwd[N=32768]", "bf16", looped_partials=False)
+    SM at most), and the modelled bytes drop from ~431 to ~364 MB: without partials a
+    column kernel reads dy and x again for the weight gradient (and before cheap chains
+    were recomputed, 565 MB: the float32 product written and read back)."""
+    on, plan = _plans_for("rms_norm_bwd[N=32768]", "bf16")
+    off, _ = _plans_for("rms_norm_bwd[N=32768]", "bf16", looped_partials=False)
     (k,) = [k for k in plan.kernels if k.partials]
     assert (k.mapping.form, k.mapping.block_r, k.mapping.grid) == ("row_looped", 4, 256)
-    assert on.modelled_bytes < 0.72 * off.modelled_bytes and on.predicted_s < off.predicted_s
+    assert on.modelled_bytes < 0.86 * off.modelled_bytes and on.predicted_s < off.predicted_s
 
 
 def ln_backward_by_hand(x, w, dy):
@@ -200,11 +218,12 @@ def test_layer_norm_bias_gradient_joins_the_looped_kernel_in_float32():
 
 
 def test_full_size_bias_gradient_partial_where_it_saves_bytes():
-    """[1024, 32768] on the H100 (R = 4): float32 folds the bias gradient in (-67 MB, one
-    launch fewer); bfloat16 keeps it apart (its dy re-read costs what the partials would)."""
+    """[1024, 32768] float32 on the H100 (R = 4): the bias gradient joins the looped
+    kernel (-67 MB, one launch fewer).  (bfloat16 has no partials at all: both column
+    sums read dy and x in a kernel of their own, `test_bf16_layer_norm_weight_gradient_*`.)"""
     fp32, plan32 = _plans_for("layer_norm_bwd[N=32768]", "fp32")
     bf16, plan16 = _plans_for("layer_norm_bwd[N=32768]", "bf16")
     assert [len(k.partials) for k in plan32.kernels if k.partials] == [2]
     assert len([k for k in plan32.kernels if not k.combine_of]) == 1
-    assert [len(k.partials) for k in plan16.kernels if k.partials] == [1]
+    assert not any(k.partials for k in plan16.kernels)
     assert fp32.modelled_bytes < 780e6 and bf16.modelled_bytes < 435e6

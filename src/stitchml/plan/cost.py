@@ -2,6 +2,9 @@
 eager execution (one kernel per primitive op) would move."""
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
+
 from ..ir import nodes as ir
 from .data import KernelPlan
 from .graph_view import GraphView, is_free
@@ -95,8 +98,20 @@ def kernel_bytes(g: ir.Graph, k: KernelPlan, dev=None) -> tuple[int, int]:
     return read, written
 
 
+def _as_eager(g: ir.Graph) -> ir.Graph:
+    """`g` without the planner's recompute marks: eager runs those ops once, as kernels
+    of their own (the unfused baseline must not move with the plan's choices)."""
+    if not any(n.attr("recompute") for n in g.nodes):
+        return g
+    out = copy.copy(g)
+    out.nodes = [replace(n, attrs=tuple(a for a in n.attrs if a[0] != "recompute")) if n.attr("recompute") else n
+                 for n in g.nodes]
+    return out
+
+
 def unfused_bytes(g: ir.Graph) -> int:
     """Bytes if every memory-intensive primitive op ran as its own kernel."""
+    g = _as_eager(g)
     gv = GraphView(g)
     total = 0
     for n in g.nodes:
@@ -151,6 +166,7 @@ def unfused_seconds(g: ir.Graph, dev) -> tuple[float, int]:
     """Modelled time and launch count if every memory-intensive primitive op ran as
     its own kernel (the eager what-if; the ops that run eagerly anyway are left out
     of every plan's figure alike)."""
+    g = _as_eager(g)
     gv = GraphView(g)
     total, n = 0.0, 0
     for node in g.nodes:

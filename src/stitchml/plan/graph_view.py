@@ -32,10 +32,13 @@ def _base(g: ir.Graph, nid: int) -> ir.Node:
 
 def cheap_chains(g: ir.Graph, free=None) -> Iterator[tuple[int, frozenset[int]]]:
     """Casts of sources (graph inputs, eager results) and cheap element-wise ops (add,
-    sub, mul, neg) whose operands are sources or such nodes (through views), with at
-    most two sources in all, in graph order: (node, its sources).  With `free` (a
-    predicate, asked as the walk reaches each node), a chain passes only through nodes
-    for which it holds."""
+    sub, mul, neg) and casts whose operands are sources or such nodes (through views), with at
+    most two full-size sources in all, in graph order: (node, its sources).  Sources
+    broadcast from a tenth of the value's size or less (a norm's saved per-row mean and
+    rstd, a weight vector) do not count towards the two: a reader re-reads them from
+    cache, so a layer norm's normalised input (x - mean) * rstd is a chain of one source.
+    With `free` (a predicate, asked as the walk reaches each node), a chain passes only
+    through nodes for which it holds."""
     chains: dict[int, frozenset[int]] = {}
 
     def leaves(nid: int) -> frozenset[int] | None:
@@ -48,18 +51,28 @@ def cheap_chains(g: ir.Graph, free=None) -> Iterator[tuple[int, frozenset[int]]]
         if n.kind != ir.POINTWISE or not n.refs:
             continue
         if n.op == "cast":
-            if _base(g, n.refs[0]).kind in (ir.INPUT, ir.OPAQUE, ir.ITEM):
-                chains[n.id] = leaves(n.refs[0])
-                yield n.id, chains[n.id]
+            # of a source, or of a chain (an RMSNorm backward's float32 copy of dy * w)
+            if (leaf := leaves(n.refs[0])) is not None:
+                chains[n.id] = leaf
+                yield n.id, leaf
         elif n.op in CHEAP:
             parts = [leaves(r) for r in n.refs]
-            if all(p is not None for p in parts) and len(leaf := frozenset().union(*parts)) <= 2:
+            if any(p is None for p in parts):
+                continue
+            leaf = frozenset().union(*parts)
+            if len(_full_size(g, leaf, n.numel)) <= 2:
                 chains[n.id] = leaf
                 yield n.id, leaf
 
 
 def source_bytes(g: ir.Graph, leaf) -> int:
     return sum(g[s].numel * g[s].dtype.itemsize for s in leaf)
+
+
+def _full_size(g: ir.Graph, leaf, numel: int) -> list[int]:
+    """The sources of a chain that count (`cheap_chains`): those not broadcast from a
+    tenth of its `numel` or less."""
+    return [s for s in leaf if g[s].numel * 10 > numel]
 
 
 def mark_recompute(g: ir.Graph, ids) -> ir.Graph:
@@ -77,11 +90,14 @@ def recompute_cheap(g: ir.Graph) -> ir.Graph:
     - casts of values no kernel computes (graph inputs, eager results): converting on the
       fly reads the source (bf16: 2 bytes an element) where a materialised cast would be
       written once and read by each consuming kernel (fp32: 4 + 4 bytes);
-    - cheap element-wise ops (add, sub, mul, neg) of such sources — at most two, through
-      views and casts of the first kind — whose result is at least as wide as what it is
-      computed from: a softmax backward's float32 dy * y from two bf16 tensors, which a
-      long-row split otherwise writes (134 MB at [128, 262144]) for a later kernel that
-      reads y anyway.  Each reader then reads at most the bytes it would have read.
+    - cheap element-wise ops (add, sub, mul, neg) of such sources — at most two of full
+      size, through views and casts of the first kind, and any broadcast small ones —
+      whose result is at least as wide as its full-size sources: a softmax backward's
+      float32 dy * y from two bf16 tensors, which a long-row split otherwise writes (134 MB
+      at [128, 262144]) for a later kernel that reads y anyway; a layer norm backward's
+      (x - mean) * rstd and dy * that, which the row kernel of few long rows otherwise
+      writes (268 MB) for the dx and column-sum kernels.  Each reader then reads at most
+      the bytes it would have read (and the small sources again, from cache).
       (Narrower results are weighed against the plan's kernels: `planner._cheaper_recomputed`.)
 
     A value that must exist as a tensor (a graph output, an eager op's operand) stays a
@@ -90,7 +106,8 @@ def recompute_cheap(g: ir.Graph) -> ir.Graph:
     escapes = None
     for nid, leaf in cheap_chains(g, free=lambda m: m in picked):
         n = g[nid]
-        if n.op != "cast" and source_bytes(g, leaf) > n.numel * n.dtype.itemsize:
+        of_source = n.op == "cast" and _base(g, n.refs[0]).kind in (ir.INPUT, ir.OPAQUE, ir.ITEM)
+        if not of_source and source_bytes(g, _full_size(g, leaf, n.numel)) > n.numel * n.dtype.itemsize:
             continue
         escapes = GraphView(g).escapes if escapes is None else escapes
         if nid not in escapes:

@@ -163,8 +163,11 @@ class Grouper:
             for s in srcs:
                 readers.setdefault(s, []).append(grp)
         for s, grps in readers.items():
-            for i in range(1, len(grps)):
-                a, b = self.group_of[min(grps[0].members)], self.group_of[min(grps[i].members)]
+            # every pair (not only the first reader with each other one: a norm backward's
+            # row kernel reads dy first, and the two column sums that read it after it
+            # share a domain with each other, not with it)
+            for i, j in ((i, j) for j in range(1, len(grps)) for i in range(j)):
+                a, b = self.group_of[min(grps[i].members)], self.group_of[min(grps[j].members)]
                 if a is b or a.rowwise != b.rowwise:
                     continue
                 if a.rowwise and (a.domain.rows, a.domain.cols) != (b.domain.rows, b.domain.cols):

@@ -51,7 +51,7 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
 
 
 def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan) -> set[int]:
-    """Cheap values of at most two sources (`graph_view.cheap_chains`) that a kernel
+    """Cheap values of at most two full-size sources (`graph_view.cheap_chains`) that a kernel
     writes and other kernels read, where the readers would read fewer bytes computing
     them from their sources (those a reader does not read anyway) than writing the value
     and reading it back costs: a float32 softmax backward's dy * y over split rows, whose
