@@ -252,6 +252,52 @@ def test_few_long_rows_are_scanned_in_two_levels(case):
     assert len(fwd.kernels) <= 4
 
 
+@pytest.mark.parametrize("op", ["cumsum", "cumprod", "cumsum_bf16", "cumsum_dim0"])
+def test_two_level_scan_of_whole_chunks_reduces_then_scans(op):
+    """Rows a whole number of chunks long: the chunk totals come from a reduction, and the
+    last kernel scans each chunk again beside its offset (a per-row value of that kernel),
+    so no chunk scan goes to memory: x is read twice, the result written once (bf16 at
+    [64, 131072] on the H100: 100.8 -> 50.5 MB modelled, the floor 33.6)."""
+    from stitchml.lower import rules_scan
+    n = 4 * rules_scan.SPLIT_CHUNK * 4   # 16 chunks
+    dtype = torch.bfloat16 if op == "cumsum_bf16" else torch.float64
+    if op == "cumprod":
+        x = 1 + 1e-3 * torch.randn(3, n, dtype=dtype)
+        f = lambda t: torch.cumprod(t, 1)   # noqa: E731
+    elif op == "cumsum_dim0":
+        x = torch.randn(n, 2, dtype=dtype)
+        f = lambda t: torch.cumsum(t, 0)   # noqa: E731
+    else:
+        x = torch.randn(3, n, dtype=torch.float64).to(dtype)
+        f = lambda t: torch.cumsum(t * 2, 1)   # noqa: E731
+    with config.override(strict=True):
+        if dtype == torch.bfloat16:
+            cmp, verdict = compare_against_float64(f, [x], backward=False)
+            verdict.assert_ok(op)
+        else:
+            cmp = compare_with_eager(f, [x], backward=False, rtol=1e-9, atol=1e-9)
+    plan = cmp.backend.records[0].plan
+    g = plan.graph
+    chunked = [k for k in plan.kernels if k.domain.cols == rules_scan.SPLIT_CHUNK]
+    written = [o for k in plan.kernels for o in k.outputs if g[o].kind == "scan" and g[o].numel == x.numel()]
+    if op == "cumsum_dim0":   # (scanned along a leading dim: the chunk scans go through memory)
+        assert chunked and len(plan.kernels) <= 4
+    else:
+        assert len(chunked) == 2   # the totals' reduction, the final scan
+        assert not written   # no chunk scan written
+
+
+def test_full_size_long_row_cumsum_reads_twice_writes_once():
+    from stitchml.bench.micro import cases
+    from stitchml.plan.devices import get_device
+    from stitchml.plan.options import PlanOptions
+    from stitchml.tools import predict
+    (spec,) = [s for s in cases(quick=False) if s.name == "cumsum_long_rows[64x131072]"]
+    for dtype, bound in (("bf16", 1.55), ("fp32", 1.55)):
+        pred = predict.predict_case(spec, dtype, PlanOptions.from_config(get_device("H100")))
+        assert pred.modelled_bytes <= bound * pred.floor_bytes, (dtype, pred)
+
+
 AOT_SCRIPT = '''
 import json, torch
 from stitchml import config

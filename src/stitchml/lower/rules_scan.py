@@ -47,8 +47,8 @@ def _scan_node(ctx: LowerCtx, op: str, x: Ref, d: int) -> Ref:
 
 # A scan whose rows are few and long would be walked by few programs, one column block
 # after another (one program for a flattened mask, masked_scatter's case): split such
-# rows into chunks of SPLIT_CHUNK scanned in parallel, scan the chunks' totals, and
-# combine each chunk with the total of the chunks before it.
+# rows into chunks of SPLIT_CHUNK: reduce each chunk to its total in parallel, scan the
+# totals, and scan each chunk again combined with the total of the chunks before it.
 SPLIT_MAX_ROWS = 128      # fewer rows than this leave most of a GPU's SMs idle
 SPLIT_MIN_COLS = 8192     # rows up to this long are one column block or a few
 SPLIT_CHUNK = 1024
@@ -73,9 +73,11 @@ def _two_level(ctx: LowerCtx, x: Ref, shape, d: int, op: str, dtype) -> Ref:
         pad = ctx.full((rows, chunks * SPLIT_CHUNK - n), ident, dtype)
         flat = _concat(ctx, [flat, pad], (rows, chunks * SPLIT_CHUNK), 1, dtype)
     blocks = ctx.reshape(flat, (rows * chunks, SPLIT_CHUNK))
-    local = _scan_node(ctx, op, blocks, 1)                                     # each chunk on its own
-    totals = ctx.reshape(ctx.view("select", local, (rows * chunks,), (("dim", 1), ("index", SPLIT_CHUNK - 1))),
-                         (rows, chunks))
+    # reduce, then scan: the chunks' totals by a reduction (reads x once), and each chunk
+    # scanned in the last kernel beside its offset, so the chunk scans never go to memory
+    # (scan-then-propagate wrote them in float32 and read them back: 3x the copy floor in
+    # bfloat16 against 1.5x)
+    totals = ctx.reshape(ctx.reduce(op, blocks, (1,), False, dtype), (rows, chunks))
     before = _scan_node(ctx, op, totals, 1)                                    # inclusive over chunks
     if op == "sum":
         # exclusive = inclusive - own total: the same index as the scan (its kernel); a
@@ -85,13 +87,21 @@ def _two_level(ctx: LowerCtx, x: Ref, shape, d: int, op: str, dtype) -> Ref:
         first = ctx.full((rows, 1), ident, dtype)
         shifted = ctx.view("slice", before, (rows, chunks - 1), (("dim", 1), ("start", 0), ("step", 1)))
         offset = _concat(ctx, [first, shifted], (rows, chunks), 1, dtype)
-    # the result in the output's own (rows, n) shape: each element is its chunk's scan
-    # combined with the chunk's offset (both read through index maps: one kernel)
+    local = _scan_node(ctx, op, blocks, 1)   # each chunk on its own (after the offsets: one kernel with them)
+    if chunks * SPLIT_CHUNK == n and d == nd - 1:
+        # in the chunk scan's own (rows * chunks, chunk) shape: its offset is a per-row
+        # value of that kernel (as a softmax's max is), the result written in place, and
+        # the output's shape is a view of it
+        per_row = ctx.broadcast_to(ctx.reshape(offset, (rows * chunks, 1)), (rows * chunks, SPLIT_CHUNK))
+        out = ctx.cast(ctx.pointwise(combine, (local, per_row), (rows * chunks, SPLIT_CHUNK), dtype), out_dtype)
+        return ctx.reshape(out, shape)
+    # padded rows, or a scan along another dim than the last: the result in the output's
+    # own shape, each element its chunk's scan combined with the chunk's offset, read
+    # through index maps (the chunk scans are written once and read back)
     padded = (rows, chunks * SPLIT_CHUNK)
     wide = ctx.reshape(ctx.broadcast_to(ctx.reshape(offset, (rows, chunks, 1)), (rows, chunks, SPLIT_CHUNK)), padded)
-    parts = [ctx.reshape(local, padded), wide]
-    if chunks * SPLIT_CHUNK != n:
-        parts = [ctx.view("slice", t, (rows, n), (("dim", 1), ("start", 0), ("step", 1))) for t in parts]
+    parts = [ctx.view("slice", t, (rows, n), (("dim", 1), ("start", 0), ("step", 1)))
+             for t in (ctx.reshape(local, padded), wide)]
     out = ctx.pointwise(combine, tuple(parts), (rows, n), dtype)
     out = ctx.reshape(out, tuple(shape[i] for i in order))
     if d != nd - 1:
