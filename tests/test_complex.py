@@ -3,6 +3,7 @@ rotary embeddings written with complex numbers (the original LLaMA code) stitch,
 forward and backward; FFT stays a library op, with its reason."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from launches import count_launches
@@ -94,3 +95,29 @@ def test_fft_stays_a_library_op_with_its_reason():
     assert "library op" in reasons["aten._fft_r2c.default"], reasons
     assert list(reasons) == ["aten._fft_r2c.default"]  # |.| * 2 of its result is a kernel again
     assert report.num_kernels == 2
+
+
+FFT_NEIGHBOURS = {
+    # the ops around an FFT in its forward or backward graph: pads and crops of complex
+    # values (n= beyond or below the length), slice_backward, new_zeros + copy, diagonal
+    "hfft_pad": (lambda z: torch.fft.hfft(z, n=10), True),
+    "irfft_crop": (lambda z: torch.fft.irfft(z, n=5), True),
+    "rfft_pad": (lambda x: torch.view_as_real(torch.fft.rfft(x, n=12)) * 2, False),
+    "ihfft": (lambda x: torch.view_as_real(torch.fft.ihfft(x).resolve_conj()).sum(-1), False),
+    "fft_diagonal": (lambda x: torch.view_as_real(torch.fft.fft(x).diagonal(1)), False),
+    "conj_physical_fill": (lambda x: torch.view_as_real(torch.conj_physical(torch.fft.fft(x))
+                                                        + torch.ones_like(torch.fft.fft(x)) * (2 - 1j)), False),
+}
+
+
+@pytest.mark.parametrize("name", list(FFT_NEIGHBOURS))
+def test_complex_pads_crops_and_diagonals_around_ffts_stitch(name):
+    """Forward and backward against eager (float64); every op but the FFTs themselves in
+    kernels (they ran eagerly for "no lowering rule" on complex values)."""
+    f, complex_input = FFT_NEIGHBOURS[name]
+    x = torch.randn(5, 6, dtype=torch.complex128 if complex_input else torch.float64, requires_grad=True)
+    with count_launches() as launches:
+        cmp = compare_with_eager(f, [x], rtol=1e-9, atol=1e-9)
+    ops = {op for op, _ in _fallbacks(cmp)}
+    assert ops and all("_fft_" in op for op in ops), _fallbacks(cmp)
+    assert launches["n"] >= 1

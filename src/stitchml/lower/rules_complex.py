@@ -7,7 +7,9 @@ environment such a value is a `Pair` (not a `Ref`), so no real rule can mistake 
 a real tensor: every FX node with a complex input or output comes here
 (`lower.Lowerer._call`).  Rules: `view_as_complex`, `view_as_real`, `complex`,
 `polar`, `real`/`imag`, `abs`, `angle` (complex64), `mul`, `add`, `sub`, `neg`, the
-conjugate, copies and the view ops.  This is what rotary embeddings written with complex
+conjugate, copies, fills, the view ops, and what surrounds an FFT in its graphs: zero
+padding and cropping (`constant_pad_nd`, `slice_backward`), `copy` into a new tensor,
+`diagonal` and its backward.  This is what rotary embeddings written with complex
 numbers (the original LLaMA code) use, forward and backward.
 
 Where a complex value meets something without a rule (FFT: a library op), the value
@@ -320,7 +322,7 @@ def _neg(lw, ctx, node, z):
     return _binary(lw, ctx, node, 0.0, z, "sub")
 
 
-@_register(aten._conj.default, aten.conj_physical.default, aten.conj.default)
+@_register(aten._conj.default, aten.conj_physical.default, aten.conj.default, aten._conj_physical.default)
 def _conj(lw, ctx, node, z):
     if isinstance(z, (int, float, complex)):  # the conjugate of a scalar factor (mul's backward)
         return complex(z).conjugate()
@@ -396,17 +398,24 @@ def _where(lw, ctx, node, c, a, b):
 
 
 @_register(aten.scalar_tensor.default, aten.full.default, aten.zeros_like.default, aten.ones_like.default,
-           aten.full_like.default, aten.zeros.default, aten.ones.default)
+           aten.full_like.default, aten.zeros.default, aten.ones.default, aten.new_zeros.default,
+           aten.new_ones.default, aten.new_full.default, aten.fill.Scalar)
 def _full(lw, ctx, node, *args, **kwargs):
-    shape = _cshape(node)
-    rd = REAL_OF[node.meta["val"].dtype]
     t = node.target
-    value = (args[0] if t is aten.scalar_tensor.default else args[1] if t in (aten.full.default, aten.full_like.default)
-             else 1 if t in (aten.ones_like.default, aten.ones.default) else 0)
+    value = (args[0] if t is aten.scalar_tensor.default else
+             args[1] if t in (aten.full.default, aten.full_like.default, aten.fill.Scalar) else
+             args[2] if t is aten.new_full.default else
+             1 if t in (aten.ones_like.default, aten.ones.default, aten.new_ones.default) else 0)
     if not isinstance(value, (int, float, complex, bool)):
         raise Unsupported("fill value is a tensor")
+    val = node.meta["val"]
+    if not val.dtype.is_complex:   # a real tensor shaped like a complex one (ones_like(z, dtype=float))
+        if isinstance(value, complex):
+            raise Unsupported("complex fill value of a real tensor")
+        return ctx.full(static_shape(val), value, val.dtype)
+    shape = _cshape(node)
     v = complex(value)
-    return _pack(ctx, v.real, v.imag, shape, rd)
+    return _pack(ctx, v.real, v.imag, shape, REAL_OF[val.dtype])
 
 
 # view ops: the same view of the pair, with the trailing (re, im) dim carried along
@@ -462,3 +471,85 @@ def _select(lw, ctx, node, z, dim, index):
     index = index + s[dim] if index < 0 else index
     return Pair(ctx.view("select", p, _cshape(node) + (2,), (("dim", dim), ("index", index))), conj)
 
+
+
+# -- structural ops on pairs: the real rule's index maps with the (re, im) dim carried along
+
+@_register(aten.copy.default)
+def _copy_into(lw, ctx, node, dst, src, non_blocking=False):
+    """copy(dst, src): src's value (a complex or real tensor, or a number) broadcast to
+    dst's shape and converted to dst's complex dtype."""
+    shape = _cshape(node)
+    rd = REAL_OF[node.meta["val"].dtype]
+    re, im = _operand(lw, ctx, src, shape, rd)
+    return _pack(ctx, re, im, shape, rd)
+
+
+@_register(aten.slice_backward.default)
+def _slice_backward(lw, ctx, node, grad, input_sizes, dim, start, end, step):
+    """The gradient padded with zeros to the input's size along `dim` (zeros are their
+    own conjugate: the lazy flag carries over)."""
+    from .rules_views import _pad_along
+    if step != 1:
+        raise Unsupported("strided slice_backward of complex values")
+    p, conj = _raw(lw, grad)
+    shape = _cshape(node)
+    dim %= len(shape)
+    start = start + shape[dim] if start < 0 else start
+    start = min(max(start, 0), shape[dim])
+    return Pair(_pad_along(ctx, p, tuple(shape) + (2,), dim, start, ctx.dtype(p)), conj)
+
+
+@_register(aten.constant_pad_nd.default)
+def _constant_pad(lw, ctx, node, z, pad, value=0):
+    """Zero padding (or cropping) of the complex dims: the real rule on the pair with the
+    (re, im) dim left as it is (its pad amounts (0, 0) come first: pads run from the last
+    dim backwards)."""
+    from .rules_views import constant_pad
+    if value != 0:
+        raise Unsupported("constant_pad_nd of complex values with a nonzero pad value")
+    _cshape(node)
+    p, conj = _raw(lw, z)
+    return Pair(constant_pad(ctx, p, (0, 0) + tuple(pad), 0, ctx.dtype(p)), conj)
+
+
+def _pair_last(ctx, p: Ref, at: int) -> Ref:
+    """`p` with its (re, im) dim, now at position `at`, moved back to the end."""
+    shape = ctx.shape(p)
+    nd = len(shape)
+    if at == nd - 1:
+        return p
+    perm = tuple(i for i in range(nd) if i != at) + (at,)
+    return ctx.view("permute", p, tuple(shape[i] for i in perm), (("dims", perm),))
+
+
+@_register(aten.diagonal.default)
+def _diagonal(lw, ctx, node, z, offset=0, dim1=0, dim2=1):
+    """The real diagonal view of the pair (its (re, im) dim one of the batch dims, which
+    the view puts first, in order), then that dim moved back to the end."""
+    from .rules_views import diagonal_view
+    shape = _cshape(node)
+    p, conj = _raw(lw, z)
+    nd = len(ctx.shape(p)) - 1
+    d1, d2 = dim1 % nd, dim2 % nd
+    out = diagonal_view(ctx, p, offset, d1, d2, tuple(shape[:-1]) + (2, shape[-1]))
+    return Pair(_pair_last(ctx, out, len(shape) - 1), conj)
+
+
+@_register(aten.diagonal_backward.default)
+def _diagonal_backward(lw, ctx, node, grad, input_sizes, offset, dim1, dim2):
+    """Zeros with the gradient on the diagonal: the real form per part, re and im packed."""
+    from .rules_views import diag_embed_canonical, diag_perm
+    shape = _cshape(node)
+    rd = REAL_OF[node.meta["val"].dtype]
+    nd = len(shape)
+    d1, d2 = dim1 % nd, dim2 % nd
+    perm = diag_perm(nd, d1, d2)
+    gshape = ctx.shape(_raw(lw, grad)[0])[:-1]
+    re, im = _parts(lw, ctx, grad, gshape)
+    inv = tuple(perm.index(i) for i in range(nd))
+    parts = []
+    for v in (re, im):
+        out = diag_embed_canonical(ctx, ctx.cast(v, rd), 0.0, shape[d1], shape[d2], offset, rd)
+        parts.append(out if perm == tuple(range(nd)) else ctx.view("permute", out, shape, (("dims", inv),)))
+    return _pack(ctx, parts[0], parts[1], shape, rd)

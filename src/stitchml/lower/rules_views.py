@@ -211,10 +211,14 @@ def _narrow(ctx, x, dim, start, length):
 
 @register(aten.constant_pad_nd.default)
 def _constant_pad(ctx, node, x, pad, value=0):
-    """Pairs (before, after) from the last dim backwards; negative amounts crop."""
-    dtype = node.meta["val"].dtype
     if isinstance(value, Ref):
         raise Unsupported("pad value is a tensor")
+    return constant_pad(ctx, x, pad, value, node.meta["val"].dtype)
+
+
+def constant_pad(ctx, x, pad, value, dtype):
+    """Pairs (before, after) from the last dim backwards; negative amounts crop (also the
+    complex rule's, on a (re, im) pair)."""
     for i in range(len(pad) // 2):
         dim = len(ctx.shape(x)) - 1 - i
         before, after = pad[2 * i], pad[2 * i + 1]
@@ -314,14 +318,18 @@ def _diag_perm(nd, d1, d2):
 
 @register(aten.diagonal.default)
 def _diagonal(ctx, node, x, offset=0, dim1=0, dim2=1):
-    """A strided view: the matrix dims moved last and flattened, then a slice with step
-    m + 1 from the diagonal's first element."""
-    shape = ctx.shape(x)
-    nd = len(shape)
-    d1, d2 = dim1 % nd, dim2 % nd
+    nd = len(ctx.shape(x))
     out = _shape(node)
     if prod(out) == 0:
         return ctx.full(out, 0, node.meta["val"].dtype)
+    return diagonal_view(ctx, x, offset, dim1 % nd, dim2 % nd, out)
+
+
+def diagonal_view(ctx, x, offset, d1, d2, out):
+    """A strided view: the matrix dims moved last and flattened, then a slice with step
+    m + 1 from the diagonal's first element (the other dims first, in order)."""
+    shape = ctx.shape(x)
+    nd = len(shape)
     perm = _diag_perm(nd, d1, d2)
     y = x if perm == tuple(range(nd)) else ctx.view("permute", x, tuple(shape[i] for i in perm), (("dims", perm),))
     n, m = shape[d1], shape[d2]
@@ -375,3 +383,8 @@ def _diag_embed(ctx, node, x, offset=0, dim1=-2, dim2=-1):
             b += 1
     perm = tuple(perm)
     return canon if perm == tuple(range(nd)) else ctx.view("permute", canon, shape, (("dims", perm),))
+
+
+# (the complex rules reuse these on (re, im) pairs)
+diag_embed_canonical = _diag_embed_canonical
+diag_perm = _diag_perm
