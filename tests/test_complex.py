@@ -121,3 +121,11 @@ def test_complex_pads_crops_and_diagonals_around_ffts_stitch(name):
     ops = {op for op, _ in _fallbacks(cmp)}
     assert ops and all("_fft_" in op for op in ops), _fallbacks(cmp)
     assert launches["n"] >= 1
+
+
+def test_a_complex_matrix_product_is_a_library_op_not_a_missing_rule():
+    a = torch.randn(2, 3, 4, dtype=torch.complex64)
+    b = torch.randn(2, 4, 5, dtype=torch.complex64)
+    cmp = compare_with_eager(lambda a, b: torch.view_as_real(torch.bmm(a, b) * 2), [a, b], backward=False)
+    reasons = dict(_fallbacks(cmp))
+    assert reasons["aten.bmm.default"] == "compute-intensive: vendor library", reasons

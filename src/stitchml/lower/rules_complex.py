@@ -131,8 +131,10 @@ def lower(lw, node, args: tuple, kwargs: dict):
     if rule is not None and getattr(node.target, "_schema", None) is not None and node.target._schema.is_mutable:
         rule, reason = None, "mutates its input"
     elif rule is None:
+        from .lower import COMPUTE_INTENSIVE
         name = str(node.target)
-        reason = LIBRARY_REASON if any(k in name for k in LIBRARY) else None
+        reason = LIBRARY_REASON if any(k in name for k in LIBRARY) else \
+            "compute-intensive: vendor library" if node.target in COMPUTE_INTENSIVE else None
     if rule is not None:
         mark, calls = len(lw.g.nodes), dict(lw.g.eager_calls)
         try:
