@@ -188,6 +188,9 @@ CASES = {
     "replicate_pad_1d": (lambda x: F.pad(x, (3, 2), mode="replicate") * 2, lambda d: [_nc(2, 3, 7, dtype=d)]),
     "replicate_pad_negative": (lambda x: F.pad(x * 2, (-1, 2, 1, -2), mode="replicate"),
                                lambda d: [_nc(1, 3, 5, 6, dtype=d)]),
+    # every input cropped on one side: all outputs copy the one at the other end
+    "replicate_pad_all_cropped": (lambda x: F.pad(x * 2, (-6, 5, 3, -5), mode="replicate"),
+                                  lambda d: [_nc(1, 3, 5, 6, dtype=d)]),
     "avg_pool3d_divisor": (lambda x: F.avg_pool3d(x, 3, 2, 1, ceil_mode=True, divisor_override=5),
                            lambda d: [_nc(2, 3, 5, 7, 6, dtype=d)]),
     "replicate_pad_3d": (lambda x: F.pad(x, (1, 2, 0, 3, 2, 1), mode="replicate"),

@@ -578,7 +578,11 @@ def _replication_pad_backward(spatial: int):
             n = x.shape[axis]
             lo, hi = max(-before, 0), n - max(-after, 0)       # inputs that reach the output
             if hi <= lo:
-                return NotImplemented
+                # output j copies input clamp(j - before, 0, n - 1): with every input
+                # cropped on one side, all copy the one at the other end (before <= -n:
+                # the last; after <= -n: the first), which takes the whole gradient
+                grad = _at_end(grad.sum(axis, keepdim=True), axis, n, first=before >= 0)
+                continue
             mid = grad.narrow(axis, max(before, 0), hi - lo)
             if before > 0:
                 head = grad.narrow(axis, 0, before).sum(axis, keepdim=True)
