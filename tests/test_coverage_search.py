@@ -1,4 +1,5 @@
-"""Issue 19: searchsorted, bucketize, isin and nonzero_static stitched
+"""Issue 19: searchsorted, bucketize, isin, nonzero_static and repeat_interleave with a
+tensor of repeats stitched
 (capture/decomp_search.py): a branch-free binary search of element-wise ops and gathers
 (one kernel with what consumes it), isin's comparison reduction or sorted-set search,
 nonzero_static's scan and scatter-write.
@@ -345,3 +346,31 @@ def test_search_kernels_compile_for_sm90():
     for name, r in kernels:
         assert r["registers"] is None or r["registers"] <= 255, (name, r)
         assert not r["spills"], (name, r)
+
+
+@pytest.mark.parametrize("case", ["rows", "zeros_in_repeats", "leading_dim_backward"])
+def test_repeat_interleave_with_a_tensor_of_repeats_and_output_size(case):
+    """x.repeat_interleave(r, dim, output_size=n): the indices searched in the running
+    total of r (zeros in r skip their element), then the index_select: no op eager,
+    forward and backward (the gradient sums each element's copies)."""
+    torch.manual_seed(stable_seed(case))
+    if case == "rows":
+        x, r, dim = torch.randn(5, 7), torch.tensor([3, 1, 2, 1, 4]), 0
+    elif case == "zeros_in_repeats":
+        x, r, dim = torch.randn(4, 6), torch.tensor([0, 2, 0, 1, 3, 0]), 1
+    else:
+        x, r, dim = torch.randn(6, 3, 2).requires_grad_(), torch.tensor([2, 0, 1, 1, 3, 2]), 0
+    n = int(r.sum())
+
+    def f(x, r):
+        return x.repeat_interleave(r, dim=dim, output_size=n) * 2
+    with count_launches() as launches:
+        cmp = compare_with_eager(f, [x, r], rtol=0, atol=0)
+    assert not [fb for rec in cmp.backend.records for fb in rec.graph.fallbacks]
+    assert launches["n"] >= 1
+
+
+def test_repeat_interleave_without_output_size_says_why_it_runs_eagerly():
+    from stitchml.capture.decomp import declined_reason
+    assert decomp_search.repeat_interleave(torch.tensor([1, 2])) is NotImplemented
+    assert "data, not shape" in declined_reason(aten.repeat_interleave.Tensor)

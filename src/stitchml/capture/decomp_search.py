@@ -1,4 +1,5 @@
-"""Our decompositions of searching ops (issue 19): searchsorted / bucketize, isin and
+"""Our decompositions of searching ops (issue 19): searchsorted / bucketize, isin,
+repeat_interleave's indices (a search in the running total of the repeats) and
 nonzero_static, onto element-wise ops, gathers, scans and scatter-writes that stitch.
 
 - `searchsorted(seq, v)`: a branch-free binary search.  Every element keeps its own
@@ -170,6 +171,21 @@ def nonzero_static(self: torch.Tensor, *, size: int, fill_value: int = -1) -> to
     return buf.index_put((dest,), coords)[:size]
 
 
+def repeat_interleave(repeats: torch.Tensor, *, output_size: int | None = None):
+    """The indices that repeat element j repeats[j] times (`x.repeat_interleave(r, dim)`
+    selects with them): output position i belongs to the first j whose running total
+    of repeats exceeds i, a search of i in the cumulative sum.  Only with `output_size`
+    (the result's length is the sum of the repeats otherwise: data, not shape); indices
+    clamped into range, so that an output_size eager would reject cannot read outside
+    the input."""
+    if output_size is None or repeats.dim() != 1 or repeats.numel() == 0:
+        return NotImplemented
+    totals = torch.cumsum(repeats.to(torch.int64), 0)
+    pos = torch.arange(output_size, dtype=torch.int64, device=repeats.device)
+    idx = searchsorted(totals, pos, right=True)
+    return torch.clamp(idx, 0, repeats.numel() - 1)
+
+
 _EAGER_RAISES = "runs eagerly, which raises eager's error"
 DECLINED: dict[object, str] = {
     op: "searchsorted/bucketize: arguments eager rejects (side opposite to right, a 0-d sequence, an N-d "
@@ -180,6 +196,8 @@ DECLINED: dict[object, str] = {
 DECLINED.update({op: f"isin: bool or complex operands (eager rejects them) {_EAGER_RAISES}"
                  for op in (aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor)})
 DECLINED[aten.nonzero_static.default] = f"nonzero_static: a negative size (eager rejects it) {_EAGER_RAISES}"
+DECLINED[aten.repeat_interleave.Tensor] = ("repeat_interleave with a tensor of repeats and no output_size: the "
+                                           "result's length is the sum of the repeats (data, not shape)")
 
 
 def table() -> dict:
@@ -192,4 +210,5 @@ def table() -> dict:
         aten.isin.Tensor_Scalar: isin,
         aten.isin.Scalar_Tensor: isin,
         aten.nonzero_static.default: nonzero_static,
+        aten.repeat_interleave.Tensor: repeat_interleave,
     }
