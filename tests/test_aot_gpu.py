@@ -83,3 +83,19 @@ def test_dynamic_shape_kernels_compile_for_sm90_with_sizes_as_arguments():
     assert not failed, failed
     sizes = [int(re.search(r"\((\d+) size arguments\)", r["kernel"]).group(1)) for _, r in kernels]
     assert sum(1 for n in sizes if n > 0) >= len(kernels) // 2, results
+
+
+SURVEY_SCRIPT = textwrap.dedent("""
+    import json
+    from stitchml.tools.aot_check import survey_micro
+    rows = [(c, d, g, r.__dict__) for c, d, g, r in survey_micro(r"rms_norm_bwd\\[N=1024\\]", ("bf16",))]
+    print(json.dumps(rows))
+""")
+
+
+def test_micro_suite_survey_compiles_full_size_plans_for_sm90():
+    """`python -m stitchml.tools.aot_check --micro`: the kernels of a micro case at full
+    size, forward and backward plans, compiled for sm_90 with their register use."""
+    rows = _run_outside_interpreter(SURVEY_SCRIPT)
+    assert {g for _, _, g, _ in rows} == {"graph 0", "graph 1"}
+    assert all(r["ok"] and 0 < r["registers"] <= 255 for _, _, _, r in rows), rows

@@ -69,23 +69,32 @@ def check(fn, *inputs, arch: int = 90, device: str = "H100") -> list[AotResult]:
     import os
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("aot_check needs Triton out of interpreter mode (unset TRITON_INTERPRET)")
-    import triton
     from torch.fx.experimental.proxy_tensor import make_fx
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from ..capture.decomp import decomposition_table
-    from ..codegen import generate_all
     from ..lower.lower import lower
     from ..plan.planner import build_plan
-    from ..runtime.kernel_cache import load_module
 
     with config.override(device=device):
         gm = make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake")(*inputs)
-        g = lower(gm)
-        plan = build_plan(g)
-        g = plan.graph  # planning may rewrite the graph (dead nodes dropped, long rows split)
-        sources = generate_all(g, plan)
+        plan = build_plan(lower(gm))
+    return check_plan(plan, arch)
+
+
+def check_plan(plan, arch: int = 90) -> list[AotResult]:
+    """Generate every kernel of `plan` and compile each for sm_`arch`."""
+    import os
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("aot_check needs Triton out of interpreter mode (unset TRITON_INTERPRET)")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ..codegen import generate_all
+    from ..runtime.kernel_cache import load_module
+
+    g = plan.graph  # planning may rewrite the graph (dead nodes dropped, long rows split)
+    sources = generate_all(g, plan)
     module = load_module([s.source for s in sources.values()])
     results = []
     for name, ks in sources.items():
@@ -149,3 +158,62 @@ def check_dynamic(fn, *inputs, arch: int = 90, device: str = "H100") -> list[Aot
         except Exception as e:
             results.append(AotResult(name, False, f"{type(e).__name__}: {str(e)[:500]}"))
     return results
+
+
+def survey_micro(case_re: str = "", dtypes=("fp32", "bf16"), arch: int = 90, device: str = "H100"):
+    """Every kernel of every micro-suite case at full size (forward and backward plans,
+    as `stitchml.tools.predict` makes them for `device`), compiled for sm_`arch`:
+    yields (case, dtype, graph kind, AotResult)."""
+    import re as _re
+
+    from ..bench.micro import cases
+    from ..plan.devices import get_device
+    from ..plan.options import PlanOptions
+    from . import predict
+
+    opts = PlanOptions.from_config(get_device(device))
+    for spec in cases(quick=False):
+        if case_re and not _re.search(case_re, spec.name):
+            continue
+        for dtype in dtypes:
+            captured = []
+            orig = predict.build_plan
+
+            def spy(g, o, captured=captured):
+                plan = orig(g, o)
+                captured.append(plan)
+                return plan
+            predict.build_plan = spy
+            try:
+                predict.predict_case(spec, dtype, opts)
+            finally:
+                predict.build_plan = orig
+            for i, plan in enumerate(captured):
+                for r in check_plan(plan, arch):
+                    yield spec.name, dtype, f"graph {i}", r
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m stitchml.tools.aot_check --micro [--case RE]`: the register and stack
+    use of every micro-suite kernel compiled for sm_90 (no GPU needed); exit status 1 if
+    one fails to compile."""
+    import argparse
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--micro", action="store_true", help="survey the micro suite (the only mode)")
+    ap.add_argument("--case", default="", help="regular expression on case names")
+    ap.add_argument("--dtype", nargs="+", default=["fp32", "bf16"])
+    args = ap.parse_args(argv)
+    if not args.micro:
+        ap.error("nothing to do: pass --micro")
+    failed = 0
+    print("| case | dtype | graph | kernel | registers | stack bytes |")
+    print("|---|---|---|---|---|---|")
+    for case, dtype, graph, r in survey_micro(args.case, tuple(args.dtype)):
+        failed += not r.ok
+        print(f"| {case} | {dtype} | {graph} | {r.kernel} | {r.registers if r.ok else 'FAILED: ' + r.error[:80]} "
+              f"| {r.spills} |", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
