@@ -58,3 +58,22 @@ def test_float32_mismatch_with_eager_is_judged_by_a_float64_run():
     exact, eager = ref.float(), ref.float() + torch.tensor([3e-5, 0.0])
     assert _arbitrate("grad 0: not close", exact, eager, lambda: ref) == ""
     assert _arbitrate("grad 0: not close", eager + 1e-3, exact, lambda: ref) == "grad 0: not close"
+
+
+def test_float64_mismatch_with_eager_is_judged_by_the_opinfo_reference():
+    """Eager's float64 Bessel J0 is off by up to 3e-7 between 5 and 8 (its asymptotic form
+    starts at 5); ours is exact to 1e-13: outside eager's tolerance, so the sample is judged
+    by op_db's SciPy reference instead, and passes.  A wrong kernel still fails."""
+    import torch
+    from torch.testing._internal.common_methods_invocations import op_db
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    from stitchml.tools import opinfo_sweep
+    pytest.importorskip("scipy")
+    (op,) = [o for o in op_db if o.name == "special.bessel_j0" and not o.variant_test_name]
+    sample = SampleInput(torch.linspace(5.1, 7.9, 29, dtype=torch.float64))
+    assert opinfo_sweep.run_sample(op, sample, torch.float64, False).status == "pass"
+    ref = opinfo_sweep._numpy_reference(op, sample)
+    eager = torch.special.bessel_j0(sample.input)
+    assert (eager - ref).abs().max() > 1e-8   # (why the reference is needed)
+    assert opinfo_sweep._arbitrate("not close", ref + 1e-6, eager, lambda: ref) == "not close"
