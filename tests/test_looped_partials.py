@@ -133,21 +133,10 @@ def _plans_for(case: str, dtype: str, **changes):
     """The backward plans of a micro case at full size for the H100 (meta tensors)."""
     from stitchml.bench.micro import cases
     from stitchml.tools import predict
-    captured = []
-    orig = predict.build_plan
-
-    def spy(g, opts):
-        plan = orig(g, opts)
-        captured.append(plan)
-        return plan
     (spec,) = [s for s in cases(quick=False) if s.name == case]
-    predict.build_plan = spy
-    try:
-        with config.override(**changes):
-            pred = predict.predict_case(spec, dtype, PlanOptions.from_config(get_device("H100")))
-    finally:
-        predict.build_plan = orig
-    return pred, captured[-1]
+    with config.override(**changes):
+        pred, plans = predict.case_plans(spec, dtype, PlanOptions.from_config(get_device("H100")))
+    return pred, plans[-1]
 
 
 def test_full_size_rms_norm_backward_moves_a_third_fewer_bytes():

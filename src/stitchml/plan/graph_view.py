@@ -30,6 +30,11 @@ def _base(g: ir.Graph, nid: int) -> ir.Node:
     return n
 
 
+def _is_source(n: ir.Node) -> bool:
+    """A value no kernel computes: a graph input or an eager op's result."""
+    return n.kind in (ir.INPUT, ir.OPAQUE, ir.ITEM)
+
+
 def cheap_chains(g: ir.Graph, free=None) -> Iterator[tuple[int, frozenset[int]]]:
     """Casts of sources (graph inputs, eager results) and cheap element-wise ops (add,
     sub, mul, neg) and casts whose operands are sources or such nodes (through views), with at
@@ -43,7 +48,7 @@ def cheap_chains(g: ir.Graph, free=None) -> Iterator[tuple[int, frozenset[int]]]
 
     def leaves(nid: int) -> frozenset[int] | None:
         n = _base(g, nid)
-        if n.kind in (ir.INPUT, ir.OPAQUE, ir.ITEM):
+        if _is_source(n):
             return frozenset({n.id})
         return chains.get(n.id) if free is None or free(n.id) else None
 
@@ -106,7 +111,7 @@ def recompute_cheap(g: ir.Graph) -> ir.Graph:
     escapes = None
     for nid, leaf in cheap_chains(g, free=lambda m: m in picked):
         n = g[nid]
-        of_source = n.op == "cast" and _base(g, n.refs[0]).kind in (ir.INPUT, ir.OPAQUE, ir.ITEM)
+        of_source = n.op == "cast" and _is_source(_base(g, n.refs[0]))
         if not of_source and source_bytes(g, _full_size(g, leaf, n.numel)) > n.numel * n.dtype.itemsize:
             continue
         escapes = GraphView(g).escapes if escapes is None else escapes

@@ -127,16 +127,20 @@ class Grouper:
             if not is_column_reduce(n, src, self.opts) or fits_on_chip(n.numel, self.opts):
                 continue
             rows = src.numel // max(n.numel, 1)
-            reads = {s for m in grp.members for s in self.gv.sources[m] if s not in grp.members}
+            reads = self._reads(grp)
             for other in partial_kernels:
                 if (other.domain.rows, other.domain.cols) != (rows, n.numel):
                     continue
-                shared = reads & {s for m in other.members for s in self.gv.sources[m] if s not in other.members}
+                shared = reads & self._reads(other)
                 itemsize = max((self.g[s].dtype.itemsize for s in shared if self.g[s].dtype is not None), default=0)
                 if itemsize * looped_rows(rows, self.opts) > 8:
                     found.add(n.id)
                     break
         return found
+
+    def _reads(self, grp: Group) -> set[int]:
+        """The values a group's kernel reads from outside it."""
+        return {s for m in grp.members for s in self.gv.sources[m] if s not in grp.members}
 
     def _run_once(self) -> list[Group]:
         for n in self.g.nodes:
@@ -159,8 +163,7 @@ class Grouper:
         for grp in {id(g): g for g in self.group_of.values()}.values():
             if any(self.g[m].kind == ir.SCATTER_ADD for m in grp.members):
                 continue
-            srcs = {s for m in grp.members for s in self.gv.sources[m] if s not in grp.members}
-            for s in srcs:
+            for s in self._reads(grp):
                 readers.setdefault(s, []).append(grp)
         for s, grps in readers.items():
             # every pair (not only the first reader with each other one: a norm backward's

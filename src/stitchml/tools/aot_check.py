@@ -176,19 +176,7 @@ def survey_micro(case_re: str = "", dtypes=("fp32", "bf16"), arch: int = 90, dev
         if case_re and not _re.search(case_re, spec.name):
             continue
         for dtype in dtypes:
-            captured = []
-            orig = predict.build_plan
-
-            def spy(g, o, captured=captured):
-                plan = orig(g, o)
-                captured.append(plan)
-                return plan
-            predict.build_plan = spy
-            try:
-                predict.predict_case(spec, dtype, opts)
-            finally:
-                predict.build_plan = orig
-            for i, plan in enumerate(captured):
+            for i, plan in enumerate(predict.case_plans(spec, dtype, opts)[1]):
                 for r in check_plan(plan, arch):
                     yield spec.name, dtype, f"graph {i}", r
 

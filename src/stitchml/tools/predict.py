@@ -48,13 +48,19 @@ class Prediction:
 
 
 def predict_case(spec, dtype: str, opts: PlanOptions) -> Prediction:
+    return case_plans(spec, dtype, opts)[0]
+
+
+def case_plans(spec, dtype: str, opts: PlanOptions) -> tuple[Prediction, list]:
+    """The prediction of one micro case and every plan made for it (forward, then
+    backward graphs), e.g. for `aot_check --micro` or a test that inspects the plans."""
     try:
         return _predict(spec, dtype, opts, META)
     except RuntimeError:   # some backward formulas have no meta kernel (nll_loss): real CPU tensors
         return _predict(spec, dtype, opts, torch.device("cpu"))
 
 
-def _predict(spec, dtype: str, opts: PlanOptions, device: torch.device) -> Prediction:
+def _predict(spec, dtype: str, opts: PlanOptions, device: torch.device) -> tuple[Prediction, list]:
     w = spec.build(dtype, device)
     plans: dict[str, list] = {"forward": [], "backward": []}
 
@@ -80,10 +86,11 @@ def _predict(spec, dtype: str, opts: PlanOptions, device: torch.device) -> Predi
         grads = list(torch.autograd.grad(diff, w.grad_targets, w.cotangents))
     timed = {"fwd": ["forward"], "bwd": ["backward"], "fwdbwd": ["forward", "backward"]}[w.mode]
     ps = [p for kind in timed for p in plans[kind]]
-    return Prediction(spec.name, dtype, floor_bytes(w, outs, grads),
+    pred = Prediction(spec.name, dtype, floor_bytes(w, outs, grads),
                       sum(k.bytes_read + k.bytes_written for p in ps for k in p.kernels),
                       sum(p.predicted_s for p in ps), sum(p.num_kernels for p in ps),
                       ", ".join(sorted({k.mapping.form for p in ps for k in p.kernels})))
+    return pred, plans["forward"] + plans["backward"]
 
 
 def main(argv: list[str] | None = None) -> None:
