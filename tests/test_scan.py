@@ -16,6 +16,7 @@ import torch
 from stitchml import StitchBackend, config
 from stitchml.testing import compare_against_float64, compare_with_eager
 from launches import count_launches
+from seeds import stable_seed
 
 OPS = {"cumsum": torch.cumsum, "cumprod": torch.cumprod, "logcumsumexp": torch.logcumsumexp}
 # (shape, knobs): rows of 37 whole in one program (64 lanes, one row per block); 3 rows of 5 packed per program;
@@ -28,10 +29,14 @@ FORMS = {
 
 
 def _input(shape, dtype, op):
-    # transposed buffer: a non-contiguous input; cumprod over values near 1 stays finite
-    t = torch.randn(shape[1], shape[0], dtype=torch.float64).t()
+    # transposed buffer: a non-contiguous input, seeded by the test's parameters; for
+    # cumprod, values that the tests' `x * 1.5` brings near 1, so that a product over 301
+    # columns stays finite (factors near 1.5 overflowed there, and whether a value near the
+    # largest bfloat16 rounded to it or to inf decided a run: a flaky failure)
+    g = torch.Generator().manual_seed(stable_seed(shape, str(dtype), op))
+    t = torch.randn(shape[1], shape[0], dtype=torch.float64, generator=g).t()
     if op == "cumprod":
-        t = 1 + 0.05 * t
+        t = (1 + 0.05 * t) / 1.5
     return t.to(dtype).requires_grad_()
 
 
