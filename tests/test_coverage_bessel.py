@@ -184,14 +184,10 @@ def test_bessel_kernels_compile_for_sm90():
     (`mapping.spread_for_registers`: 2 elements a thread): under 100 registers, where 4
     warps took 240-255 (what stays in local memory, 40 bytes, is float64 sin/cos's own
     argument-reduction scratch)."""
-    from test_aot_gpu import _run_outside_interpreter
-    results = _run_outside_interpreter(AOT_SCRIPT)
-    kernels = [(name, r) for name, rs in results.items() for r in rs]
+    from test_aot_gpu import compiled_for_sm90
+    _, kernels = compiled_for_sm90(AOT_SCRIPT)
     assert len(kernels) >= 2
-    failed = [(name, r["kernel"], r["error"]) for name, r in kernels if not r["ok"]]
-    assert not failed, failed
     for name, r in kernels:
-        assert r["registers"] is None or r["registers"] <= 255, (name, r)
         if name.startswith("single") and r["registers"] is not None:
             assert r["registers"] <= 100 and r["spills"] <= 64, (name, r)
 
