@@ -452,7 +452,6 @@ class _Builder:
             return False
         return True
 
-
     # torch.special's Bessel and Airy functions (issue 19): no gradient and no half-precision
     # kernels in eager, so float32 programs only, on a detached copy of a value added back
     # to it (the gradient flows through the value); expr on t, bound of |result|

@@ -474,7 +474,6 @@ def _select(lw, ctx, node, z, dim, index):
     return Pair(ctx.view("select", p, _cshape(node) + (2,), (("dim", dim), ("index", index))), conj)
 
 
-
 # -- structural ops on pairs: the real rule's index maps with the (re, im) dim carried along
 
 @_register(aten.copy.default)
@@ -491,15 +490,11 @@ def _copy_into(lw, ctx, node, dst, src, non_blocking=False):
 def _slice_backward(lw, ctx, node, grad, input_sizes, dim, start, end, step):
     """The gradient padded with zeros to the input's size along `dim` (zeros are their
     own conjugate: the lazy flag carries over)."""
-    from .rules_views import _pad_along
+    from .rules_views import slice_backward_pad
     if step != 1:
         raise Unsupported("strided slice_backward of complex values")
     p, conj = _raw(lw, grad)
-    shape = _cshape(node)
-    dim %= len(shape)
-    start = start + shape[dim] if start < 0 else start
-    start = min(max(start, 0), shape[dim])
-    return Pair(_pad_along(ctx, p, tuple(shape) + (2,), dim, start, ctx.dtype(p)), conj)
+    return Pair(slice_backward_pad(ctx, p, _cshape(node), dim, start, ctx.dtype(p), trailing=(2,)), conj)
 
 
 @_register(aten.constant_pad_nd.default)

@@ -273,11 +273,16 @@ def _repeat(ctx, node, x, repeats):
 def _slice_backward(ctx, node, grad, input_sizes, dim, start, end, step):
     if step != 1:
         raise Unsupported("strided slice_backward")
-    shape = static_shape(node.meta["val"])
+    return slice_backward_pad(ctx, grad, static_shape(node.meta["val"]), dim, start, node.meta["val"].dtype)
+
+
+def slice_backward_pad(ctx, grad, shape, dim, start, dtype, trailing=()):
+    """The gradient zero-padded to `shape` along `dim` from `start` (normalised as eager
+    does); `trailing` dims ride along untouched (the complex rule's (re, im) pair)."""
     dim %= len(shape)
     start = start + shape[dim] if start < 0 else start
     start = min(max(start, 0), shape[dim])
-    return _pad_along(ctx, grad, shape, dim, start, node.meta["val"].dtype)
+    return _pad_along(ctx, grad, tuple(shape) + tuple(trailing), dim, start, dtype)
 
 
 @register(aten.select_backward.default)
