@@ -99,12 +99,17 @@ def test_fft_stays_a_library_op_with_its_reason():
 
 FFT_NEIGHBOURS = {
     # the ops around an FFT in its forward or backward graph: pads and crops of complex
-    # values (n= beyond or below the length), slice_backward, new_zeros + copy, diagonal
+    # values (n= beyond or below the length), slice_backward, new_zeros + copy, diagonal,
+    # diagonal_scatter
     "hfft_pad": (lambda z: torch.fft.hfft(z, n=10), True),
     "irfft_crop": (lambda z: torch.fft.irfft(z, n=5), True),
     "rfft_pad": (lambda x: torch.view_as_real(torch.fft.rfft(x, n=12)) * 2, False),
     "ihfft": (lambda x: torch.view_as_real(torch.fft.ihfft(x).resolve_conj()).sum(-1), False),
     "fft_diagonal": (lambda x: torch.view_as_real(torch.fft.fft(x).diagonal(1)), False),
+    # the diagonal (offset -1, dims swapped) of an FFT's result replaced by a crop of it:
+    # diagonal_scatter of complex values (its backward a diagonal and a zeroed diagonal)
+    "fft_diagonal_scatter": (lambda x: torch.view_as_real(torch.diagonal_scatter(
+        torch.fft.fft(x), torch.fft.fft(x)[:, 0] * (1 + 2j), -1, 1, 0)), False),
     "conj_physical_fill": (lambda x: torch.view_as_real(torch.conj_physical(torch.fft.fft(x))
                                                         + torch.ones_like(torch.fft.fft(x)) * (2 - 1j)), False),
 }

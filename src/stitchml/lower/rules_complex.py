@@ -497,6 +497,14 @@ def _slice_backward(lw, ctx, node, grad, input_sizes, dim, start, end, step):
     return Pair(slice_backward_pad(ctx, p, _cshape(node), dim, start, ctx.dtype(p), trailing=(2,)), conj)
 
 
+@_register(aten.select_backward.default)
+def _select_backward(lw, ctx, node, grad, input_sizes, dim, index):
+    """The gradient put at `index` of `dim` in zeros of the input's size (as slice_backward)."""
+    from .rules_views import select_backward_pad
+    p, conj = _raw(lw, grad)
+    return Pair(select_backward_pad(ctx, p, _cshape(node), dim, index, ctx.dtype(p), trailing=(2,)), conj)
+
+
 @_register(aten.constant_pad_nd.default)
 def _constant_pad(lw, ctx, node, z, pad, value=0):
     """Zero padding (or cropping) of the complex dims: the real rule on the pair with the
@@ -548,5 +556,28 @@ def _diagonal_backward(lw, ctx, node, grad, input_sizes, offset, dim1, dim2):
     parts = []
     for v in (re, im):
         out = diag_embed_canonical(ctx, ctx.cast(v, rd), 0.0, shape[d1], shape[d2], offset, rd)
+        parts.append(out if perm == tuple(range(nd)) else ctx.view("permute", out, shape, (("dims", inv),)))
+    return _pack(ctx, parts[0], parts[1], shape, rd)
+
+
+@_register(aten.diagonal_scatter.default)
+def _diagonal_scatter(lw, ctx, node, x, src, offset=0, dim1=0, dim2=1):
+    """`x` with `src` on its diagonal: the real rule per part (each part of `x` permuted
+    to (*others, d1, d2), the part of `src` put on the diagonal, permuted back), packed."""
+    from .rules_views import diag_embed_canonical, diag_perm
+    shape = _cshape(node)
+    rd = REAL_OF[node.meta["val"].dtype]
+    nd = len(shape)
+    d1, d2 = dim1 % nd, dim2 % nd
+    perm = diag_perm(nd, d1, d2)
+    cshape = tuple(shape[i] for i in perm)
+    inv = tuple(perm.index(i) for i in range(nd))
+    sshape = tuple(node.args[1].meta["val"].shape)
+    parts = []
+    for base, v in zip(_parts(lw, ctx, x, shape), _parts(lw, ctx, src, sshape)):
+        base = ctx.cast(base, rd)
+        if perm != tuple(range(nd)):
+            base = ctx.view("permute", base, cshape, (("dims", perm),))
+        out = diag_embed_canonical(ctx, ctx.cast(v, rd), base, shape[d1], shape[d2], offset, rd)
         parts.append(out if perm == tuple(range(nd)) else ctx.view("permute", out, shape, (("dims", inv),)))
     return _pack(ctx, parts[0], parts[1], shape, rd)

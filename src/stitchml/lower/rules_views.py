@@ -287,11 +287,17 @@ def slice_backward_pad(ctx, grad, shape, dim, start, dtype, trailing=()):
 
 @register(aten.select_backward.default)
 def _select_backward(ctx, node, grad, input_sizes, dim, index):
-    shape = static_shape(node.meta["val"])
+    return select_backward_pad(ctx, grad, static_shape(node.meta["val"]), dim, index, node.meta["val"].dtype)
+
+
+def select_backward_pad(ctx, grad, shape, dim, index, dtype, trailing=()):
+    """The gradient as a size-1 slice at `index` of `dim`, zero-padded to `shape`;
+    `trailing` dims ride along untouched (the complex rule's (re, im) pair)."""
+    shape = tuple(shape)
     dim %= len(shape)
     index = index + shape[dim] if index < 0 else index
-    g = ctx.reshape(grad, tuple(1 if i == dim else s for i, s in enumerate(shape)))
-    return _pad_along(ctx, g, shape, dim, index, node.meta["val"].dtype)
+    g = ctx.reshape(grad, tuple(1 if i == dim else s for i, s in enumerate(shape)) + tuple(trailing))
+    return _pad_along(ctx, g, shape + tuple(trailing), dim, index, dtype)
 
 
 # -- diagonals (issue 19): strided views and their scatter, as index maps ------------------
