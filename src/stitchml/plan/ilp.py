@@ -1,21 +1,30 @@
 """ILP search over launch-level stitching (scipy.optimize.milp, i.e. HiGHS).
 
-Regional and local merges are made by the AStitch rules (grouping.py).  This search
-decides, for every pair of consecutive kernels inside a region between eager ops,
-whether they share a launch: joined across a data dependency they become phases of
-a global (grid-barrier) kernel; joined when independent they become one horizontal
-kernel.  Variables s_j ∈ {0,1} (1 = join kernel j and j+1); maximise the modelled
-time saved, Σ s_j·(launch − barrier_j); subject to
-  - scheme legality: a segment is all-global or all-horizontal
-    (s_j + s_{j+1} ≤ 1 where the two joins are of different kinds),
-  - horizontal joins only between launch-bound kernels (bounds),
-  - a launch holds at most MAX_SEGMENT kernels (window constraints: the register and
-    compile-time budget of one launch).
-The rule-based grouping is the incumbent, region by region: a region takes the ILP's
-grouping only where it is strictly faster under the model, so the plan is never
-worse than the rules; `SearchReport.per_region` says which plan won each region and
-by how much (`explain` prints it).  Solved per region, under a time cap
-(`ilp_time_limit`); a region the solver does not finish keeps the rule plan.
+Regional and local merges are made by the AStitch rules (grouping.py).  The search
+works in two steps:
+
+1. Per region between eager ops, for every pair of consecutive kernels, whether they
+   share a launch: joined across a data dependency they become phases of a global
+   (grid-barrier) kernel; joined when independent they become one horizontal kernel.
+   Variables s_j ∈ {0,1} (1 = join kernel j and j+1); maximise the modelled time
+   saved, Σ s_j·(launch − barrier_j); subject to
+     - scheme legality: a segment is all-global or all-horizontal
+       (s_j + s_{j+1} ≤ 1 where the two joins are of different kinds),
+     - horizontal joins only between launch-bound kernels (bounds),
+     - a launch holds at most MAX_SEGMENT kernels (window constraints: the register
+       and compile-time budget of one launch).
+   The rule-based grouping is the incumbent, region by region: a region takes the
+   ILP's grouping only where it is strictly faster under the model.
+2. Across eager ops (schedule.py): launch-bound kernels move past the eager ops around
+   them into shared horizontal launches (a training backward's bias-gradient combines
+   past its matrix products), once keeping the global groups of step 1 and once
+   without them; the cheaper order is taken when strictly faster than step 1's.
+
+So the plan is never worse than the rules under the model.  `SearchReport.per_region`
+says, per region of the rule order, which plan won and by how much (a kernel in a
+launch group is charged its memory time plus an equal share of the group's launch):
+`explain` prints it.  Solved under a time cap per region / piece (`ilp_time_limit`);
+what the solver does not finish keeps the rule plan.
 
 Merges stay with the rules: on the BERT training graphs (1 layer, batch 2, seq 128,
 H100 table) none of the 202 single producer/consumer cuts of the rule plan, nor
@@ -67,16 +76,18 @@ class SearchReport:
         return sum(1 for r in self.per_region if r.winner == "ilp")
 
 
-def _regions(plan: Plan) -> list[list[KernelPlan]]:
+def _regions(steps: list, single: bool = False) -> list[list[KernelPlan]]:
+    """Runs of kernels between eager ops (of 2+ kernels, or 1+ with `single`)."""
     out, cur = [], []
-    for s in plan.steps:
+    least = 1 if single else 2
+    for s in steps:
         if isinstance(s, KernelPlan):
             cur.append(s)
         else:
-            if len(cur) > 1:
+            if len(cur) >= least:
                 out.append(cur)
             cur = []
-    if len(cur) > 1:
+    if len(cur) >= least:
         out.append(cur)
     return out
 
@@ -99,7 +110,7 @@ def search(plan: Plan, opts: PlanOptions) -> SearchReport:
     cap = opts.ilp_time_limit
     groups: list[LaunchGroup] = []
     nvars, worst_gap, notes, results = 0, 0.0, [], []
-    for region in _regions(plan):
+    for region in _regions(plan.steps):
         names = {k.name for k in region}
         mine = [g for g in rule_groups if set(g.members) <= names]
         rule_r = _region_seconds(region, mine)
@@ -122,12 +133,104 @@ def search(plan: Plan, opts: PlanOptions) -> SearchReport:
             results.append(RegionResult(label, len(region), "tie" if ilp_r <= rule_r + 1e-12 else "rules",
                                         rule_r, rule_r, _describe(mine)))
     plan.groups = [replace(g, name=f"g{i}") for i, g in enumerate(groups)]
+    rule_steps = list(plan.steps)
+    sched_note, movable, svars = _schedule_across(plan, opts)
+    nvars += svars
     chosen_s = plan.predicted_s
     solve = time.perf_counter() - t0
+    results = _per_region(rule_steps, rule_groups, plan, results, movable, dev)
     won = sum(1 for r in results if r.winner == "ilp")
-    method = "ilp" if won else "rules"
-    note = f"ILP won {won} of {len(results)} regions" + (f"; {'; '.join(notes)}" if notes else "")
+    method = "ilp" if won or chosen_s < rule_s - 1e-12 else "rules"
+    note = f"ILP won {won} of {len(results)} regions" + (f"; {sched_note}" if sched_note else "") + \
+        (f"; {'; '.join(notes)}" if notes else "")
     return SearchReport(method, rule_s, chosen_s, solve, worst_gap, len(results), nvars, note, results)
+
+
+def _schedule_across(plan: Plan, opts: PlanOptions) -> tuple[str, set[str], int]:
+    """The scheduling ILP (schedule.py) from the grouping chosen so far, once keeping its
+    global groups and once without them; the cheaper order replaces the plan's when it
+    is strictly faster under the model.  Returns what it did (for the note), the
+    kernels that could move and the ILP variables."""
+    from .schedule import schedule, step_dependencies
+    if not opts.horizontal_fusion:
+        return "", set(), 0
+    deps = step_dependencies(plan)
+    base = plan.predicted_s
+    tries = [schedule(plan, plan.groups, opts, deps)]
+    globals_ = [g for g in plan.groups if g.kind == "global"]
+    if globals_:
+        t = schedule(plan, [], opts, deps)
+        if t is not None:   # a dissolved global group whose kernels still run back to back, alone, is kept
+            t.groups += [g for g in globals_ if _back_to_back(t, g)]
+        tries.append(t)
+    best, best_s, movable, nvars = None, base, set(), 0
+    for t in tries:
+        if t is None:
+            continue
+        movable |= t.movable
+        nvars += t.variables
+        s = _seconds(t.steps, t.groups)
+        if s < best_s - 1e-12:
+            best, best_s = t, s
+    if best is None:
+        return "", movable, nvars
+    plan.steps = best.steps
+    plan.groups = [replace(g, name=f"g{i}") for i, g in enumerate(best.groups)]
+    return (f"schedule across eager ops: {best.moved} kernels moved, "
+            f"{(base - best_s) * 1e6:.1f} us saved"), movable, nvars
+
+
+def _back_to_back(t, group: LaunchGroup) -> bool:
+    grouped = {m for g in t.groups for m in g.members}
+    names = [k.name if isinstance(k, KernelPlan) else None for k in t.steps]
+    if any(m in grouped for m in group.members) or group.members[0] not in names:
+        return False
+    i = names.index(group.members[0])
+    return tuple(names[i:i + len(group.members)]) == group.members
+
+
+def _seconds(steps: list, groups: list[LaunchGroup]) -> float:
+    grouped = {m for g in groups for m in g.members}
+    return (sum(k.predicted_s for k in steps if isinstance(k, KernelPlan) and k.name not in grouped)
+            + sum(g.predicted_s for g in groups))
+
+
+def _apportioned(steps: list, groups: list[LaunchGroup], dev: Device) -> dict[str, float]:
+    """Each kernel's share of the modelled time: its own time, or in a launch group its
+    memory time plus an equal share of the group's launch, barriers and slowdown."""
+    out = {k.name: k.predicted_s for k in steps if isinstance(k, KernelPlan)}
+    by_name = {k.name: k for k in steps if isinstance(k, KernelPlan)}
+    for g in groups:
+        mem = {m: predict_seconds(by_name[m], dev) - dev.launch_s for m in g.members}
+        extra = (g.predicted_s - sum(mem.values())) / len(g.members)
+        for m in g.members:
+            out[m] = mem[m] + extra
+    return out
+
+
+def _per_region(rule_steps: list, rule_groups: list[LaunchGroup], plan: Plan, consecutive: list[RegionResult],
+                movable: set[str], dev: Device) -> list[RegionResult]:
+    """Per region of the rule order (kernels between two eager ops) where more than one
+    plan is legal (2+ kernels, or a kernel the schedule may move elsewhere): the rule
+    plan's time against the chosen plan's, each kernel charged its share of its group."""
+    rule = _apportioned(rule_steps, rule_groups, dev)
+    chosen = _apportioned(plan.steps, plan.groups, dev)
+    notes = {r.region: r.note for r in consecutive}
+    out = []
+    for region in _regions(rule_steps, single=True):
+        if len(region) < 2 and not any(k.name in movable for k in region):
+            continue
+        label = f"{region[0].name}..{region[-1].name}"
+        r_s = sum(rule[k.name] for k in region)
+        c_s = sum(chosen[k.name] for k in region)
+        if c_s < r_s - 1e-12:
+            winner = "ilp"
+        else:
+            winner = "tie" if c_s <= r_s + 1e-12 else "rules"
+        groups = [g for g in plan.groups if set(g.members) & {k.name for k in region}]
+        out.append(RegionResult(label, len(region), winner, r_s, c_s,
+                                notes.get(label, "") if winner != "ilp" else _describe(groups)))
+    return out
 
 
 def _region_seconds(region: list[KernelPlan], groups: list[LaunchGroup]) -> float:
