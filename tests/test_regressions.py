@@ -163,3 +163,40 @@ def test_constant_rows_normalise_exactly():
     assert torch.equal(y, torch.zeros_like(y)), y.abs().max()
     assert torch.equal(v, torch.zeros_like(v)), v
     torch.testing.assert_close(m, x.mean(0))
+
+
+def test_an_output_eager_returns_as_a_new_tensor_is_not_an_expanded_alias():
+    # found in Whisper's decoder (tests/test_zoo.py::test_whisper, skipped since it was
+    # found): `repeat` lowers to broadcasts and reshapes of its input, and as a graph
+    # output the graph returned that expanded view (strides (0, 1), the input's storage)
+    # where eager returns a new contiguous tensor.  The backward, reading the saved
+    # position ids with eager's strides, gathered garbage indices and its embedding
+    # gradient's atomic add wrote out of bounds (a segfault under the interpreter); a
+    # caller writing into the output wrote into the input.
+    def f(x):
+        return x.repeat(3, 1), x.expand(2, 3).clone(), x.t().repeat(1, 2)
+
+    x = torch.randn(1, 3)
+    outs = torch.compile(f, backend=stitchml.StitchBackend())(x)
+    for got, want in zip(outs, f(x)):
+        assert torch.equal(got, want)
+        assert got.stride() == want.stride(), (got.stride(), want.stride())
+        assert got.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    outs[0].add_(1)
+    assert torch.equal(x, f(x)[1][:1])   # the input is untouched
+
+
+def test_saved_repeat_indices_feed_the_embedding_backward_with_eager_strides():
+    from stitchml import config
+    from stitchml.testing import compare_with_eager
+
+    def f(w, pos):
+        return torch.nn.functional.embedding(pos.repeat(3, 1), w) * 2
+
+    w = torch.randn(32, 16, requires_grad=True)
+    pos = torch.arange(5, 13).unsqueeze(0)
+    fwd = torch.compile(lambda pos: pos.repeat(3, 1), backend=stitchml.StitchBackend())(pos)
+    assert fwd.stride() == (8, 1)   # (checked first: with an expanded alias the backward crashes)
+    with config.override(fallback_on_error=False, poison_outputs=True):
+        cmp = compare_with_eager(f, [w, pos])
+    assert all(r.plan is not None and r.plan.num_kernels >= 1 for r in cmp.backend.records)

@@ -311,9 +311,6 @@ def test_bart():
                zero_grad=KPROJ_BIAS)
 
 
-@pytest.mark.skip(reason="OPEN BUG (2026-11-23): segfaults in the interpreter inside tl.atomic_add of a global "
-                  "launch group (embedding backward reading an index an earlier phase normalises): an "
-                  "out-of-bounds atomic, i.e. a wrong-index bug, to fix before anything else next session")
 def test_whisper():
     # audio encoder (two conv1d + GELU, fixed sinusoidal positions) and text decoder with
     # cross-attention; Whisper's k_proj has no bias, so no zero gradients

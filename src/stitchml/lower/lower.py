@@ -80,17 +80,42 @@ class Lowerer:
         compute cannot be given that layout: a later graph (the backward reading a saved
         tensor) would address it with the strides it expects.  Such a graph runs eagerly."""
         fx_outs = node.args[0] if isinstance(node.args[0], (tuple, list)) else [node.args[0]]
-        for r, fxn in zip(self.g.outputs, fx_outs):
+        for i, (r, fxn) in enumerate(zip(self.g.outputs, fx_outs)):
             val = fxn.meta.get("val") if isinstance(fxn, fx.Node) else None
             if not isinstance(r, Ref) or not isinstance(val, torch.Tensor):
                 continue
             n = self.g[r.id]
+            if n.kind == ir.VIEW and not val.is_complex() and not self._view_as_eager(r, fxn):
+                # eager returns a new tensor (e.g. `repeat`, lowered as broadcasts and
+                # reshapes of its input): a kernel writes it with eager's strides, instead
+                # of the graph returning an alias laid out another way
+                copy = self.ctx.pointwise("identity", (r,), n.shape, n.dtype)
+                stride = tuple(int(s) for s in val.stride())
+                if _dense(n.shape, stride):
+                    self.g.nodes[copy.id] = dataclasses.replace(self.g[copy.id], stride=stride)
+                self.g.outputs[i] = copy
+                continue
             if n.kind in (ir.INPUT, ir.OPAQUE, ir.ITEM, ir.VIEW) or n.shape is None or n.numel <= 1:
                 continue  # (an empty or one-element result has no repeated elements to lay out)
             stride = tuple(int(s) for s in val.stride())
             if stride != n.stride and not _dense(n.shape, stride):
                 raise Unsupported(f"output {fxn.name} is expected with repeated elements (strides {stride}), "
                                   f"which a kernel cannot write")
+
+    def _view_as_eager(self, r: Ref, fxn: fx.Node) -> bool:
+        """Whether output `r` (a view node) is the view eager returns: eager's chain of
+        view ops from the output down to its first non-view op ends at the value our
+        view chain starts from.  Otherwise some op in between returns a new tensor in
+        eager (a `repeat`, a `clone` of an expanded value) where our rule gave a view."""
+        base = self.g[r.id]
+        while base.kind == ir.VIEW:
+            base = self.g[base.refs[0]]
+        f = fxn
+        while (f.op == "call_function" and (_is_view_op(f.target) or f.target is torch.ops.aten._unsafe_view.default)
+               and f.args and isinstance(f.args[0], fx.Node)):
+            f = f.args[0]
+        mine = self.env.get(f)
+        return isinstance(mine, Ref) and mine.id == base.id
 
     def _map(self, a):
         return fx.node.map_arg(a, lambda n: self.env[n]) if not isinstance(a, fx.Node) else self.env[a]
