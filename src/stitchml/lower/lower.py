@@ -85,10 +85,11 @@ class Lowerer:
             if not isinstance(r, Ref) or not isinstance(val, torch.Tensor):
                 continue
             n = self.g[r.id]
-            if n.kind == ir.VIEW and not val.is_complex() and not self._view_as_eager(r, fxn):
+            if n.kind == ir.VIEW and not val.is_complex() and not self._view_as_eager(r, fxn) \
+                    and self._view_differs(r, tuple(int(s) for s in val.stride())):
                 # eager returns a new tensor (e.g. `repeat`, lowered as broadcasts and
-                # reshapes of its input): a kernel writes it with eager's strides, instead
-                # of the graph returning an alias laid out another way
+                # reshapes of its input) and our view of another value would alias a graph
+                # input or be laid out otherwise: a kernel writes it with eager's strides
                 copy = self.ctx.pointwise("identity", (r,), n.shape, n.dtype)
                 stride = tuple(int(s) for s in val.stride())
                 if _dense(n.shape, stride):
@@ -111,11 +112,34 @@ class Lowerer:
         while base.kind == ir.VIEW:
             base = self.g[base.refs[0]]
         f = fxn
-        while (f.op == "call_function" and (_is_view_op(f.target) or f.target is torch.ops.aten._unsafe_view.default)
-               and f.args and isinstance(f.args[0], fx.Node)):
+        while f.op == "call_function" and f.args and isinstance(f.args[0], fx.Node):
+            if f.target is operator.getitem:   # an item of a view op's tuple (split, unbind) is a view
+                if not (f.args[0].op == "call_function" and _is_view_op(f.args[0].target)):
+                    break
+            elif not (_is_view_op(f.target) or f.target is torch.ops.aten._unsafe_view.default):
+                break
             f = f.args[0]
         mine = self.env.get(f)
-        return isinstance(mine, Ref) and mine.id == base.id
+        # (a value that is not one tensor, e.g. a complex pair, is left as it was)
+        return not isinstance(mine, Ref) or mine.id == base.id
+
+    def _view_differs(self, r: Ref, stride: tuple[int, ...]) -> bool:
+        """Whether view node `r` would alias a graph input, or be laid out otherwise
+        than `stride` (dims of size 1 aside), or in a layout only a replay would find."""
+        from ..runtime.steps import Layout, view_layout
+        chain = []
+        base = self.g[r.id]
+        while base.kind == ir.VIEW:
+            chain.append(base)
+            base = self.g[base.refs[0]]
+        if base.kind == ir.INPUT or base.stride is None:
+            return True
+        lay = Layout(base.shape, base.stride)
+        for v in reversed(chain):
+            lay = view_layout(v.op, lay, v.shape, dict(v.attrs))
+            if lay is None:
+                return True
+        return any(a != b for size, a, b in zip(lay.shape, lay.stride, stride) if size > 1)
 
     def _map(self, a):
         return fx.node.map_arg(a, lambda n: self.env[n]) if not isinstance(a, fx.Node) else self.env[a]

@@ -1,0 +1,353 @@
+"""Real-model sweep (issue 18): small random Hugging Face models of many architectures
+through stitchml, one training step at two sizes, judged against a float64 run.
+
+    python -m stitchml.tools.model_sweep --out docs/MODELS.md [--models a,b] [--jobs N]
+
+For each architecture (tiny config, random weights, no download, every dropout and
+drop-path probability 0, attention `eager` so softmax/masks/rotary go through stitchml):
+forward and backward of `(out * w).sum()` (w fixed random, out the model's first tensor)
+eagerly in float32, eagerly in float64 on a copy, and compiled with the stitch backend
+under `fallback_on_error=False` and `strict=True` (an exception inside stitchml, an op
+left eager for "no lowering rule" or a graph run wholly eagerly is an error, not a
+fallback); then the same at a second size (a dynamic-shape graph).  The output and
+every parameter gradient are judged by `stitchml.testing.judge_against_float64`
+(stitch's error within 4x eager's own, plus a few ulps: quantities that are zero in
+exact arithmetic, such as an attention key bias, are judged at their group's scale).
+A parameter eager leaves without a gradient (a pooler the loss does not reach) may
+get zeros from the compiled graph, as under any torch.compile backend.
+
+Each model runs in its own process (a crash is a row, not the end of the sweep).
+tests/test_model_sweep.py runs a slice of it in CI; docs/MODELS.md holds the last
+full run.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+# knobs a tiny config takes where the architecture has them
+SMALL: dict[str, Any] = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+    vocab_size=96, max_position_embeddings=64, head_dim=8, moe_intermediate_size=16, num_experts=4,
+    num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
+    n_group=2, topk_group=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4,
+    v_head_dim=8, shared_expert_intermediate_size=16, d_model=32, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+    hidden_dim=48, dim=32, n_heads=4, n_layers=2, ffn_dim=48, embed_dim=32,
+    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attention_dropout=0.0, hidden_dropout=0.0,
+    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, dropout=0.0, activation_dropout=0.0, classifier_dropout=0.0,
+    dropout_rate=0.0, layerdrop=0.0, drop_path_rate=0.0, image_size=32, patch_size=4, num_channels=3,
+    state_size=4, conv_kernel=3, expand=2, use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    decoder_start_token_id=1, rope_theta=10000.0, tie_word_embeddings=False)
+
+
+@dataclass(frozen=True)
+class Arch:
+    config: str                     # transformers config class
+    kind: str                       # text | image
+    auto: str = "AutoModelForCausalLM"
+    extra: dict = field(default_factory=dict)
+    train: bool = True              # train mode (PhiMoE's router samples in training: eval)
+    family: str = ""
+
+
+def _a(config, kind, auto="AutoModelForCausalLM", family="", train=True, **extra) -> Arch:
+    return Arch(config, kind, auto, extra, train, family)
+
+
+ARCHS: dict[str, Arch] = {
+    # decoders
+    "qwen3": _a("Qwen3Config", "text", family="decoder"),
+    "gemma2": _a("Gemma2Config", "text", family="decoder", final_logit_softcapping=30.0,
+                 attn_logit_softcapping=50.0, query_pre_attn_scalar=8, sliding_window=4),
+    "gemma3": _a("Gemma3TextConfig", "text", family="decoder", query_pre_attn_scalar=8, sliding_window=4),
+    "gptj": _a("GPTJConfig", "text", family="decoder", rotary_dim=4),
+    "bloom": _a("BloomConfig", "text", family="decoder (ALiBi)"),
+    "olmo2": _a("Olmo2Config", "text", family="decoder"),
+    "starcoder2": _a("Starcoder2Config", "text", family="decoder"),
+    "persimmon": _a("PersimmonConfig", "text", family="decoder"),
+    "stablelm": _a("StableLmConfig", "text", family="decoder"),
+    "cohere": _a("CohereConfig", "text", family="decoder"),
+    "cohere2": _a("Cohere2Config", "text", family="decoder"),
+    "nemotron": _a("NemotronConfig", "text", family="decoder"),
+    "phi3": _a("Phi3Config", "text", family="decoder"),
+    "glm4": _a("Glm4Config", "text", family="decoder"),
+    "difflama": _a("DiffLlamaConfig", "text", family="decoder (differential attention)"),
+    "gpt_bigcode": _a("GPTBigCodeConfig", "text", family="decoder (multi-query)"),
+    "xglm": _a("XGLMConfig", "text", family="decoder"),
+    "biogpt": _a("BioGptConfig", "text", family="decoder"),
+    "ctrl": _a("CTRLConfig", "text", family="decoder"),
+    "gpt_oss": _a("GptOssConfig", "text", family="decoder (MoE, attention sinks)", sliding_window=4),
+    # mixtures of experts
+    "qwen2_moe": _a("Qwen2MoeConfig", "text", family="MoE", decoder_sparse_step=1, mlp_only_layers=[]),
+    "qwen3_moe": _a("Qwen3MoeConfig", "text", family="MoE", decoder_sparse_step=1, mlp_only_layers=[]),
+    "olmoe": _a("OlmoeConfig", "text", family="MoE"),
+    "granitemoe": _a("GraniteMoeConfig", "text", family="MoE"),
+    "phimoe": _a("PhimoeConfig", "text", family="MoE (eval: the router samples in training)", train=False),
+    "deepseek_v2": _a("DeepseekV2Config", "text", family="MoE, latent attention", num_key_value_heads=4,
+                      head_dim=4),
+    "deepseek_v3": _a("DeepseekV3Config", "text", family="MoE, latent attention", num_key_value_heads=4,
+                      head_dim=4),
+    "llama4": _a("Llama4TextConfig", "text", family="MoE, chunked attention", interleave_moe_layer_step=1,
+                 intermediate_size_mlp=48, no_rope_layers=[1, 0], attention_chunk_size=8),
+    # state-space and hybrids
+    "mamba2": _a("Mamba2Config", "text", family="state space", num_heads=8, head_dim=8, n_groups=1, chunk_size=4,
+                 state_size=4),
+    "jamba": _a("JambaConfig", "text", family="hybrid (Mamba + attention + MoE)", attn_layer_period=2,
+                attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, mamba_d_state=4, mamba_dt_rank=4,
+                mamba_expand=2, mamba_d_conv=3, use_mamba_kernels=False),
+    "falcon_h1": _a("FalconH1Config", "text", family="hybrid", mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8,
+                    mamba_d_state=4, mamba_n_groups=1, mamba_chunk_size=4, mamba_d_conv=3),
+    "bamba": _a("BambaConfig", "text", family="hybrid", mamba_n_heads=4, mamba_d_head=16, mamba_d_state=4,
+                mamba_n_groups=1, mamba_chunk_size=4, mamba_d_conv=3, attn_layer_indices=[1]),
+    "lfm2": _a("Lfm2Config", "text", family="hybrid (short convolutions)", full_attn_idxs=[1]),
+    "recurrent_gemma": _a("RecurrentGemmaConfig", "text", family="recurrent (RG-LRU)", lru_width=32,
+                          attention_window_size=4, block_types=["recurrent", "attention"], partial_rotary_factor=0.5),
+    # encoders
+    "modernbert": _a("ModernBertConfig", "text", "AutoModel", family="encoder (local/global attention)",
+                     global_attn_every_n_layers=2, local_attention=4),
+    "mobilebert": _a("MobileBertConfig", "text", "AutoModel", family="encoder", embedding_size=16,
+                     intra_bottleneck_size=16, true_hidden_size=16, num_feedforward_networks=2),
+    "squeezebert": _a("SqueezeBertConfig", "text", "AutoModel", family="encoder (grouped conv)",
+                      embedding_size=32, q_groups=2, k_groups=2, v_groups=2, post_attention_groups=2,
+                      intermediate_groups=2, output_groups=2),
+    "roformer": _a("RoFormerConfig", "text", "AutoModel", family="encoder (rotary)", embedding_size=32),
+    "esm": _a("EsmConfig", "text", "AutoModel", family="encoder (rotary)", position_embedding_type="rotary"),
+    "megatron_bert": _a("MegatronBertConfig", "text", "AutoModel", family="encoder"),
+    # vision
+    "convnext": _a("ConvNextConfig", "image", "AutoModel", family="CNN", hidden_sizes=[8, 16], depths=[1, 1],
+                   num_stages=2),
+    "convnextv2": _a("ConvNextV2Config", "image", "AutoModel", family="CNN (GRN)", hidden_sizes=[8, 16],
+                     depths=[1, 1], num_stages=2),
+    "resnet": _a("ResNetConfig", "image", "AutoModel", family="CNN", embedding_size=8,
+                 hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1]),
+    "regnet": _a("RegNetConfig", "image", "AutoModel", family="CNN (grouped conv)", embedding_size=8,
+                 hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1], groups_width=8),
+    "poolformer": _a("PoolFormerConfig", "image", "AutoModel", family="pooling mixer",
+                     hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1]),
+    "mobilevit": _a("MobileViTConfig", "image", "AutoModel", family="CNN + transformer",
+                    hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], image_size=64),
+    "segformer": _a("SegformerConfig", "image", "AutoModel", family="vision transformer (efficient attention)",
+                    hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1], num_attention_heads=[1, 2, 2, 4],
+                    decoder_hidden_size=16),
+    "focalnet": _a("FocalNetConfig", "image", "AutoModel", family="focal modulation", embed_dim=16,
+                   depths=[1, 1], hidden_sizes=[16, 32]),
+    "hiera": _a("HieraConfig", "image", "AutoModel", family="hierarchical ViT (unroll, mask units)",
+                embed_dim=16, depths=[1, 1], num_heads=[1, 2], image_size=[64, 64], patch_size=[7, 7],
+                patch_stride=[4, 4], patch_padding=[3, 3], query_stride=[2, 2], masked_unit_size=[8, 8],
+                num_query_pool=1),
+    "dinov2": _a("Dinov2Config", "image", "AutoModel", family="vision transformer"),
+    "beit": _a("BeitConfig", "image", "AutoModel", family="vision transformer (relative position bias)",
+               use_relative_position_bias=True),
+    "deit": _a("DeiTConfig", "image", "AutoModel", family="vision transformer"),
+    "siglip": _a("SiglipVisionConfig", "image", "AutoModel", family="vision transformer"),
+    "clip": _a("CLIPVisionConfig", "image", "AutoModel", family="vision transformer"),
+}
+
+
+def _config(arch: Arch):
+    import transformers
+    cls = getattr(transformers, arch.config)
+    base = cls()
+    kw = {k: v for k, v in SMALL.items() if hasattr(base, k)}
+    kw.update(arch.extra)
+    cfg = cls(**kw)
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def _inputs(arch: Arch, cfg, second: bool) -> dict:
+    import torch
+    g = torch.Generator().manual_seed(1 if second else 0)
+    if arch.kind == "text":
+        t = 9 if second else 12
+        return {"input_ids": torch.randint(3, min(cfg.vocab_size or 96, 96), (2, t), generator=g)}
+    s = cfg.image_size if isinstance(cfg.image_size, int) else cfg.image_size[0]
+    return {"pixel_values": torch.randn(3 if second else 2, cfg.num_channels, s, s, generator=g)}
+
+
+def _first(out):
+    import torch
+    for k in ("last_hidden_state", "logits"):
+        v = getattr(out, k, None)
+        if isinstance(v, torch.Tensor):
+            return v
+    return out[0] if isinstance(out, (tuple, list)) else next(v for v in out.values() if isinstance(v, torch.Tensor))
+
+
+def run_one(name: str) -> dict:
+    """One architecture, both sizes; a JSON-ready verdict."""
+    import torch
+    import transformers
+
+    import stitchml
+    from stitchml import config
+    from stitchml.testing import judge_against_float64
+
+    arch = ARCHS[name]
+    torch.manual_seed(0)
+    cfg = _config(arch)
+    model = getattr(transformers, arch.auto).from_config(cfg).float().train(arch.train)
+    ref = copy.deepcopy(model).double()
+    if getattr(ref.config, "_experts_implementation", None) not in (None, "eager"):
+        ref.config._experts_implementation = "eager"   # (grouped matrix products take no float64)
+    mine = copy.deepcopy(model)
+    backend = stitchml.StitchBackend()
+    compiled = torch.compile(mine, backend=backend)
+    row: dict[str, Any] = {"name": name, "family": arch.family, "sizes": []}
+    for second in (False, True):
+        inputs = _inputs(arch, cfg, second)
+        ref_in = {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
+        for m in (model, ref, mine):
+            m.zero_grad(set_to_none=True)
+        outs = []
+        for m, ins, run in ((model, inputs, model), (ref, ref_in, ref), (mine, inputs, compiled)):
+            torch.manual_seed(3)
+            if m is mine:
+                with config.override(fallback_on_error=False, strict=True):
+                    out = _first(run(**ins))
+            else:
+                out = _first(run(**ins))
+            w = torch.randn(out.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+            if m is mine:
+                with config.override(fallback_on_error=False, strict=True):
+                    (out.double() * w).sum().backward()
+            else:
+                (out.double() * w).sum().backward()
+            outs.append(out.detach())
+        names, groups, acts, eags, refs = ["output"], ["output"], [outs[2]], [outs[0]], [outs[1]]
+        zeros_for_none, missing = [], []
+        for (pn, p), q, r in zip(model.named_parameters(), mine.parameters(), ref.parameters()):
+            if p.grad is None and r.grad is None:
+                if q.grad is not None and bool((q.grad != 0).any()):
+                    missing.append(pn)
+                elif q.grad is not None:
+                    zeros_for_none.append(pn)
+                continue
+            if p.grad is None or q.grad is None or r.grad is None:
+                missing.append(pn)
+                continue
+            names.append(pn)
+            groups.append("grad")
+            acts.append(q.grad)
+            eags.append(p.grad)
+            refs.append(r.grad)
+        j = judge_against_float64(acts, eags, refs, names, groups=groups)
+        worst = max(j.rows, key=lambda t: (t.err_actual / t.allowed) if t.allowed else (0.0 if t.ok else float("inf")))
+        row["sizes"].append({
+            "ok": j.ok and not missing, "checked": len(acts), "missing": missing,
+            "zeros_for_none": len(zeros_for_none),
+            "worst": worst.name, "ratio": (worst.err_actual / worst.allowed) if worst.allowed else 0.0,
+            "failed": [t.line() for t in j.rows if not t.ok][:3]})
+    records = backend.records
+    row["graphs"] = len(records)
+    row["dynamic"] = sum(r.dynamic is not None for r in records)
+    row["kernels"] = sum(r.plan.num_kernels for r in records if r.plan is not None)
+    row["whole_graph_eager"] = [f"{r.kind}: {r.eager_reason}" for r in records if r.plan is None]
+    eager: dict[str, int] = {}
+    for r in records:
+        for f in (r.graph.fallbacks if r.graph is not None else []):
+            if not (f.reason.startswith("compute-intensive") or f.reason.startswith("library op")):
+                eager[f"{f.op}: {f.reason}"] = eager.get(f"{f.op}: {f.reason}", 0) + 1
+        if r.dynamic is not None and r.dynamic.eager_calls:
+            eager[f"dynamic eager calls: {r.dynamic.describe()[:120]}"] = 1
+    row["eager"] = eager
+    row["ok"] = (all(s["ok"] for s in row["sizes"]) and not eager and not row["whole_graph_eager"]
+                 and row["dynamic"] >= 1)
+    return row
+
+
+def _subprocess(name: str, timeout: float) -> dict:
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "stitchml.tools.model_sweep", "--one", name]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+    except subprocess.TimeoutExpired:
+        return {"name": name, "ok": False, "error": f"timed out after {timeout:.0f} s"}
+    line = next((x for x in p.stdout.splitlines() if x.startswith("SWEEP ")), None)
+    if line is None:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+        return {"name": name, "ok": False, "error": f"exit {p.returncode}: {' | '.join(tail)[:300]}"}
+    row = json.loads(line[6:])
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+def _markdown(rows: list[dict], command: str, seconds: float) -> str:
+    import torch
+    import transformers
+    ok = sum(1 for r in rows if r.get("ok"))
+    out = [f"# Real-model sweep: {len(rows)} Hugging Face architectures", "",
+           f"Generated by `{command}` on {time.strftime('%Y-%m-%d')} with torch {torch.__version__}, "
+           f"transformers {transformers.__version__} ({seconds:.0f} s). Do not edit by hand.", "",
+           "Each row: tiny random model, one training step (forward + backward) at a first and a second size "
+           "(a dynamic-shape graph), compiled under `fallback_on_error=False` and `STITCHML_STRICT=1`, the "
+           "output and every parameter gradient judged against a float64 run (error within 4x eager's own plus "
+           "a few ulps). Ratio: the worst tensor's error over its allowance (≤ 1 passes). See "
+           "`src/stitchml/tools/model_sweep.py`.", "",
+           f"**{ok} of {len(rows)} pass.**", "",
+           "| model | family | size 1 | size 2 | worst ratio (tensor) | graphs (dynamic) | kernels | eager ops | s |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['name']} | {ARCHS[r['name']].family} | ERROR | | {r['error']} | | | | |")
+            continue
+        s1, s2 = r["sizes"]
+
+        def cell(s):
+            return ("pass" if s["ok"] else "FAIL") + f" ({s['checked']})"
+        worst = max(r["sizes"], key=lambda s: s["ratio"])
+        eager = "; ".join(r["eager"]) or ("whole graph: " + "; ".join(r["whole_graph_eager"])
+                                          if r["whole_graph_eager"] else "none")
+        out.append(f"| {r['name']} | {r['family']} | {cell(s1)} | {cell(s2)} | {worst['ratio']:.2f} "
+                   f"({worst['worst']}) | {r['graphs']} ({r['dynamic']}) | {r['kernels']} | {eager} | "
+                   f"{r.get('seconds', '')} |")
+    notes = [f"- {r['name']}: {'; '.join(s['failed'] + ['missing gradients: ' + ', '.join(s['missing'])] if s['missing'] else s['failed'])}"
+             for r in rows if "sizes" in r for s in r["sizes"] if not s["ok"]]
+    if notes:
+        out += ["", "## Failures", ""] + notes
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="", help="comma-separated names (default: all): " + ", ".join(ARCHS))
+    p.add_argument("--out", help="markdown file to write (default: print)")
+    p.add_argument("--jobs", type=int, default=1, help="models run at once (one process each)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per model")
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.one:
+        print("SWEEP " + json.dumps(run_one(a.one)), flush=True)
+        return 0
+    names = [n for n in a.models.split(",") if n] or list(ARCHS)
+    unknown = [n for n in names if n not in ARCHS]
+    if unknown:
+        p.error(f"unknown models {unknown}; known: {', '.join(ARCHS)}")
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max(1, a.jobs)) as pool:
+        rows = []
+        for row in pool.map(lambda n: _subprocess(n, a.timeout), names):
+            print(f"{row['name']}: {'ok' if row.get('ok') else 'FAIL'} {row.get('error', '')} "
+                  f"({row.get('seconds', '?')} s)", flush=True)
+            rows.append(row)
+    command = "python -m stitchml.tools.model_sweep" + (f" --models {a.models}" if a.models else "") + \
+        (f" --out {a.out}" if a.out else "")
+    text = _markdown(rows, command, time.perf_counter() - t0)
+    if a.out:
+        with open(a.out, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        print(text)
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""The real-model sweep (stitchml/tools/model_sweep.py, issue 18): a CI slice of its
+architectures, each one training step at two sizes through stitchml under strict mode
+with the fallback off, output and every parameter gradient judged against a float64
+run.  The full sweep (55 architectures, ~30 min on 2 cores) is docs/MODELS.md:
+`python -m stitchml.tools.model_sweep --out docs/MODELS.md`."""
+import pytest
+
+pytest.importorskip("transformers")
+
+from stitchml.tools import model_sweep  # noqa: E402
+
+# new coverage beyond tests/test_zoo.py and tests/test_models_real.py: a MoE decoder with
+# attention sinks and sliding windows (GPT-OSS), and a CNN with global response norm
+SLICE = ["gpt_oss", "convnextv2"]
+
+
+@pytest.mark.parametrize("name", SLICE)
+def test_architecture_trains_stitched_at_two_sizes_against_float64(name):
+    row = model_sweep.run_one(name)
+    for i, size in enumerate(row["sizes"]):
+        assert size["ok"], (i, size)
+        assert size["checked"] > 5
+    assert not row["eager"] and not row["whole_graph_eager"], row
+    assert row["dynamic"] >= 1 and row["kernels"] >= 10, row
+    assert row["ok"]
+
+
+def test_unknown_model_names_are_refused_with_the_list():
+    with pytest.raises(SystemExit):
+        model_sweep.main(["--models", "no_such_model"])
