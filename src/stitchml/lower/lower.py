@@ -75,10 +75,13 @@ class Lowerer:
         return self.g
 
     def _check_output_layouts(self, node) -> None:
-        """A kernel writes dense buffers.  An output that eager returns in a layout with
-        repeated elements (a stride-0 dim of an expanded value) and that a kernel would
-        compute cannot be given that layout: a later graph (the backward reading a saved
-        tensor) would address it with the strides it expects.  Such a graph runs eagerly."""
+        """Outputs carry eager's layout: a later graph (the backward reading a saved
+        tensor) addresses them with the strides eager gave.  An output that is a view
+        made by an op eager does not return a view from (`repeat`: broadcasts and
+        reshapes here) is written by a kernel where the view would differ.  An output
+        that eager returns in a layout with repeated elements (a stride-0 dim of an
+        expanded value) and that a kernel would compute cannot be given that layout:
+        such a graph runs eagerly."""
         fx_outs = node.args[0] if isinstance(node.args[0], (tuple, list)) else [node.args[0]]
         for i, (r, fxn) in enumerate(zip(self.g.outputs, fx_outs)):
             val = fxn.meta.get("val") if isinstance(fxn, fx.Node) else None
@@ -108,9 +111,7 @@ class Lowerer:
         view ops from the output down to its first non-view op ends at the value our
         view chain starts from.  Otherwise some op in between returns a new tensor in
         eager (a `repeat`, a `clone` of an expanded value) where our rule gave a view."""
-        base = self.g[r.id]
-        while base.kind == ir.VIEW:
-            base = self.g[base.refs[0]]
+        base, _ = self._view_chain(r)
         f = fxn
         while f.op == "call_function" and f.args and isinstance(f.args[0], fx.Node):
             if f.target is operator.getitem:   # an item of a view op's tuple (split, unbind) is a view
@@ -127,11 +128,7 @@ class Lowerer:
         """Whether view node `r` would alias a graph input, or be laid out otherwise
         than `stride` (dims of size 1 aside), or in a layout only a replay would find."""
         from ..runtime.steps import Layout, view_layout
-        chain = []
-        base = self.g[r.id]
-        while base.kind == ir.VIEW:
-            chain.append(base)
-            base = self.g[base.refs[0]]
+        base, chain = self._view_chain(r)
         if base.kind == ir.INPUT or base.stride is None:
             return True
         lay = Layout(base.shape, base.stride)
@@ -140,6 +137,14 @@ class Lowerer:
             if lay is None:
                 return True
         return any(a != b for size, a, b in zip(lay.shape, lay.stride, stride) if size > 1)
+
+    def _view_chain(self, r: Ref) -> tuple[ir.Node, list[ir.Node]]:
+        """The value a view node's chain starts from, and the chain (outermost first)."""
+        chain, base = [], self.g[r.id]
+        while base.kind == ir.VIEW:
+            chain.append(base)
+            base = self.g[base.refs[0]]
+        return base, chain
 
     def _map(self, a):
         return fx.node.map_arg(a, lambda n: self.env[n]) if not isinstance(a, fx.Node) else self.env[a]
