@@ -79,7 +79,7 @@ opinfo: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m stitchml.tools.opinfo_sweep --out docs/OPINFO.md --samples $(OPINFO_SAMPLES) \
 		--half-samples 3 --jobs $(OPINFO_JOBS) $(OPINFO_ARGS)
 
-# real models beyond the zoo tests: 54 Hugging Face architectures, two sizes, strict, float64 judge
+# real models beyond the zoo tests: 53 Hugging Face architectures, two sizes, strict, float64 judge
 models: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m stitchml.tools.model_sweep --out docs/MODELS.md $(MODELS_ARGS)
 

@@ -1,7 +1,7 @@
 """The real-model sweep (stitchml/tools/model_sweep.py, issue 18): a CI slice of its
 architectures, each one training step at two sizes through stitchml under strict mode
 with the fallback off, output and every parameter gradient judged against a float64
-run.  The full sweep (54 architectures, ~30 min on 2 cores) is docs/MODELS.md:
+run.  The full sweep (53 architectures, ~30 min on 2 cores) is docs/MODELS.md:
 `python -m stitchml.tools.model_sweep --out docs/MODELS.md`."""
 import pytest
 

@@ -146,8 +146,33 @@ class KernelBuilder:
         parts = [m for a, m in ((ROW, "rmask"), (COL, "cmask")) if a in axes]
         return " & ".join(parts) if parts else None
 
+    def render_index(self, e: ix.Expr) -> str:
+        """`ix.render(e)`, with every floor division or modulo that holds another one
+        computed once, into a named temporary in the scope its axes need.  Index maps
+        composed through several reshapes and strided slices (an interleaved rotary
+        embedding's backward) repeat the same inner quotient many times over: rendered
+        as one expression their text grows exponentially with the depth (seconds of
+        code generation, and as much interpreted work per element)."""
+        parts = []
+        for a, k in e.terms:
+            t = self._index_atom(a)
+            parts.append(t if k == 1 else f"{t} * {k}")
+        if e.const or not parts:
+            parts.append(str(e.const))
+        return " + ".join(parts).replace("+ -", "- ")
+
+    def _index_atom(self, a) -> str:
+        if not isinstance(a, (ix.Div, ix.Mod)):
+            return a.name
+        inner = self.render_index(a.expr)
+        text = f"(({inner}) // {a.d})" if isinstance(a, ix.Div) else f"(({inner}) % {a.m})"
+        if not any(isinstance(b, (ix.Div, ix.Mod)) for b, _ in a.expr.terms):
+            return text
+        axes = ix.axes(a.expr)
+        return self.emit(self.scope_for(axes), text, axes, torch.int32, prefix="i").name
+
     def offset(self, e: ix.Expr, axes) -> str:
-        s = ix.render(e)
+        s = self.render_index(e)
         if not axes:
             return f"(zr + {s})"
         return s
@@ -184,7 +209,7 @@ class KernelBuilder:
         address = self.offset(off, axes)
         if not ix.axes(off) and axes:  # a scalar element read under a block mask: make the pointer a block
             zero = " + ".join(z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes)
-            address = f"({zero} + {ix.render(off)})"
+            address = f"({zero} + {self.render_index(off)})"
         load = f"tl.load({ptr} + {address}{m})"
         if n.dtype == torch.bfloat16:
             load = f"_from_bf16({load})"
@@ -249,7 +274,7 @@ class KernelBuilder:
         pos = index[dim]
         start, axes = 0, set(ix.axes(pos))
         parts = []
-        p = ix.render(pos)
+        p = self.render_index(pos)
         outer = self.cond
         for ref, size in zip(n.args, sizes):
             sub = list(index)

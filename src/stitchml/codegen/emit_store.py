@@ -63,7 +63,7 @@ class Stores:
         ptr = b.param("out", nid)
         val = store_expr(v.name, n.dtype)
         if not ix.axes(off):  # a scalar destination: make the pointer a block like the value
-            b.scope_for(axes).lines.append(f"tl.store({ptr} + (zr + {ix.render(off)}), {val}, mask=rmask)")
+            b.scope_for(axes).lines.append(f"tl.store({ptr} + (zr + {b.render_index(off)}), {val}, mask=rmask)")
             return
         mask = b.mask(axes) or "rmask"
         b.scope_for(axes).lines.append(f"tl.store({ptr} + {b.offset(off, axes)}, {val}, mask={mask})")
@@ -85,12 +85,12 @@ class Stores:
         if n.attr("combine") == "mul":  # a compare-and-swap loop (triton_ops._atomic_mul)
             wide = n.dtype in (torch.float64, torch.int64)
             b.scopes[-1].lines.append(
-                f"_atomic_mul({ptr}, {ix.render(off)}, {g.name}, rmask & cmask{keep}, "
+                f"_atomic_mul({ptr}, {b.render_index(off)}, {g.name}, rmask & cmask{keep}, "
                 f"{n.dtype.is_floating_point}, {wide})")
             return
         op = "atomic_max" if n.attr("combine") == "max" else "atomic_add"
         b.scopes[-1].lines.append(
-            f"tl.{op}({ptr} + {ix.render(off)}, {g.name}, mask=rmask & cmask{keep}, sem='relaxed')")
+            f"tl.{op}({ptr} + {b.render_index(off)}, {g.name}, mask=rmask & cmask{keep}, sem='relaxed')")
 
     def _partial_parts(self, nid: int) -> tuple[ir.Node, str, torch.dtype, str, str]:
         """A column reduction's summand at this program's (row, column) index: the node,

@@ -169,7 +169,8 @@ def _inputs(arch: Arch, cfg, second: bool) -> dict:
     if arch.kind == "text":
         t = 9 if second else 12
         return {"input_ids": torch.randint(3, min(cfg.vocab_size or 96, 96), (2, t), generator=g)}
-    s = cfg.image_size if isinstance(cfg.image_size, int) else cfg.image_size[0]
+    size = getattr(cfg, "image_size", 32)
+    s = size if isinstance(size, int) else size[0]
     return {"pixel_values": torch.randn(3 if second else 2, cfg.num_channels, s, s, generator=g)}
 
 
