@@ -2,7 +2,7 @@
 architectures, each one training step at two sizes through stitchml under strict mode
 with the fallback off, output and every parameter gradient judged against a float64
 run, then a third size (no recompile beyond Dynamo's own) and, for the decoder,
-`generate()`.  The full sweep (53 architectures, ~40 min on 2 cores) is docs/MODELS.md:
+`generate()`.  The full sweep (54 architectures, ~42 min on 2 cores) is docs/MODELS.md:
 `python -m stitchml.tools.model_sweep --out docs/MODELS.md`."""
 import pytest
 
@@ -11,8 +11,9 @@ pytest.importorskip("transformers")
 from stitchml.tools import model_sweep  # noqa: E402
 
 # new coverage beyond tests/test_zoo.py and tests/test_models_real.py: a MoE decoder with
-# attention sinks and sliding windows (GPT-OSS), and a CNN with global response norm
-SLICE = ["gpt_oss", "convnextv2"]
+# attention sinks and sliding windows (GPT-OSS), a CNN with global response norm, and a
+# speech encoder whose mask token is written into masked frames at changing lengths
+SLICE = ["gpt_oss", "convnextv2", "wav2vec2"]
 
 
 @pytest.mark.parametrize("name", SLICE)

@@ -44,3 +44,19 @@ def test_two_random_tensors_in_one_kernel_are_independent():
     u, v = _run(lambda x: (torch.rand_like(x), torch.rand_like(x)), torch.randn(20000))
     assert not torch.equal(u, v)
     assert abs(torch.corrcoef(torch.stack([u, v]))[0, 1].item()) < 0.05
+
+
+def test_in_place_uniform_and_normal_fills_are_stitched_with_their_range_and_moments():
+    """`empty(...).uniform_(a, b)` / `.normal_(m, s)` (functionalised to aten.uniform /
+    aten.normal_functional: wav2vec2's layer drop, weight inits in a compiled step)."""
+    def f(x):
+        u = torch.empty(20000).uniform_(-3.0, 5.0)
+        n = torch.empty(20000).normal_(2.0, 0.5)
+        u01 = torch.empty_like(x).uniform_()
+        return u, n, u01 * 1.0 + x * 0.0
+
+    u, n, u01 = _run(f, torch.randn(20000))
+    assert -3.0 <= u.min().item() and u.max().item() < 5.0 and abs(u.mean().item() - 1.0) < 0.08
+    assert abs(u.std().item() - 8.0 / 12 ** 0.5) < 0.05
+    assert abs(n.mean().item() - 2.0) < 0.02 and abs(n.std().item() - 0.5) < 0.02
+    assert 0.0 <= u01.min().item() and u01.max().item() < 1.0 and abs(u01.mean().item() - 0.5) < 0.02

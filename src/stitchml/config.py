@@ -126,6 +126,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Rewrite a captured math attention (q·kᵀ, scale, additive/boolean/causal mask, softmax, dropout, ·v) "
          "into F.scaled_dot_product_attention, so a fused attention kernel runs instead of the score tensor "
          "going to memory."),
+    Knob("masked_setitem", "STITCHML_MASKED_SETITEM", True, _bool,
+         "Rewrite y[mask] = v (one boolean mask after full slices, v one value or one row for every selected "
+         "position, e.g. a mask token) into y.copy_(where(mask, v, y)) on the Dynamo graph: one point-wise kernel, "
+         "and v's gradient traces (index_put's own backward reads grad[mask], a data-dependent shape that breaks "
+         "the graph)."),
     Knob("gemm_epilogue", "STITCHML_GEMM_EPILOGUE", False, _bool,
          "Rewrite linear + (bias, GELU, tanh-GELU, SiLU, relu, silu*mul, residual add, cast) into one Triton GEMM "
          "with the element-wise work in its epilogue (stitchml::linear_epilogue). Off by default: the GEMM "

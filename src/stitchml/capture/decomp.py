@@ -163,19 +163,35 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training: 
 
 
 def index_put_masked(x, indices, values, accumulate=False):
-    """`x[mask] = v` / `x[mask] += v` with one boolean mask over x's leading dims and a
-    single value: where(mask, v, x) (x + where(mask, v, 0)).  torch would turn the mask
-    into `nonzero` indices, a data-dependent shape that AOTAutograd cannot trace (the
-    graph broke there).  Other index_puts: the op itself."""
-    live = [t for t in indices if t is not None]
-    if (len(live) != 1 or indices[0] is None or live[0].dtype != torch.bool or values.numel() != 1
-            or tuple(x.shape[:live[0].dim()]) != tuple(live[0].shape)):
+    """`x[..., mask, ...] = v` / `+= v` with one boolean mask over some of x's dims (after
+    `p` full slices) and values that do not vary along the masked positions (one value,
+    or one slice broadcast to every selected position): where(mask, v, x)
+    (x + where(mask, v, 0)).  torch would turn the mask into `nonzero` indices, a
+    data-dependent shape that AOTAutograd cannot trace (the graph broke there).  Values
+    given per selected position depend on how many the mask selects: the op itself."""
+    live = [(p, t) for p, t in enumerate(indices) if t is not None]
+    if len(live) != 1 or live[0][1].dtype not in (torch.bool, torch.uint8):
         return NotImplemented
-    mask = live[0].reshape(tuple(live[0].shape) + (1,) * (x.dim() - live[0].dim()))
-    v = values.reshape(()).to(x.dtype)
+    p, mask = live[0]
+    if len(indices) != p + 1 or tuple(x.shape[p:p + mask.dim()]) != tuple(mask.shape) or mask.dim() == 0:
+        return NotImplemented
+    rest = x.dim() - p - mask.dim()
+    # the indexed result is x.shape[:p] + (selected,) + x.shape[p + mask.dim():]; values
+    # broadcast to it, and must have size 1 on the selected dim
+    rank = p + 1 + rest
+    if values.dim() > rank or (accumulate and x.dtype == torch.bool):
+        return NotImplemented
+    v = values.reshape((1,) * (rank - values.dim()) + tuple(values.shape))
+    if v.shape[p] != 1:
+        return NotImplemented
+    v = v.reshape(tuple(v.shape[:p]) + (1,) * mask.dim() + tuple(v.shape[p + 1:]))
+    if torch.broadcast_shapes(tuple(v.shape), tuple(x.shape)) != tuple(x.shape):
+        return NotImplemented
+    m = mask.to(torch.bool).reshape((1,) * p + tuple(mask.shape) + (1,) * rest)
+    v = v.to(x.dtype)
     if accumulate:
-        return x + torch.where(mask, v, torch.zeros((), dtype=x.dtype, device=x.device))
-    return torch.where(mask, v, x)
+        return x + torch.where(m, v, torch.zeros((), dtype=x.dtype, device=x.device))
+    return torch.where(m, v, x)
 
 
 def put(x, index, source, accumulate=False):

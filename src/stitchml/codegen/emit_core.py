@@ -22,7 +22,7 @@ from ..ir import index as ix
 from ..ir import nodes as ir
 from ..plan.data import KernelPlan
 from ..plan.graph_view import is_free
-from .triton_ops import TL_DTYPE, cast_expr, compute_dtype, literal, pointwise_expr
+from .triton_ops import TL_DTYPE, bitcast_expr, cast_expr, compute_dtype, literal, pointwise_expr
 
 if TYPE_CHECKING:
     from .emit_reduce import Reductions
@@ -257,6 +257,8 @@ class KernelBuilder:
         if n.op == "cast":
             src = self.g[n.refs[0]].dtype
             expr = cast_expr(args[0], src, n.dtype)
+        elif n.op == "bitcast":
+            expr = bitcast_expr(args[0], self.g[n.refs[0]].dtype, n.dtype)
         else:
             expr = pointwise_expr(n.op, args, in_dtype, n.dtype)
         return self.emit(self.scope_for(axes), expr, axes, cd)

@@ -16,6 +16,8 @@ TL_DTYPE = {
     torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.float32: "tl.float32",
     torch.float64: "tl.float64", torch.int8: "tl.int8", torch.int16: "tl.int16", torch.int32: "tl.int32",
     torch.int64: "tl.int64", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+    # unsigned types wider than a byte only as the result of a bit-cast (lower/rules_bits.py)
+    torch.uint16: "tl.uint16", torch.uint32: "tl.uint32", torch.uint64: "tl.uint64",
 }
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # smallest magnitude from which every value of the compute type is an integer (round is identity)
@@ -66,6 +68,11 @@ def _add(a, b):
 @triton.jit
 def _mul(a, b):
     return a * b
+
+
+@triton.jit
+def _xor(a, b):
+    return a ^ b
 
 
 @triton.jit
@@ -483,11 +490,18 @@ def _digamma(x):
 
 
 @triton.jit
-def _nextafter(a, b, STEP: tl.constexpr):
+def _nextafter(a, b, STEP: tl.constexpr, F16: tl.constexpr):
     # one step of the bit pattern away from or towards zero (adding to the raw bits moves
     # the magnitude up for either sign); from zero the smallest subnormal with b's sign.
-    # STEP is 1, or 2**16 for bfloat16 values held in float32
-    if a.dtype == tl.float64:
+    # STEP is 1, or 2**16 for bfloat16 values held in float32; F16: float16 values held
+    # in float32, stepped on their own 16-bit pattern
+    if F16:
+        bits = a.to(tl.float16).to(tl.int16, bitcast=True)
+        one = (bits * 0 + 1).to(tl.int16)
+        tiny = one.to(tl.float16, bitcast=True).to(tl.float32)
+        up = (a > 0) == (b > a)
+        r = (bits + tl.where(up, one, -one)).to(tl.float16, bitcast=True).to(tl.float32)
+    elif a.dtype == tl.float64:
         bits = a.to(tl.int64, bitcast=True)
         one = bits * 0 + STEP
         tiny = one.to(tl.float64, bitcast=True)
@@ -1182,7 +1196,7 @@ def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_d
         a, b = args
         a = f"(tl.zeros_like({b}) + {a})" if _is_literal(a) else a
         b = f"(tl.zeros_like({a}) + {b})" if _is_literal(b) else b
-        return f"_nextafter({a}, {b}, {65536 if out_dtype == torch.bfloat16 else 1})"
+        return f"_nextafter({a}, {b}, {65536 if out_dtype == torch.bfloat16 else 1}, {out_dtype == torch.float16})"
     if op in ("floordiv", "atan2", "zeta", "igamma", "igammac") or op in ORTHO_POLY_OPS or float_fmod:
         a, b = args
         # the helpers compare (or pass to libdevice) their operands as tensors: give
@@ -1249,6 +1263,17 @@ def store_expr(x: str, dtype: torch.dtype) -> str:
     return f"{x}.to({TL_DTYPE[dtype]})"
 
 
+def bitcast_expr(x: str, src: torch.dtype, dst: torch.dtype) -> str:
+    """The bits of a `src` value (held in its compute type) read as `dst` (same size):
+    a half value is rounded to its own type first (held in float32, it may carry more
+    precision than eager's stored value: `store_expr`'s rounding) and a half result goes
+    on in float32 like every half value."""
+    if compute_dtype(src) != src:
+        x = store_expr(x, src)
+    x = f"{x}.to({TL_DTYPE[dst]}, bitcast=True)"
+    return f"{x}.to(tl.float32)" if compute_dtype(dst) != dst else x
+
+
 def cast_expr(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     """Cast between compute types, rounding through half types like eager does.  A
     half-precision value is held in float32 between ops without rounding (more accurate
@@ -1274,11 +1299,11 @@ def cast_expr(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     return f"{x}.to({TL_DTYPE[dst]})"
 
 
-REDUCE_COMBINE = {"sum": "_add", "prod": "_mul", "amax": "_nanmax", "amin": "_nanmin"}
+REDUCE_COMBINE = {"sum": "_add", "prod": "_mul", "amax": "_nanmax", "amin": "_nanmin", "xor_sum": "_xor"}
 
 
 def reduce_identity(op: str, dtype: torch.dtype) -> str:
-    if op == "sum":
+    if op in ("sum", "xor_sum"):
         return literal(0, dtype)
     if op == "prod":
         return literal(1, dtype)

@@ -547,9 +547,9 @@ class _Builder:
 
     def _window(self, x: _Value, d: int, gen: torch.Generator) -> bool:
         """flip, masked_scatter, adaptive average pooling over windows that do not tile
-        the last dim evenly, replication padding of the last dim, histc of a new input
-        (which one: from `gen`)."""
-        variant = int(torch.randint(0, 5, (1,), generator=gen))
+        the last dim evenly, replication padding of the last dim, histc of a new input,
+        a boolean-mask write of one row (which one: from `gen`)."""
+        variant = int(torch.randint(0, 6, (1,), generator=gen))
         n = x.shape[-1]
         lead = x.shape[:-1]
         if variant == 0:
@@ -567,6 +567,14 @@ class _Builder:
             bins = int(torch.randint(1, 12, (1,), generator=gen))
             self.emit(f"torch.histc({h.name}.detach().float(), {bins}, -2.0, 2.0).to({h.name}.dtype)", (bins,),
                       float(_numel(x.shape)), h.hi)
+        elif variant == 5:
+            if not lead:
+                return False
+            # x[mask] = row over the leading dims (patterns/masked_setitem.py): the mask
+            # from a new input (one from x could flip on an ulp of difference upstream)
+            m = self.new_input(lead, grad=False)
+            self.emit(f"{x.name}.index_put(({m.name}.detach() > 0,), {x.name}.reshape(-1, {n})[0] * 0.5)",
+                      x.shape, x.bound, x.hi)
         else:
             a, b = (int(v) for v in torch.randint(0, 4, (2,), generator=gen))
             if _numel(lead + (n + a + b,)) > self.prof.max_numel:

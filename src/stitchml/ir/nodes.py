@@ -37,8 +37,9 @@ ITEM = "item"            # one output of a multi-output opaque node
 STITCHABLE = frozenset({POINTWISE, VIEW, REDUCE, SCAN, CAT, GATHER, RAND})
 # reductions whose partial results combine with the reduction itself, so a row can be
 # reduced in pieces: chunks of a split row, column partials per program, one loop
-# shared by siblings (argmax/argmin carry an index and are not among them)
-COMBINABLE_REDUCES = frozenset({"sum", "prod", "amax", "amin"})
+# shared by siblings (argmax/argmin carry an index and are not among them); xor_sum is
+# the bitwise XOR of 64-bit integers (hash_tensor)
+COMBINABLE_REDUCES = frozenset({"sum", "prod", "amax", "amin", "xor_sum"})
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ from .registry import Unsupported
 
 FLOAT_TYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 SUPPORTED_DTYPES = FLOAT_TYPES + (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)
+# unsigned types wider than a byte: torch gives them few ops, so kernels make them only
+# as the result of a bit-cast (`view(dtype)`, hash_tensor) and never read them
+BITCAST_RESULT_DTYPES = (torch.uint16, torch.uint32, torch.uint64)
 
 
 def static_shape(t: torch.Tensor) -> tuple[int, ...]:
@@ -44,10 +47,30 @@ class LowerCtx:
     def full(self, shape, value, dtype) -> Ref:
         return self.pointwise("full", (), shape, dtype, (("value", value),))
 
+    def empty(self, shape, dtype) -> Ref:
+        """A tensor without elements: a free node the wrapper allocates (any dtype the
+        kernels may write, as nothing is computed)."""
+        assert prod(shape) == 0, shape
+        if dtype not in SUPPORTED_DTYPES + BITCAST_RESULT_DTYPES:
+            raise Unsupported(f"dtype {dtype} is not supported in kernels")
+        return Ref(self.g.add(ir.POINTWISE, "full", (), tuple(shape), dtype, ir.contiguous_strides(tuple(shape)),
+                              (("value", 0),)))
+
     def cast(self, x: Any, dtype: torch.dtype) -> Any:
         if not isinstance(x, Ref) or self.dtype(x) == dtype:
             return x
         return self.pointwise("cast", (x,), self.shape(x), dtype)
+
+    def bitcast(self, x: Ref, dtype: torch.dtype) -> Ref:
+        """x's bits read as `dtype` of the same size (unsigned results allowed)."""
+        if self.dtype(x) == dtype:
+            return x
+        if dtype not in SUPPORTED_DTYPES + BITCAST_RESULT_DTYPES or torch.bool in (dtype, self.dtype(x)):
+            raise Unsupported(f"bit-cast to {dtype} is not supported in kernels")
+        if dtype.itemsize != self.dtype(x).itemsize:
+            raise Unsupported("bit-cast between sizes changes the last dim: not a stitched form")
+        shape = self.shape(x)
+        return Ref(self.g.add(ir.POINTWISE, "bitcast", (x,), shape, dtype, ir.contiguous_strides(tuple(shape))))
 
     def view(self, op: str, x: Ref, shape, params=()) -> Ref:
         shape = tuple(shape)

@@ -22,6 +22,7 @@ from . import rules_complex  # complex values as pairs of reals (issue 19)
 from . import rules_special  # noqa: F401  (prims left by torch's decompositions; issue 19)
 from . import rules_scan  # noqa: F401  (cumsum, cumprod, logcumsumexp; issue 18)
 from . import rules_histogram  # noqa: F401  (histc, histogram, histogramdd; issue 19)
+from .rules_bits import UNSIGNED_RESULT_OPS  # view(dtype), hash_tensor
 from . import rules_rng_state  # random ops of checkpointed regions (AOTAutograd's rng functionalisation)
 from .context import LowerCtx, static_shape
 from .registry import RULES, Unsupported
@@ -209,7 +210,7 @@ class Lowerer:
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor) and _known_empty(val) and not _is_view_op(node.target):
             # an empty result needs no rule (whose index arithmetic could divide by a zero extent)
-            return self.ctx.full(tuple(val.shape), 0, val.dtype)
+            return self.ctx.empty(tuple(val.shape), val.dtype)
         try:
             result = self._fresh(node, rule(self.ctx, node, *args, **kwargs), mark)
             self._adopt_strides(node, result, mark)
@@ -317,11 +318,17 @@ def _dense(shape, stride) -> bool:
 
 
 def _unsupported_dtype(node: fx.Node):
-    from .context import SUPPORTED_DTYPES
-    vals = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
-    for v in vals:
+    """A dtype of the node's results or operands that kernels do not hold, or None.
+    Unsigned types wider than a byte are held only where no arithmetic touches them:
+    bit-cast results (view(dtype) also reads them), and views of them."""
+    from .context import BITCAST_RESULT_DTYPES, SUPPORTED_DTYPES
+    wide = SUPPORTED_DTYPES + BITCAST_RESULT_DTYPES
+    moves = node.target is aten.view.dtype or _is_view_op(node.target)
+    out_ok = wide if moves or node.target in UNSIGNED_RESULT_OPS else SUPPORTED_DTYPES
+    in_ok = wide if moves else SUPPORTED_DTYPES
+    for v, ok in [(node.meta.get("val"), out_ok)] + [(a.meta.get("val"), in_ok) for a in node.all_input_nodes]:
         for t in (v if isinstance(v, (tuple, list)) else (v,)):
-            if isinstance(t, torch.Tensor) and t.dtype not in SUPPORTED_DTYPES:
+            if isinstance(t, torch.Tensor) and t.dtype not in ok:
                 return t.dtype
     return None
 

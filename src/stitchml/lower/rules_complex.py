@@ -33,7 +33,7 @@ from .rules_views import _concat
 aten = torch.ops.aten
 prims = torch.ops.prims
 
-REAL_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+REAL_OF = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
 COMPLEX_OF = {v: k for k, v in REAL_OF.items()}
 
 # complex ops left to the library on purpose, with why

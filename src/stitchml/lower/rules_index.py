@@ -73,8 +73,12 @@ class _Indexed:
             raise Unsupported("indexing without index tensors")
         for i in used:
             t = indices[i]
+            if isinstance(t, Ref) and ctx.dtype(t) in (torch.bool, torch.uint8):
+                # (a write of values that do not vary along the mask is a where: decomp.py)
+                raise Unsupported("a boolean mask index selects a data-dependent number of elements "
+                                  "(values given per selected element: eager checks their count)")
             if not isinstance(t, Ref) or ctx.dtype(t) not in (torch.int32, torch.int64):
-                raise Unsupported("index must be an int32/int64 tensor (boolean masks give data-dependent shapes)")
+                raise Unsupported("index must be an int32/int64 tensor")
         self.adjacent = used == list(range(used[0], used[-1] + 1))
         self.ishape = _broadcast_shape([ctx.shape(indices[i]) for i in used])
         order = used + [d for d in range(len(xshape)) if d not in used] if not self.adjacent else None

@@ -78,7 +78,7 @@ def _rsub(ctx, node, a, b, *, alpha=1):
     return ctx.pointwise("sub", (b, a), shape, dtype)
 
 
-@register(aten.div.Tensor, aten.div.Scalar, prims.div.default)
+@register(aten.div.Tensor, aten.div.Scalar, prims.div.default, aten.true_divide.Tensor, aten.true_divide.Scalar)
 def _div(ctx, node, a, b):
     shape, dtype = _out(node)
     if dtype not in FLOAT_TYPES:   # prims.div of integers truncates (C's quotient: `//` in Triton)

@@ -59,3 +59,23 @@ def _bernoulli_tensor(ctx, node, probs, *, generator=None):
     u = Ref(ctx.g.add(ir.RAND, "uniform", (), shape, torch.float32, contiguous_strides(shape)))
     hit = ctx.pointwise("lt", (u, ctx.cast(probs, torch.float32)), shape, torch.bool)
     return ctx.cast(hit, val.dtype)
+
+
+def _affine_fill(op: str):
+    """`empty(...).uniform_(low, high)` / `.normal_(mean, std)` after functionalisation
+    (aten.uniform / aten.normal_functional): low + (high - low)·U, mean + std·N."""
+    def rule(ctx, node, x, a=0.0, b=1.0, *, generator=None):
+        if generator is not None:
+            raise Unsupported("an explicit torch.Generator runs eagerly")
+        val = node.meta["val"]
+        r = _random(ctx, node, op)
+        shape = static_shape(val)
+        shift, scale = (float(a), float(b) - float(a)) if op == "uniform" else (float(a), float(b))
+        if (shift, scale) == (0.0, 1.0):
+            return r
+        return ctx.pointwise("add", (ctx.pointwise("mul", (r, scale), shape, val.dtype), shift), shape, val.dtype)
+    return rule
+
+
+register(aten.uniform.default)(_affine_fill("uniform"))
+register(aten.normal_functional.default)(_affine_fill("normal"))

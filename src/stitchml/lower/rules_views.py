@@ -20,10 +20,8 @@ def _shape(node):
 
 @register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.squeeze.dim,
           aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default, aten.flatten.using_ints,
-          aten.unflatten.int, prims.reshape.default, aten.view.dtype)
+          aten.unflatten.int, prims.reshape.default)
 def _reshape(ctx: LowerCtx, node, x, *args, **kwargs):
-    if node.target is aten.view.dtype:
-        raise Unsupported("bit-cast view to another dtype")
     return ctx.reshape(x, _shape(node))
 
 

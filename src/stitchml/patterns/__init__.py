@@ -12,7 +12,9 @@ of every call are also appended to `LOG` (bounded) so `explain` can show them.
 - `attention` (knob `attention_sdpa`): math attention (q·kᵀ, scale, mask, softmax,
   dropout, ·v) → `scaled_dot_product_attention`;
 - `gemm_epilogue` (knob `gemm_epilogue`, off by default): linear + bias / activation /
-  silu·mul / residual / cast → one Triton GEMM with the epilogue (`gemm_op`).
+  silu·mul / residual / cast → one Triton GEMM with the epilogue (`gemm_op`);
+- `masked_setitem` (knob `masked_setitem`): `y[mask] = v` with values that do not vary
+  along the mask → `y.copy_(where(mask, v, y))`, so autograd of v traces (issue 18).
 """
 from __future__ import annotations
 
@@ -29,11 +31,11 @@ _LOG_MAX = 1000
 
 def rewrite(gm: fx.GraphModule, example_inputs=None) -> list[PatternRecord]:
     """Apply the enabled rewrites to gm in place; return their records."""
-    from . import attention, cross_entropy, gemm_epilogue, linear_ce
+    from . import attention, cross_entropy, gemm_epilogue, linear_ce, masked_setitem
     records: list[PatternRecord] = []
     # cross_entropy after linear_ce: a loss the fused LM head took is no longer there
     for knob, module in (("linear_ce", linear_ce), ("cross_entropy", cross_entropy), ("attention_sdpa", attention),
-                         ("gemm_epilogue", gemm_epilogue)):
+                         ("gemm_epilogue", gemm_epilogue), ("masked_setitem", masked_setitem)):
         if not config.get(knob):
             continue
         try:

@@ -154,6 +154,12 @@ ARCHS: dict[str, Arch] = {
     "deit": _a("DeiTConfig", "image", "AutoModel", family="vision transformer"),
     "siglip": _a("SiglipVisionConfig", "image", "AutoModel", family="vision transformer"),
     "clip": _a("CLIPVisionConfig", "image", "AutoModel", family="vision transformer"),
+    # speech: a convolutional feature encoder (group norm, weight-normed positional
+    # convolution), SpecAugment's mask token written into the masked frames
+    "wav2vec2": _a("Wav2Vec2Config", "audio", "AutoModel", family="speech encoder (mask token)",
+                   conv_dim=(16, 16, 16), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
+                   num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4, feat_proj_dropout=0.0,
+                   final_dropout=0.0, mask_time_prob=0.05, mask_time_length=2, feat_extract_norm="group"),
 }
 
 
@@ -175,6 +181,15 @@ def _inputs(arch: Arch, cfg, which: int) -> dict:
     if arch.kind == "text":
         t = (12, 9, 10)[which]
         return {"input_ids": torch.randint(3, min(cfg.vocab_size or 96, 96), (2, t), generator=g)}
+    if arch.kind == "audio":
+        # raw samples, and the frames SpecAugment masks given explicitly (drawn inside
+        # the model they come from NumPy's generator, which Dynamo runs apart)
+        n = (800, 720, 760)[which]
+        frames = n
+        for k, st in zip(cfg.conv_kernel, cfg.conv_stride):
+            frames = (frames - k) // st + 1
+        return {"input_values": torch.randn(2, n, generator=g),
+                "mask_time_indices": torch.rand(2, frames, generator=g) > 0.6}
     size = getattr(cfg, "image_size", 32)
     s = size if isinstance(size, int) else size[0]
     return {"pixel_values": torch.randn((2, 3, 4)[which], cfg.num_channels, s, s, generator=g)}
