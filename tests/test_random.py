@@ -48,7 +48,8 @@ def test_two_random_tensors_in_one_kernel_are_independent():
 
 def test_in_place_uniform_and_normal_fills_are_stitched_with_their_range_and_moments():
     """`empty(...).uniform_(a, b)` / `.normal_(m, s)` (functionalised to aten.uniform /
-    aten.normal_functional: wav2vec2's layer drop, weight inits in a compiled step)."""
+    aten.normal_functional: NumPy random draws that Dynamo traces into torch ops, weight
+    inits in a compiled step)."""
     def f(x):
         u = torch.empty(20000).uniform_(-3.0, 5.0)
         n = torch.empty(20000).normal_(2.0, 0.5)
