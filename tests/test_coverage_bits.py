@@ -209,3 +209,67 @@ def test_a_mask_token_write_keeps_working_when_the_length_changes():
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-6) and torch.allclose(gv, wv, rtol=1e-4, atol=1e-5)
     assert len({id(r) for r in backend.records if r.kind in ("forward", "inference")}) == 2, \
         [(r.kind, r.dynamic is not None) for r in backend.records]
+
+
+def test_mask_writes_keep_eagers_signed_zeros_errors_and_overlapping_targets():
+    m = torch.tensor([True, False, False])
+    x = torch.tensor([-0.0, -0.0, 1.0])
+    v = torch.tensor([1.0])
+    # accumulate leaves the unselected -0.0 alone (y + where(m, v, 0) made it +0.0)
+    for fn in (lambda x, m, v: (x * 1).index_put((m,), v, accumulate=True),
+               lambda x, m, v: (x * 1).index_put_((m,), v, True)):
+        got, want, _ = _run(fn, x, m, v, fullgraph=True)
+        assert torch.equal(got, want) and torch.equal(torch.signbit(got), torch.signbit(want)), (got, want)
+    # where eager raises, so do we: values of another dtype (eager casts 0-d values only)
+    y = torch.randn(4, 5, generator=_gen(14))
+    mask = torch.tensor([True, False, True, False])
+
+    def other_dtype(y, mask):
+        y = y * 1
+        y[mask] = torch.arange(5)
+        return y
+
+    with pytest.raises(RuntimeError) as eager_error:
+        other_dtype(y, mask)
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as compiled_error:
+        with config.override(fallback_on_error=False):
+            torch.compile(other_dtype, backend=stitchml.StitchBackend())(y, mask)
+    assert str(eager_error.value)[:40] in str(compiled_error.value), compiled_error.value
+
+    # a write into an expanded view (elements that share memory): functionalisation drops
+    # it (aot_eager returns the unwritten values), so the graph runs as traced, with a
+    # warning and its reason (an error under strict)
+    def expanded(x, mask, v):
+        y = x.expand(3, 4, 5)
+        y[:, mask] = v
+        return y * 1
+
+    xe, ve = torch.randn(4, 5, generator=_gen(15)), torch.randn(5, generator=_gen(16))
+    torch._dynamo.reset()
+    backend = stitchml.StitchBackend()
+    with pytest.warns(UserWarning, match="share memory"):
+        got = torch.compile(expanded, backend=backend)(xe.clone(), mask, ve)
+    assert torch.equal(got, expanded(xe.clone(), mask, ve))
+    assert [r.eager_reason is not None and "expanded" in r.eager_reason for r in backend.records] == [True]
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="share memory"):
+        with config.override(strict=True):
+            torch.compile(expanded, backend=stitchml.StitchBackend())(xe.clone(), mask, ve)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_nextafter_of_computed_half_values_rounds_them_first(dtype):
+    """a / 3 held in float32 is not eager's rounded half value: equal to b = a / 3 in the
+    half type, and a tiny product is the half type's zero (a step from it is no NaN)."""
+    a = (torch.rand(64, generator=_gen(17)) * 4 + 0.1).to(dtype)
+    b = a / 3
+    for fn in (lambda a, b: torch.nextafter(a / 3, b), lambda a, b: torch.nextafter(a * 1e-6, -b)):
+        got, want, _ = _run(fn, a, b)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (got, want)
+
+
+def test_a_bit_cast_to_bfloat16_keeps_subnormals():
+    bits = torch.tensor([1, 0x40, 0x7F, -32765, 0x3F80, 0x0080], dtype=torch.int16)
+    got, want, _ = _run(lambda b: ((b + 0).view(torch.bfloat16) * 1).view(torch.int16), bits)
+    assert torch.equal(got, want), (got, want)

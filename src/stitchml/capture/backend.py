@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
-from .. import config, patterns
+from .. import config, fallback, patterns
 from ..compiler import CompiledGraph, compile_graph
 from ..patterns.common import PatternRecord
 from .decomp import decomposition_table
@@ -25,10 +25,15 @@ class StitchBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs) -> Callable:
         # Dynamo-level rewrites (issue 15).  patterns.LOG is process-wide (every backend,
         # every model): the backend keeps its own graphs' records, so a report shows only them
-        self.patterns.extend(patterns.rewrite(gm, example_inputs))
         training = torch.is_grad_enabled() and any(
             isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
         fw_kind = "forward" if training else "inference"
+        overlap = writes_into_overlap(gm)
+        if overlap is not None:   # eager's semantics need the graph as Dynamo traced it
+            fallback.graph_falls_back(fw_kind, overlap)
+            self.records.append(CompiledGraph(kind=fw_kind, eager_reason=overlap))
+            return gm.forward
+        self.patterns.extend(patterns.rewrite(gm, example_inputs))
 
         def fw(g, ex):
             return compile_graph(g, ex, fw_kind, self.records)
@@ -38,6 +43,27 @@ class StitchBackend:
 
         return aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=fw,
                             decompositions=decomposition_table(), partition_fn=partitioner())(gm, example_inputs)
+
+
+def writes_into_overlap(gm: torch.fx.GraphModule) -> str | None:
+    """Why the graph must run as traced, or None: an in-place write (`y[mask] = v`,
+    `index_put_`, `masked_fill_`...) into a tensor whose elements share memory (an
+    expanded view).  Eager deprecates these writes but still makes them (or raises);
+    AOTAutograd's functionalisation does neither and returns the unwritten values
+    (`aot_eager` is as wrong), so the graph runs eagerly, with this reason."""
+    import operator
+    for n in gm.graph.nodes:
+        inplace = (n.op == "call_function" and n.target is operator.setitem) or (
+            n.op == "call_method" and n.target.endswith("_") and not n.target.startswith("_")) or (
+            n.op == "call_function" and getattr(n.target, "__name__", "").endswith("_")
+            and not getattr(n.target, "__name__", "").startswith("_"))
+        if not inplace or not n.args or not isinstance(n.args[0], torch.fx.Node):
+            continue
+        v = n.args[0].meta.get("example_value")
+        if isinstance(v, torch.Tensor) and torch._debug_has_internal_overlap(v) == 1:
+            return (f"{n.name} writes in place into {n.args[0].name}, whose elements share memory (an expanded "
+                    f"view): AOTAutograd's functionalisation would drop the write")
+    return None
 
 
 _COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})

@@ -179,8 +179,8 @@ def index_put_masked(x, indices, values, accumulate=False):
     # the indexed result is x.shape[:p] + (selected,) + x.shape[p + mask.dim():]; values
     # broadcast to it, and must have size 1 on the selected dim
     rank = p + 1 + rest
-    if values.dim() > rank or (accumulate and x.dtype == torch.bool):
-        return NotImplemented
+    if values.dim() > rank or (accumulate and x.dtype == torch.bool) or (values.dim() and values.dtype != x.dtype):
+        return NotImplemented   # (eager casts 0-d values only: otherwise index_put's own error)
     v = values.reshape((1,) * (rank - values.dim()) + tuple(values.shape))
     if v.shape[p] != 1:
         return NotImplemented
@@ -189,8 +189,8 @@ def index_put_masked(x, indices, values, accumulate=False):
         return NotImplemented
     m = mask.to(torch.bool).reshape((1,) * p + tuple(mask.shape) + (1,) * rest)
     v = v.to(x.dtype)
-    if accumulate:
-        return x + torch.where(m, v, torch.zeros((), dtype=x.dtype, device=x.device))
+    if accumulate:   # (x + where(m, v, 0) would turn the untouched -0.0s into +0.0)
+        return torch.where(m, x + v, x)
     return torch.where(m, v, x)
 
 

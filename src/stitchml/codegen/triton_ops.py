@@ -494,7 +494,15 @@ def _nextafter(a, b, STEP: tl.constexpr, F16: tl.constexpr):
     # one step of the bit pattern away from or towards zero (adding to the raw bits moves
     # the magnitude up for either sign); from zero the smallest subnormal with b's sign.
     # STEP is 1, or 2**16 for bfloat16 values held in float32; F16: float16 values held
-    # in float32, stepped on their own 16-bit pattern
+    # in float32, stepped on their own 16-bit pattern.  Half operands are rounded to their
+    # type first: held in float32 they may carry more precision than eager's stored values
+    # (a / 3 == b in float16 is not equal in float32, and 1e-8 is float16's zero)
+    if F16:
+        a = a.to(tl.float16).to(tl.float32)
+        b = b.to(tl.float16).to(tl.float32)
+    elif STEP != 1:
+        a = _round_bf16(a)
+        b = _round_bf16(b)
     if F16:
         bits = a.to(tl.float16).to(tl.int16, bitcast=True)
         one = (bits * 0 + 1).to(tl.int16)
@@ -1271,6 +1279,8 @@ def bitcast_expr(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     if compute_dtype(src) != src:
         x = store_expr(x, src)
     x = f"{x}.to({TL_DTYPE[dst]}, bitcast=True)"
+    if dst == torch.bfloat16:
+        return f"_from_bf16({x})"   # (the interpreter's own widening loses subnormals)
     return f"{x}.to(tl.float32)" if compute_dtype(dst) != dst else x
 
 

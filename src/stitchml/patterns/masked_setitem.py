@@ -57,8 +57,8 @@ def masked_write(y: torch.Tensor, mask: torch.Tensor, values: Any, pos: int, acc
         rank = pos + 1 + rest   # the indexed result: y's dims with the mask's replaced by one
         v = values.reshape((1,) * (rank - values.dim()) + tuple(values.shape))
         values = v.reshape(tuple(v.shape[:pos]) + (1,) * mask.dim() + tuple(v.shape[pos + 1:])).to(y.dtype)
-    if accumulate:
-        w = y + torch.where(m, values, torch.zeros((), dtype=y.dtype, device=y.device))
+    if accumulate:   # (y + where(m, v, 0) would turn the untouched -0.0s into +0.0)
+        w = torch.where(m, y + values, y)
     else:
         w = torch.where(m, values, y)
     return y.copy_(w) if inplace else w
@@ -144,8 +144,13 @@ def match(node: fx.Node) -> Match:
             raise Refused(f"values of shape {vshape} do not broadcast to the indexed result")
     elif not (is_number(v) or isinstance(v, bool)):
         raise Refused(f"values of type {type(v).__name__}")
-    if accumulate and value(y) is not None and value(y).dtype == torch.bool:
+    if accumulate and value(y).dtype == torch.bool:
         raise Refused("accumulate into a bool tensor")
+    yv = value(y)
+    if isinstance(v, fx.Node):
+        vv = value(v)
+        if vv.dim() and vv.dtype != yv.dtype:   # (eager casts 0-d values only)
+            raise Refused(f"values of dtype {vv.dtype} into {yv.dtype}: eager raises")
     return Match(node, y, mask, v, pos, accumulate, inplace)
 
 
