@@ -273,3 +273,16 @@ def test_a_bit_cast_to_bfloat16_keeps_subnormals():
     bits = torch.tensor([1, 0x40, 0x7F, -32765, 0x3F80, 0x0080], dtype=torch.int16)
     got, want, _ = _run(lambda b: ((b + 0).view(torch.bfloat16) * 1).view(torch.int16), bits)
     assert torch.equal(got, want), (got, want)
+
+
+def test_python_integers_wrap_into_narrow_integer_types_as_in_eager():
+    """uint8 - 1 is 255 and uint8 + 300 adds 44 in eager; an out-of-range Triton literal
+    was an error at launch (a crash inside stitchml, the graph lost to the fallback)."""
+    x = torch.randint(0, 255, (37,), dtype=torch.uint8, generator=_gen(18))
+    m = torch.rand(37, generator=_gen(19)) > 0.5
+    fn = lambda x, m: (x.masked_fill(m, -1), x + 300, x * 3 + 250, (x.to(torch.int8) - 1000) * 2,
+                       x.to(torch.int16) * 40000, x.long() + 2 ** 40)
+    got, want, launches = _run(fn, x, m)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.equal(g, w), (g, w)
+    assert launches == 1

@@ -35,6 +35,12 @@ def literal(value, dtype: torch.dtype) -> str:
         if math.isinf(v):
             return 'float("inf")' if v > 0 else 'float("-inf")'
         return repr(v)
+    if dtype in TL_DTYPE:
+        # eager wraps a Python integer into a narrow type (uint8 - 1 is 255, + 300 adds 44);
+        # Triton refuses an out-of-range literal
+        info = torch.iinfo(dtype)
+        v = int(value) & ((1 << info.bits) - 1)
+        return str(v - (1 << info.bits) if v > info.max else v)
     return str(int(value))
 
 
