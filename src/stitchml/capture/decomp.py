@@ -165,8 +165,7 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training: 
 def index_put_masked(x, indices, values, accumulate=False):
     """`x[..., mask, ...] = v` / `+= v` with one boolean mask over some of x's dims (after
     `p` full slices) and values that do not vary along the masked positions (one value,
-    or one slice broadcast to every selected position): where(mask, v, x)
-    (x + where(mask, v, 0)).  torch would turn the mask into `nonzero` indices, a
+    or one slice broadcast to every selected position): `masked_write`, a where.  torch would turn the mask into `nonzero` indices, a
     data-dependent shape that AOTAutograd cannot trace (the graph broke there).  Values
     given per selected position depend on how many the mask selects: the op itself."""
     live = [(p, t) for p, t in enumerate(indices) if t is not None]
@@ -184,14 +183,11 @@ def index_put_masked(x, indices, values, accumulate=False):
     v = values.reshape((1,) * (rank - values.dim()) + tuple(values.shape))
     if v.shape[p] != 1:
         return NotImplemented
-    v = v.reshape(tuple(v.shape[:p]) + (1,) * mask.dim() + tuple(v.shape[p + 1:]))
-    if torch.broadcast_shapes(tuple(v.shape), tuple(x.shape)) != tuple(x.shape):
+    written = tuple(v.shape[:p]) + (1,) * mask.dim() + tuple(v.shape[p + 1:])
+    if torch.broadcast_shapes(written, tuple(x.shape)) != tuple(x.shape):
         return NotImplemented
-    m = mask.to(torch.bool).reshape((1,) * p + tuple(mask.shape) + (1,) * rest)
-    v = v.to(x.dtype)
-    if accumulate:   # (x + where(m, v, 0) would turn the untouched -0.0s into +0.0)
-        return torch.where(m, x + v, x)
-    return torch.where(m, v, x)
+    from ..patterns.masked_setitem import masked_write   # (the Dynamo-level rewrite's own form)
+    return masked_write(x, mask.to(torch.bool), values, p, accumulate, inplace=False)
 
 
 def put(x, index, source, accumulate=False):

@@ -506,10 +506,6 @@ def _nextafter(a, b, STEP: tl.constexpr, F16: tl.constexpr):
     if F16:
         a = a.to(tl.float16).to(tl.float32)
         b = b.to(tl.float16).to(tl.float32)
-    elif STEP != 1:
-        a = _round_bf16(a)
-        b = _round_bf16(b)
-    if F16:
         bits = a.to(tl.float16).to(tl.int16, bitcast=True)
         one = (bits * 0 + 1).to(tl.int16)
         tiny = one.to(tl.float16, bitcast=True).to(tl.float32)
@@ -522,6 +518,9 @@ def _nextafter(a, b, STEP: tl.constexpr, F16: tl.constexpr):
         up = (a > 0) == (b > a)
         r = (bits + tl.where(up, one, -one)).to(tl.float64, bitcast=True)
     else:
+        if STEP != 1:
+            a = _round_bf16(a)
+            b = _round_bf16(b)
         bits = a.to(tl.int32, bitcast=True)
         one = bits * 0 + STEP
         tiny = one.to(tl.float32, bitcast=True)

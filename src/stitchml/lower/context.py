@@ -11,8 +11,9 @@ from .registry import Unsupported
 
 FLOAT_TYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 SUPPORTED_DTYPES = FLOAT_TYPES + (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)
-# unsigned types wider than a byte: torch gives them few ops, so kernels make them only
-# as the result of a bit-cast (`view(dtype)`, hash_tensor) and never read them
+# unsigned types wider than a byte: torch gives them few ops, so kernels hold them only
+# as bit-cast results (`view(dtype)`, hash_tensor) and views of them, never compute
+# with them (`lower._unsupported_dtype`)
 BITCAST_RESULT_DTYPES = (torch.uint16, torch.uint32, torch.uint64)
 
 
