@@ -6,7 +6,7 @@ import torch
 
 from ..ir import index as ix
 from ..ir import nodes as ir
-from .emit_core import KernelBuilder
+from .emit_core import COL, ROW, KernelBuilder
 from .triton_ops import REDUCE_COMBINE, TL_DTYPE, compute_dtype, reduce_identity, store_expr
 
 
@@ -62,11 +62,16 @@ class Stores:
         axes = ix.axes(off) | v.axes
         ptr = b.param("out", nid)
         val = store_expr(v.name, n.dtype)
-        if not ix.axes(off):  # a scalar destination: make the pointer a block like the value
+        if not axes:  # a scalar value and destination: a block of the row axis, one lane stores
             b.scope_for(axes).lines.append(f"tl.store({ptr} + (zr + {b.render_index(off)}), {val}, mask=rmask)")
             return
+        # the pointer a block like the value: a store broadcasts the value to the pointer's
+        # shape, never the other way (a one-row reduction under a fixed row block of a
+        # dynamic template: a [BLOCK_R, C] value, a destination indexed by the column alone)
+        zeros = [z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes and a not in ix.axes(off)]
+        address = b.offset(off, axes) if not zeros else f"({' + '.join(zeros)} + {b.render_index(off)})"
         mask = b.mask(axes) or "rmask"
-        b.scope_for(axes).lines.append(f"tl.store({ptr} + {b.offset(off, axes)}, {val}, mask={mask})")
+        b.scope_for(axes).lines.append(f"tl.store({ptr} + {address}, {val}, mask={mask})")
 
     def _scatter_add(self, nid: int) -> None:
         """Embedding backward: add each row of grad into out[index[row]] (atomics); with

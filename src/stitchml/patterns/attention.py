@@ -32,8 +32,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from .common import (NoMatch, PatternRecord, Refused, arg, is_number, kind, only_user, rewrite_matches, static_shape,
-                     value)
+from .common import (NoMatch, PatternRecord, Refused, arg, is_number, kind, only_user, rewrite_matches, same,
+                     same_shape, show, sizes, value)
 
 _NEG_FILL = -1e30   # finite fills at or below this act like -inf after softmax (in fp32, bf16 and fp16 alike)
 
@@ -161,7 +161,7 @@ def match(out: fx.Node) -> Match:
     if kind(cur) != "softmax":
         raise NoMatch()  # a product of something else (no attention here)
     only_user(cur, "the attention probabilities")
-    ndim = len(static_shape(cur))
+    ndim = len(sizes(cur))
     if arg(cur, 1, "dim") not in (-1, ndim - 1):
         raise Refused(f"{cur.name}: softmax is not over the key dim")
     m.dead.append(cur)
@@ -182,11 +182,13 @@ def match(out: fx.Node) -> Match:
     only_user(cur, "the attention scores")
     m.q, m.k_t = cur.args[0], cur.args[1]
     m.dead.append(cur)
-    qs, kts, vs = static_shape(m.q), static_shape(m.k_t), static_shape(m.v)
-    if not (len(qs) == len(kts) == len(vs) >= 3) or qs[:-2] != kts[:-2] or qs[:-2] != vs[:-2]:
-        raise Refused(f"q {qs}, kᵀ {kts}, v {vs}: batch dims differ (broadcast/grouped attention not matched)")
-    if kts[-2] != qs[-1] or vs[-2] != kts[-1]:
-        raise Refused(f"q {qs}, kᵀ {kts}, v {vs} do not line up as attention")
+    qs, kts, vs = sizes(m.q), sizes(m.k_t), sizes(m.v)   # (symbolic under dynamic shapes)
+    if not (len(qs) == len(kts) == len(vs) >= 3) or not same_shape(qs[:-2], kts[:-2]) \
+            or not same_shape(qs[:-2], vs[:-2]):
+        raise Refused(f"q {show(qs)}, kᵀ {show(kts)}, v {show(vs)}: batch dims differ (broadcast/grouped "
+                      f"attention not matched)")
+    if not same(kts[-2], qs[-1]) or not same(vs[-2], kts[-1]):
+        raise Refused(f"q {show(qs)}, kᵀ {show(kts)}, v {show(vs)} do not line up as attention")
     dts = {value(x).dtype for x in (m.q, m.k_t, m.v)}
     if len(dts) != 1 or not next(iter(dts)).is_floating_point:
         raise Refused(f"q, k, v dtypes {sorted(map(str, dts))}")
@@ -212,7 +214,7 @@ def match(out: fx.Node) -> Match:
 def _transpose_last(node: fx.Node) -> fx.Node | None:
     """x when node is x with its last two dims swapped."""
     k = kind(node)
-    nd = len(static_shape(node))
+    nd = len(sizes(node))
     if k == "getattr" and node.args[1] == "mT" or k == "t" and nd == 2:
         return node.args[0]
     if k == "transpose" and sorted(d % nd for d in node.args[1:3]) == [nd - 2, nd - 1]:

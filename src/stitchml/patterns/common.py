@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,39 @@ def concrete_shape(v: torch.Tensor) -> tuple[int, ...] | None:
                 return None
         out.append(int(s))
     return tuple(out)
+
+
+def sizes(node: Any) -> tuple:
+    """node's sizes as ints or SymInts: for matchers that compare sizes with `same`
+    (under dynamic shapes a token count is symbolic, and the pattern still applies)."""
+    v = value(node)
+    if v is None:
+        raise Refused(f"{getattr(node, 'name', node)} has no recorded tensor value")
+    return tuple(v.shape)
+
+
+def same(a: Any, b: Any) -> bool:
+    """a == b for sizes, never by specialising a symbolic size to its value (int() of a
+    SymInt, or comparing it with a number, guards on this size: a recompile at every new
+    length).  Two symbolic sizes not known equal (a mask given as an input beside the
+    frames a convolution computes) are compared with a guard on their relation, which
+    eager checks too (it raises when they differ)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    if statically_known_true(a == b):
+        return True
+    if isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt):
+        return bool(a == b)
+    return False
+
+
+def same_shape(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+
+
+def show(shape: tuple) -> str:
+    """A shape for a message: symbolic sizes by their expression."""
+    return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
 def static_shape(node: Any) -> tuple[int, ...]:

@@ -29,8 +29,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from .common import (PatternRecord, Refused, arg, is_loss, is_number, kind, rewrite_matches, static_shape,
-                     value)
+from .common import (PatternRecord, Refused, arg, is_loss, is_number, kind, rewrite_matches, same_shape, show,
+                     sizes, value)
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -106,7 +106,7 @@ def match(loss: fx.Node) -> Match:
     xv, tv = value(inp), value(target)
     if xv is None or tv is None:
         raise Refused("loss input or target has no recorded tensor value")
-    shape, tshape = static_shape(inp), static_shape(target)
+    shape, tshape = sizes(inp), sizes(target)   # (the row count is symbolic under dynamic shapes)
     if not xv.dtype.is_floating_point:
         raise Refused(f"logits dtype {xv.dtype} is not floating")
     if tv.dtype.is_floating_point:
@@ -114,12 +114,12 @@ def match(loss: fx.Node) -> Match:
     if tv.dtype != torch.int64:
         raise Refused(f"target dtype {tv.dtype} is not int64 (eager raises)")
     if len(shape) != 2:
-        raise Refused(f"logits of shape {shape}: only [rows, classes] is matched (an N-D input has its class "
-                      f"dim at 1)")
-    if tshape != shape[:1]:
-        raise Refused(f"target of shape {tshape} is not one class index per row of {shape}")
-    if 0 in shape:
-        raise Refused(f"empty logits {shape}")
+        raise Refused(f"logits of shape {show(shape)}: only [rows, classes] is matched (an N-D input has its "
+                      f"class dim at 1)")
+    if not same_shape(tshape, shape[:1]):
+        raise Refused(f"target of shape {show(tshape)} is not one class index per row of {show(shape)}")
+    if any(isinstance(s, int) and s == 0 for s in shape):   # (a symbolic size is never 0 or 1)
+        raise Refused(f"empty logits {show(shape)}")
     if log_softmax is not None:
         dim = arg(log_softmax, 1, "dim")
         if dim not in (None, -1, 1):
@@ -147,8 +147,7 @@ def apply(gm: fx.GraphModule, m: Match) -> str:
         opts.append(f"ignore_index={m.ignore_index}")
     if m.label_smoothing:
         opts.append(f"label_smoothing={m.label_smoothing}")
-    rows, classes = static_shape(m.x)
-    return (f"{m.x.name} [{rows}, {classes}] -> log-sum-exp cross-entropy ({', '.join(opts)}): backward keeps "
+    return (f"{m.x.name} {show(sizes(m.x))} -> log-sum-exp cross-entropy ({', '.join(opts)}): backward keeps "
             f"the logits and one float per row, no [rows, classes] log-probabilities")
 
 

@@ -25,7 +25,7 @@ import torch.fx as fx
 
 from .. import config
 from .common import (NoMatch, PatternRecord, Refused, arg, is_loss, is_number, kind, only_user, rewrite_matches,
-                     static_shape, value)
+                     same, same_shape, show, sizes, value)
 from .linear_ce_op import fused_linear_cross_entropy
 
 _TOKEN_OPS = ("view", "reshape", "contiguous", "getitem", "to", "float")
@@ -102,10 +102,10 @@ def match(loss: fx.Node) -> Match:
     k = kind(loss)
     opts = _loss_args(loss, k)
     logits_in, target = loss.args[0], arg(loss, 1, "target")
-    n_v = static_shape(logits_in)
+    n_v = sizes(logits_in)   # (the token count is symbolic under dynamic shapes)
     if len(n_v) != 2:
-        raise Refused(f"loss input has shape {n_v}: only [tokens, classes] (class dim last) is matched")
-    if len(static_shape(target)) != 1:
+        raise Refused(f"loss input has shape {show(n_v)}: only [tokens, classes] (class dim last) is matched")
+    if len(sizes(target)) != 1:
         raise Refused("target is not one class index per token")
     vocab = n_v[1]
     chain: list[fx.Node] = []
@@ -117,21 +117,24 @@ def match(loss: fx.Node) -> Match:
             raise Refused("loss input is not a graph value")
         only_user(cur, "the logits")
         ck = kind(cur)
-        shape = static_shape(cur)
+        shape = sizes(cur)
         if ck in ("linear", "matmul") or (ck == "add" and kind(cur.args[0]) == "matmul"):
             break
-        if shape[-1] != vocab:
-            raise Refused(f"{cur.name} changes the class dim ({shape})")
+        if not same(shape[-1], vocab):
+            raise Refused(f"{cur.name} changes the class dim ({show(shape)})")
         if ck in _TOKEN_OPS:
             src = cur.args[0]
             if ck in ("to", "float"):
                 v, s = value(cur), value(src)
                 if v is None or s is None or not v.dtype.is_floating_point or v.device != s.device:
                     raise Refused(f"{cur.name}: a cast to {getattr(v, 'dtype', '?')} is not a float upcast/downcast")
-            elif ck == "getitem" and not _keeps_last_dim(cur.args[1], len(static_shape(src))):
+            elif ck == "getitem" and not _keeps_last_dim(cur.args[1], len(sizes(src))):
                 raise Refused(f"{cur.name} indexes the class dim or uses advanced indexing")
-            elif ck in ("view", "reshape") and static_shape(src)[-1] != vocab:
+            elif ck in ("view", "reshape") and not same(sizes(src)[-1], vocab):
                 raise Refused(f"{cur.name} regroups the class dim")
+            elif ck in ("view", "reshape") and not _replayable(shape):
+                raise Refused(f"{cur.name} regroups symbolic token dims ({show(shape)}): only a flattening to "
+                              f"[tokens, classes] is replayed on h")
             if ck in ("view", "reshape", "getitem"):
                 replay.append(cur)
             chain.append(cur)
@@ -161,7 +164,7 @@ def match(loss: fx.Node) -> Match:
     ck = kind(cur)
     if ck == "add":  # h @ Wᵀ + b
         mm, bias = cur.args[0], cur.args[1]
-        if not isinstance(bias, fx.Node) or static_shape(bias) != (vocab,):
+        if not isinstance(bias, fx.Node) or not same_shape(sizes(bias), (vocab,)):
             raise Refused(f"{cur.name} adds something other than a bias of the class dim")
         chain.append(cur)
         only_user(mm, "the logits")
@@ -169,9 +172,11 @@ def match(loss: fx.Node) -> Match:
         ck = "matmul"
     chain.append(cur)
     h = cur.args[0]
-    if not isinstance(h, fx.Node) or len(static_shape(h)) < 2:
+    if not isinstance(h, fx.Node) or len(sizes(h)) < 2:
         raise Refused("the matrix product's left operand is not a batch of token vectors")
-    dim = static_shape(h)[-1]
+    dim = sizes(h)[-1]
+    if not isinstance(dim, int):
+        raise Refused(f"the hidden size {dim} is symbolic")
     if ck == "linear":
         weight, transposed = cur.args[1], False
         lin_bias = arg(cur, 2, "bias")
@@ -181,9 +186,9 @@ def match(loss: fx.Node) -> Match:
             bias = lin_bias
     else:
         weight, transposed = cur.args[1], True
-    w_shape = static_shape(weight)
-    if w_shape != ((dim, vocab) if transposed else (vocab, dim)):
-        raise Refused(f"weight shape {w_shape} is not a [{vocab}, {dim}] matrix")
+    w_shape = sizes(weight)
+    if not same_shape(w_shape, (dim, vocab) if transposed else (vocab, dim)):
+        raise Refused(f"weight shape {show(w_shape)} is not a [{vocab}, {dim}] matrix")
     hv, wv = value(h), value(weight)
     if hv.dtype != wv.dtype or not hv.dtype.is_floating_point or hv.dtype == torch.float64:
         raise Refused(f"dtypes {hv.dtype} x {wv.dtype}: only one of float32, bfloat16, float16")
@@ -191,6 +196,16 @@ def match(loss: fx.Node) -> Match:
         weight, transposed = weight.args[0], False  # h @ W.T: use W itself
     replay.reverse()
     return Match(loss, h, weight, transposed, bias, target, replay, [loss] + chain, softcap=softcap, **opts)
+
+
+def _static(shape: tuple) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def _replayable(shape: tuple) -> bool:
+    """A token view the rewrite can replay on h: static sizes, or a flattening to
+    [tokens, classes] (reshaped with -1: a SymInt cannot be written into the graph)."""
+    return _static(shape[:-1]) or len(shape) == 2
 
 
 def _product_above(node, depth: int) -> bool:
@@ -204,7 +219,7 @@ def _product_above(node, depth: int) -> bool:
 
 def _plain_transpose(node: fx.Node) -> bool:
     k = kind(node)
-    if len(static_shape(node.args[0])) != 2:
+    if len(sizes(node.args[0])) != 2:
         return False
     if k == "t":
         return True
@@ -215,7 +230,7 @@ def _plain_transpose(node: fx.Node) -> bool:
 
 def apply(gm: fx.GraphModule, m: Match) -> str:
     g = gm.graph
-    dim = static_shape(m.h)[-1]
+    dim = sizes(m.h)[-1]
     out_dtype = value(m.loss).dtype
     chunk = int(config.get("linear_ce_chunk"))
     with g.inserting_before(m.loss):
@@ -225,7 +240,8 @@ def apply(gm: fx.GraphModule, m: Match) -> str:
             if kind(op) == "getitem":
                 h = g.call_function(operator.getitem, (h, op.args[1]))
             else:
-                h = g.call_function(torch.reshape, (h, static_shape(op)[:-1] + (dim,)))
+                lead = sizes(op)[:-1]   # (symbolic: a flattening to [tokens, classes], `_replayable`)
+                h = g.call_function(torch.reshape, (h, (lead if _static(lead) else (-1,)) + (dim,)))
         fused = g.call_function(fused_linear_cross_entropy, (h, weight, m.bias, m.target), dict(
             ignore_index=m.ignore_index, label_smoothing=m.label_smoothing, softcap=m.softcap,
             reduction=m.reduction, chunk=chunk, out_dtype=out_dtype,

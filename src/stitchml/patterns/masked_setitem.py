@@ -31,9 +31,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-from .common import NoMatch, PatternRecord, Refused, arg, is_number, rewrite_matches, value
+from .common import NoMatch, PatternRecord, Refused, arg, is_number, rewrite_matches, same, sizes, value
 
 @dataclass
 class Match:
@@ -62,30 +60,6 @@ def masked_write(y: torch.Tensor, mask: torch.Tensor, values: Any, pos: int, acc
     else:
         w = torch.where(m, values, y)
     return y.copy_(w) if inplace else w
-
-
-def _sizes(node: Any) -> tuple:
-    """node's sizes, ints or SymInts (under dynamic shapes a frame count is symbolic:
-    the rewrite keeps working, and its checks below add no guard)."""
-    v = value(node)
-    if v is None:
-        raise Refused(f"{getattr(node, 'name', node)} has no recorded tensor value")
-    return tuple(v.shape)
-
-
-def _same(a: Any, b: Any) -> bool:
-    """a == b, never by specialising a symbolic size to its value (int() of a SymInt, or
-    comparing it with a number, guards on this size: a recompile at every new length).
-    Two symbolic sizes that are not known equal (a mask given as an input beside the
-    frames a convolution computes) are compared with a guard on their relation, which
-    eager checks too (it raises when they differ)."""
-    if isinstance(a, int) and isinstance(b, int):
-        return a == b
-    if statically_known_true(a == b):
-        return True
-    if isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt):
-        return bool(a == b)
-    return False
 
 
 def _full_slice(s: Any) -> bool:
@@ -124,23 +98,23 @@ def match(node: fx.Node) -> Match:
         raise NoMatch
     if not all(_full_slice(p) for i, p in enumerate(parts) if i != pos):
         raise Refused("other indices beside the mask are not full slices")
-    yshape, mshape = _sizes(y), _sizes(mask)
+    yshape, mshape = sizes(y), sizes(mask)
     if not mshape:
         raise Refused("a 0-d mask")
-    if len(yshape) < pos + len(mshape) or not all(_same(a, b) for a, b in zip(yshape[pos:], mshape)):
+    if len(yshape) < pos + len(mshape) or not all(same(a, b) for a, b in zip(yshape[pos:], mshape)):
         raise Refused(f"mask of shape {mshape} does not cover dims {pos}.. of {yshape}")
     rest = len(yshape) - pos - len(mshape)
     if isinstance(v, fx.Node):
-        vshape = _sizes(v)
+        vshape = sizes(v)
         rank = pos + 1 + rest
         if len(vshape) > rank:
             raise Refused(f"values of shape {vshape} have more dims than the indexed result")
         full = (1,) * (rank - len(vshape)) + vshape
-        if not _same(full[pos], 1):
+        if not same(full[pos], 1):
             raise Refused(f"values of shape {vshape} give one value per selected element: how many the mask "
                           f"selects is known only at run time (eager checks it)")
         written = full[:pos] + (1,) * len(mshape) + full[pos + 1:]
-        if not all(_same(w, 1) or _same(w, d) for w, d in zip(written, yshape)):
+        if not all(same(w, 1) or same(w, d) for w, d in zip(written, yshape)):
             raise Refused(f"values of shape {vshape} do not broadcast to the indexed result")
     elif not (is_number(v) or isinstance(v, bool)):
         raise Refused(f"values of type {type(v).__name__}")
