@@ -103,3 +103,35 @@ def test_micro_suite_survey_compiles_full_size_plans_for_sm90():
     rows = _run_outside_interpreter(SURVEY_SCRIPT)
     assert {g for _, _, g, _ in rows} == {"graph 0", "graph 1"}
     assert all(r["ok"] and 0 < r["registers"] <= 255 for _, _, _, r in rows), rows
+
+
+BITS_SCRIPT = textwrap.dedent("""
+    import json, torch
+    import torch.nn.functional as F
+    from stitchml.tools.aot_check import check, check_dynamic
+    from stitchml.patterns.cross_entropy import cross_entropy_rows
+    x = torch.randn(64, 1100)
+    h = torch.randn(64, 300).half()
+    m = torch.rand(64) > 0.5
+    out = {
+        # an XOR reduction of 64-bit patterns (looped row) and its uint64 result
+        "hash_tensor": check(lambda x: torch.hash_tensor(x * 2, dim=1), x),
+        # bit-casts: half rounded then read as int16, a wide unsigned result, bf16 widened
+        "bit_casts": check(lambda x, h: ((x.bfloat16() + 1).view(torch.int16), x.view(torch.uint32),
+                                         (h.view(torch.int16) + 1).view(torch.bfloat16) * 2), x, h),
+        "nextafter_halves": check(lambda a, b: (torch.nextafter(a / 3, b), torch.nextafter(a.bfloat16() / 3,
+                                                                                          b.bfloat16())), h, h * 2),
+        "masked_write": check(lambda x, m, v: (x * 2).index_put((m,), v, accumulate=True).exp(), x, m, x[0]),
+        # the log-sum-exp loss's backward under a dynamic template (one-row reduction, fixed row block)
+        "dynamic_cross_entropy": check_dynamic(lambda z, t: torch.autograd.grad(cross_entropy_rows(z, t), z)[0],
+                                               torch.randn(40, 11, requires_grad=True), torch.randint(0, 11, (40,))),
+    }
+    print(json.dumps({k: [r.__dict__ for r in v] for k, v in out.items()}))
+""")
+
+
+@pytest.mark.slow
+def test_bit_level_and_masked_write_kernels_compile_for_sm90():
+    results, kernels = compiled_for_sm90(BITS_SCRIPT)
+    assert all(results[name] for name in ("hash_tensor", "bit_casts", "nextafter_halves", "masked_write",
+                                          "dynamic_cross_entropy")), {k: len(v) for k, v in results.items()}

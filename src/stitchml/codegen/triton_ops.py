@@ -20,6 +20,11 @@ TL_DTYPE = {
     torch.uint16: "tl.uint16", torch.uint32: "tl.uint32", torch.uint64: "tl.uint64",
 }
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# the same types as Triton's signature strings (ahead-of-time and pooled compilation)
+SIG_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+             torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
+             torch.uint16: "u16", torch.uint32: "u32", torch.uint64: "u64", torch.bool: "i1"}
+assert set(SIG_DTYPE) == set(TL_DTYPE), "every kernel dtype needs a signature string"
 # smallest magnitude from which every value of the compute type is an integer (round is identity)
 ROUND_EXACT = {torch.float32: "8388608.0", torch.float64: "4503599627370496.0",
                torch.float16: "8388608.0", torch.bfloat16: "8388608.0"}

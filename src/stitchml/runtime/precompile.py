@@ -30,16 +30,12 @@ import torch
 
 from .. import config
 from ..codegen.kernel_source import KernelSource
+from ..codegen.triton_ops import SIG_DTYPE
 from .kernel_cache import load_kernels, module_path
 
 _POOL: list[ProcessPoolExecutor] = []
 _DONE: set[str] = set()   # module paths already compiled by this process's pool
 STATS = {"submitted": 0, "compiled": 0, "failed": 0}
-
-_TT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
-       torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
-       torch.bool: "i1"}
-
 
 def workers() -> int:
     n = int(config.get("compile_workers"))
@@ -110,7 +106,7 @@ def job_for(ks: KernelSource, graph, text: str | None = None,
             sig.append((name, "i32"))
             continue
         types.append(dt)
-        sig.append((name, "*" + _TT[dt]))
+        sig.append((name, "*" + SIG_DTYPE[dt]))
     for i, (ty, value) in enumerate(sizes):
         # the value itself: Triton specialises integers on == 1 and % 16, so a sample
         # number would compile a variant the launch does not use

@@ -15,10 +15,7 @@ from pathlib import Path
 import torch
 
 from .. import config
-
-_TT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
-       torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
-       torch.bool: "i1"}
+from ..codegen.triton_ops import SIG_DTYPE
 
 
 @dataclass
@@ -34,10 +31,10 @@ def _signature(ks, g) -> dict[str, str]:
     sig = {}
     for (kind, nid), name in zip(ks.params, ks.param_names):
         if kind in ("in", "out"):
-            sig[name] = "*" + _TT[g[nid].dtype]
+            sig[name] = "*" + SIG_DTYPE[g[nid].dtype]
         elif kind == "partial":
             dt = g[nid].dtype
-            sig[name] = "*" + _TT[torch.float32 if dt in (torch.float16, torch.bfloat16) else dt]
+            sig[name] = "*" + SIG_DTYPE[torch.float32 if dt in (torch.float16, torch.bfloat16) else dt]
         elif kind == "counter":
             sig[name] = "*i64"
         elif kind == "base":
