@@ -165,28 +165,18 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training: 
 def index_put_masked(x, indices, values, accumulate=False):
     """`x[..., mask, ...] = v` / `+= v` with one boolean mask over some of x's dims (after
     `p` full slices) and values that do not vary along the masked positions (one value,
-    or one slice broadcast to every selected position): `masked_write`, a where.  torch would turn the mask into `nonzero` indices, a
-    data-dependent shape that AOTAutograd cannot trace (the graph broke there).  Values
-    given per selected position depend on how many the mask selects: the op itself."""
+    or one slice broadcast to every selected position): `masked_write`, a where, under
+    the rewrite's own checks (`masked_setitem.refusal`).  torch would turn the mask into
+    `nonzero` indices, a data-dependent shape that AOTAutograd cannot trace (the graph
+    broke there).  Values given per selected position depend on how many the mask
+    selects: the op itself."""
     live = [(p, t) for p, t in enumerate(indices) if t is not None]
     if len(live) != 1 or live[0][1].dtype not in (torch.bool, torch.uint8):
         return NotImplemented
     p, mask = live[0]
-    if len(indices) != p + 1 or tuple(x.shape[p:p + mask.dim()]) != tuple(mask.shape) or mask.dim() == 0:
-        return NotImplemented
-    rest = x.dim() - p - mask.dim()
-    # the indexed result is x.shape[:p] + (selected,) + x.shape[p + mask.dim():]; values
-    # broadcast to it, and must have size 1 on the selected dim
-    rank = p + 1 + rest
-    if values.dim() > rank or (accumulate and x.dtype == torch.bool) or (values.dim() and values.dtype != x.dtype):
-        return NotImplemented   # (eager casts 0-d values only: otherwise index_put's own error)
-    v = values.reshape((1,) * (rank - values.dim()) + tuple(values.shape))
-    if v.shape[p] != 1:
-        return NotImplemented
-    written = tuple(v.shape[:p]) + (1,) * mask.dim() + tuple(v.shape[p + 1:])
-    if torch.broadcast_shapes(written, tuple(x.shape)) != tuple(x.shape):
-        return NotImplemented
-    from ..patterns.masked_setitem import masked_write   # (the Dynamo-level rewrite's own form)
+    from ..patterns.masked_setitem import masked_write, refusal   # (the Dynamo-level rewrite's own form)
+    if len(indices) != p + 1 or refusal(x, mask, p, values, accumulate) is not None:
+        return NotImplemented   # (index_put's own rule, or its own error)
     return masked_write(x, mask.to(torch.bool), values, p, accumulate, inplace=False)
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .common import NoMatch, PatternRecord, Refused, arg, is_number, rewrite_matches, same, sizes, value
+from .common import NoMatch, PatternRecord, Refused, arg, is_number, rewrite_matches, same, show, value
 
 @dataclass
 class Match:
@@ -60,6 +60,36 @@ def masked_write(y: torch.Tensor, mask: torch.Tensor, values: Any, pos: int, acc
     else:
         w = torch.where(m, values, y)
     return y.copy_(w) if inplace else w
+
+
+def refusal(y: torch.Tensor, mask: torch.Tensor, pos: int, values: torch.Tensor | None,
+            accumulate: bool) -> str | None:
+    """Why `y[(slice(None),) * pos + (mask,)] = values` is not a where, or None; `values`
+    None for a number.  Sizes may be SymInts (compared by `same`, never specialised):
+    this rewrite and the decomposition of the ATen op (`capture/decomp.py`) share it."""
+    yshape, mshape = tuple(y.shape), tuple(mask.shape)
+    if not mshape:
+        return "a 0-d mask"
+    if len(yshape) < pos + len(mshape) or not all(same(a, b) for a, b in zip(yshape[pos:], mshape)):
+        return f"mask of shape {show(mshape)} does not cover dims {pos}.. of {show(yshape)}"
+    if accumulate and y.dtype == torch.bool:
+        return "accumulate into a bool tensor"
+    if values is None:
+        return None
+    vshape = tuple(values.shape)
+    rank = len(yshape) - len(mshape) + 1   # the indexed result: y's dims with the mask's replaced by one
+    if len(vshape) > rank:
+        return f"values of shape {show(vshape)} have more dims than the indexed result"
+    if vshape and values.dtype != y.dtype:   # (eager casts 0-d values only)
+        return f"values of dtype {values.dtype} into {y.dtype}: eager raises"
+    full = (1,) * (rank - len(vshape)) + vshape
+    if not same(full[pos], 1):
+        return (f"values of shape {show(vshape)} give one value per selected element: how many the mask "
+                f"selects is known only at run time (eager checks it)")
+    written = full[:pos] + (1,) * len(mshape) + full[pos + 1:]
+    if not all(same(w, 1) or same(w, d) for w, d in zip(written, yshape)):
+        return f"values of shape {show(vshape)} do not broadcast to the indexed result"
+    return None
 
 
 def _full_slice(s: Any) -> bool:
@@ -98,33 +128,13 @@ def match(node: fx.Node) -> Match:
         raise NoMatch
     if not all(_full_slice(p) for i, p in enumerate(parts) if i != pos):
         raise Refused("other indices beside the mask are not full slices")
-    yshape, mshape = sizes(y), sizes(mask)
-    if not mshape:
-        raise Refused("a 0-d mask")
-    if len(yshape) < pos + len(mshape) or not all(same(a, b) for a, b in zip(yshape[pos:], mshape)):
-        raise Refused(f"mask of shape {mshape} does not cover dims {pos}.. of {yshape}")
-    rest = len(yshape) - pos - len(mshape)
-    if isinstance(v, fx.Node):
-        vshape = sizes(v)
-        rank = pos + 1 + rest
-        if len(vshape) > rank:
-            raise Refused(f"values of shape {vshape} have more dims than the indexed result")
-        full = (1,) * (rank - len(vshape)) + vshape
-        if not same(full[pos], 1):
-            raise Refused(f"values of shape {vshape} give one value per selected element: how many the mask "
-                          f"selects is known only at run time (eager checks it)")
-        written = full[:pos] + (1,) * len(mshape) + full[pos + 1:]
-        if not all(same(w, 1) or same(w, d) for w, d in zip(written, yshape)):
-            raise Refused(f"values of shape {vshape} do not broadcast to the indexed result")
-    elif not (is_number(v) or isinstance(v, bool)):
+    if isinstance(v, fx.Node) and value(v) is None or value(y) is None:
+        raise Refused("the target or the values have no recorded tensor value")
+    if not isinstance(v, fx.Node) and not (is_number(v) or isinstance(v, bool)):
         raise Refused(f"values of type {type(v).__name__}")
-    if accumulate and value(y).dtype == torch.bool:
-        raise Refused("accumulate into a bool tensor")
-    yv = value(y)
-    if isinstance(v, fx.Node):
-        vv = value(v)
-        if vv.dim() and vv.dtype != yv.dtype:   # (eager casts 0-d values only)
-            raise Refused(f"values of dtype {vv.dtype} into {yv.dtype}: eager raises")
+    why = refusal(value(y), mv, pos, value(v) if isinstance(v, fx.Node) else None, accumulate)
+    if why is not None:
+        raise Refused(why)
     return Match(node, y, mask, v, pos, accumulate, inplace)
 
 
