@@ -63,16 +63,20 @@ MODEL_CONTENDERS=(--contender eager --contender inductor --contender inductor-ro
 MICRO_CONTENDERS=(--contender eager --contender inductor --contender stitchml)
 
 # name | timeout (s) | what (for `list`)
-STEP_ORDER=(env tests calibrate micro-bf16 micro-fp32 models-bf16 models-fp32 models-rest micro-extra)
-declare -A LIMIT=([env]=120 [tests]=1500 [calibrate]=900 [micro-bf16]=2400 [micro-fp32]=2400
-                  [models-bf16]=3600 [models-fp32]=3600 [models-rest]=3600 [micro-extra]=3600)
+# models first (the headline), compile time in its own step and folder (a --resume would
+# otherwise keep the steady-state rows and skip the cold-compile measurement)
+STEP_ORDER=(env tests calibrate models-bf16 micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
+declare -A LIMIT=([env]=120 [tests]=900 [calibrate]=900 [micro-bf16]=2400 [micro-fp32]=2400
+                  [models-bf16]=3600 [models-fp32]=3600 [models-rest]=3600 [micro-extra]=3600
+                  [compile]=2400)
 declare -A WHAT=(
     [env]="nvidia-smi, driver, torch/Triton versions, git commit -> env.txt"
     [tests]="pytest -m gpu tests (judged against float64) -> tests/"
     [calibrate]="stitchml calibrate (copy bandwidth, launch cost, ...) -> calibrate.log"
     [micro-bf16]="micro suite bf16: eager, inductor, stitchml; fwd+bwd rows CUDA-graph replayed; device time"
     [micro-fp32]="micro suite fp32: same"
-    [models-bf16]="BERT train b16/infer b1,b16, GPT-2 train b8 s512, LLaMA-style 8L train b4 s1024, bf16: wall, GPU busy, host/step, launches, cold + warm-cache compile; eager, inductor, inductor-ro, stitchml, stitchml-nograph"
+    [models-bf16]="BERT train b16/infer b1,b16, GPT-2 train b8 s512, LLaMA-style 8L train b4 s1024, bf16: wall, GPU busy, host/step, launches; eager, inductor, inductor-ro, stitchml, stitchml-nograph"
+    [compile]="cold compile (empty caches) and warm-cache compile in a fresh process: BERT and LLaMA-style training, bf16, inductor vs stitchml -> compile/"
     [models-fp32]="the same rows in fp32"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
     [micro-extra]="micro suite, both dtypes: max-autotune and jax"
@@ -86,13 +90,17 @@ run_step() {
                  ${GPU_RUN_BENCH_ARGS:-})
     case "$1" in
     env)
-        { date -u; nvidia-smi; git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head -50
+        # the device's copy of the tree may have no .git: the caller passes GPU_RUN_COMMIT
+        { date -u; nvidia-smi; echo "commit ${GPU_RUN_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}"
+          git status --short 2>/dev/null | head -50
           "$PY" -c "import torch, triton, sys; print('python', sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda); print('triton', triton.__version__); print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NO CUDA')"
           "$PY" -c "import transformers; print('transformers', transformers.__version__)" 2>&1
         } > "$R/env.txt" 2>&1
         [ "${GPU_RUN_QUICK:-0}" = 1 ] || "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" ;;
     tests)
-        "$PY" -m pytest -m gpu tests -q -p no:cacheprovider -rfEs --junitxml="$R/tests/junit.xml" \
+        # a hung test must not eat the session: per-test limit where pytest-timeout is there
+        local TO=(); "$PY" -c "import pytest_timeout" 2>/dev/null && TO=(--timeout 420)
+        "$PY" -m pytest -m gpu tests -q -p no:cacheprovider -rfEs "${TO[@]}" --junitxml="$R/tests/junit.xml" \
             > "$R/tests/pytest.log" 2>&1
         local rc=$?; tail -5 "$R/tests/pytest.log"
         # failures are results, not a reason to stop the run: the step is done once pytest ran
@@ -105,8 +113,12 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         return $rc ;;
     micro-bf16) "${BENCH[@]}" --suite micro --dtype bf16 "${MICRO_CONTENDERS[@]}" ;;
     micro-fp32) "${BENCH[@]}" --suite micro --dtype fp32 "${MICRO_CONTENDERS[@]}" ;;
-    models-bf16) "${BENCH[@]}" --suite models --dtype bf16 "${CORE_MODELS[@]}" "${MODEL_CONTENDERS[@]}" ;;
-    models-fp32) "${BENCH[@]}" --suite models --dtype fp32 "${CORE_MODELS[@]}" "${MODEL_CONTENDERS[@]}" ;;
+    models-bf16) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time "${CORE_MODELS[@]}" "${MODEL_CONTENDERS[@]}" ;;
+    models-fp32) "${BENCH[@]}" --suite models --dtype fp32 --no-compile-time "${CORE_MODELS[@]}" "${MODEL_CONTENDERS[@]}" ;;
+    compile)
+        "$PY" -m stitchml.cli bench --out "$R/compile" --resume --no-progress "${QUICK[@]}" \
+            --suite models --dtype bf16 --case bert_train --case llama8_train \
+            --contender inductor --contender stitchml ;;
     models-rest) "${BENCH[@]}" --suite models --dtype both "${REST_MODELS[@]}" \
                      --contender eager --contender inductor --contender stitchml ;;
     micro-extra) "${BENCH[@]}" --suite micro --dtype both --contender max-autotune --contender jax ;;
