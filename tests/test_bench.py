@@ -325,3 +325,33 @@ def test_models_row_reports_host_time_and_compile_time(tmp_path):
     assert "| GPU busy | busy % | host/step |" in md and "warm cache, fresh process" in md
     assert "| stitch plan cache | stitch lower+plan+codegen |" in md and "lower+plan+codegen " in md
     assert "| bert_infer[b1,s8] | fp32 | stitchml |" in md
+
+
+def test_low_precision_forward_judged_against_float64_when_eager_is_the_inaccurate_one():
+    """bf16 cumsum: eager on CUDA rounds every partial sum, a float32-accumulating kernel
+    does not, and the two differ by ~3e-2, over the bf16 tolerance.  The harness then
+    judges both against a float64 run: the accurate contender passes, an inaccurate one
+    (10x eager's error) still fails."""
+    from types import SimpleNamespace
+
+    from stitchml.bench.harness import _judge_by_truth
+    from stitchml.bench.workload import CheckOutcome
+    torch.manual_seed(21)
+    x = torch.randn(16, 4096).bfloat16()
+    w = SimpleNamespace(mode="fwd", inputs=[x], checker=None, tol=2e-2, fn=lambda t: torch.cumsum(t, -1))
+    exact = torch.cumsum(x.double(), -1)
+    good = exact.bfloat16()                                       # float32/64 accumulation, one rounding
+    eager_like = torch.zeros_like(x)                              # rounding every partial sum (bf16 accumulation)
+    acc = torch.zeros(16, dtype=torch.bfloat16)
+    for j in range(x.shape[1]):
+        acc = (acc + x[:, j]).bfloat16()
+        eager_like[:, j] = acc
+    err = lambda t: ((t.double() - exact).norm() / exact.norm()).item()
+    assert err(eager_like) > 2e-2 > 10 * err(good)                # the situation measured on the H200
+    first = CheckOutcome(False, err(eager_like), "max rel err vs eager")
+    ok = _judge_by_truth(w, [good], [eager_like], first)
+    assert ok.ok and "against float64" in ok.detail, ok.detail
+    bad = exact.bfloat16() + (eager_like - exact.bfloat16()) * 10    # ten times eager's error
+    assert not _judge_by_truth(w, [bad], [eager_like], first).ok
+    w.mode = "fwdbwd"                                             # only forward rows are judged this way
+    assert _judge_by_truth(w, [good], [eager_like], first) is first

@@ -204,7 +204,7 @@ def test_bench_rows_see_kernels_host_and_compile_time(tmp_path):
         # eager's backward must capture (else the harness's capture is wrong); a compiler's
         # refusal is reported in the row, with its reason
         if who == "eager" or not t.get("graph_capture_failed"):
-            assert t["method"].startswith("cuda-graph replay"), (who, t)
+            assert t["method"].startswith("cuda-graph replay"), (who, t["method"], *t["notes"])
         else:
             assert any("capture failed" in n for n in t["notes"]), (who, t)
         m = by[("bert_infer", who)]

@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 
 from . import config, pipeline
+from .capture.pad_gemm import pad_gemms
 from .codegen.kernel_source import KernelSource
 from .dynamic.runner import compile_dynamic, is_symbolic
 from .fallback import graph_falls_back, may_fall_back
@@ -46,6 +47,7 @@ class CompiledGraph:
     dynamic: object = None          # dynamic.runner.DynamicState for a graph with symbolic sizes
     times: StageTimes = field(default_factory=StageTimes)   # where compile time went
     first_call_seconds: float = 0.0  # the first call (kernels compiled or loaded there) included
+    gemm_pads: list[str] = field(default_factory=list)  # matrix products padded for cuBLAS (capture/pad_gemm.py)
 
 
 def _device_of(gm: fx.GraphModule, example_inputs) -> torch.device:
@@ -84,6 +86,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
             cuda_graphs.enabled(kind, device, rec, dynamic=True)  # (records why not)
             return compile_dynamic(gm, kind, device, rec)
         graphs = cuda_graphs.enabled(kind, device, rec)
+        rec.gemm_pads = pad_gemms(gm, device=device)  # misaligned products padded (static sizes only)
         built = pipeline.build_static(gm, device)   # lower, plan, codegen (barrier counters are graph-safe)
         rec.graph, rec.plan, rec.kernels, rec.times = built.graph, built.plan, built.kernels, built.times
         call, rec.wrapper_source = pipeline.load(built, device)                    # kernels, wrapper

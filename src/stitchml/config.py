@@ -95,13 +95,17 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("direct_launch", "STITCHML_DIRECT_LAUNCH", True, _bool,
          "Launch compiled kernels through a launcher bound once (Triton's compiled-kernel entry point, no "
          "JIT dispatch per call); off = every launch goes through Triton's JIT. GPU only."),
+    Knob("pad_gemm", "STITCHML_PAD_GEMM", "auto", lambda s: s.strip().lower(),
+         "Pad matrix products (mm, addmm, bmm) whose operands or result have a leading dimension that is not a "
+         "multiple of 16 bytes (odd vocabularies: BERT 30522, GPT-2 50257), so that cuBLAS runs its fast kernels "
+         "(capture/pad_gemm.py): `auto` (CUDA tensors), `on` (also CPU, for tests), `off`."),
     Knob("linear_ce", "STITCHML_LINEAR_CE", True, _bool,
          "Rewrite an LM head (h @ Wᵀ, optional bias and tanh softcap) followed by cross-entropy into the "
          "chunked fused op (stitchml::linear_cross_entropy): the [tokens, vocab] logits are never "
          "materialised; grad_h and grad_W are computed in the forward pass. Refused when the logits escape."),
     Knob("linear_ce_chunk", "STITCHML_LINEAR_CE_CHUNK", 0, int,
          "Tokens per chunk in the fused linear + cross-entropy op; 0 = auto (a chunk's logits no larger than "
-         "the hidden states h but at least 64 tokens, rounded down to a power of two)."),
+         "the hidden states h but at least 1024 tokens, rounded down to a power of two)."),
     Knob("linear_ce_fp32_grad_w", "STITCHML_LINEAR_CE_FP32_GRAD_W", False, _bool,
          "Fused linear + cross-entropy with bf16/fp16 weights: sum grad_W over token chunks in an fp32 buffer "
          "(one rounding, like eager; costs 2x W's size) instead of in place in W's dtype (one rounding per chunk)."),

@@ -199,6 +199,33 @@ def _check(w: Workload, actual: list[torch.Tensor], expected: list[torch.Tensor]
     return compare(actual, expected, w.tol, names)
 
 
+# a contender judged against float64 may be this much further from it than eager is
+TRUTH_FACTOR = 2.0
+
+
+def _judge_by_truth(w: Workload, actual: list[torch.Tensor], expected: list[torch.Tensor],
+                    got: CheckOutcome) -> CheckOutcome:
+    """A low-precision forward row that missed its tolerance against eager, judged
+    against float64 instead: eager can be the inaccurate one (bf16 `cumsum` on CUDA
+    rounds every partial sum; measured 2.7e-2 from a float32-accumulating kernel on an
+    H200).  Passes when the contender's error against the float64 run is within
+    max(tolerance, TRUTH_FACTOR x eager's own error against it)."""
+    low = [t for t in w.inputs if isinstance(t, torch.Tensor) and t.dtype in (torch.bfloat16, torch.float16)]
+    if w.mode != "fwd" or not low or w.checker is not None:
+        return got
+    with torch.no_grad():
+        args = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in w.inputs]
+        truth = [t.double() for t in flat_tensors(w.fn(*args))]
+    # errors against float64 (references kept in float64: rounding them would add error)
+    mine = compare([a.double() for a in actual], truth, w.tol)
+    theirs = compare([e.double() for e in expected], truth, w.tol)
+    bound = max(w.tol, TRUTH_FACTOR * theirs.max_rel_err)
+    ok = mine.max_rel_err <= bound
+    return CheckOutcome(ok, mine.max_rel_err,
+                        f"{got.detail} against eager; against float64: {mine.max_rel_err:.2e}, eager's own "
+                        f"{theirs.max_rel_err:.2e}, bound {bound:.2e}")
+
+
 def reference(w: Workload) -> list[torch.Tensor]:
     """Eager's results for `w` (outputs, then gradients); makes the shared cotangents."""
     if w.mode != "fwd":
@@ -328,6 +355,8 @@ def run_contender(c: Contender, w: Workload, ref: list[torch.Tensor], ref_varian
         if root is not None:
             _measure_compile(c, w, ctx, res, root)
         got = _check(w, p.first, ref)
+        if not got.ok:
+            got = _judge_by_truth(w, p.first, ref, got)
         res.check = {"ok": got.ok, "max_rel_err": got.max_rel_err, "tolerance": w.tol, "detail": got.detail}
         if not got.ok:
             res.status, res.reason = "FAILED", f"wrong answer: {got.detail}"

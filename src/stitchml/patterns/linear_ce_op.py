@@ -167,15 +167,32 @@ def ce_rows(z: Tensor, tgt: Tensor, count: Tensor, ignore_index: int, smooth: fl
 
 
 _WIDE_SLICE = 8192   # vocabulary rows per fp32 grad_W update
-MIN_AUTO_CHUNK = 64  # tokens: below this the chunk's GEMMs get too thin to run well
+# Tokens per chunk at least: measured on an H200 (bench/NOTES.md, 2026-11-25), BERT-base's
+# 2048 tokens in 32 chunks of 64 spent 5.0 ms per step in this op against 0.5 ms for
+# Inductor's one-shot logits.  Each chunk re-reads W in three GEMMs (and read-modify-writes
+# grad_W), and the row kernel runs one program per token, so a 64-row chunk leaves most
+# of the GPU's 132 SMs idle.  1024 rows keep the GEMMs fat and the SMs busy; the peak is
+# still bounded (LLaMA-3's 128256 words: a 256 MB bf16 chunk instead of 1 GB + 2 GB fp32).
+MIN_AUTO_CHUNK = 1024
+# The chunk buffer's row stride is padded to this many elements: with an odd vocabulary
+# (BERT 30522, GPT-2 50257) an unpadded [tokens, V] buffer has a leading dimension that is
+# not a multiple of 16 bytes, and cuBLAS then falls back to slow align-1/align-2 kernels
+# for all three GEMMs (3.3 ms instead of ~0.4 ms for GPT-2's head on an H200).
+LD_PAD = 64
 
 
 def auto_chunk(n: int, d: int, v: int) -> int:
     """Tokens per chunk when the knob says 0: the chunk's logits no larger than h
-    (n × d elements) but at least 64 tokens, a power of two, at most n.  LLaMA-3 at
-    4x1024 tokens (d 4096, v 128256): 128 tokens, a 33 MB bf16 chunk instead of 1 GB."""
+    (n × d elements) but at least MIN_AUTO_CHUNK tokens, a power of two, at most n.
+    LLaMA-3 at 4x1024 tokens (d 4096, v 128256): 1024 tokens, a 256 MB bf16 chunk
+    instead of 1 GB of logits and their 2 GB fp32 copy."""
     rows = max(MIN_AUTO_CHUNK, (n * d) // max(v, 1))
     return max(1, min(n, 1 << (rows.bit_length() - 1)))
+
+
+def padded_ld(v: int) -> int:
+    """The chunk buffer's row stride for v columns: v rounded up to LD_PAD elements."""
+    return -(-v // LD_PAD) * LD_PAD
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -202,7 +219,8 @@ def _chunks(h: Tensor, w: Tensor, bias: Optional[Tensor], target: Tensor, count:
     v = w.shape[0]
     write_grad = need_grad_h or need_grad_w
     chunk = chunk if chunk > 0 else auto_chunk(n, d, v)
-    zbuf = torch.empty(min(chunk, max(n, 1)), v, dtype=h.dtype, device=h.device)
+    # rows padded to an aligned stride (LD_PAD); the padding columns are never read
+    zbuf = torch.empty(min(chunk, max(n, 1)), padded_ld(v), dtype=h.dtype, device=h.device)[:, :v]
     losses = torch.empty(n, dtype=torch.float32, device=h.device)
     lse = lse_in if lse_in is not None else torch.empty(n, dtype=torch.float32, device=h.device)
     gh = torch.empty_like(h) if need_grad_h else _empty(h)
@@ -367,7 +385,7 @@ def fused_linear_cross_entropy(h: Tensor, w: Tensor, bias: Optional[Tensor], tar
 def peak_logits_elements(n: int, d: int, v: int, chunk: int) -> int:
     """Largest [tokens, vocab] buffer the op allocates (for explain and tests)."""
     c = chunk if chunk > 0 else auto_chunk(n, d, v)
-    return min(c, n) * v
+    return min(c, n) * padded_ld(v)
 
 
 OPS = (linear_cross_entropy, linear_ce_loss, linear_ce_grads)  # library calls for the lowering

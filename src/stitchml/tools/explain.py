@@ -127,6 +127,8 @@ class Report:
             if rec.plan is None:
                 lines.append(f"  runs eagerly: {rec.eager_reason}")
                 continue
+            for note in getattr(rec, "gemm_pads", ()):  # matrix products padded for cuBLAS, or left
+                lines.append(f"  GEMM alignment: {note}")
             if rec.cuda_graph_note:  # why this graph is not replayed in a CUDA graph
                 lines.append(f"  CUDA graphs: {rec.cuda_graph_note}")
             g = rec.graph
