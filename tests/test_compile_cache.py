@@ -281,3 +281,45 @@ def test_aot_compile_of_distinct_kernels_for_sm90(tmp_path):
     r = json.loads(res.stdout.strip().splitlines()[-1])
     assert not r["failed"], r["failed"]
     assert r["kernels"] == 3 and r["distinct"] == 2 and r["workers"] == 2
+
+
+def test_a_second_process_skips_kernels_an_earlier_pool_compiled(tmp_path, monkeypatch):
+    """Markers of compiled jobs (runtime/precompile.py): the first process's pool compiles
+    two kernels and marks them; a second process (the pool's memory of what it did
+    cleared) submits nothing and starts no pool; a changed target (another Triton version,
+    another GPU) misses the markers and compiles again.  The GPU and the pool are stood
+    in for: what is tested is the bookkeeping, which decides whether a warm process
+    spends seconds spawning workers (measured: 9-11 s on an H200)."""
+    from concurrent.futures import Future
+
+    import stitchml.compiler as compiler
+    from stitchml import config
+    from stitchml.runtime import precompile as pc
+
+    submitted = []
+
+    class FakePool:
+        def submit(self, fn, job):
+            submitted.append(job.path)
+            f = Future()
+            f.set_result(0.0)
+            return f
+
+    monkeypatch.setattr(pc, "pool", lambda: FakePool())
+    monkeypatch.setattr(pc, "_DONE", set())
+    monkeypatch.setattr(pc.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(compiler, "_interpreter_on", lambda: False)
+    target = [((9, 0), "3.6.0", "2.11.0", "/tmp/triton")]
+    monkeypatch.setattr(pc, "_target", lambda: target[0])
+    jobs = [pc.Job(str(tmp_path / f"sk_{i}.py"), (torch.float32, 7), (("a", "*fp32"), ("n", "i32")), 4)
+            for i in range(3)]
+    with config.override(cache_dir=str(tmp_path / "cache"), compile_workers=4):
+        pc.precompile(jobs).wait()                        # first process: all three compiled
+        assert len(submitted) == 3 and all(pc.marker(j).exists() for j in jobs)
+        pc._DONE.clear()                                  # a new process
+        pending = pc.precompile(jobs)
+        assert pending.futures == [] and len(submitted) == 3   # nothing submitted, no pool asked for
+        pc._DONE.clear()
+        target[0] = ((9, 0), "3.7.0", "2.11.0", "/tmp/triton")   # another Triton: markers miss
+        pc.precompile(jobs).wait()
+        assert len(submitted) == 6

@@ -34,6 +34,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Columns per iteration in row-looped kernels."),
     Knob("block_elems", "STITCHML_BLOCK_ELEMS", 4096, int,
          "Target elements per program for row kernels; short rows are packed up to this many."),
+    Knob("partial_programs_per_sm", "STITCHML_PARTIAL_PROGRAMS_PER_SM", 2, int,
+         "Column partials beside rows held on chip (a norm backward's weight gradient): programs per SM, each "
+         "walking several row blocks and storing one partial row (more programs: more latency hidden, a "
+         "larger partial buffer). H200, 2026-11-25: layer_norm_bwd N=1024 at 2 per SM ran 4x its prediction."),
+    Knob("looped_partial_elems", "STITCHML_LOOPED_PARTIAL_ELEMS", 2048, int,
+         "Column partials beside long (looped) rows: elements per loop iteration of a program's row block "
+         "(rows x columns). H200, 2026-11-25: rms_norm_bwd N=32768 at 2048 ran 3.7x its prediction."),
     Knob("split_min_cols", "STITCHML_SPLIT_MIN_COLS", 1024, int,
          "Task splitting: rows split into chunks of at least this many elements, only when there are fewer "
          "rows than two programs per SM (AStitch's rule: split when rows < programs per wave and a row "
@@ -104,8 +111,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "chunked fused op (stitchml::linear_cross_entropy): the [tokens, vocab] logits are never "
          "materialised; grad_h and grad_W are computed in the forward pass. Refused when the logits escape."),
     Knob("linear_ce_chunk", "STITCHML_LINEAR_CE_CHUNK", 0, int,
-         "Tokens per chunk in the fused linear + cross-entropy op; 0 = auto (a chunk's logits no larger than "
-         "the hidden states h but at least 1024 tokens, rounded down to a power of two)."),
+         "Tokens per chunk in the fused linear + cross-entropy op; 0 = auto (a power of two: the chunk's logits "
+         "within 128 MiB but at least 256 tokens, so the chunk's GEMMs stay compute-bound)."),
     Knob("linear_ce_fp32_grad_w", "STITCHML_LINEAR_CE_FP32_GRAD_W", False, _bool,
          "Fused linear + cross-entropy with bf16/fp16 weights: sum grad_W over token chunks in an fp32 buffer "
          "(one rounding, like eager; costs 2x W's size) instead of in place in W's dtype (one rounding per chunk)."),

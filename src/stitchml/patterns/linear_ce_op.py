@@ -167,13 +167,15 @@ def ce_rows(z: Tensor, tgt: Tensor, count: Tensor, ignore_index: int, smooth: fl
 
 
 _WIDE_SLICE = 8192   # vocabulary rows per fp32 grad_W update
-# Tokens per chunk at least: measured on an H200 (bench/NOTES.md, 2026-11-25), BERT-base's
-# 2048 tokens in 32 chunks of 64 spent 5.0 ms per step in this op against 0.5 ms for
-# Inductor's one-shot logits.  Each chunk re-reads W in three GEMMs (and read-modify-writes
-# grad_W), and the row kernel runs one program per token, so a 64-row chunk leaves most
-# of the GPU's 132 SMs idle.  1024 rows keep the GEMMs fat and the SMs busy; the peak is
-# still bounded (LLaMA-3's 128256 words: a 256 MB bf16 chunk instead of 1 GB + 2 GB fp32).
-MIN_AUTO_CHUNK = 1024
+# Auto chunk (knob linear_ce_chunk = 0): measured on an H200 (bench/NOTES.md, 2026-11-25),
+# BERT-base's 2048 tokens in 32 chunks of 64 spent 5.0 ms per step in this op against
+# 0.5 ms for Inductor's one-shot logits.  A chunk of c tokens re-reads W in three GEMMs:
+# their intensity is ~c flops per byte of W (bf16), so c >= 256 keeps them above an H200's
+# ridge (~200) and the row kernel (one program per token) over its 132 SMs.  The buffer
+# is bounded in bytes: LLaMA-3's 128256 words at 512 tokens is 131 MB (bf16) instead of
+# 1 GB of logits and their 2 GB float32 copy; BERT's 30522 words fit in one chunk.
+MIN_AUTO_CHUNK = 256
+AUTO_CHUNK_BYTES = 128 << 20
 # The chunk buffer's row stride is padded to this many elements: with an odd vocabulary
 # (BERT 30522, GPT-2 50257) an unpadded [tokens, V] buffer has a leading dimension that is
 # not a multiple of 16 bytes, and cuBLAS then falls back to slow align-1/align-2 kernels
@@ -181,12 +183,12 @@ MIN_AUTO_CHUNK = 1024
 LD_PAD = 64
 
 
-def auto_chunk(n: int, d: int, v: int) -> int:
-    """Tokens per chunk when the knob says 0: the chunk's logits no larger than h
-    (n × d elements) but at least MIN_AUTO_CHUNK tokens, a power of two, at most n.
-    LLaMA-3 at 4x1024 tokens (d 4096, v 128256): 1024 tokens, a 256 MB bf16 chunk
-    instead of 1 GB of logits and their 2 GB fp32 copy."""
-    rows = max(MIN_AUTO_CHUNK, (n * d) // max(v, 1))
+def auto_chunk(n: int, d: int, v: int, itemsize: int = 2) -> int:
+    """Tokens per chunk when the knob says 0: a power of two, at most n, the chunk's
+    logits (row stride padded) within AUTO_CHUNK_BYTES but at least MIN_AUTO_CHUNK
+    tokens.  BERT-base (2048 tokens, v 30522, bf16): 2048, one chunk; LLaMA-3 at 4x1024
+    tokens (v 128256): 512 tokens, 131 MB."""
+    rows = max(MIN_AUTO_CHUNK, AUTO_CHUNK_BYTES // max(padded_ld(v) * itemsize, 1))
     return max(1, min(n, 1 << (rows.bit_length() - 1)))
 
 
@@ -218,7 +220,7 @@ def _chunks(h: Tensor, w: Tensor, bias: Optional[Tensor], target: Tensor, count:
     n, d = h.shape
     v = w.shape[0]
     write_grad = need_grad_h or need_grad_w
-    chunk = chunk if chunk > 0 else auto_chunk(n, d, v)
+    chunk = chunk if chunk > 0 else auto_chunk(n, d, v, h.element_size())
     # rows padded to an aligned stride (LD_PAD); the padding columns are never read
     zbuf = torch.empty(min(chunk, max(n, 1)), padded_ld(v), dtype=h.dtype, device=h.device)[:, :v]
     losses = torch.empty(n, dtype=torch.float32, device=h.device)

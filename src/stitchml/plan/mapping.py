@@ -51,7 +51,7 @@ def looped_rows(rows: int, opts: PlanOptions) -> int:
     gradient cost (half of that at R = 4 in bfloat16, a quarter in float32; the float32
     product it replaces cost 8), while the grid keeps a program or two per SM busy."""
     r = 2
-    while r < 32 and -(-rows // r) > 2 * opts.device.sms:
+    while r < 32 and -(-rows // r) > opts.partial_programs_per_sm * opts.device.sms:
         r *= 2
     return r
 
@@ -77,7 +77,7 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False) -> Mapping
         return Mapping(form, br, bc, _warps(br * bc), grid, -(-blocks // grid))
     if partials:   # several rows per program: one partial row per program and column block
         br = looped_rows(rows, opts)
-        bc = min(next_pow2(cols), max(min(32, opts.loop_block_cols), opts.loop_block_cols // br))
+        bc = min(next_pow2(cols), max(min(32, opts.looped_partial_elems), opts.looped_partial_elems // br))
         return Mapping("row_looped", br, bc, _warps(br * bc), -(-rows // br))
     bc = opts.loop_block_cols
     return Mapping("row_looped", 1, bc, _warps(bc), rows)
@@ -110,6 +110,6 @@ def combine_mapping(rows: int, cols: int, opts: PlanOptions) -> Mapping:
 
 
 def _partial_programs(opts: PlanOptions) -> int:
-    # two programs per SM keep DRAM busy while bounding the partial buffer (and so the
-    # combine's reads) to 2*SMs rows
-    return max(2, 2 * opts.device.sms)
+    # a few programs per SM (knob, default 2) bound the partial buffer (and so the
+    # combine's reads) to that many rows per SM
+    return max(2, opts.partial_programs_per_sm * opts.device.sms)

@@ -25,6 +25,8 @@ class PlanOptions:
     loop_block_cols: int = 2048    # columns per iteration of row-looped kernels
     block_elems: int = 4096        # target elements per program of row kernels
     split_min_cols: int = 1024     # task splitting: smallest chunk of a split row
+    partial_programs_per_sm: int = 2   # column partials beside on-chip rows: programs per SM
+    looped_partial_elems: int = 2048   # column partials beside looped rows: elements per iteration
     looped_partials: bool = True   # column reductions beside long (looped) rows as column partials
     global_barriers: bool = True   # the global scheme (phases + grid barrier) may be chosen
     horizontal_fusion: bool = True   # independent launch-bound kernels may share a launch

@@ -4,9 +4,11 @@ A compiled graph (inference, training forward or backward) is captured once and 
 replayed, which removes the host cost of its launches and eager calls:
 
 - **what is copied**: only inputs whose address changes between calls (the user's
-  batch).  Parameters and buffers, and any input found at the same address in the
-  warm-up call and the capture call (a saved activation the forward graph's replay
-  wrote), are read in place: never copied.  Every replay checks that those addresses
+  batch).  Parameters and buffers, any input found at the same address in the
+  warm-up call and the capture call, and any input that is a static output of
+  another captured graph (a saved activation the forward graph's replay wrote, which
+  the backward's warm-up saw at its plain-call address), are read in place: never
+  copied.  Every replay checks that those addresses
   still hold; if one moved, that call runs without the graph, and after
   `MAX_RECAPTURES` such misses the graph is captured again.
 - **outputs**: returned as fresh aliases of the graph's static outputs (one C++ call
