@@ -355,3 +355,16 @@ def test_low_precision_forward_judged_against_float64_when_eager_is_the_inaccura
     assert not _judge_by_truth(w, [bad], [eager_like], first).ok
     w.mode = "fwdbwd"                                             # only forward rows are judged this way
     assert _judge_by_truth(w, [good], [eager_like], first) is first
+
+
+def test_bench_variants_parse_knobs_and_cases():
+    """tools/bench_variants: NAME:KNOB=VALUE,...:CASE;CASE, knobs parsed as their
+    environment variables are; an unknown knob is refused by name."""
+    from stitchml.tools.bench_variants import parse_variant
+    name, values, cases = parse_variant("pp8:partial_programs_per_sm=8,looped_partials=0:"
+                                        "rms_norm_bwd[N=32768];layer_norm_bwd[N=1024]")
+    assert name == "pp8" and values == {"partial_programs_per_sm": 8, "looped_partials": False}
+    assert cases == ("rms_norm_bwd[N=32768]", "layer_norm_bwd[N=1024]")
+    assert parse_variant("default::softmax_fwd") == ("default", {}, ("softmax_fwd",))
+    with pytest.raises(SystemExit, match="no_such_knob"):
+        parse_variant("x:no_such_knob=1:softmax_fwd")
