@@ -211,6 +211,29 @@ def test_a_graph_reads_another_graphs_static_outputs_in_place():
     assert bwd.replays == 4
 
 
+def test_static_outputs_read_in_place_after_the_producer_is_captured_again():
+    """A training loop that keeps last step's outputs (the loss it logs): the forward's
+    replay at step 3 finds them held, runs plain and captures again with those outputs
+    cloned; meanwhile the backward saw its inputs move.  Once the forward's new static
+    outputs exist, the backward reads them in place again (no copy per replay)."""
+    w = torch.randn(8, 8)
+    fwd, fb = _runner(_model, w, torch.randn(4, 8))
+    bwd, bb = _runner(lambda a, b: (a * 2.0 + 1.0, b.sum()), torch.randn(4, 8), torch.randn(8))
+    kept = None
+    for step in range(8):
+        x = torch.randn(4, 8)
+        a, b = fwd([w, x])
+        got = bwd([a, b])
+        ref = _model(w, x)
+        torch.testing.assert_close(got[0], ref[0] * 2.0 + 1.0)
+        torch.testing.assert_close(got[1], ref[1].sum())
+        kept = b                     # held across the next forward call (logged)
+        del a, got
+    assert kept is not None and fwd.misses == 1 and fb.captures == 2      # once: b cloned from then on
+    assert bwd.copies == {} or list(bwd.copies) == [1], bwd.captured     # a (a static output) never copied
+    assert 0 in bwd.static and bwd.replays >= 3
+
+
 def test_mutated_user_input_refuses_capture():
     def f(x, y):
         x.add_(1.0)

@@ -257,8 +257,12 @@ class GraphRunner:
         off = [i for i, x in tensors.items() if not self.backend.on_device(x)]
         if off:
             return self._refuse(f"input {off[0]} is not on the GPU", inputs)
+        # another graph's static output is read in place even if it moved before: it
+        # moves when that graph is captured again (its held outputs then cloned), once
+        # (H200: the forward recaptured at the third step, and 230 activations a BERT
+        # step were copied ever after because the backward had marked them moving)
         self.static = [i for i, x in tensors.items() if isinstance(x, torch.nn.Parameter) or
-                       (i not in self.moving and (self.ptrs.get(i) == x.data_ptr() or _graph_output_storage(x)))]
+                       _graph_output_storage(x) or (i not in self.moving and self.ptrs.get(i) == x.data_ptr())]
         copied = sorted(set(tensors) - set(self.static))
         written = sorted(self.mutated & set(copied))
         if written:
