@@ -102,3 +102,12 @@ def test_knob_off_and_auto_on_cpu_leave_products(mode, monkeypatch):
         x, w = torch.randn(8, 5), torch.randn(5, 7)
         torch.testing.assert_close(fn(x, w), x @ w)
     assert _pads(be)["inference"] == []
+
+
+def test_addmm_keeps_beta_and_alpha(padding):
+    """addmm(bias, a, b, beta=, alpha=) padded: its scalars go along."""
+    torch.manual_seed(15)
+    fn, be = _compiled(lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=-2.0))
+    c, a, b = torch.randn(9), torch.randn(6, 11), torch.randn(11, 9)       # K = 11, N = 9: both odd
+    torch.testing.assert_close(fn(c, a, b), torch.addmm(c, a, b, beta=0.5, alpha=-2.0), rtol=1e-5, atol=1e-5)
+    assert any("padded" in n for n in _pads(be)["inference"]), _pads(be)

@@ -243,7 +243,7 @@ def pad_gemms(gm: fx.GraphModule, *, device: torch.device) -> list[str]:
             if any(bpad):
                 bias = b.padded(bias, bpad, node)
             args = (bias, *args)
-        res = prod = b.call(node.target, args, node)
+        res = prod = b.call(node.target, args, node, **dict(node.kwargs))   # (addmm's beta, alpha)
         d = out.dim()
         if pads.get("M"):    # extra result rows: a row slice, still contiguous
             res = b.call(aten.slice.Tensor, (res, d - 2, 0, sizes["M"]), node)
