@@ -234,6 +234,22 @@ def test_static_outputs_read_in_place_after_the_producer_is_captured_again():
     assert 0 in bwd.static and bwd.replays >= 3
 
 
+def test_a_collected_runner_leaves_no_static_addresses_behind():
+    """The registry of graphs' static outputs forgets a runner that is garbage-collected
+    (a model replaced, `torch._dynamo.reset()`): a stale address would make an unrelated
+    input allocated there look read-in-place at every capture."""
+    import gc
+    w = torch.randn(8, 8)
+    fwd, _ = _runner(_model, w, torch.randn(4, 8))
+    for _ in range(3):
+        fwd([w, torch.randn(4, 8)])
+    key = id(fwd)
+    assert key in cg._STATIC_OUTPUTS and cg._STATIC_OUTPUTS[key]
+    del fwd
+    gc.collect()
+    assert key not in cg._STATIC_OUTPUTS
+
+
 def test_mutated_user_input_refuses_capture():
     def f(x, y):
         x.add_(1.0)

@@ -1,5 +1,6 @@
 """Misaligned matrix products padded for cuBLAS (capture/pad_gemm.py): the padded graph
-computes what eager computes, forward and backward, its outputs keep eager's layout,
+computes what eager computes, forward and backward, its results keep eager's layout
+(so a saved result read by the backward is addressed as traced),
 and explain says which products were padded and which were left (and why).
 
 On the CPU the pass runs with the knob `pad_gemm=on` (its `auto` is CUDA only) and the
@@ -111,3 +112,29 @@ def test_addmm_keeps_beta_and_alpha(padding):
     c, a, b = torch.randn(9), torch.randn(6, 11), torch.randn(11, 9)       # K = 11, N = 9: both odd
     torch.testing.assert_close(fn(c, a, b), torch.addmm(c, a, b, beta=0.5, alpha=-2.0), rtol=1e-5, atol=1e-5)
     assert any("padded" in n for n in _pads(be)["inference"]), _pads(be)
+
+
+def test_batched_product_with_padded_rows_keeps_its_layout(padding):
+    """bmm with A column-major and M odd pads M: the row slice of a [B, M+p, N] result
+    keeps the padded batch stride, so it is copied back.  Without that the backward,
+    compiled for the traced strides, read the saved product wrongly (gradient errors
+    of 12 and 20) and `.view(-1)` of the result failed."""
+    torch.manual_seed(16)
+
+    def f(a, b):
+        p = a.transpose(1, 2) @ b
+        return torch.sin(p), p
+    a = torch.randn(3, 16, 21, requires_grad=True)           # A = aᵀ: column-major, M = 21
+    b = torch.randn(3, 16, 16, requires_grad=True)
+    fn, be = _compiled(f)
+    (out, p), (ref, rp) = fn(a, b), f(a, b)
+    assert p.stride() == rp.stride()
+    torch.testing.assert_close(p.view(-1), rp.view(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(ref)
+    got = torch.autograd.grad(out, (a, b), g)
+    exp = torch.autograd.grad(ref, (a, b), g)
+    for x, r in zip(got, exp):
+        assert x.stride() == r.stride()
+        torch.testing.assert_close(x, r, rtol=1e-4, atol=1e-4)
+    assert any("padded (M+3" in n for n in _pads(be)["forward"]), _pads(be)

@@ -16,7 +16,8 @@ tensor's row stride).  A misaligned operand is copied once, zero-padded in its o
 last dim, which pads exactly one of M, N, K:
 
 - A row-major [M, K] pads K; A = Yᵀ with Y [K, M] pads M (extra result rows, sliced
-  off as a row slice: still contiguous);
+  off: a row slice, contiguous for `mm`; a batched product's slice keeps the padded
+  batch stride and is copied back like a padded N);
 - B row-major [K, N] pads N; B = Yᵀ with Y [N, K] pads K;
 - the result [M, N] is written with row stride N: an odd N pads N.
 
@@ -164,6 +165,12 @@ class _Builder:
         return self.made[key]
 
 
+def _copy_back(pads: dict[str, int], dim: int) -> bool:
+    """Whether the sliced result must be copied to the traced layout: padded result rows
+    (N), or extra rows (M) of a batched product, whose batch stride keeps them."""
+    return bool(pads.get("N")) or (bool(pads.get("M")) and dim > 2)
+
+
 def _decide(ops: list[_Operand], sizes: dict[str, int], al: int) -> tuple[dict[str, int], list[_Operand]]:
     """Pads per logical dim and the operands copied.  A copied operand gets its last
     dim padded to alignment (else the copy's leading dim would be as bad); a padded
@@ -217,7 +224,7 @@ def pad_gemms(gm: fx.GraphModule, *, device: torch.device) -> list[str]:
             continue
         pads, copied = _decide([oa, ob], sizes, al)
         moved = sum(_fake(o.mem).numel() for o in copied) * out.dtype.itemsize
-        if pads.get("N"):
+        if _copy_back(pads, out.dim()):
             moved += 2 * out.numel() * out.dtype.itemsize       # the result copied back
         flops = 2 * out.numel() * sizes["K"]
         if flops < MIN_FLOPS_PER_BYTE * max(moved, 1):
@@ -245,10 +252,11 @@ def pad_gemms(gm: fx.GraphModule, *, device: torch.device) -> list[str]:
             args = (bias, *args)
         res = prod = b.call(node.target, args, node, **dict(node.kwargs))   # (addmm's beta, alpha)
         d = out.dim()
-        if pads.get("M"):    # extra result rows: a row slice, still contiguous
+        if pads.get("M"):    # extra result rows: a row slice (contiguous for a 2-d mm only)
             res = b.call(aten.slice.Tensor, (res, d - 2, 0, sizes["M"]), node)
-        if pads.get("N"):    # padded result rows: back to the traced contiguous layout
+        if pads.get("N"):
             res = b.call(aten.slice.Tensor, (res, d - 1, 0, sizes["N"]), node)
+        if _copy_back(pads, d):   # back to the traced contiguous layout
             res = b.call(aten.clone.default, (res,), node, memory_format=torch.contiguous_format)
         for k in ("stack_trace", "nn_module_stack", "seq_nr"):
             if k in node.meta:

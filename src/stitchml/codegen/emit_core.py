@@ -68,6 +68,8 @@ class KernelBuilder:
         self.pname: dict[tuple[str, int], str] = {}
         self.levels: dict[int, set] = {}
         self.vars: dict[int, ix.Expr] = {}
+        # per axis: {variable name: its stride in the axis' flat index} (variables of size > 1)
+        self.flat_strides: dict[str, dict[str, int]] = {}
         self.col_flat: ix.Expr = ix.const(0)
         self.row_flat: ix.Expr = ix.const(0)
         # conditions under which the current values are needed (a cat's branch): loads
@@ -106,6 +108,7 @@ class KernelBuilder:
         sizes = [self.dom.shape[i] for i in dims]
         flatname = "rflat" if axis == ROW else "cflat"
         out, stride = {}, 1
+        strides = self.flat_strides.setdefault(axis, {})
         for d, s in reversed(list(zip(dims, sizes))):
             name = f"{axis[0]}{d}"
             expr = flatname if stride == 1 else f"({flatname} // {stride})"
@@ -113,9 +116,35 @@ class KernelBuilder:
                 expr = f"({expr} % {s})"
             if s > 1:
                 scope.lines.append(f"{name} = {expr}")
+                strides[name] = stride
             out[d] = ix.var(name, s, axis)
             stride *= s
         return out
+
+    def _as_flat(self, e: ix.Expr) -> ix.Expr:
+        """`e` with k · (Σ over an axis' variables of var · its flat stride) written as
+        k · rflat (or cflat): the same value in every lane, masked ones included (the
+        variables are that flat index's mixed-radix digits, the outermost unbounded).
+        A contiguous access in a kernel whose domain is unravelled for other operands
+        (a pad, a broadcast, a strided source) is then `ptr + rflat`, which Triton sees
+        as contiguous and vectorises; `ptr + r0 * C + r1` it cannot (with an odd C not
+        even the rows are aligned), and the H200 ran such pads at ~20 % of copy
+        bandwidth (bench/NOTES.md, 2026-11-25)."""
+        for axis, flatname in ((ROW, "rflat"), (COL, "cflat")):
+            strides = self.flat_strides.get(axis)
+            if not strides or len(strides) < 2:
+                continue     # (one variable is the flat index already)
+            coefs = {a.name: k for a, k in e.terms if isinstance(a, ix.Var) and a.axis == axis}
+            if set(coefs) != set(strides):
+                continue
+            first = next(iter(strides))
+            k, r = divmod(coefs[first], strides[first])
+            if r or k == 0 or any(coefs[n] != k * st for n, st in strides.items()):
+                continue
+            total = self.dom.rows if axis == ROW else self.dom.cols
+            rest = tuple((a, c) for a, c in e.terms if not (isinstance(a, ix.Var) and a.axis == axis))
+            e = ix.Expr(rest + ((ix.Var(flatname, total, axis), k),), e.const)
+        return e
 
     def full_index(self) -> tuple[ix.Expr, ...]:
         return tuple(self.vars[d] for d in range(len(self.dom.shape)))
@@ -164,7 +193,7 @@ class KernelBuilder:
         return self.emit(self.scope_for(axes), text, axes, torch.int32, prefix="i").name
 
     def offset(self, e: ix.Expr, axes) -> str:
-        s = self.render_index(e)
+        s = self.render_index(self._as_flat(e))
         if not axes:
             return f"(zr + {s})"
         return s

@@ -261,7 +261,8 @@ def _chunks(h: Tensor, w: Tensor, bias: Optional[Tensor], target: Tensor, count:
                 gb += zc.sum(0, dtype=torch.float32)
     if need_grad_w:
         gw = gw[:v].to(w.dtype) if wide else (gw if vp == v else gw[:v].clone())
-    gb = gb[:v].to(bias.dtype) if gb is not None else _empty(h)
+    # (a custom op's output is better not a view of a larger buffer: copy when no cast does)
+    gb = (gb[:v].clone() if bias.dtype == gb.dtype else gb[:v].to(bias.dtype)) if gb is not None else _empty(h)
     return losses, lse, gh, gw, gb
 
 

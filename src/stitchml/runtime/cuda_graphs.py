@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -297,6 +298,8 @@ class GraphRunner:
             else:
                 self.policy.append(("alias",))
         self.base = {k: _use_count(o) for k, o in enumerate(self.out) if self.policy[k][0] == "alias"}
+        if id(self) not in _STATIC_OUTPUTS:   # a runner that is collected leaves no stale addresses
+            weakref.finalize(self, _STATIC_OUTPUTS.pop, id(self), None)
         _STATIC_OUTPUTS[id(self)] = frozenset(self.out[k].untyped_storage().data_ptr() for k in self.base)
         self.captured = (f"captured: {len(self.static)} inputs read in place (parameters, buffers, stable "
                          f"addresses), {len(copied)} copied per replay")
