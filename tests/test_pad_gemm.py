@@ -138,3 +138,10 @@ def test_batched_product_with_padded_rows_keeps_its_layout(padding):
         assert x.stride() == r.stride()
         torch.testing.assert_close(x, r, rtol=1e-4, atol=1e-4)
     assert any("padded (M+3" in n for n in _pads(be)["forward"]), _pads(be)
+
+
+def test_an_unknown_knob_value_is_refused_by_name():
+    from stitchml.capture.pad_gemm import pad_gemms
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    with config.override(pad_gemm="of"), pytest.raises(ValueError, match="STITCHML_PAD_GEMM='of'"):
+        pad_gemms(gm, device=torch.device("cpu"))

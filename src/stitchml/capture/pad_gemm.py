@@ -197,6 +197,8 @@ def pad_gemms(gm: fx.GraphModule, *, device: torch.device) -> list[str]:
     line per product padded or left misaligned (for `explain`)."""
     from .. import config
     mode = config.get("pad_gemm")
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"STITCHML_PAD_GEMM={mode!r}: expected auto, on or off")
     if mode == "off" or (mode == "auto" and device.type != "cuda"):
         return []
     notes: list[str] = []
