@@ -1019,7 +1019,8 @@ def test_embedding_bf16_and_noncontig_weight():
 
     def fn(w, wt, idx, idx2):
         return F.embedding(idx, w) + 1, F.embedding(idx2, wt) * 2
-    check(fn, [w, wt, idx, idx2], allow=("embedding_dense_backward",))
+    # the bf16 weight's gradient is summed in float32 and rounded once, like eager's (stitched)
+    check(fn, [w, wt, idx, idx2])
 
 
 def test_embedding_dense_backward_direct():
