@@ -191,21 +191,32 @@ def test_an_input_read_in_place_that_moves_is_not_trusted():
     assert backend.captures == 2 and runner.misses == 1
 
 
-def test_a_graph_reads_another_graphs_static_outputs_in_place():
-    """Forward → backward: the backward's warm-up sees the forward's plain-call results,
-    its capture sees aliases of the forward graph's static outputs.  Those moved once,
-    yet they are read in place (no copy per replay), and the results stay right."""
+def _train(steps: int, keep_last: bool):
+    """A forward graph and a backward graph reading its outputs, replayed `steps` times
+    against eager; `keep_last`: the loop holds last step's second output into the next
+    forward call (a logged loss).  Returns the runners and their stand-in backends."""
     w = torch.randn(8, 8)
     fwd, fb = _runner(_model, w, torch.randn(4, 8))
     bwd, bb = _runner(lambda a, b: (a * 2.0 + 1.0, b.sum()), torch.randn(4, 8), torch.randn(8))
-    for step in range(5):
+    kept = None
+    for _ in range(steps):
         x = torch.randn(4, 8)
         a, b = fwd([w, x])
         got = bwd([a, b])
         ref = _model(w, x)
         torch.testing.assert_close(got[0], ref[0] * 2.0 + 1.0)
         torch.testing.assert_close(got[1], ref[1].sum())
+        kept = b if keep_last else None
         del a, b, got
+    assert (kept is not None) == keep_last
+    return fwd, fb, bwd, bb
+
+
+def test_a_graph_reads_another_graphs_static_outputs_in_place():
+    """Forward → backward: the backward's warm-up sees the forward's plain-call results,
+    its capture sees aliases of the forward graph's static outputs.  Those moved once,
+    yet they are read in place (no copy per replay), and the results stay right."""
+    fwd, fb, bwd, bb = _train(5, keep_last=False)
     assert fb.captures == 1 and bb.captures == 1 and bwd.misses == 0
     assert bwd.static == [0, 1] and bwd.copies == {}, bwd.captured      # nothing copied per replay
     assert bwd.replays == 4
@@ -216,20 +227,8 @@ def test_static_outputs_read_in_place_after_the_producer_is_captured_again():
     replay at step 3 finds them held, runs plain and captures again with those outputs
     cloned; meanwhile the backward saw its inputs move.  Once the forward's new static
     outputs exist, the backward reads them in place again (no copy per replay)."""
-    w = torch.randn(8, 8)
-    fwd, fb = _runner(_model, w, torch.randn(4, 8))
-    bwd, bb = _runner(lambda a, b: (a * 2.0 + 1.0, b.sum()), torch.randn(4, 8), torch.randn(8))
-    kept = None
-    for step in range(8):
-        x = torch.randn(4, 8)
-        a, b = fwd([w, x])
-        got = bwd([a, b])
-        ref = _model(w, x)
-        torch.testing.assert_close(got[0], ref[0] * 2.0 + 1.0)
-        torch.testing.assert_close(got[1], ref[1].sum())
-        kept = b                     # held across the next forward call (logged)
-        del a, got
-    assert kept is not None and fwd.misses == 1 and fb.captures == 2      # once: b cloned from then on
+    fwd, fb, bwd, bb = _train(8, keep_last=True)
+    assert fwd.misses == 1 and fb.captures == 2                          # once: b cloned from then on
     assert bwd.copies == {} or list(bwd.copies) == [1], bwd.captured     # a (a static output) never copied
     assert 0 in bwd.static and bwd.replays >= 3
 
