@@ -233,17 +233,13 @@ def pad_gemms(gm: fx.GraphModule, *, device: torch.device) -> list[str]:
             notes.append(f"{desc}: misaligned, left: {flops / max(moved, 1):.0f} flops per byte copied "
                          f"< {MIN_FLOPS_PER_BYTE}")
             continue
-        new = {}
-        for op in (oa, ob):
-            if op in copied:
-                t = _fake(op.mem)
-                pad = [0, pads.get(op.last_dim, 0), 0, pads.get(op.row_dim, 0)]
-                m = b.padded(op.mem, pad, node)
-                new[id(op)] = b.call(aten.permute.default, (m, _swap_last_two(t.dim())), node) \
-                    if op.transposed else m
-            else:
-                new[id(op)] = op.node
-        args: tuple = (new[id(oa)], new[id(ob)])
+        def placed(op: _Operand) -> fx.Node:
+            """The operand as the product reads it: itself, or its padded copy."""
+            if op not in copied:
+                return op.node
+            m = b.padded(op.mem, [0, pads.get(op.last_dim, 0), 0, pads.get(op.row_dim, 0)], node)
+            return b.call(aten.permute.default, (m, _swap_last_two(_fake(m).dim())), node) if op.transposed else m
+        args: tuple = (placed(oa), placed(ob))
         if addmm:
             bias, tb_ = node.args[0], _fake(node.args[0])
             bpad = [0, pads.get("N", 0) if tb_.dim() >= 1 and tb_.shape[-1] == sizes["N"] > 1 else 0]

@@ -176,14 +176,14 @@ _WIDE_SLICE = 8192   # vocabulary rows per fp32 grad_W update
 # 1 GB of logits and their 2 GB float32 copy; BERT's 30522 words fit in one chunk.
 MIN_AUTO_CHUNK = 256
 AUTO_CHUNK_BYTES = 128 << 20
-# The chunk buffer's row stride is padded to this many elements: with an odd vocabulary
-# (BERT 30522, GPT-2 50257) an unpadded [tokens, V] buffer has a leading dimension that is
-# not a multiple of 16 bytes, and cuBLAS then falls back to slow align-1/align-2 kernels
-# for all three GEMMs (3.3 ms instead of ~0.4 ms for GPT-2's head on an H200).
+# The vocabulary is padded to a multiple of this many words for all three products: with
+# an odd vocabulary (BERT 30522, GPT-2 50257) it is a leading dimension, a K or an M that
+# is not a multiple of 16 bytes, and cuBLAS then falls back to slow align-1/align-2
+# kernels (3.3 ms instead of ~0.4 ms for GPT-2's head on an H200).
 LD_PAD = 64
 
 
-def auto_chunk(n: int, d: int, v: int, itemsize: int = 2) -> int:
+def auto_chunk(n: int, v: int, itemsize: int = 2) -> int:
     """Tokens per chunk when the knob says 0: a power of two, at most n, the chunk's
     logits (row stride padded) within AUTO_CHUNK_BYTES but at least MIN_AUTO_CHUNK
     tokens.  BERT-base (2048 tokens, v 30522, bf16): 2048, one chunk; LLaMA-3 at 4x1024
@@ -193,7 +193,7 @@ def auto_chunk(n: int, d: int, v: int, itemsize: int = 2) -> int:
 
 
 def padded_ld(v: int) -> int:
-    """The chunk buffer's row stride for v columns: v rounded up to LD_PAD elements."""
+    """The padded vocabulary (the chunk buffer's row stride): v rounded up to LD_PAD."""
     return -(-v // LD_PAD) * LD_PAD
 
 
@@ -220,7 +220,7 @@ def _chunks(h: Tensor, w: Tensor, bias: Optional[Tensor], target: Tensor, count:
     n, d = h.shape
     v = w.shape[0]
     write_grad = need_grad_h or need_grad_w
-    chunk = chunk if chunk > 0 else auto_chunk(n, d, v, h.element_size())
+    chunk = chunk if chunk > 0 else auto_chunk(n, v, h.element_size())
     # Every product runs over vp = v rounded up to LD_PAD words: W gets zero rows (and the
     # bias zeros), so the chunk's extra logit columns are 0 and add nothing to grad_h,
     # and grad_W's extra rows are cut off.  cuBLAS picked align-2 kernels whenever the
@@ -396,7 +396,7 @@ def fused_linear_cross_entropy(h: Tensor, w: Tensor, bias: Optional[Tensor], tar
 
 def peak_logits_elements(n: int, d: int, v: int, chunk: int) -> int:
     """Largest [tokens, vocab] buffer the op allocates (for explain and tests)."""
-    c = chunk if chunk > 0 else auto_chunk(n, d, v)
+    c = chunk if chunk > 0 else auto_chunk(n, v)
     return min(c, n) * padded_ld(v)
 
 

@@ -45,7 +45,7 @@ def partials_fit(rows: int, cols: int, opts: PlanOptions) -> bool:
 
 def looped_rows(rows: int, opts: PlanOptions) -> int:
     """Rows per program of a looped kernel with column partials: the fewest (at least 2,
-    at most 32) that keep the grid within two programs per SM.  The partial buffer is
+    at most 32) that keep the grid within `partial_programs_per_sm` programs per SM (2).  The partial buffer is
     (rows / R) x cols float32 values, written once and read by the combine: 8 / R bytes
     per [rows, cols] element, against the 2 x itemsize that a norm backward's x and
     gradient cost (half of that at R = 4 in bfloat16, a quarter in float32; the float32

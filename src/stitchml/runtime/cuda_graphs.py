@@ -231,6 +231,8 @@ class GraphRunner:
         self.captured = ""               # what the capture found (the note holds refusals only)
         self.misses = 0
         self.recaptures = 0
+        # a runner that is collected leaves no stale addresses in the registry
+        weakref.finalize(self, _STATIC_OUTPUTS.pop, id(self), None)
 
     def __call__(self, args: list) -> Any:
         inputs = list(args)
@@ -298,8 +300,6 @@ class GraphRunner:
             else:
                 self.policy.append(("alias",))
         self.base = {k: _use_count(o) for k, o in enumerate(self.out) if self.policy[k][0] == "alias"}
-        if id(self) not in _STATIC_OUTPUTS:   # a runner that is collected leaves no stale addresses
-            weakref.finalize(self, _STATIC_OUTPUTS.pop, id(self), None)
         _STATIC_OUTPUTS[id(self)] = frozenset(self.out[k].untyped_storage().data_ptr() for k in self.base)
         self.captured = (f"captured: {len(self.static)} inputs read in place (parameters, buffers, stable "
                          f"addresses), {len(copied)} copied per replay")

@@ -22,8 +22,10 @@ marked jobs: its first launch finds the binary in Triton's cache, and no pool is
 started at all when every job is marked.  Measured on an H200 (bench/NOTES.md,
 2026-11-25) before the markers: a second process spent 9–11 s spawning workers that
 only found Triton's cache warm (LLaMA-style step 9.4 s, its cold compile 2.4 s).
-A marker that lies (Triton's cache cleared by hand) costs time, never correctness.  The pool is created lazily, reused for every graph of
-the process, and started with `spawn` (a forked CUDA context is unusable).
+A marker that lies (Triton's cache cleared by hand) costs time, never correctness.
+
+The pool is created lazily, reused for every graph of the process, and started with
+`spawn` (a forked CUDA context is unusable).
 Knob: `compile_workers`.
 """
 from __future__ import annotations
@@ -241,7 +243,7 @@ def precompile(jobs: Iterable[Job]) -> Pending:
         return Pending()
     todo = [j for j in distinct(jobs) if j.path not in _DONE]
     marked = [j for j in todo if marker(j).exists()]     # compiled by an earlier process
-    STATS["marked"] = STATS.get("marked", 0) + len(marked)
+    STATS["marked"] += len(marked)
     _DONE.update(j.path for j in marked)
     todo = [j for j in todo if j.path not in _DONE]
     if len(todo) < 2:

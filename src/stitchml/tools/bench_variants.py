@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          contenders=tuple(args.contender or ["stitchml"]), progress=False,
                                          plots=False, quick=args.quick))
         for r in run.results:
-            t = (r.timing or {}).get("median_s") if isinstance(r.timing, dict) else getattr(r.timing, "median_s", None)
+            t = (r.timing or {}).get("median_s")
             print(f"VARIANT {name} {r.case} {r.dtype} {r.contender} {r.status} "
                   f"{t * 1e6 if t else float('nan'):.1f} us {values}", flush=True)
     return 0
