@@ -223,14 +223,24 @@ class KernelBuilder:
         axes = ix.axes(off)
         for _, cond_axes in self.cond:
             axes = axes | cond_axes
+        if COL in axes and ROW not in axes and self.m.block_r > 1 and not self.flat:
+            # A row vector (a norm's weight, a bias) read in a tile of several rows is
+            # loaded at the tile's shape, once per row of the tile from L1.  Loaded as
+            # [1, C], Triton lays it out apart from the [R, C] loads (all warps along the
+            # columns) and converts the big tiles that meet it through shared memory on
+            # every iteration (3 conversions per row block of a layer-norm backward at
+            # C = 1024, seen in its ttgir: `python -m stitchml.tools.aot_check --micro`).
+            axes = axes | {ROW}
         ptr = self.param("in", nid)
         mask = " & ".join([m for m in [self.mask(axes)] if m] + [c for c, _ in self.cond]) or None
         m = f", mask={mask}, other=0" if mask else ""
         cd = compute_dtype(n.dtype)
         address = self.offset(off, axes)
-        if not ix.axes(off) and axes:  # a scalar element read under a block mask: make the pointer a block
-            zero = " + ".join(z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes)
-            address = f"({zero} + {self.render_index(off)})"
+        # a block's axes that the address lacks (a scalar read under a block mask, a row
+        # vector read at a tile's shape): zeros of those axes make the pointer a block
+        zeros = [z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes and a not in ix.axes(off)]
+        if zeros:
+            address = f"({' + '.join(zeros)} + {self.render_index(self._as_flat(off))})"
         load = f"tl.load({ptr} + {address}{m})"
         if n.dtype == torch.bfloat16:
             load = f"_from_bf16({load})"

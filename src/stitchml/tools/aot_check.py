@@ -25,6 +25,15 @@ class AotResult:
     error: str = ""
     registers: int | None = None
     spills: int | None = None
+    # global loads and stores in the PTX, by bytes per thread per instruction
+    # ({"ld": {"16": 2, "2": 8}, "st": {...}}), and how many loads/stores Triton laid out
+    # with several consecutive elements per thread but issued element by element
+    # ("strided scalar": a warp's lanes 4-16 bytes apart in each instruction)
+    accesses: dict | None = None
+    strided_scalar: int | None = None
+    # layout conversions (through shared memory, with barriers) inside loops: a tile
+    # converted on every iteration of a row-block loop is work Triton adds per element
+    loop_conversions: int | None = None
 
 
 def _signature(ks, g) -> dict[str, str]:
@@ -42,6 +51,95 @@ def _signature(ks, g) -> dict[str, str]:
         else:  # seed
             sig[name] = "i32"
     return sig
+
+
+def _attrs(signature: dict[str, str]) -> dict:
+    """The divisibility the JIT gives aligned pointers (every buffer stitchml allocates
+    is 16-byte aligned, and the launcher binds that specialisation): without it the
+    offline compile would vectorise nothing."""
+    return {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
+
+
+_PTX_LOC = re.compile(r"^\s*\.loc\s+\d+\s+(\d+)\s+(\d+)", re.M)
+_PTX_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[\w:]+?)*?(?:\.v(\d))?\.[bfsu](\d+)\b")
+_TTGIR_LAYOUT = re.compile(r"^#(blocked\d*) = #ttg\.blocked<\{sizePerThread = \[([\d, ]+)\].*?order = \[(\d+)", re.M)
+_TTGIR_MEM = re.compile(r"\btt\.(load|store) .*?tensor<([\dx]+)x!tt\.ptr<(\w+)>, #(blocked\d*)> loc\(#(loc\d*)\)")
+_TTGIR_LOCDEF = re.compile(r"^#(loc\d*) = loc\((.*)\)$", re.M)
+
+
+def _loc_lines(ttgir: str) -> dict[str, tuple[int, int] | None]:
+    """ttgir location aliases resolved to (line, column) of the kernel source."""
+    raw = dict(_TTGIR_LOCDEF.findall(ttgir))
+
+    def resolve(name: str, depth: int = 0) -> tuple[int, int] | None:
+        body = raw.get(name, "")
+        m = re.match(r'"[^"]*":(\d+):(\d+)$', body)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+        inner = re.search(r"#(loc\d*)", body)          # a named or fused location: its first part
+        return resolve(inner.group(1), depth + 1) if inner and depth < 8 else None
+    return {name: resolve(name) for name in raw}
+
+
+def memory_accesses(ptx: str, ttgir: str) -> tuple[dict, int]:
+    """(bytes-per-instruction histogram of global loads and stores, strided-scalar count).
+
+    A load or store is *strided scalar* when its layout gives a thread several
+    consecutive elements but the PTX at its source position reads or writes them one
+    instruction per element: a warp's lanes are then 4-16 bytes apart in every
+    instruction (16-32 sectors touched for 64-128 useful bytes).  Triton does this when
+    it cannot prove the pointer aligned or the mask uniform over a vector (an odd row
+    length, a division by an odd extent) while another access of the same values set
+    the layout.  Matched by source line and column (ttgir locations, PTX `.loc`)."""
+    hist: dict[str, dict[str, int]] = {"ld": {}, "st": {}}
+    at: dict[tuple[str, tuple[int, int]], set[int]] = {}
+    loc = (0, 0)
+    pos = 0
+    locs = [(m.start(), (int(m.group(1)), int(m.group(2)))) for m in _PTX_LOC.finditer(ptx)]
+    for m in _PTX_ACCESS.finditer(ptx):
+        while pos < len(locs) and locs[pos][0] < m.start():
+            loc = locs[pos][1]
+            pos += 1
+        op, vec, bits = m.groups()
+        nbytes = int(vec or 1) * int(bits) // 8
+        hist[op][str(nbytes)] = hist[op].get(str(nbytes), 0) + 1
+        at.setdefault((op, loc), set()).add(nbytes)
+    # per layout: (its fastest dim, elements per thread along it)
+    layouts = {name: (int(order), int(sizes.split(",")[int(order)].strip()))
+               for name, sizes, order in _TTGIR_LAYOUT.findall(ttgir)}
+    lines = _loc_lines(ttgir)
+    strided = 0
+    for op, shape, elem, layout, locname in _TTGIR_MEM.findall(ttgir):
+        dim, per_thread = layouts.get(layout, (0, 1))
+        dims = [int(d) for d in shape.split("x")]
+        if per_thread <= 1 or dim >= len(dims) or dims[dim] == 1:
+            continue     # one element per thread, or a broadcast column (a row's scalar)
+        elem_bytes = max(int(re.sub(r"\D", "", elem) or 32), 8) // 8    # (i1 is stored as a byte)
+        widths = at.get(("ld" if op == "load" else "st", lines.get(locname) or (-1, -1)))
+        if widths and max(widths) <= elem_bytes:
+            strided += 1
+    return hist, strided
+
+
+def loop_conversions(ttgir: str) -> int:
+    """`ttg.convert_layout` ops of tensors with more than one element per dimension
+    inside an `scf.for` body (conversions of a row's scalars or of a [1, C] vector are
+    cheap; a tile's is a shared-memory round trip every iteration)."""
+    depth, loops, count = 0, [], 0
+    for line in ttgir.splitlines():
+        bare = re.sub(r"<\{[^{}]*\}>", "", line)
+        if "ttg.convert_layout" in bare and loops:
+            shape = re.search(r"tensor<([\dx]+)x\w+", bare)
+            dims = [int(d) for d in shape.group(1).split("x")] if shape else []
+            if len(dims) >= 2 and min(dims) > 1:
+                count += 1
+        opened = "scf.for" in bare and bare.rstrip().endswith("{")
+        depth += bare.count("{") - bare.count("}")
+        if opened:
+            loops.append(depth)
+        while loops and depth < loops[-1]:
+            loops.pop()
+    return count
 
 
 def _resources(cubin: bytes) -> tuple[int | None, int | None]:
@@ -96,11 +194,15 @@ def check_plan(plan, arch: int = 90) -> list[AotResult]:
     results = []
     for name, ks in sources.items():
         try:
-            compiled = triton.compile(ASTSource(getattr(module, name), _signature(ks, g), {}),
+            sig = _signature(ks, g)
+            compiled = triton.compile(ASTSource(getattr(module, name), sig, {}, _attrs(sig)),
                                       target=GPUTarget("cuda", arch, 32),
                                       options={"num_warps": ks.num_warps})
             regs, stack = _resources(compiled.asm.get("cubin", b""))
-            results.append(AotResult(name, True, registers=regs, spills=stack))
+            hist, strided = memory_accesses(compiled.asm.get("ptx", ""), compiled.asm.get("ttgir", ""))
+            results.append(AotResult(name, True, registers=regs, spills=stack, accesses=hist,
+                                     strided_scalar=strided,
+                                     loop_conversions=loop_conversions(compiled.asm.get("ttgir", ""))))
         except Exception as e:  # report, do not stop: the caller wants every kernel's verdict
             results.append(AotResult(name, False, f"{type(e).__name__}: {str(e)[:500]}"))
     return results
@@ -180,8 +282,9 @@ def survey_micro(case_re: str = "", dtypes=("fp32", "bf16"), arch: int = 90, dev
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m stitchml.tools.aot_check --micro [--case RE]`: the register and stack
-    use of every micro-suite kernel compiled for sm_90 (no GPU needed); exit status 1 if
-    one fails to compile."""
+    use, the global memory accesses (bytes per instruction, strided-scalar count) and
+    the tile layout conversions inside loops of every micro-suite kernel compiled for sm_90 (no GPU needed); exit status 1 if one
+    fails to compile."""
     import argparse
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--micro", action="store_true", help="survey the micro suite (the only mode)")
@@ -191,12 +294,17 @@ def main(argv: list[str] | None = None) -> int:
     if not args.micro:
         ap.error("nothing to do: pass --micro")
     failed = 0
-    print("| case | dtype | graph | kernel | registers | stack bytes |")
-    print("|---|---|---|---|---|---|")
+    print("| case | dtype | graph | kernel | registers | stack bytes | loads (bytes x count) | stores | strided scalar "
+          "| tile conversions in loops |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for case, dtype, graph, r in survey_micro(args.case, tuple(args.dtype)):
         failed += not r.ok
+        acc = r.accesses or {}
+        ld, st = (" ".join(f"{b}x{n}" for b, n in sorted(acc.get(k, {}).items(), key=lambda i: -int(i[0])))
+                  for k in ("ld", "st"))
         print(f"| {case} | {dtype} | {graph} | {r.kernel} | {r.registers if r.ok else 'FAILED: ' + r.error[:80]} "
-              f"| {r.spills} |", flush=True)
+              f"| {r.spills} | {ld} | {st} | {r.strided_scalar if r.ok else ''} | {r.loop_conversions if r.ok else ''} |",
+              flush=True)
     return 1 if failed else 0
 
 
