@@ -141,3 +141,26 @@ def test_bit_level_and_masked_write_kernels_compile_for_sm90():
     results, kernels = compiled_for_sm90(BITS_SCRIPT)
     assert all(results[name] for name in ("hash_tensor", "bit_casts", "nextafter_halves", "masked_write",
                                           "dynamic_cross_entropy")), {k: len(v) for k, v in results.items()}
+
+
+ACCESS_SCRIPT = textwrap.dedent("""
+    import json, torch
+    from stitchml import config
+    from stitchml.tools.aot_check import check
+    x = torch.randn(4096, 50264, dtype=torch.bfloat16)     # GPT-2's padded logits
+    copy_back = lambda x: x[:, :50257].contiguous()
+    out = {"runs": check(copy_back, x)}
+    with config.override(flat_row_runs=False):
+        out["block"] = check(copy_back, x)
+    print(json.dumps({k: [r.__dict__ for r in v] for k, v in out.items()}))
+""")
+
+
+def test_row_runs_compile_to_coalesced_accesses_for_sm90():
+    """The copy-back of a padded row (rows of 50257 of 50264 bfloat16 values): with the
+    knob off Triton lays the read out 8 elements a thread and issues them one by one
+    (strided scalar); one element a thread, no access is strided."""
+    results, kernels = compiled_for_sm90(ACCESS_SCRIPT)
+    (runs,), (block,) = results["runs"], results["block"]
+    assert block["strided_scalar"] >= 1, block
+    assert runs["strided_scalar"] == 0 and runs["accesses"]["ld"] and runs["accesses"]["st"], runs

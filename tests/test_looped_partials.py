@@ -216,3 +216,39 @@ def test_full_size_bias_gradient_partial_where_it_saves_bytes():
     assert len([k for k in plan32.kernels if not k.combine_of]) == 1
     assert not any(k.partials for k in plan16.kernels)
     assert fp32.modelled_bytes < 780e6 and bf16.modelled_bytes < 435e6
+
+
+def _transposed_bias_grad(x, s):
+    # x is [cols, rows] in memory: read as [rows, cols] it is transposed (unit stride
+    # along the rows), like a key-gradient merged back to [tokens, hidden]
+    y = x.t() * s
+    return y * 2, y.sum(0)
+
+
+@pytest.mark.parametrize("dtype, rows_per_tile", [(torch.float32, 8), (torch.bfloat16, 16)], ids=["fp32", "bf16"])
+def test_a_transposed_read_beside_column_partials_gets_taller_tiles(dtype, rows_per_tile):
+    """The access probe (plan/access.py) sees the transposed read; the kernel walks tiles
+    of 32 bytes' worth of rows (8 float32, 16 bfloat16) in column blocks instead of 4
+    whole rows, results equal eager's (outputs poisoned), and explain says why."""
+    x, s = torch.randn(70, 45).to(dtype), torch.tensor(0.5).to(dtype)
+    c = compare_with_eager(_transposed_bias_grad, [x, s], backward=False,
+                           rtol=1e-2 if dtype == torch.bfloat16 else None,
+                           atol=1e-2 if dtype == torch.bfloat16 else None)
+    plan = c.backend.records[0].plan
+    (k,) = [k for k in plan.kernels if k.partials]
+    assert k.mapping.form == "row_looped" and k.mapping.block_r == rows_per_tile, k.mapping.describe()
+    assert k.transposed and all(plan.graph[r].numel == 70 * 45 for r in k.transposed)
+    assert any(cb.combine_of == k.name for cb in plan.kernels)
+    from stitchml.tools.explain import Report
+    assert "transposed: " in Report(c.backend.records).to_text()
+
+
+def test_transposed_tiles_knob_off_and_row_major_reads_keep_whole_rows():
+    x, s = torch.randn(70, 45), torch.tensor(0.5)
+    with config.override(transposed_tiles=False):
+        plan = plan_of(_transposed_bias_grad, x, s)
+    (k,) = [k for k in plan.kernels if k.partials]
+    assert k.mapping.form == "packed_rows" and not k.transposed
+    plan = plan_of(lambda x, s: ((x * s) * 2, (x * s).sum(0)), x.t().contiguous(), s)   # row-major: no change
+    (k,) = [k for k in plan.kernels if k.partials]
+    assert k.mapping.form == "packed_rows" and not k.transposed

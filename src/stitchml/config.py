@@ -41,6 +41,18 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("looped_partial_elems", "STITCHML_LOOPED_PARTIAL_ELEMS", 2048, int,
          "Column partials beside long (looped) rows: elements per loop iteration of a program's row block "
          "(rows x columns). H200, 2026-11-25: rms_norm_bwd N=32768 at 2048 ran 3.7x its prediction."),
+    Knob("flat_row_runs", "STITCHML_FLAT_ROW_RUNS", True, _bool,
+         "Flat element-wise kernels that read an input in row runs out of their flat order (a padded row "
+         "read back to its traced width, a slice of each row) run one element a thread, so every warp "
+         "access is 32 consecutive elements; with several a thread Triton issued such reads element by "
+         "element, 16 bytes apart across the warp (GPT-2's logits copy-back: 20 % of copy bandwidth on "
+         "an H200). Chosen by a probe of the kernel's reads (`plan/access.py`). Not yet measured on a GPU."),
+    Knob("transposed_tiles", "STITCHML_TRANSPOSED_TILES", True, _bool,
+         "Kernels with column partials that read an input transposed (unit stride along the rows, a large "
+         "stride along the columns) walk tiles of 8-16 rows x a column block instead of 4 whole rows, so "
+         "each column's run of contiguous values fills a 32-byte sector (a 4-row tile used a quarter of "
+         "it). Chosen by a probe of the kernel's reads at plan time (`plan/access.py`). Not yet measured "
+         "on a GPU."),
     Knob("split_min_cols", "STITCHML_SPLIT_MIN_COLS", 1024, int,
          "Task splitting: rows split into chunks of at least this many elements, only when there are fewer "
          "rows than two programs per SM (AStitch's rule: split when rows < programs per wave and a row "

@@ -75,6 +75,9 @@ class KernelBuilder:
         # conditions under which the current values are needed (a cat's branch): loads
         # are masked by them so no lane reads outside its buffer
         self.cond: tuple[tuple[str, frozenset], ...] = ()
+        # every global read as (node, offset in the domain's variables): the planner's
+        # probe of access patterns (`triton_kernel.load_offsets`)
+        self.loads: list[tuple[int, ix.Expr]] = []
         big = max([self.dom.rows * self.dom.cols] + [g[i].numel for i in k.inputs] + [g[o].numel for o in k.outputs])
         self.idx64 = big >= 2**31 - 1
 
@@ -220,6 +223,7 @@ class KernelBuilder:
     def _load(self, nid: int, index) -> Val:
         n = self.g[nid]
         off = ix.offset(index, n.stride)
+        self.loads.append((nid, off))
         axes = ix.axes(off)
         for _, cond_axes in self.cond:
             axes = axes | cond_axes

@@ -130,6 +130,16 @@ def generate(g: ir.Graph, k: KernelPlan) -> KernelSource:
                         k.mapping.num_warps, {n: frozenset(v) for n, v in b.levels.items()})
 
 
+def load_offsets(g: ir.Graph, k: KernelPlan) -> list[tuple[int, ix.Expr]]:
+    """The global reads `k` would make, as (node, offset in the domain's variables):
+    code generation run for its index analysis only (the planner's access probe)."""
+    with _recursion_room(g):
+        b = KernelBuilder(g, k)
+        b.reductions = Reductions(b)
+        DRIVERS[k.mapping.form](b, Stores(b))
+    return b.loads
+
+
 def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
     """Reduce the (programs x cols) partials of column reductions into their outputs.
     Each program owns `block_c` columns and reads `block_r` partial rows per step, so

@@ -145,6 +145,25 @@ def bounds(e: Expr) -> tuple[int, int]:
     return lo, hi
 
 
+def evaluate(e: Expr, values: dict[str, int]) -> int | None:
+    """The value of `e` with its variables set by name (absent ones 0); None if it
+    reads a loaded index.  Floor division and modulo as Python's (the planner uses this
+    to probe strides at non-negative points, where they agree with the kernel's)."""
+    total = e.const
+    for a, k in e.terms:
+        if isinstance(a, Var):
+            v = values.get(a.name, 0)
+        elif isinstance(a, Loaded):
+            return None
+        else:
+            inner = evaluate(a.expr, values)
+            if inner is None:
+                return None
+            v = inner // a.d if isinstance(a, Div) else inner % a.m
+        total += k * v
+    return total
+
+
 def floordiv(e: Expr, d: int) -> Expr:
     if d == 1:
         return e
@@ -264,5 +283,5 @@ def offset(index: tuple[Expr, ...], strides: tuple[int, ...], base: int = 0) -> 
     return off
 
 
-__all__ = ["Expr", "Var", "Loaded", "Div", "Mod", "const", "var", "loaded", "bounds", "floordiv",
+__all__ = ["Expr", "Var", "Loaded", "Div", "Mod", "const", "var", "loaded", "bounds", "evaluate", "floordiv",
            "mod", "axes", "render", "flatten", "unravel", "offset", "gcd"]

@@ -66,6 +66,8 @@ class KernelPlan:
     partials: tuple[int, ...] = ()    # column reductions written as per-program partials
     combine_of: str = ""              # for a combine kernel: the kernel whose partials it sums
     predicted_s: float = 0.0          # cost-model time on the target device
+    transposed: tuple[int, ...] = ()  # inputs read transposed: the mapping took taller tiles (plan/access.py)
+    row_runs: bool = False            # a flat kernel reading row runs: one element a thread (plan/access.py)
 
 
 @dataclass

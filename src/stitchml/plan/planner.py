@@ -3,11 +3,13 @@ a thread mapping per kernel, and modelled bytes."""
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 
 from ..ir import index as ix
 from ..ir import nodes as ir
 from ..ir.dce import eliminate_dead
 from . import mapping as mapping_rules
+from .access import generates, row_run_reads, transposed_reads
 from .cost import kernel_bytes, predict_seconds, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, cheap_chains, is_free, mark_recompute, recompute_cheap, source_bytes
@@ -142,6 +144,22 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     kp = KernelPlan(name, members, outputs, tuple(inputs), grp.domain, mp, scheme, grp.dominant,
                     tuple(stitches), seeds=tuple(m for m in members if g[m].kind == ir.RAND),
                     partials=partials)
+    if (mp.form == "pointwise" and opts.flat_row_runs and not scatter and mp.num_warps * 32 < mp.block_r
+            and len(grp.domain.shape) > 1):
+        # reads in row runs that Triton would issue element by element (plan/access.py)
+        if row_run_reads(g, kp):
+            kp.mapping = mapping_rules.one_per_thread(mp)
+            kp.row_runs = True
+    if (partials and mp.form in ("packed_rows", "row_persistent") and opts.transposed_tiles
+            and opts.looped_partials and not opts.fixed_row_blocks and not scatter):
+        # a transposed read gets taller tiles than whole rows give (plan/access.py)
+        reads = transposed_reads(g, kp)
+        if reads:
+            tall = replace(kp, mapping=mapping_rules.transposed_tile(grp.domain, opts,
+                                                                     min(g[r].dtype.itemsize for r in reads)),
+                           transposed=tuple(reads))
+            if generates(g, tall):   # (a per-row value the looped form cannot reach keeps whole rows)
+                kp = tall
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp, opts.device)
     kp.predicted_s = predict_seconds(kp, opts.device)
     return kp

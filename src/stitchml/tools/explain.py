@@ -140,6 +140,13 @@ class Report:
                     lines.append(f"  kernel {step.name}: {step.scheme:8} {step.mapping.describe()}{within}")
                     lines.append(f"      reads {_mb(step.bytes_read)}, writes {_mb(step.bytes_written)}, "
                                  f"predicted {step.predicted_s * 1e6:.1f} us; ops: {ops}")
+                    if getattr(step, "row_runs", False):   # (plans cached before the field have none)
+                        lines.append("      reads row runs out of flat order: one element a thread, so each warp "
+                                     "access is 32 consecutive elements")
+                    if getattr(step, "transposed", ()):   # (plans cached before the field have none)
+                        reads = ", ".join(f"%{r}" for r in step.transposed)
+                        lines.append(f"      reads {reads} transposed: {step.mapping.block_r}-row tiles, so each "
+                                     "column's run of contiguous values fills a 32-byte sector")
                 else:
                     lines.append(f"  eager  {step.op}: {step.reason}")
             for grp in rec.plan.groups:

@@ -1,0 +1,116 @@
+"""Access patterns of a planned kernel, probed at plan time.
+
+Which of a kernel's reads are *transposed*: unit stride along the domain's innermost
+row dimension and a large stride along its innermost column dimension (a gradient
+that arrives as [.., hidden, tokens] and is summed over tokens, a K matrix read for
+its transpose).  A row kernel covers such a read with a few whole rows per block (4
+rows of 1024 at hidden 768), so each column contributes a run of 4 contiguous values:
+8 bytes of every 32-byte sector the GPU moves, in bfloat16.  The mapping then takes
+taller tiles (`mapping.transposed_tile`).
+
+The probe is the code generator's index analysis (`codegen.triton_kernel.load_offsets`),
+the same dry run the planner already uses to check index spaces; strides are read off
+the offset expressions at a few points (`ir.index.evaluate`).
+
+Which of a flat kernel's reads come in *row runs*: contiguous along the innermost
+dimension, but not in the kernel's flat order (a padded buffer's rows read back to
+their traced width, a slice of each row).  Such an address divides the flat index by
+an extent; Triton cannot prove it contiguous and, when a store of the same kernel
+vectorises, lays the read out 8 elements a thread and issues them one by one: each
+warp instruction then spans 512 bytes for 64 useful ones (GPT-2's logits copied back
+from their padded rows ran at 20 % of copy bandwidth, bench/NOTES.md 2026-11-25).
+The mapping then gives such kernels one element a thread (`mapping.one_per_thread`):
+every access a warp makes is 32 consecutive elements.
+"""
+from __future__ import annotations
+
+from math import gcd
+
+from ..ir import index as ix
+from ..ir import nodes as ir
+from .data import KernelPlan
+
+
+def _reads(g: ir.Graph, k: KernelPlan) -> list[tuple[int, ix.Expr]] | None:
+    """`k`'s global reads, or None where its index spaces do not line up in this form
+    (the planner's validation decides about such a kernel, not the probe)."""
+    from ..codegen.triton_kernel import load_offsets   # (code generation builds on plan data)
+    try:
+        return load_offsets(g, k)
+    except ix.IndexMismatch:
+        return None
+
+
+def generates(g: ir.Graph, k: KernelPlan) -> bool:
+    """Whether `k`, as mapped, passes the code generator's index analysis."""
+    return _reads(g, k) is not None
+
+
+def _stride(off: ix.Expr, name: str) -> int | None:
+    base, step = ix.evaluate(off, {}), ix.evaluate(off, {name: 1})
+    return None if base is None or step is None else step - base
+
+
+def transposed_reads(g: ir.Graph, k: KernelPlan) -> list[int]:
+    """The inputs `k` reads transposed (see the module doc), read at the domain's full
+    size (a broadcast row vector does not count)."""
+    dom = k.domain
+    rows = [d for d in range(len(dom.shape)) if d not in dom.col_dims and dom.shape[d] > 1]
+    cols = [d for d in dom.col_dims if dom.shape[d] > 1]
+    if not rows or not cols:
+        return []
+    rname, cname = f"r{rows[-1]}", f"c{cols[-1]}"
+    full = dom.rows * dom.cols
+    out: list[int] = []
+    for nid, off in _reads(g, k) or ():
+        if nid in out or g[nid].numel < full // 2:
+            continue
+        sr, sc = _stride(off, rname), _stride(off, cname)
+        if sr == 1 and sc is not None and abs(sc) > 1:
+            out.append(nid)
+    return out
+
+
+def _digits(i: int, names: list[tuple[str, int]]) -> dict[str, int]:
+    """Flat index `i` as the values of the domain's variables (innermost last)."""
+    out = {}
+    for name, size in reversed(names):
+        out[name] = i % size
+        i //= size
+    return out
+
+
+VECTOR_BYTES = 16   # the widest access a thread makes (ld.global.v4.b32)
+
+
+def row_run_reads(g: ir.Graph, k: KernelPlan) -> list[int]:
+    """The inputs a flat kernel reads in row runs (see the module doc), at its full size,
+    whose runs cannot be read in 16-byte vectors: the largest power of two dividing the
+    run length, the row stride and the first offset is under 16 bytes' worth of
+    elements (a run of 64 at a row stride of 2304 is read in vectors anyway)."""
+    dom = k.domain
+    names = [(f"r{d}", s) for d, s in enumerate(dom.shape) if s > 1]
+    if len(names) < 2:
+        return []
+    inner = names[-1][1]
+    probes = [1, inner - 1, inner, inner + 1, 2 * inner + 3]
+    full = dom.rows
+    out: list[int] = []
+    for nid, off in _reads(g, k) or ():
+        if nid in out or g[nid].numel < full // 2:
+            continue
+        base = ix.evaluate(off, {})
+        at = [ix.evaluate(off, _digits(i, names)) for i in probes if i < full]
+        if base is None or None in at or len(at) < 2 or at[0] - base != 1:
+            continue
+        if all(a - base == i for a, i in zip(at, probes)):   # flat order
+            continue
+        row_step = ix.evaluate(off, _digits(inner, names))
+        aligned = gcd(gcd(inner, row_step - base), base) if row_step is not None else 1
+        vector = aligned & -aligned if aligned else VECTOR_BYTES
+        if vector * g[nid].dtype.itemsize < VECTOR_BYTES:
+            out.append(nid)
+    return out
+
+
+__all__ = ["generates", "row_run_reads", "transposed_reads"]

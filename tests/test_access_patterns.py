@@ -1,0 +1,68 @@
+"""Access-pattern probes at plan time (plan/access.py): flat kernels that read row runs
+out of their flat order take one element a thread; the probe itself on plain, sliced,
+padded and transposed reads.  Plan tier and interpreter tier; the sm_90 code of such a
+kernel is checked in tests/test_aot_gpu.py."""
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stitchml import config
+from stitchml.plan.access import row_run_reads, transposed_reads
+from stitchml.testing import compare_with_eager
+
+sys.path.insert(0, "tests")
+from planning import plan_of  # noqa: E402
+
+
+def _copy_back(x):
+    # a padded buffer's rows read back to their traced width (pad_gemm's copy-back)
+    return x[:, :45] * 2
+
+
+def _only_kernel(plan):
+    (k,) = plan.kernels
+    return k
+
+
+def test_the_probe_tells_row_runs_from_flat_and_transposed_reads():
+    x = torch.randn(37, 48)
+    plan = plan_of(_copy_back, x)
+    k = _only_kernel(plan)
+    assert row_run_reads(plan.graph, k) and not transposed_reads(plan.graph, k)
+    plan = plan_of(lambda x: x * 2, x)                                   # flat order: no runs
+    assert not row_run_reads(plan.graph, _only_kernel(plan))
+    plan = plan_of(lambda x: F.pad(x, (0, 3)) * 2, torch.randn(37, 45))  # the pad reads runs of 45
+    assert row_run_reads(plan.graph, _only_kernel(plan))
+    plan = plan_of(lambda x, b: x + b, x, torch.randn(48))               # a broadcast vector is no full read
+    assert not row_run_reads(plan.graph, _only_kernel(plan))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_row_runs_run_one_element_a_thread_and_match_eager(dtype):
+    x = torch.randn(37, 48).to(dtype)
+    c = compare_with_eager(_copy_back, [x], backward=False)
+    k = _only_kernel(c.backend.records[0].plan)
+    assert k.row_runs and k.mapping.form == "pointwise"
+    assert k.mapping.num_warps * 32 == k.mapping.block_r, k.mapping.describe()
+    assert k.mapping.block_r * k.mapping.grid >= 37 * 45
+    from stitchml.tools.explain import Report
+    assert "row runs out of flat order" in Report(c.backend.records).to_text()
+
+
+def test_row_runs_knob_off_keeps_the_block_layout():
+    x = torch.randn(64, 1030)
+    with config.override(flat_row_runs=False):
+        k = _only_kernel(plan_of(lambda x: x[:, :1000] * 2, x))
+    assert not k.row_runs and k.mapping.num_warps * 32 < k.mapping.block_r
+    k = _only_kernel(plan_of(lambda x: x[:, :1000] * 2, x))
+    assert k.row_runs and k.mapping.num_warps * 32 == k.mapping.block_r == 1024
+
+
+def test_aligned_row_runs_keep_their_vectors():
+    """Runs of 768 at a row stride of 2304 (a fused QKV projection's query part): Triton
+    reads them in 16-byte vectors already, so the block layout stays."""
+    x = torch.randn(512, 2304, dtype=torch.bfloat16)
+    k = _only_kernel(plan_of(lambda x: x[:, :768] * 2, x))
+    assert not k.row_runs and k.mapping.num_warps * 32 < k.mapping.block_r
