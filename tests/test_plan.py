@@ -150,3 +150,27 @@ def test_output_strides_follow_eager():
     (k,) = plan.kernels
     (o,) = k.outputs
     assert plan.graph[o].stride == (x * 2).stride()
+
+
+def test_graphs_planned_for_capture_price_launches_at_the_replay_gap():
+    """A graph that will be replayed in a CUDA graph pays the GPU's gap between kernels
+    per launch, not the host launch path: a grid barrier (2 us in the table) that beat a
+    3 us host launch no longer beats a 1.5 us replayed one, so the layer-norm backward's
+    partial kernel and its combine become two launches again."""
+    from stitchml.bench.micro import cases
+    from stitchml.plan.devices import get_device
+    from stitchml.plan.options import PlanOptions
+    from stitchml.tools import predict
+    (spec,) = [s for s in cases(quick=False) if s.name == "layer_norm_bwd[N=1024]"]
+    host = PlanOptions.from_config(get_device("H100"))
+    replay = PlanOptions.from_config(get_device("H100"), graph_replay=True)
+    assert replay.device.launch_s == get_device("H100").graph_launch_s < host.device.launch_s
+    bwd_host = predict.case_plans(spec, "bf16", host)[1][-1]
+    bwd_replay = predict.case_plans(spec, "bf16", replay)[1][-1]
+    assert [g.kind for g in bwd_host.groups] == ["global"] and not bwd_host.graph_replay
+    assert not any(g.kind == "global" for g in bwd_replay.groups)
+    assert bwd_replay.graph_replay and bwd_replay.launch_s == replay.device.launch_s
+    from stitchml.compiler import CompiledGraph
+    from stitchml.tools.explain import Report
+    text = Report([CompiledGraph("backward", graph=bwd_replay.graph, plan=bwd_replay)]).to_text()
+    assert "launches priced at a CUDA-graph replay's gap (1.5 us" in text

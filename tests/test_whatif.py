@@ -95,11 +95,13 @@ def test_calibration_is_keyed_by_device_and_versions_and_labelled(tmp_path):
     with config.override(cache_dir=str(tmp_path)):
         assert get_device("H100").source == "table"
         fake = replace(DEVICES["H100"], bandwidth=2.5e12, launch_s=4e-6, barrier_s=9e-6, atomic_s=1e-12,
-                       form_efficiency=(("global", 0.5), ("row_looped", 0.8)))
+                       form_efficiency=(("global", 0.5), ("row_looped", 0.8)), graph_launch_s=1.1e-6)
         path = save_calibration(fake, {"copy_bandwidth": {"contiguous": {"fp32": 2.5e12}}})
         assert path == calibration_path("H100") and "H100-torch" in path.name and "triton" in path.name
         dev = get_device("H100")
         assert dev.source == "calibrated" and dev.barrier_s == 9e-6 and dev.bandwidth == 2.5e12
+        # a CUDA-graph replay's per-kernel gap, measured: what graphs planned for capture pay
+        assert dev.graph_launch_s == 1.1e-6 and dev.replayed().launch_s == 1.1e-6 and dev.launch_s == 4e-6
         assert dev.efficiency("row_looped") == 0.8 and dev.efficiency("pointwise") == 1.0
         assert get_device("H200").source == "table"           # another device is not affected
         data = json.loads(path.read_text())

@@ -78,10 +78,12 @@ def _kernel_source(device_kind: str) -> Callable:
 
 
 def build_static(gm: fx.GraphModule, device: torch.device, *, cuda_graphs: bool = False,
-                 horizontal: bool = True, fixed_row_blocks: bool = False) -> Built:
+                 horizontal: bool = True, fixed_row_blocks: bool = False, replayed: bool = False) -> Built:
     """lower → plan → codegen for a graph whose sizes are all known.  `cuda_graphs`:
     no barrier launches; `horizontal=False`: no horizontal launch groups;
-    `fixed_row_blocks`: row blocks independent of the row count (dynamic templates)."""
+    `fixed_row_blocks`: row blocks independent of the row count (dynamic templates);
+    `replayed`: the graph will be captured in a CUDA graph, so launches are priced at
+    the replay's per-kernel gap (a barrier or a shared launch must beat that)."""
     times = StageTimes()
     t0 = time.perf_counter()
     graph = lower(gm)                                                           # lower
@@ -89,7 +91,7 @@ def build_static(gm: fx.GraphModule, device: torch.device, *, cuda_graphs: bool 
     times.lower_s = t1 - t0
     opts = PlanOptions.from_config(global_barriers=config.get("global_barriers") and not cuda_graphs,
                                    horizontal_fusion=config.get("horizontal_fusion") and horizontal,
-                                   fixed_row_blocks=fixed_row_blocks)
+                                   fixed_row_blocks=fixed_row_blocks, graph_replay=replayed)
     key = plan_cache.plan_key(graph, device.type, opts)
     cached = plan_cache.load(key, graph)
     t2 = time.perf_counter()

@@ -106,6 +106,8 @@ class Plan:
     unfused_bytes: int = 0                           # one kernel per primitive op, for comparison
     groups: list[LaunchGroup] = field(default_factory=list)
     search: object = None                            # ilp.SearchReport: how launches were chosen
+    launch_s: float = 0.0                            # what a launch was priced at (a CUDA-graph replay's gap
+    graph_replay: bool = False                       # when planned for capture, else the host launch path)
 
     @property
     def kernels(self) -> list[KernelPlan]:

@@ -40,12 +40,22 @@ class Device:
     # a tuple of (form, factor) pairs so the Device stays hashable
     form_efficiency: tuple[tuple[str, float], ...] = ()
     calibration_file: str = ""  # where the calibrated figures came from
+    # per-kernel cost inside a replayed CUDA graph: no host launch path, only the GPU's
+    # gap between dependent kernels (table value ~1.5 us on Hopper until calibrated)
+    graph_launch_s: float = 1.5e-6
 
     def efficiency(self, form: str) -> float:
         for f, e in self.form_efficiency:
             if f == form:
                 return max(min(e, 1.0), 0.05)
         return 1.0
+
+    def replayed(self) -> "Device":
+        """This device as a graph replayed in a CUDA graph sees it: each kernel costs the
+        graph's launch gap instead of the host launch path.  The planner prices launches
+        this way for graphs it plans for capture, so a grid barrier or a horizontal launch
+        is chosen only where it saves what a replay really pays per launch."""
+        return replace(self, launch_s=self.graph_launch_s)
 
 
 DEVICES: dict[str, Device] = {
@@ -112,6 +122,7 @@ def load_calibration(base: Device, versions: tuple[str, str] | None = None) -> D
         dev = replace(base, bandwidth=float(data["bandwidth"]), launch_s=float(data["launch_s"]),
                       barrier_s=float(data.get("barrier_s", base.barrier_s)),
                       atomic_s=float(data.get("atomic_s", base.atomic_s)), form_efficiency=eff,
+                      graph_launch_s=float(data.get("graph_launch_s", base.graph_launch_s)),
                       source="calibrated", calibration_file=str(path))
     except (ValueError, KeyError, TypeError, OSError):
         dev = base  # a broken calibration file is ignored; the table stands

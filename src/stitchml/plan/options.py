@@ -39,6 +39,9 @@ class PlanOptions:
     # dynamic shapes: row and flat blocks take their cap instead of next_pow2 of the row
     # count, so a kernel's mapping moves only with its column extent (the size bucket)
     fixed_row_blocks: bool = False
+    # the graph is planned for capture in a CUDA graph: its device's launch cost is the
+    # replay's per-kernel gap (`Device.replayed`), set by `from_config(graph_replay=True)`
+    graph_replay: bool = False
 
     @classmethod
     def from_config(cls, device: Device | str | None = None, **changes: Any) -> "PlanOptions":
@@ -47,6 +50,8 @@ class PlanOptions:
         dev = device if isinstance(device, Device) else get_device(device) if device else current_device()
         knobs = {f.name: config.get(f.name) for f in fields(cls) if f.name in config.KNOBS and f.name != "device"}
         knobs.update(changes)
+        if knobs.get("graph_replay"):
+            dev = dev.replayed()
         return cls(dev, **knobs)
 
     def key(self) -> str:

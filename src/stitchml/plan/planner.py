@@ -43,6 +43,7 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
                 gv, forbidden = GraphView(g), frozenset()
                 continue
             plan.search = search(plan, opts)
+            plan.launch_s, plan.graph_replay = opts.device.launch_s, opts.graph_replay
             return plan
         learned = {frozenset((x, y)) for x in bad.dominant for y in bad.dominant if x != y}
         if not learned or learned <= forbidden:

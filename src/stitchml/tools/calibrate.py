@@ -270,6 +270,36 @@ def measure_launch(reps: int = 200) -> float:
     return _events_median(batch, max(reps // per_batch, 5)) / per_batch
 
 
+def measure_graph_launch(launches: int = 200, reps: int = 20) -> float:
+    """Seconds per kernel inside a replayed CUDA graph: `launches` dependent launches of
+    an element-wise kernel on 4 KB captured once, the replay timed with CUDA events.
+    What the planner charges per launch for graphs it plans for capture
+    (`Device.replayed`): the GPU's gap between kernels, no host launch path."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _bump(x, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(x + i, tl.load(x + i) + 1)
+
+    buf = torch.zeros(1024, device="cuda")
+
+    def chain():
+        for _ in range(launches):
+            _bump[(1,)](buf, N=1024)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain()                                  # compiled and warm before the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    return _events_median(graph.replay, reps) / launches
+
+
 def measure_barrier(grid: int, reps: int = 20) -> float:
     """Seconds per grid barrier with `grid` resident programs (the global scheme's
     barrier: release-add then acquire-spin on a counter that only grows)."""
@@ -418,6 +448,12 @@ def calibrate() -> Device | None:
     launch_s = ours["wall_us"] * 1e-6 if "wall_us" in ours else measure_launch()
     dev = replace(base, bandwidth=copies["contiguous"]["fp32"], launch_s=launch_s, source="calibrated")
     dev = replace(dev, barrier_s=measure_barrier(wave_capacity(dev, 4)), atomic_s=measure_atomics())
+    try:
+        dev = replace(dev, graph_launch_s=measure_graph_launch())
+    except Exception as e:   # (a driver without graph capture): the table value stands, said below
+        graph_error = f"{type(e).__name__}: {e}"
+    else:
+        graph_error = ""
     forms = measure_forms(dev)
     glob = measure_global(dev)
     eff = {f: v["efficiency"] for f, v in forms.items()}
@@ -426,7 +462,8 @@ def calibrate() -> Device | None:
     measurements = {"gpu": torch.cuda.get_device_name(), "copy_bandwidth": copies, "launch_s": dev.launch_s,
                     "launch_s_from": "stitch_launcher" if "wall_us" in ours else "empty kernel, Triton JIT",
                     "launch_overhead": overheads,
-                    "barrier_s": dev.barrier_s, "atomic_s": dev.atomic_s, "forms": forms, "global_scheme": glob}
+                    "barrier_s": dev.barrier_s, "atomic_s": dev.atomic_s, "forms": forms, "global_scheme": glob,
+                    "graph_launch_s": dev.graph_launch_s, "graph_launch_error": graph_error}
     path = save_calibration(dev, measurements)
     return replace(dev, calibration_file=str(path))
 
@@ -449,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
         known = ", ".join(DEVICES)
         print(f"no CUDA GPU: nothing to calibrate; the cost model keeps its table values ({known})")
         return 0
-    print(f"{dev.name}: copy bandwidth {dev.bandwidth / 1e12:.2f} TB/s, launch {dev.launch_s * 1e6:.2f} us, "
+    print(f"{dev.name}: copy bandwidth {dev.bandwidth / 1e12:.2f} TB/s, launch {dev.launch_s * 1e6:.2f} us "
+          f"({dev.graph_launch_s * 1e6:.2f} us in a CUDA-graph replay), "
           f"grid barrier {dev.barrier_s * 1e6:.2f} us, atomic add {dev.atomic_s * 1e12:.2f} ps/element")
     print("form efficiency: " + ", ".join(f"{f} {e:.2f}" for f, e in dev.form_efficiency))
     import json
