@@ -246,3 +246,17 @@ def test_calibrate_launch_overheads_on_a_gpu():
     assert ours["host_us"] < jit["host_us"], (ours, jit)
     for key in ("inductor_run", "inductor_launcher", "inductor_call"):
         assert "host_us" in res[key] or res[key]["unavailable"], res[key]
+
+
+def test_other_argument_kinds_keep_or_leave_the_binding():
+    """Floats, booleans and None are not specialised on; an argument that changes kind
+    (a tensor where an int was, fewer arguments) goes back to the JIT."""
+    fn = FakeJit(nparams=5)
+    k = _launcher(fn)
+    a = Ptr(4096)
+    k[(1,)](a, 2.5, True, None, 3, num_warps=4)
+    k[(1,)](a, -7.0, False, None, 5, num_warps=4)          # same kinds: direct
+    k[(1,)](a, 2.5, True, None, Ptr(4096), num_warps=4)    # an int became a pointer
+    k[(1,)](a, 2.5, True, None, num_warps=4)               # one argument fewer
+    k[(1,)](a, 3, True, None, 3, num_warps=4)              # a float became an int
+    assert [e[0] for e in fn.log] == ["jit", "direct", "jit", "jit", "jit"]

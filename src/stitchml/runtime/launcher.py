@@ -19,6 +19,13 @@ arguments.
 The stream is read per launch (a cheap C call): CUDA-graph capture runs on a side
 stream.  Under the Triton interpreter the JIT returns no compiled kernel, so every
 launch goes through it.  Knob: `direct_launch`.
+
+Host cost.  The check that a launch's arguments specialise as the bound ones did is
+one expression compiled per binding (`_spec_check`: unrolled, no tuples built), and
+the launch callable of each grid is made once (`__getitem__`): with 8 tensors and 3
+integers, and Triton's `run` replaced by a no-op, the Python part of a launch took about
+half the time of the spec tuples and per-call closure before (15.1 → 7.8 µs, medians of
+one run on the loaded 2-core CPU machine; `bench/NOTES.md`, thirteenth session).
 """
 from __future__ import annotations
 
@@ -31,7 +38,8 @@ _I32 = (-2**31, 2**31)
 
 def arg_spec(args: tuple) -> tuple:
     """What Triton specialises a kernel on, per argument: a tensor's dtype and 16-byte
-    alignment; an integer's width, whether it is 1 and whether it is a multiple of 16."""
+    alignment; an integer's width, whether it is 1 and whether it is a multiple of 16.
+    (The launch path checks the same as one compiled expression, `_spec_check`.)"""
     out = []
     for a in args:
         ptr = getattr(a, "data_ptr", None)
@@ -44,10 +52,24 @@ def arg_spec(args: tuple) -> tuple:
     return tuple(out)
 
 
-def _spec_ignoring(spec: tuple, fresh: frozenset[int]) -> tuple:
-    # arguments Triton does not specialise on (do_not_specialize: seeds, barrier bases)
-    # only keep their width
-    return tuple(s[0] if i in fresh and isinstance(s, tuple) and len(s) == 3 else s for i, s in enumerate(spec))
+def _spec_check(args: tuple, fresh: frozenset[int]) -> Callable[[tuple], bool]:
+    """A function of a launch's arguments that is true when they specialise as `args`
+    did (`arg_spec`, with `fresh` arguments' width only): one unrolled expression,
+    compiled once per binding, instead of building and comparing spec tuples."""
+    terms, env = [f"len(a) == {len(args)}"], {}
+    for i, a in enumerate(args):
+        if getattr(a, "data_ptr", None) is not None:
+            env[f"d{i}"] = getattr(a, "dtype", None)
+            aligned = "==" if a.data_ptr() % 16 == 0 else "!="
+            terms.append(f"a[{i}].data_ptr() % 16 {aligned} 0 and a[{i}].dtype is d{i}")
+        elif isinstance(a, int) and not isinstance(a, bool):
+            wide = "" if _I32[0] <= a < _I32[1] else "not "
+            terms.append(f"type(a[{i}]) is int and {wide}({_I32[0]} <= a[{i}] < {_I32[1]})")
+            if i not in fresh:
+                terms.append(f"(a[{i}] == 1) is {a == 1} and (a[{i}] % 16 == 0) is {a % 16 == 0}")
+        else:
+            terms.append(f"not hasattr(a[{i}], 'data_ptr') and (type(a[{i}]) is not int)")
+    return eval("lambda a: " + " and ".join(terms), env)   # noqa: S307 (text built above from types only)
 
 
 def _hooks_active() -> bool:
@@ -76,29 +98,33 @@ def _stream_getter() -> Callable[[int], int]:
 class Launcher:
     """`launcher[(grid,)](*args, num_warps=N)` like the Triton function it wraps."""
 
-    __slots__ = ("fn", "bound", "fresh", "stream", "direct")
+    __slots__ = ("fn", "bound", "fresh", "stream", "direct", "grids")
 
     def __init__(self, fn: Any, stream: Callable[[int], int] | None = None):
         self.fn = fn
-        self.bound: dict[tuple, tuple] = {}   # (grid, options) -> (spec, run, function, metadata, device)
+        # (grid, options) -> (spec check, run, gx, gy, gz, function, metadata, device)
+        self.bound: dict[tuple, tuple] = {}
         params = getattr(fn, "params", None)  # JITFunction parameters (absent in the interpreter)
         self.fresh = frozenset(i for i, p in enumerate(params or ()) if getattr(p, "do_not_specialize", False))
         self.stream = stream
         self.direct = True
+        self.grids: dict[tuple, Callable] = {}   # grid -> its launch callable, made once
 
     def __getitem__(self, grid: tuple) -> Callable:
-        def launch(*args, **options):
-            return self.launch(grid, args, options)
+        launch = self.grids.get(grid)
+        if launch is None:
+            def launch(*args, **options):
+                return self.launch(grid, args, options)
+            self.grids[grid] = launch
         return launch
 
     def launch(self, grid: tuple, args: tuple, options: dict) -> None:
-        key = (grid, tuple(sorted(options.items())))
+        key = (grid, tuple(options.items()))   # (a call site passes its options in one order)
         bound = self.bound.get(key)
         if bound is not None:
-            spec, run, function, metadata, device = bound
-            if _spec_ignoring(arg_spec(args), self.fresh) == spec:
-                run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                    self.stream(device), function, metadata, None, None, None, *args)
+            ok, run, gx, gy, gz, function, metadata, device = bound
+            if ok(args):
+                run(gx, gy, gz, self.stream(device), function, metadata, None, None, None, *args)
                 return
         kernel = self.fn[grid](*args, **options)   # the JIT: compiles or loads, then launches
         if bound is None and self.direct and config.get("direct_launch"):
@@ -117,7 +143,9 @@ class Launcher:
         device = next((a.device.index for a in args if hasattr(a, "data_ptr") and hasattr(a, "device")), 0)
         if self.stream is None:
             self.stream = _stream_getter()
-        self.bound[key] = (_spec_ignoring(arg_spec(args), self.fresh), run, function, metadata, device or 0)
+        grid = key[0]
+        self.bound[key] = (_spec_check(args, self.fresh), run, grid[0], grid[1] if len(grid) > 1 else 1,
+                           grid[2] if len(grid) > 2 else 1, function, metadata, device or 0)
 
 
 def bind_launchers(functions: dict[str, Any]) -> dict[str, Launcher]:
