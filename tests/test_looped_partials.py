@@ -230,14 +230,14 @@ def test_a_transposed_read_beside_column_partials_gets_taller_tiles(dtype, rows_
     """The access probe (plan/access.py) sees the transposed read; the kernel walks tiles
     of 32 bytes' worth of rows (8 float32, 16 bfloat16) in column blocks instead of 4
     whole rows, results equal eager's (outputs poisoned), and explain says why."""
-    x, s = torch.randn(70, 45).to(dtype), torch.tensor(0.5).to(dtype)
+    x, s = torch.randn(70, 30).to(dtype), torch.tensor(0.5).to(dtype)   # 30 rows: 4 programs on the CPU entry
     c = compare_with_eager(_transposed_bias_grad, [x, s], backward=False,
                            rtol=1e-2 if dtype == torch.bfloat16 else None,
                            atol=1e-2 if dtype == torch.bfloat16 else None)
     plan = c.backend.records[0].plan
     (k,) = [k for k in plan.kernels if k.partials]
     assert k.mapping.form == "row_looped" and k.mapping.block_r == rows_per_tile, k.mapping.describe()
-    assert k.transposed and all(plan.graph[r].numel == 70 * 45 for r in k.transposed)
+    assert k.transposed and all(plan.graph[r].numel == 70 * 30 for r in k.transposed)
     assert any(cb.combine_of == k.name for cb in plan.kernels)
     from stitchml.tools.explain import Report
     assert "transposed: " in Report(c.backend.records).to_text()
@@ -252,3 +252,15 @@ def test_transposed_tiles_knob_off_and_row_major_reads_keep_whole_rows():
     plan = plan_of(lambda x, s: ((x * s) * 2, (x * s).sum(0)), x.t().contiguous(), s)   # row-major: no change
     (k,) = [k for k in plan.kernels if k.partials]
     assert k.mapping.form == "packed_rows" and not k.transposed
+
+
+def test_transposed_tiles_grow_where_rows_would_give_too_many_programs():
+    """32768 rows read transposed: 8-row tiles would make 4096 programs, each writing a
+    partial row (16 MB of partials for 1024 float32 columns); the tile grows to the
+    looped form's 32 rows instead (plan for the H100, no kernel run)."""
+    x, w = torch.randn(1024, 32768), torch.randn(1024)
+    with config.override(device="H100"):
+        plan = plan_of(lambda x, w: ((x.t() * w) * 2, (x.t() * w).sum(0)), x, w)
+    (k,) = [k for k in plan.kernels if k.partials]
+    assert k.transposed and k.mapping.form == "row_looped" and k.mapping.block_r == 32, k.mapping.describe()
+    assert k.mapping.grid == 32768 // 32

@@ -90,6 +90,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
         # lower, plan, codegen (barrier counters are graph-safe; a graph planned for capture
         # prices each launch at the replay's gap, not the host launch path)
         built = pipeline.build_static(gm, device, replayed=graphs)
+        if graphs and cuda_graphs.plan_refusal(built.plan):   # it will run without capture: plan for that
+            built = pipeline.build_static(gm, device)
         rec.graph, rec.plan, rec.kernels, rec.times = built.graph, built.plan, built.kernels, built.times
         call, rec.wrapper_source = pipeline.load(built, device)                    # kernels, wrapper
     except Exception as e:  # graceful: this graph runs eagerly

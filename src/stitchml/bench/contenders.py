@@ -339,7 +339,8 @@ def predict_call(records: list[Any], snapshot: list[int]) -> dict[str, Any]:
             else:
                 names, note = _profiler_names(ks), ""
             kernels.append({"graph": r.kind, "kernel": name, "class": cls, "launches": calls,
-                            "predicted_s": calls * pred, "predicted_device_s": calls * max(pred - dev.launch_s, 0.0),
+                            "predicted_s": calls * pred,
+                            "predicted_device_s": calls * max(pred - (plan.launch_s or dev.launch_s), 0.0),
                             "names": names, "note": note})
     return {"predicted_s": total if graphs else None, "device": dev.name, "figures": describe_source(dev),
             "launch_s": dev.launch_s, "graphs": graphs, "unpriced": unpriced, "kernels": kernels}

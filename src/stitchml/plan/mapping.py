@@ -111,9 +111,9 @@ def combine_mapping(rows: int, cols: int, opts: PlanOptions) -> Mapping:
 
 def one_per_thread(mp: Mapping) -> Mapping:
     """A flat mapping whose programs hold one element a thread (the block over 32 x
-    warps, at most 1024): every load and store of a warp is 32 consecutive elements,
+    warps, at most 512): every load and store of a warp is 32 consecutive elements,
     whatever Triton can prove about their alignment (`plan/access.py`, row runs)."""
-    block = min(mp.block_r, 1024)
+    block = min(mp.block_r, 512)      # (16 warps: the cap of every other mapping)
     return replace(mp, block_r=block, num_warps=max(1, block // 32), grid=-(-mp.block_r * mp.grid // block))
 
 
@@ -123,13 +123,17 @@ TRANSPOSED_RUN_BYTES = 32   # a sector: the contiguous run a transposed read sho
 def transposed_tile(domain: Domain, opts: PlanOptions, itemsize: int) -> Mapping:
     """Column partials over a domain read transposed (`plan/access.py`): row-looped
     programs of `TRANSPOSED_RUN_BYTES / itemsize` rows (8 in float32, 16 in bfloat16;
-    fewer, down to 8, where that leaves under a program per SM), walking column blocks
+    fewer, down to 8, where that leaves under a program per SM; more, up to 32, where
+    the grid would pass `partial_programs_per_sm` programs per SM), walking column blocks
     of `looped_partial_elems / rows` columns; each program stores one partial row per
     column block (the looped form's partials)."""
     rows, cols = domain.rows, domain.cols
     br = max(8, TRANSPOSED_RUN_BYTES // max(itemsize, 1))
     while br > 8 and -(-rows // br) < opts.device.sms:
         br //= 2
+    # many rows: taller tiles (at most 32), so the partial buffer stays within the
+    # looped form's programs per SM (`looped_rows`), as whole-row tiles keep theirs
+    br = max(br, looped_rows(rows, opts))
     bc = min(next_pow2(cols), max(32, opts.looped_partial_elems // br))
     return Mapping("row_looped", br, bc, _warps(br * bc), -(-rows // br))
 

@@ -270,7 +270,7 @@ def survey_micro(case_re: str = "", dtypes=("fp32", "bf16"), arch: int = 90, dev
     from ..plan.options import PlanOptions
     from . import predict
 
-    opts = PlanOptions.from_config(get_device(device))
+    opts = PlanOptions.from_config(get_device(device), graph_replay=bool(config.get("cuda_graphs")))   # (as the bench)
     for spec in cases(quick=False):
         if case_re and not _re.search(case_re, spec.name):
             continue

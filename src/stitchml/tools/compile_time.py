@@ -79,7 +79,8 @@ def build_graphs(graphs: list[tuple[str, Any]], device: torch.device) -> tuple[l
     c0, t0 = time.process_time(), time.perf_counter()
     for kind, gm in graphs:
         g0 = time.perf_counter()
-        b = pipeline.build_static(gm, device)
+        from ..runtime import cuda_graphs   # planned as compile_graph plans it (for capture on a GPU)
+        b = pipeline.build_static(gm, device, replayed=cuda_graphs.mode(kind, device).capture)
         wall = time.perf_counter() - g0
         built.append(b)
         t = b.times

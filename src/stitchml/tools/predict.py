@@ -99,9 +99,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))
     ap.add_argument("--case", default="", help="regular expression on case names")
     args = ap.parse_args(argv)
-    opts = PlanOptions.from_config(get_device(args.device))
+    # planned as `stitchml bench` compiles them on the GPU: for capture in a CUDA graph
+    # (knob `cuda_graphs`), so launches are priced at the replay's gap
+    from .. import config
+    replay = bool(config.get("cuda_graphs"))
+    opts = PlanOptions.from_config(get_device(args.device), graph_replay=replay)
     dev = opts.device
-    print(f"device {dev.name} ({dev.source}): copy {dev.bandwidth / 1e12:.2f} TB/s, launch {dev.launch_s * 1e6:.1f} us")
+    print(f"device {dev.name} ({dev.source}): copy {dev.bandwidth / 1e12:.2f} TB/s, launch {dev.launch_s * 1e6:.1f} us"
+          f"{' (a CUDA-graph replay)' if replay else ''}")
     print("| case | dtype | floor MB | floor us | modelled MB | predicted us | launches | forms |")
     print("|---|---|---|---|---|---|---|---|")
     for spec in cases(quick=False):

@@ -43,9 +43,17 @@ class PlanRow:
 
 
 def _replan(plan: Plan, dev: Device, **changes: Any) -> Plan:
+    """`plan`'s graph planned again on `dev` with `changes`; a plan made for CUDA-graph
+    capture is planned (and so priced) as replayed again."""
     from ..plan.options import PlanOptions
     from ..plan.planner import build_plan
+    changes.setdefault("graph_replay", plan.graph_replay)
     return build_plan(plan.graph, PlanOptions.from_config(dev, **changes))
+
+
+def _priced(plan: Plan, dev: Device) -> float:
+    """`plan` priced on `dev`, launches at a replay's gap where it was planned for capture."""
+    return plan_seconds(plan, dev.replayed() if plan.graph_replay else dev)
 
 
 def what_if(plans: list[Plan], device: str | None = None, devices: list[str] | None = None) -> dict[str, Any]:
@@ -63,14 +71,14 @@ def what_if(plans: list[Plan], device: str | None = None, devices: list[str] | N
         chosen = [_replan(p, dev) for p in plans]
     else:
         chosen = plans
-    rows = [PlanRow(chosen_name, sum(plan_seconds(p, dev) for p in chosen) * 1e6,
+    rows = [PlanRow(chosen_name, sum(_priced(p, dev) for p in chosen) * 1e6,
                     sum(len(p.kernels) for p in chosen), sum(p.num_kernels for p in chosen), dev.name,
                     "the plan stitchml uses")]
     for name, knobs in VARIANTS.items():
         if name == chosen_name:
             continue
         alt = [_replan(p, dev, **knobs) for p in plans]
-        rows.append(PlanRow(name, sum(plan_seconds(p, dev) for p in alt) * 1e6, sum(len(p.kernels) for p in alt),
+        rows.append(PlanRow(name, sum(_priced(p, dev) for p in alt) * 1e6, sum(len(p.kernels) for p in alt),
                             sum(p.num_kernels for p in alt), dev.name,
                             ", ".join(f"{k}={v}" for k, v in knobs.items())))
     total, n = 0.0, 0
@@ -81,7 +89,7 @@ def what_if(plans: list[Plan], device: str | None = None, devices: list[str] | N
     for o in others:
         if o.name == dev.name:
             continue
-        rows.append(PlanRow(f"{chosen_name}@{o.name}", sum(plan_seconds(p, o) for p in chosen) * 1e6,
+        rows.append(PlanRow(f"{chosen_name}@{o.name}", sum(_priced(p, o) for p in chosen) * 1e6,
                             sum(len(p.kernels) for p in chosen), sum(p.num_kernels for p in chosen), o.name,
                             f"the chosen plan priced on {o.name} ({o.source})"))
     return {"device": dev.name, "source": describe_source(dev), "chosen": chosen_name,
