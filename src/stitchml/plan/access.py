@@ -41,6 +41,26 @@ def _reads(g: ir.Graph, k: KernelPlan) -> list[tuple[int, ix.Expr]] | None:
         return None
 
 
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, step = [], 1
+    for size in reversed(shape):
+        out.append(step)
+        step *= size
+    return tuple(reversed(out))
+
+
+def may_reorder(g: ir.Graph, k: KernelPlan) -> bool:
+    """Whether some full-size input of `k` is laid out otherwise than the domain itself
+    (another shape or strides): only then can a read be transposed or come in row runs,
+    so the probes (a code-generation dry run each) are spared for the plain kernels."""
+    dom = k.domain
+    full = dom.rows * dom.cols
+    want = (tuple(dom.shape), _contiguous(tuple(dom.shape)))
+    return any(g[i].numel >= full // 2
+               and (tuple(g[i].shape), tuple(g[i].stride or _contiguous(tuple(g[i].shape)))) != want
+               for i in k.inputs)
+
+
 def generates(g: ir.Graph, k: KernelPlan) -> bool:
     """Whether `k`, as mapped, passes the code generator's index analysis."""
     return _reads(g, k) is not None
@@ -113,4 +133,4 @@ def row_run_reads(g: ir.Graph, k: KernelPlan) -> list[int]:
     return out
 
 
-__all__ = ["generates", "row_run_reads", "transposed_reads"]
+__all__ = ["generates", "may_reorder", "row_run_reads", "transposed_reads"]

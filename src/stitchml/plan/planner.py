@@ -9,7 +9,7 @@ from ..ir import index as ix
 from ..ir import nodes as ir
 from ..ir.dce import eliminate_dead
 from . import mapping as mapping_rules
-from .access import generates, row_run_reads, transposed_reads
+from .access import generates, may_reorder, row_run_reads, transposed_reads
 from .cost import kernel_bytes, predict_seconds, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, cheap_chains, is_free, mark_recompute, recompute_cheap, source_bytes
@@ -146,13 +146,13 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
                     tuple(stitches), seeds=tuple(m for m in members if g[m].kind == ir.RAND),
                     partials=partials)
     if (mp.form == "pointwise" and opts.flat_row_runs and not scatter and mp.num_warps * 32 < mp.block_r
-            and len(grp.domain.shape) > 1):
+            and len(grp.domain.shape) > 1 and may_reorder(g, kp)):
         # reads in row runs that Triton would issue element by element (plan/access.py)
         if row_run_reads(g, kp):
             kp.mapping = mapping_rules.one_per_thread(mp)
             kp.row_runs = True
     if (partials and mp.form in ("packed_rows", "row_persistent") and opts.transposed_tiles
-            and opts.looped_partials and not opts.fixed_row_blocks and not scatter):
+            and opts.looped_partials and not opts.fixed_row_blocks and not scatter and may_reorder(g, kp)):
         # a transposed read gets taller tiles than whole rows give (plan/access.py)
         reads = transposed_reads(g, kp)
         if reads:
