@@ -65,10 +65,10 @@ MICRO_CONTENDERS=(--contender eager --contender inductor --contender stitchml)
 # name | timeout (s) | what (for `list`)
 # models first (the headline), compile time in its own step and folder (a --resume would
 # otherwise keep the steady-state rows and skip the cold-compile measurement)
-STEP_ORDER=(env tests calibrate models-bf16 micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
+STEP_ORDER=(env tests calibrate models-bf16 variants micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
 declare -A LIMIT=([env]=120 [tests]=900 [calibrate]=900 [micro-bf16]=2400 [micro-fp32]=2400
                   [models-bf16]=3600 [models-fp32]=3600 [models-rest]=3600 [micro-extra]=3600
-                  [compile]=2400)
+                  [compile]=2400 [variants]=1200)
 declare -A WHAT=(
     [env]="nvidia-smi, driver, torch/Triton versions, git commit -> env.txt"
     [tests]="pytest -m gpu tests (judged against float64) -> tests/"
@@ -80,6 +80,7 @@ declare -A WHAT=(
     [models-fp32]="the same rows in fp32"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
     [micro-extra]="micro suite, both dtypes: max-autotune and jax"
+    [variants]="knob variants on the norm-backward micro rows, bf16, one process: defaults, no grid barriers, 8 partial programs per SM, 8192-element looped partials -> variants/"
 )
 
 run_step() {
@@ -122,6 +123,19 @@ print(calibration_path(current_device().name))" 2>/dev/null)
     models-rest) "${BENCH[@]}" --suite models --dtype both "${REST_MODELS[@]}" \
                      --contender eager --contender inductor --contender stitchml ;;
     micro-extra) "${BENCH[@]}" --suite micro --dtype both --contender max-autotune --contender jax ;;
+    variants)
+        # the mapping choices the H200 questioned (bench/NOTES.md), each against the default
+        # in the same process: stitchml only (Inductor's rows are in micro-bf16)
+        local NORMS='layer_norm_bwd[N=1024];rms_norm_bwd[N=1024];rms_norm_bwd[N=32768];layer_norm_bwd[N=32768]'
+        local SOME='layer_norm_bwd[N=1024];rms_norm_bwd[N=32768]' LONG='rms_norm_bwd[N=32768]' Q=()
+        if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then   # (quick sizes have other names: whole families)
+            NORMS='layer_norm_bwd;rms_norm_bwd' SOME=$NORMS LONG='rms_norm_bwd' Q=(--quick)
+        fi
+        "$PY" -m stitchml.tools.bench_variants --out "$R/variants" "${Q[@]}" \
+            --variant "default::$NORMS" \
+            --variant "nobarrier:global_barriers=0:$NORMS" \
+            --variant "pp8:partial_programs_per_sm=8:$SOME" \
+            --variant "el8k:looped_partial_elems=8192:$LONG" ;;
     *) echo "unknown step $1 (bash tools/gpu_run.sh list)"; return 2 ;;
     esac
 }
