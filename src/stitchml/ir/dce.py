@@ -8,7 +8,7 @@ position is part of the calling convention and an eager call may have side effec
 """
 from __future__ import annotations
 
-from .nodes import INPUT, ITEM, OPAQUE, Graph, Ref
+from .nodes import CAT, GATHER, INPUT, ITEM, OPAQUE, POINTWISE, REDUCE, SCAN, VIEW, Graph, Ref
 from .rewrite import copy_node, finish_copy
 
 
@@ -38,4 +38,67 @@ def eliminate_dead(g: Graph) -> Graph:
     return new
 
 
-__all__ = ["eliminate_dead", "live_nodes"]
+
+
+def _mutates(g: Graph, n) -> bool:
+    """Whether eager node `n` writes one of its operands (a mutable ATen schema)."""
+    schema = getattr(g.eager_calls.get(n.id, (None,))[0], "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
+
+
+# pure nodes: their value is a function of their operands and attributes alone
+_PURE = frozenset({POINTWISE, VIEW, REDUCE, SCAN, CAT, GATHER})
+
+
+def merge_duplicates(g: Graph) -> Graph:
+    """`g` with each pure node that repeats an earlier one (same kind, op, operands after
+    merging, attributes, shape, dtype and strides) replaced by that earlier node, or `g`
+    itself when none repeats.  Lowering can leave such twins (the embedding backward's
+    rule casts the incoming gradient once per table: BERT's last layer-norm backward
+    wrote the same float32 [tokens, hidden] cast twice); a kernel then writes both.  Two
+    graph outputs are never merged into one tensor (an output aliasing another is not
+    what the traced graph returned); a later twin of an output reads that output.  An
+    eager op that writes a buffer (a mutation fence, as `plan/graph_view.py` orders
+    them) ends the run of nodes a twin may be merged into."""
+    outputs = set(g.output_ids())
+    first: dict[str, int] = {}
+    same: dict[int, int] = {}
+    carries: set[int] = set()   # kept nodes that a graph output is (or was merged into)
+
+    def canon(a):   # operands by the node they stand for after merging
+        if isinstance(a, Ref):
+            return ("%", same.get(a.id, a.id))
+        if isinstance(a, (tuple, list)):
+            return tuple(canon(x) for x in a)
+        return a
+
+    for n in g.nodes:
+        if n.kind == OPAQUE and _mutates(g, n):
+            first.clear()   # an eager op writes a buffer here: a twin after it may read new values
+            continue
+        if n.kind not in _PURE:
+            continue
+        key = repr((n.kind, n.op, canon(n.args), n.attrs, n.shape, n.dtype, n.stride))
+        f = first.get(key)
+        if f is not None and not (n.id in outputs and f in carries):
+            same[n.id] = f
+            if n.id in outputs:
+                carries.add(f)       # f now stands for a graph output: no second one joins it
+        else:
+            first.setdefault(key, n.id)
+            if n.id in outputs:
+                carries.add(n.id)
+    if not same:
+        return g
+    new = Graph(inputs=[], outputs=[], fallbacks=list(g.fallbacks))
+    remap: dict[int, int] = {}
+    for n in g.nodes:
+        if n.id in same:
+            remap[n.id] = remap[same[n.id]]
+        else:
+            copy_node(new, g, n, remap)
+    finish_copy(new, g, remap)
+    return new
+
+
+__all__ = ["eliminate_dead", "live_nodes", "merge_duplicates"]
