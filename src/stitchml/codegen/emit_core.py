@@ -244,7 +244,7 @@ class KernelBuilder:
         # vector read at a tile's shape): zeros of those axes make the pointer a block
         zeros = [z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes and a not in ix.axes(off)]
         if zeros:
-            address = f"({' + '.join(zeros)} + {self.render_index(self._as_flat(off))})"
+            address = f"({' + '.join(zeros)} + {address})"
         load = f"tl.load({ptr} + {address}{m})"
         if n.dtype == torch.bfloat16:
             load = f"_from_bf16({load})"

@@ -41,23 +41,15 @@ def _reads(g: ir.Graph, k: KernelPlan) -> list[tuple[int, ix.Expr]] | None:
         return None
 
 
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, step = [], 1
-    for size in reversed(shape):
-        out.append(step)
-        step *= size
-    return tuple(reversed(out))
-
-
 def may_reorder(g: ir.Graph, k: KernelPlan) -> bool:
     """Whether some full-size input of `k` is laid out otherwise than the domain itself
     (another shape or strides): only then can a read be transposed or come in row runs,
     so the probes (a code-generation dry run each) are spared for the plain kernels."""
     dom = k.domain
     full = dom.rows * dom.cols
-    want = (tuple(dom.shape), _contiguous(tuple(dom.shape)))
+    want = (tuple(dom.shape), ir.contiguous_strides(tuple(dom.shape)))
     return any(g[i].numel >= full // 2
-               and (tuple(g[i].shape), tuple(g[i].stride or _contiguous(tuple(g[i].shape)))) != want
+               and (tuple(g[i].shape), tuple(g[i].stride or ir.contiguous_strides(tuple(g[i].shape)))) != want
                for i in k.inputs)
 
 
@@ -127,8 +119,7 @@ def row_run_reads(g: ir.Graph, k: KernelPlan) -> list[int]:
             continue
         row_step = ix.evaluate(off, _digits(inner, names))
         aligned = gcd(gcd(inner, row_step - base), base) if row_step is not None else 1
-        vector = aligned & -aligned if aligned else VECTOR_BYTES
-        if vector * g[nid].dtype.itemsize < VECTOR_BYTES:
+        if (aligned & -aligned) * g[nid].dtype.itemsize < VECTOR_BYTES:   # (largest power of two dividing it)
             out.append(nid)
     return out
 
