@@ -199,10 +199,10 @@ def check_plan(plan, arch: int = 90) -> list[AotResult]:
                                       target=GPUTarget("cuda", arch, 32),
                                       options={"num_warps": ks.num_warps})
             regs, stack = _resources(compiled.asm.get("cubin", b""))
-            hist, strided = memory_accesses(compiled.asm.get("ptx", ""), compiled.asm.get("ttgir", ""))
+            ttgir = compiled.asm.get("ttgir", "")
+            hist, strided = memory_accesses(compiled.asm.get("ptx", ""), ttgir)
             results.append(AotResult(name, True, registers=regs, spills=stack, accesses=hist,
-                                     strided_scalar=strided,
-                                     loop_conversions=loop_conversions(compiled.asm.get("ttgir", ""))))
+                                     strided_scalar=strided, loop_conversions=loop_conversions(ttgir)))
         except Exception as e:  # report, do not stop: the caller wants every kernel's verdict
             results.append(AotResult(name, False, f"{type(e).__name__}: {str(e)[:500]}"))
     return results
@@ -283,8 +283,8 @@ def survey_micro(case_re: str = "", dtypes=("fp32", "bf16"), arch: int = 90, dev
 def main(argv: list[str] | None = None) -> int:
     """`python -m stitchml.tools.aot_check --micro [--case RE]`: the register and stack
     use, the global memory accesses (bytes per instruction, strided-scalar count) and
-    the tile layout conversions inside loops of every micro-suite kernel compiled for sm_90 (no GPU needed); exit status 1 if one
-    fails to compile."""
+    the tile layout conversions inside loops of every micro-suite kernel compiled for
+    sm_90 (no GPU needed); exit status 1 if one fails to compile."""
     import argparse
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--micro", action="store_true", help="survey the micro suite (the only mode)")

@@ -287,15 +287,8 @@ def measure_graph_launch(launches: int = 200, reps: int = 20) -> float:
         for _ in range(launches):
             _empty[(1,)](buf)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        chain()                                  # compiled and warm before the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        chain()
-    return _events_median(graph.replay, reps) / launches
+    from ..bench.timing import _graph_of   # (warmed up on a side stream, captured there: the bench's own)
+    return _events_median(_graph_of(chain), reps) / launches
 
 
 def measure_barrier(grid: int, reps: int = 20) -> float:
