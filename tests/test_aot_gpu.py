@@ -1,6 +1,7 @@
 """Every kernel generated for a representative set of graphs compiles for Hopper
 (sm_90) — LLVM, PTX and ptxas from the Triton wheel, no GPU needed.  Runs in a
 subprocess because this process has Triton in interpreter mode."""
+import functools
 import json
 import os
 import re
@@ -152,15 +153,51 @@ ACCESS_SCRIPT = textwrap.dedent("""
     out = {"runs": check(copy_back, x)}
     with config.override(flat_row_runs=False):
         out["block"] = check(copy_back, x)
+    # an attention key read [batch, tokens, dim] and stored [batch, dim, tokens]; a value
+    # stored in a transposed layout; a rotate-half rotary embedding; a column sum over
+    # few tokens (a row reduction read along the stride)
+    k = torch.randn(16, 128, 768, dtype=torch.bfloat16)
+    transpose = lambda k: (k.transpose(-1, -2) * 0.125).contiguous()
+    out["transpose"] = check(transpose, k)
+    with config.override(layout_order=False):
+        out["transpose_flat"] = check(transpose, k)
+    out["stored_transposed"] = check(lambda v: v.permute(0, 2, 1) * 3, torch.randn(64, 512, 256, dtype=torch.bfloat16))
+    def rope(q, cos, sin):
+        q = q.view(4, 1024, 16, 64).transpose(1, 2)
+        half = torch.cat((-q[..., 32:], q[..., :32]), dim=-1)
+        return (q * cos + half * sin) * 0.125
+    out["rope"] = check(rope, torch.randn(4, 1024, 1024, dtype=torch.bfloat16),
+                        torch.randn(1024, 64, dtype=torch.bfloat16), torch.randn(1024, 64, dtype=torch.bfloat16))
+    out["transposed_sum"] = check(lambda x: x.sum(0), torch.randn(256, 16384, dtype=torch.bfloat16))
     print(json.dumps({k: [r.__dict__ for r in v] for k, v in out.items()}))
 """)
+
+
+@functools.lru_cache(maxsize=1)
+def _access_results() -> tuple[dict, list]:
+    return compiled_for_sm90(ACCESS_SCRIPT)   # (one subprocess for the access tests below)
 
 
 def test_row_runs_compile_to_coalesced_accesses_for_sm90():
     """The copy-back of a padded row (rows of 50257 of 50264 bfloat16 values): with the
     knob off Triton lays the read out 8 elements a thread and issues them one by one
     (strided scalar); one element a thread, no access is strided."""
-    results, kernels = compiled_for_sm90(ACCESS_SCRIPT)
+    results, kernels = _access_results()
     (runs,), (block,) = results["runs"], results["block"]
     assert block["strided_scalar"] >= 1, block
     assert runs["strided_scalar"] == 0 and runs["accesses"]["ld"] and runs["accesses"]["st"], runs
+
+
+def test_transposes_rotary_and_transposed_sums_compile_to_vector_accesses_for_sm90():
+    """Kernels walked in memory order or in transposed tiles (knob `layout_order`), the
+    rotate-half read simplified inside its cat branch, a row reduction over a transposed
+    read in cache-line-tall tiles: every global access 16 bytes a thread (with the knob
+    off the transpose's read is issued 2 bytes at a time, lanes 1.5 KB apart)."""
+    results, kernels = _access_results()
+    (flat,) = results["transpose_flat"]
+    assert flat["strided_scalar"] >= 1 or set(flat["accesses"]["ld"]) == {"2"}, flat
+    for name in ("transpose", "stored_transposed", "rope", "transposed_sum"):
+        (r,) = results[name]
+        assert r["ok"] and r["strided_scalar"] == 0, (name, r)
+        assert set(r["accesses"]["ld"]) == {"16"}, (name, r["accesses"])
+    assert set(results["transpose"][0]["accesses"]["st"]) == {"16"}

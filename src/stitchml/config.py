@@ -47,6 +47,14 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "access is 32 consecutive elements; with several a thread Triton issued such reads element by "
          "element, 16 bytes apart across the warp (GPT-2's logits copy-back: 20 % of copy bandwidth on "
          "an H200). Chosen by a probe of the kernel's reads (`plan/access.py`). Not yet measured on a GPU."),
+    Knob("layout_order", "STITCHML_LAYOUT_ORDER", True, _bool,
+         "Flat element-wise kernels whose reads and stores are contiguous along another dim than the "
+         "innermost walk their domain in that order (a value stored transposed: LLaMA's key copy), and "
+         "where two layouts meet (a transpose: BERT's key, read [tokens, hidden] and stored [.., head dim, "
+         "tokens]) walk tiles of a cache line's worth of rows x columns, each access coalesced along its "
+         "own dim and the tile converted through shared memory; before, one of the two was read or "
+         "stored 2-4 bytes at a time, a warp touching 32 sectors. Chosen by a probe of the kernel's "
+         "accesses (`plan/access.py`). Not yet measured on a GPU."),
     Knob("transposed_tiles", "STITCHML_TRANSPOSED_TILES", True, _bool,
          "Kernels with column partials that read an input transposed (unit stride along the rows, a large "
          "stride along the columns) walk tiles of 8-16 rows x a column block instead of 4 whole rows, so "

@@ -78,6 +78,7 @@ class KernelBuilder:
         # every global read as (node, offset in the domain's variables): the planner's
         # probe of access patterns (`triton_kernel.load_offsets`)
         self.loads: list[tuple[int, ix.Expr]] = []
+        self.stores: list[tuple[int, ix.Expr]] = []   # (full-element stores, for the planner's probes)
         big = max([self.dom.rows * self.dom.cols] + [g[i].numel for i in k.inputs] + [g[o].numel for o in k.outputs])
         self.idx64 = big >= 2**31 - 1
 
@@ -107,7 +108,7 @@ class KernelBuilder:
 
     # -- domain variables ---------------------------------------------------
     def define_vars(self, scope: Scope, axis: str) -> dict[int, ix.Expr]:
-        dims = [i for i in range(len(self.dom.shape)) if (i in self.dom.col_dims) == (axis == COL)]
+        dims = sorted(self.dom.col_dims) if axis == COL else list(self.dom.row_dims)
         sizes = [self.dom.shape[i] for i in dims]
         flatname = "rflat" if axis == ROW else "cflat"
         out, stride = {}, 1
@@ -137,8 +138,9 @@ class KernelBuilder:
             strides = self.flat_strides.get(axis)
             if not strides or len(strides) < 2:
                 continue     # (one variable is the flat index already)
-            coefs = {a.name: k for a, k in e.terms if isinstance(a, ix.Var) and a.axis == axis}
-            if set(coefs) != set(strides):
+            named = [(a.name, k) for a, k in e.terms if isinstance(a, ix.Var) and a.axis == axis]
+            coefs = dict(named)
+            if set(coefs) != set(strides) or len(named) != len(coefs):   # (a name twice: a restricted twin)
                 continue
             first = next(iter(strides))
             k, r = divmod(coefs[first], strides[first])
@@ -227,13 +229,17 @@ class KernelBuilder:
         axes = ix.axes(off)
         for _, cond_axes in self.cond:
             axes = axes | cond_axes
-        if COL in axes and ROW not in axes and self.m.block_r > 1 and not self.flat:
+        if COL in axes and ROW not in axes and self.m.block_r > 1 and not self.flat and not self.k.transposed:
             # A row vector (a norm's weight, a bias) read in a tile of several rows is
             # loaded at the tile's shape, once per row of the tile from L1.  Loaded as
             # [1, C], Triton lays it out apart from the [R, C] loads (all warps along the
             # columns) and converts the big tiles that meet it through shared memory on
             # every iteration (3 conversions per row block of a layer-norm backward at
             # C = 1024, seen in its ttgir: `python -m stitchml.tools.aot_check --micro`).
+            # Not in a tile laid out along its rows (a transposed read, `KernelPlan.
+            # transposed`): there the [R, C] load took the columns' layout and the big
+            # tiles were converted to it (2 conversions per iteration, 76 registers
+            # against 47 with a [1, C] load: a layer-norm weight gradient over 1024 tokens).
             axes = axes | {ROW}
         ptr = self.param("in", nid)
         mask = " & ".join([m for m in [self.mask(axes)] if m] + [c for c, _ in self.cond]) or None
@@ -313,11 +319,17 @@ class KernelBuilder:
         parts = []
         p = self.render_index(pos)
         outer = self.cond
+        # a position that is one domain variable has a known range inside each branch:
+        # the branch's whole index is simplified with it (`ix.restrict`)
+        var = pos.terms[0][0] if (len(pos.terms) == 1 and pos.terms[0][1] == 1 and not pos.const
+                                  and isinstance(pos.terms[0][0], ix.Var)) else None
         for ref, size in zip(n.args, sizes):
             sub = list(index)
+            if var is not None and size > 1:
+                sub = [ix.restrict(e, var, start, start + size) for e in index]
             # inside its branch a size-1 part is read at 0: say so, so that a per-row
             # value (e.g. a reduction) is not asked for at a column-dependent index
-            sub[dim] = ix.const(0) if size == 1 else pos - start
+            sub[dim] = ix.const(0) if size == 1 else sub[dim] - start
             self.cond = outer + ((f"({p} >= {start}) & ({p} < {start + size})", frozenset(ix.axes(pos))),)
             v = self.value(ref.id, tuple(sub))
             axes |= v.axes

@@ -59,6 +59,7 @@ class Stores:
         index = self.output_index(nid)
         v = b.value(nid, index)
         off = ix.offset(index, n.stride)
+        b.stores.append((nid, off))
         axes = ix.axes(off) | v.axes
         ptr = b.param("out", nid)
         val = store_expr(v.name, n.dtype)

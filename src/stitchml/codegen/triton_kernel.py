@@ -133,11 +133,17 @@ def generate(g: ir.Graph, k: KernelPlan) -> KernelSource:
 def load_offsets(g: ir.Graph, k: KernelPlan) -> list[tuple[int, ix.Expr]]:
     """The global reads `k` would make, as (node, offset in the domain's variables):
     code generation run for its index analysis only (the planner's access probe)."""
+    return access_offsets(g, k)[0]
+
+
+def access_offsets(g: ir.Graph, k: KernelPlan) -> tuple[list[tuple[int, ix.Expr]], list[tuple[int, ix.Expr]]]:
+    """The global reads and the element stores `k` would make, as (node, offset in the
+    domain's variables): code generation run for its index analysis only."""
     with _recursion_room(g):
         b = KernelBuilder(g, k)
         b.reductions = Reductions(b)
         DRIVERS[k.mapping.form](b, Stores(b))
-    return b.loads
+    return b.loads, b.stores
 
 
 def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:

@@ -20,11 +20,13 @@ class IndexMismatch(Exception):
 
 @dataclass(frozen=True)
 class Var:
-    """An axis variable of a kernel's iteration domain, 0 <= value < size."""
+    """An axis variable of a kernel's iteration domain, lo <= value < size (lo > 0
+    only for the variable as seen inside a branch of a cat: `restrict`)."""
 
     name: str
     size: int
     axis: str  # "row" or "col": which program axis the variable is derived from
+    lo: int = 0
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ def loaded(name: str, bound: int, deps: frozenset[str]) -> Expr:
 
 def _atom_bounds(a: Atom) -> tuple[int, int]:
     if isinstance(a, Var):
-        return 0, a.size - 1
+        return a.lo, a.size - 1
     if isinstance(a, Loaded):
         return 0, max(a.bound - 1, 0)
     if isinstance(a, Div):
@@ -170,15 +172,15 @@ def floordiv(e: Expr, d: int) -> Expr:
     if d == 0:  # a zero extent: the domain is empty, no element is ever addressed
         return const(0)
     lo, hi = bounds(e)
-    if lo >= 0 and hi < d:
-        return const(0)
+    if lo >= 0 and lo // d == hi // d:   # (one quotient over the whole range)
+        return const(lo // d)
     if lo >= 0:
         q = [(a, k // d) for a, k in e.terms if k % d == 0]
         r = [(a, k) for a, k in e.terms if k % d != 0]
         rem = _make(r, e.const % d)
         rlo, rhi = bounds(rem)
-        if rlo >= 0 and rhi < d:
-            return _make(q, e.const // d)
+        if rlo >= 0 and rlo // d == rhi // d:
+            return _make(q, e.const // d + rlo // d)
         if rlo >= 0 and (q or e.const // d):
             # (q*d + rem) // d == q + rem // d for rem >= 0: the multiples of d leave the
             # division (so an unravelled index flattens back: see `_make`)
@@ -199,8 +201,8 @@ def mod(e: Expr, m: int) -> Expr:
     if m <= 1:  # (m == 0: a zero extent, the domain is empty; nothing is ever addressed)
         return const(0)
     lo, hi = bounds(e)
-    if lo >= 0 and hi < m:
-        return e
+    if lo >= 0 and lo // m == hi // m:   # (one quotient over the whole range)
+        return e - (lo // m) * m
     if lo >= 0:
         kept = _make([(a, k) for a, k in e.terms if k % m != 0], e.const % m)
         klo, khi = bounds(kept)
@@ -210,10 +212,34 @@ def mod(e: Expr, m: int) -> Expr:
             # differ from the floor modulo: shift it by a multiple of m to stay >= 0
             shift = m * (-(klo // m))
             kept, klo, khi = kept + shift, klo + shift, khi + shift
-        if klo >= 0 and khi < m:
-            return kept
+        if klo >= 0 and klo // m == khi // m:
+            return kept - (klo // m) * m
         return Expr(((Mod(kept, m), 1),), 0)
     return Expr(((Mod(e, m), 1),), 0)
+
+
+def restrict(e: Expr, v: Var, lo: int, hi: int) -> Expr:
+    """`e` with variable `v` known to lie in [lo, hi) (inside a cat's branch, whose
+    loads are masked to those positions): the same value wherever the variable is in
+    that range, simplified with the tighter bounds.  A rotary embedding's rotate-half
+    reads `x[..., 32:]` in the branch `r3 < 32` as `(r3 + 32) // 64`, which is 0 there:
+    without the range every such quotient stayed a division in the kernel, and Triton
+    issued the read element by element (LLaMA's q/k kernels, bench/NOTES.md)."""
+    narrow = Var(v.name, min(hi, v.size), v.axis, max(lo, v.lo))
+
+    def sub(x: Expr) -> Expr:
+        out = const(x.const)
+        for a, k in x.terms:
+            if a == v:
+                out = out + Expr(((narrow, 1),), 0) * k
+            elif isinstance(a, Div):
+                out = out + floordiv(sub(a.expr), a.d) * k
+            elif isinstance(a, Mod):
+                out = out + mod(sub(a.expr), a.m) * k
+            else:
+                out = out + Expr(((a, 1),), 0) * k
+        return out
+    return sub(e)
 
 
 def _is_atom_of(e: Expr, kind: type, inner: Expr) -> bool:
@@ -284,4 +310,4 @@ def offset(index: tuple[Expr, ...], strides: tuple[int, ...], base: int = 0) -> 
 
 
 __all__ = ["Expr", "Var", "Loaded", "Div", "Mod", "const", "var", "loaded", "bounds", "evaluate", "floordiv",
-           "mod", "axes", "render", "flatten", "unravel", "offset", "gcd"]
+           "mod", "axes", "render", "flatten", "unravel", "offset", "restrict", "gcd"]

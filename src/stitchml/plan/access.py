@@ -26,9 +26,11 @@ from __future__ import annotations
 
 from math import gcd
 
+from dataclasses import replace
+
 from ..ir import index as ix
 from ..ir import nodes as ir
-from .data import KernelPlan
+from .data import Domain, KernelPlan
 
 
 def _reads(g: ir.Graph, k: KernelPlan) -> list[tuple[int, ix.Expr]] | None:
@@ -41,16 +43,20 @@ def _reads(g: ir.Graph, k: KernelPlan) -> list[tuple[int, ix.Expr]] | None:
         return None
 
 
-def may_reorder(g: ir.Graph, k: KernelPlan) -> bool:
-    """Whether some full-size input of `k` is laid out otherwise than the domain itself
-    (another shape or strides): only then can a read be transposed or come in row runs,
-    so the probes (a code-generation dry run each) are spared for the plain kernels."""
+def may_reorder(g: ir.Graph, k: KernelPlan, outputs: bool = False) -> bool:
+    """Whether some full-size input of `k` (with `outputs`, or output) is laid out
+    otherwise than the domain itself (another shape or strides): only then can an access
+    be transposed or come in row runs, so the probes (a code-generation dry run each)
+    are spared for the plain kernels."""
     dom = k.domain
     full = dom.rows * dom.cols
+    nd = len(dom.shape)
+    if tuple(sorted(dom.col_dims)) != tuple(range(nd - len(dom.col_dims), nd)):
+        return True   # columns ahead of rows: the walk itself is out of memory order
     want = (tuple(dom.shape), ir.contiguous_strides(tuple(dom.shape)))
     return any(g[i].numel >= full // 2
                and (tuple(g[i].shape), tuple(g[i].stride or ir.contiguous_strides(tuple(g[i].shape)))) != want
-               for i in k.inputs)
+               for i in k.inputs + (k.outputs if outputs else ()))
 
 
 def generates(g: ir.Graph, k: KernelPlan) -> bool:
@@ -67,7 +73,7 @@ def transposed_reads(g: ir.Graph, k: KernelPlan) -> list[int]:
     """The inputs `k` reads transposed (see the module doc), read at the domain's full
     size (a broadcast row vector does not count)."""
     dom = k.domain
-    rows = [d for d in range(len(dom.shape)) if d not in dom.col_dims and dom.shape[d] > 1]
+    rows = [d for d in dom.row_dims if dom.shape[d] > 1]
     cols = [d for d in dom.col_dims if dom.shape[d] > 1]
     if not rows or not cols:
         return []
@@ -81,6 +87,66 @@ def transposed_reads(g: ir.Graph, k: KernelPlan) -> list[int]:
         if sr == 1 and sc is not None and abs(sc) > 1:
             out.append(nid)
     return out
+
+
+def _unit_dims(g: ir.Graph, k: KernelPlan) -> dict[int, int]:
+    """Bytes of `k`'s full-size reads and stores by the domain dim along which they are
+    contiguous (unit stride); an access contiguous along none is left out."""
+    from ..codegen.triton_kernel import access_offsets   # (code generation builds on plan data)
+    try:
+        loads, stores = access_offsets(g, k)
+    except ix.IndexMismatch:
+        return {}
+    dom = k.domain
+    full = dom.rows * dom.cols
+    dims = [d for d, s in enumerate(dom.shape) if s > 1]
+    out: dict[int, int] = {}
+    seen: set[tuple[int, int]] = set()
+    for i, (nid, off) in enumerate(loads + stores):
+        store = i >= len(loads)
+        if (nid, store) in seen or g[nid].numel < full // 2:
+            continue
+        seen.add((nid, store))
+        unit = [d for d in dims if _stride(off, f"r{d}") == 1]
+        if len(unit) == 1:
+            out[unit[0]] = out.get(unit[0], 0) + g[nid].numel * g[nid].dtype.itemsize
+    return out
+
+
+TILE_MIN_RUN = 8          # a dim shorter than this is no run worth tiling for
+TILE_MIN_SHARE = 0.25     # the other layout's share of the bytes that makes a transpose worth a tile
+
+
+def layout_domain(g: ir.Graph, k: KernelPlan) -> Domain | None:
+    """A better domain for a flat kernel (no reductions) whose full-size accesses are
+    contiguous along another dim than its innermost, or None to keep it:
+    - most bytes contiguous along one dim `a`: the domain walked with `a` innermost
+      (`Domain.order`), so those accesses are the flat index itself (a value stored in a
+      transposed layout: LLaMA's key copy for its attention product);
+    - a quarter of the bytes or more contiguous along another dim `b` (a transpose): a
+      2-d domain of columns `a` and rows ending with `b`, walked in tiles, each access
+      coalesced along its own dim and Triton converting between them through shared
+      memory (BERT's key, read [tokens, hidden] and stored [.., head dim, tokens])."""
+    dom = k.domain
+    if not dom.is_flat:
+        return None
+    natural = [d for d, s in enumerate(dom.shape) if s > 1]
+    if len(natural) < 2:
+        return None
+    unit = _unit_dims(g, k)
+    if not unit:
+        return None
+    inner = natural[-1]
+    best = max(unit, key=lambda d: (unit[d], d == inner))
+    others = {d: b for d, b in unit.items() if d != best}
+    second = max(others, key=lambda d: others[d]) if others else None
+    if (second is not None and others[second] >= TILE_MIN_SHARE * sum(unit.values())
+            and dom.shape[best] >= TILE_MIN_RUN and dom.shape[second] >= TILE_MIN_RUN):
+        rows = [d for d in range(len(dom.shape)) if d not in (best, second)] + [second]
+        return Domain(dom.shape, (best,), tuple(rows))
+    if best == inner:
+        return None
+    return replace(dom, order=tuple(d for d in range(len(dom.shape)) if d != best) + (best,))
 
 
 def _digits(i: int, names: list[tuple[str, int]]) -> dict[str, int]:
@@ -101,7 +167,7 @@ def row_run_reads(g: ir.Graph, k: KernelPlan) -> list[int]:
     run length, the row stride and the first offset is under 16 bytes' worth of
     elements (a run of 64 at a row stride of 2304 is read in vectors anyway)."""
     dom = k.domain
-    names = [(f"r{d}", s) for d, s in enumerate(dom.shape) if s > 1]
+    names = [(f"r{d}", dom.shape[d]) for d in dom.row_dims if dom.shape[d] > 1]
     if len(names) < 2:
         return []
     inner = names[-1][1]
@@ -124,4 +190,4 @@ def row_run_reads(g: ir.Graph, k: KernelPlan) -> list[int]:
     return out
 
 
-__all__ = ["generates", "may_reorder", "row_run_reads", "transposed_reads"]
+__all__ = ["generates", "layout_domain", "may_reorder", "row_run_reads", "transposed_reads"]

@@ -16,6 +16,15 @@ class Domain:
 
     shape: tuple[int, ...]
     col_dims: tuple[int, ...] = ()
+    # the row dims from outermost to innermost, where not in order (empty: in order): a
+    # kernel without reductions walks its domain in the order its memory is laid out
+    # (a value stored transposed, `plan/access.py::layout_order`)
+    order: tuple[int, ...] = ()
+
+    @property
+    def row_dims(self) -> tuple[int, ...]:
+        """The dims walked along a program's row axis, outermost first."""
+        return self.order or tuple(d for d in range(len(self.shape)) if d not in self.col_dims)
 
     @property
     def rows(self) -> int:

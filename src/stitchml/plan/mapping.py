@@ -138,6 +138,49 @@ def transposed_tile(domain: Domain, opts: PlanOptions, itemsize: int) -> Mapping
     return Mapping("row_looped", br, bc, _warps(br * bc), -(-rows // br))
 
 
+TRANSPOSE_RUN_BYTES = 128   # a cache line: the run each column (rows) or row (columns) of a tile reads
+TRANSPOSE_TILE_ELEMS = 4096
+
+
+def transpose_tile(domain: Domain, opts: PlanOptions, itemsize: int) -> Mapping:
+    """A kernel without reductions whose accesses are contiguous along two different
+    dims (a transpose; `plan/access.py::layout_domain`): tiles of a cache line's worth of
+    rows (32 float32, 64 bfloat16) x columns, so that the reads along the rows and the
+    stores along the columns each cover whole lines; Triton converts the tile between
+    the two layouts through shared memory.  Whole rows where they fit the tile, else
+    row-looped over column blocks."""
+    rows, cols = domain.rows, domain.cols
+    br = min(next_pow2(rows), max(8, TRANSPOSE_RUN_BYTES // max(itemsize, 1)))
+    bc = max(8, TRANSPOSE_TILE_ELEMS // br)
+    if next_pow2(cols) <= bc:
+        bc = next_pow2(cols)
+        br = min(next_pow2(rows), max(br, TRANSPOSE_TILE_ELEMS // bc))
+        return Mapping("packed_rows", br, bc, _warps(br * bc), -(-rows // br))
+    return Mapping("row_looped", br, bc, _warps(br * bc), -(-rows // br))
+
+
+def transposed_rows(domain: Domain, opts: PlanOptions, itemsize: int) -> Mapping | None:
+    """Row reductions over a domain read transposed (`plan/access.py`; a weight
+    gradient summed over few tokens, reduced along the stride of its hidden size):
+    row-looped programs of a cache line's worth of rows (32 float32, 64 bfloat16; fewer,
+    down to a sector's, where that leaves under a program per SM), walking column blocks,
+    so each column's run fills whole sectors (4 whole rows read 8 bytes of each 32-byte
+    sector in bfloat16).  None where even sector-tall tiles leave under a program per SM:
+    the rows then keep their mapping."""
+    rows, cols = domain.rows, domain.cols
+    br = max(8, TRANSPOSE_RUN_BYTES // max(itemsize, 1))
+    floor = max(8, TRANSPOSED_RUN_BYTES // max(itemsize, 1))
+    while br > floor and -(-rows // br) < opts.device.sms:
+        br //= 2
+    if -(-rows // br) < opts.device.sms:
+        return None
+    bc = max(32, TRANSPOSE_TILE_ELEMS // br)
+    if next_pow2(cols) <= bc:
+        bc = next_pow2(cols)
+        return Mapping("packed_rows", br, bc, _warps(br * bc), -(-rows // br))
+    return Mapping("row_looped", br, bc, _warps(br * bc), -(-rows // br))
+
+
 def _partial_programs(opts: PlanOptions) -> int:
     # a few programs per SM (knob, default 2) bound the partial buffer (and so the
     # combine's reads) to that many rows per SM

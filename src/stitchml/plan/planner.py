@@ -9,7 +9,7 @@ from ..ir import index as ix
 from ..ir import nodes as ir
 from ..ir.dce import eliminate_dead, merge_duplicates
 from . import mapping as mapping_rules
-from .access import generates, may_reorder, row_run_reads, transposed_reads
+from .access import generates, layout_domain, may_reorder, row_run_reads, transposed_reads
 from .cost import kernel_bytes, predict_seconds, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, cheap_chains, is_free, mark_recompute, recompute_cheap, source_bytes
@@ -145,6 +145,20 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     kp = KernelPlan(name, members, outputs, tuple(inputs), grp.domain, mp, scheme, grp.dominant,
                     tuple(stitches), seeds=tuple(m for m in members if g[m].kind == ir.RAND),
                     partials=partials)
+    if (mp.form == "pointwise" and opts.layout_order and not scatter and not opts.fixed_row_blocks
+            and len(grp.domain.shape) > 1 and may_reorder(g, kp, outputs=True)):
+        # accesses contiguous along another dim than the innermost: walk the domain in
+        # that order, or in tiles where two layouts meet (plan/access.py)
+        dom = layout_domain(g, kp)
+        if dom is not None:
+            if dom.is_flat:
+                walked = replace(kp, domain=dom)
+            else:
+                full = grp.domain.rows
+                itemsize = min(g[i].dtype.itemsize for i in kp.inputs + kp.outputs if g[i].numel >= full // 2)
+                walked = replace(kp, domain=dom, mapping=mapping_rules.transpose_tile(dom, opts, itemsize))
+            if generates(g, walked):
+                kp, mp = walked, walked.mapping
     if (mp.form == "pointwise" and opts.flat_row_runs and not scatter and mp.num_warps * 32 < mp.block_r
             and len(grp.domain.shape) > 1 and may_reorder(g, kp)):
         # reads in row runs that Triton would issue element by element (plan/access.py)
@@ -160,6 +174,17 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
                                                                      min(g[r].dtype.itemsize for r in reads)),
                            transposed=tuple(reads))
             if generates(g, tall):   # (a per-row value the looped form cannot reach keeps whole rows)
+                kp = tall
+    if (not partials and not scatter and opts.transposed_tiles and not opts.fixed_row_blocks
+            and not grp.domain.is_flat and kp.domain is grp.domain and kp.mapping.block_r < 32
+            and not any(g[m].kind == ir.SCAN for m in members) and may_reorder(g, kp)):
+        # a row reduction over a transposed read: tiles a cache line tall (plan/access.py)
+        reads = transposed_reads(g, kp)
+        itemsize = min((g[r].dtype.itemsize for r in reads), default=4)
+        tall_map = mapping_rules.transposed_rows(grp.domain, opts, itemsize) if reads else None
+        if tall_map is not None and tall_map.block_r * itemsize > kp.mapping.block_r * itemsize:
+            tall = replace(kp, mapping=tall_map, transposed=tuple(reads))
+            if generates(g, tall):
                 kp = tall
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp, opts.device)
     kp.predicted_s = predict_seconds(kp, opts.device)

@@ -146,6 +146,13 @@ class Report:
                     if getattr(step, "row_runs", False):   # (plans cached before the field have none)
                         lines.append("      reads row runs out of flat order: one element a thread, so each warp "
                                      "access is 32 consecutive elements")
+                    order = getattr(step.domain, "order", ())   # (plans cached before the field have none)
+                    if order and step.domain.is_flat:
+                        lines.append(f"      walked in memory order (dims {order}, the last innermost): its "
+                                     "reads and stores are contiguous along that dim")
+                    elif order:
+                        lines.append(f"      a transpose in tiles: columns along dim {step.domain.col_dims}, rows "
+                                     f"ending with dim {order[-1]}; each access coalesced along its own dim")
                     if getattr(step, "transposed", ()):   # (plans cached before the field have none)
                         reads = ", ".join(f"%{r}" for r in step.transposed)
                         lines.append(f"      reads {reads} transposed: {step.mapping.block_r}-row tiles, so each "
