@@ -169,6 +169,10 @@ ACCESS_SCRIPT = textwrap.dedent("""
     out["rope"] = check(rope, torch.randn(4, 1024, 1024, dtype=torch.bfloat16),
                         torch.randn(1024, 64, dtype=torch.bfloat16), torch.randn(1024, 64, dtype=torch.bfloat16))
     out["transposed_sum"] = check(lambda x: x.sum(0), torch.randn(256, 16384, dtype=torch.bfloat16))
+    # libdevice's tanh / expm1 / log1p in compiled kernels (the interpreter runs formulas)
+    out["transcendentals"] = check(lambda x, d: (torch.tanh(x) + torch.expm1(x) * torch.log1p(x.abs()),
+                                                torch.tanh(d) + torch.expm1(d) * torch.log1p(d.abs())),
+                                   torch.randn(4096), torch.randn(4096, dtype=torch.float64))
     print(json.dumps({k: [r.__dict__ for r in v] for k, v in out.items()}))
 """)
 
@@ -201,3 +205,4 @@ def test_transposes_rotary_and_transposed_sums_compile_to_vector_accesses_for_sm
         assert r["ok"] and r["strided_scalar"] == 0, (name, r)
         assert set(r["accesses"]["ld"]) == {"16"}, (name, r["accesses"])
     assert set(results["transpose"][0]["accesses"]["st"]) == {"16"}
+    assert results["transcendentals"] and all(r["ok"] for r in results["transcendentals"])

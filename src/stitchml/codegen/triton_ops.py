@@ -202,6 +202,16 @@ def _logaddexp(a, b):
 
 @triton.jit
 def _expm1(x):
+    # compiled: libdevice's (accurate to ~1 ulp, a third of the instructions of the
+    # formula below, which divides); the interpreter has no libdevice: the formula
+    if _INTERPRETED:
+        return _expm1_kahan(x)
+    else:
+        return libdevice.expm1(x)
+
+
+@triton.jit
+def _expm1_kahan(x):
     # Kahan: (u - 1) * x / log(u) keeps full relative precision near 0; away from 0
     # u - 1 is exact enough, and (u - 1) * x would overflow for x near log(FLT_MAX)
     u = tl.exp(x)
@@ -214,6 +224,14 @@ def _expm1(x):
 
 @triton.jit
 def _log1p(x):
+    if _INTERPRETED:   # (see _expm1)
+        return _log1p_kahan(x)
+    else:
+        return libdevice.log1p(x)
+
+
+@triton.jit
+def _log1p_kahan(x):
     u = 1.0 + x
     d = u - 1.0
     r = tl.where(d == 0.0, x, tl.log(u) * (x / d))
@@ -222,7 +240,18 @@ def _log1p(x):
 
 @triton.jit
 def _tanh(x):
-    e = _expm1(-2.0 * tl.abs(x))
+    # compiled: libdevice's tanh (2 ulp in float32). The formula below took ~58 PTX
+    # instructions an element (two IEEE divisions): GPT-2's tanh-GELU over 12.6 M
+    # bfloat16 values ran 36 us on an H200, compute-bound, for 12 us of memory traffic
+    if _INTERPRETED:
+        return _tanh_expm1(x)
+    else:
+        return libdevice.tanh(x)
+
+
+@triton.jit
+def _tanh_expm1(x):
+    e = _expm1_kahan(-2.0 * tl.abs(x))
     t = -e / (2.0 + e)
     return tl.where(x < 0, -t, t)
 
