@@ -169,6 +169,11 @@ ACCESS_SCRIPT = textwrap.dedent("""
     out["rope"] = check(rope, torch.randn(4, 1024, 1024, dtype=torch.bfloat16),
                         torch.randn(1024, 64, dtype=torch.bfloat16), torch.randn(1024, 64, dtype=torch.bfloat16))
     out["transposed_sum"] = check(lambda x: x.sum(0), torch.randn(256, 16384, dtype=torch.bfloat16))
+    # rows of 50257 of GPT-2's padded logits: whole column blocks unmasked, the tail apart
+    odd = lambda x: torch.softmax(x[:, :50257].float(), -1)
+    out["odd_rows"] = check(odd, x)
+    with config.override(column_tails=False):
+        out["odd_rows_masked"] = check(odd, x)
     # libdevice's tanh / expm1 / log1p in compiled kernels (the interpreter runs formulas)
     out["transcendentals"] = check(lambda x, d: (torch.tanh(x) + torch.expm1(x) * torch.log1p(x.abs()),
                                                 torch.tanh(d) + torch.expm1(d) * torch.log1p(d.abs())),
@@ -196,7 +201,8 @@ def test_transposes_rotary_and_transposed_sums_compile_to_vector_accesses_for_sm
     """Kernels walked in memory order or in transposed tiles (knob `layout_order`), the
     rotate-half read simplified inside its cat branch, a row reduction over a transposed
     read in cache-line-tall tiles: every global access 16 bytes a thread (with the knob
-    off the transpose's read is issued 2 bytes at a time, lanes 1.5 KB apart)."""
+    off the transpose's read is issued 2 bytes at a time, lanes 1.5 KB apart); odd-width
+    rows read their whole column blocks in 16-byte vectors (knob `column_tails`)."""
     results, kernels = _access_results()
     (flat,) = results["transpose_flat"]
     assert flat["strided_scalar"] >= 1 or set(flat["accesses"]["ld"]) == {"2"}, flat
@@ -206,3 +212,5 @@ def test_transposes_rotary_and_transposed_sums_compile_to_vector_accesses_for_sm
         assert set(r["accesses"]["ld"]) == {"16"}, (name, r["accesses"])
     assert set(results["transpose"][0]["accesses"]["st"]) == {"16"}
     assert results["transcendentals"] and all(r["ok"] for r in results["transcendentals"])
+    (tail,), (masked,) = results["odd_rows"], results["odd_rows_masked"]
+    assert "16" in tail["accesses"]["ld"] and "16" not in masked["accesses"]["ld"], (tail, masked)

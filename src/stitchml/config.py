@@ -55,6 +55,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "own dim and the tile converted through shared memory; before, one of the two was read or "
          "stored 2-4 bytes at a time, a warp touching 32 sectors. Chosen by a probe of the kernel's "
          "accesses (`plan/access.py`). Not yet measured on a GPU."),
+    Knob("column_tails", "STITCHML_COLUMN_TAILS", True, _bool,
+         "Row-looped kernels whose column count is not a multiple of the column block (GPT-2's 50257-wide "
+         "logits) walk the whole blocks with a constant column mask and the last, partial block apart: "
+         "Triton vectorises an access only where its mask is uniform over the vector, and `col < 50257` "
+         "is not, so every such row was read 2-4 bytes at a time. Static shapes only (a dynamic "
+         "template's column count is an argument). Not yet measured on a GPU."),
     Knob("transposed_tiles", "STITCHML_TRANSPOSED_TILES", True, _bool,
          "Kernels with column partials that read an input transposed (unit stride along the rows, a large "
          "stride along the columns) walk tiles of 8-16 rows x a column block instead of 4 whole rows, so "

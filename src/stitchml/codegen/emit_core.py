@@ -172,7 +172,22 @@ class KernelBuilder:
             assert scope.lines[0].startswith("cflat = cbase + ") and scope.lines[1].startswith("cmask = ")
             scope.lines[0:2] = [scope.lines[0].replace("cflat", "cpos", 1), f"cmask = cpos < {self.dom.cols}",
                                 f"cflat = {self.dom.cols - 1} - cpos"]
-        self.top.lines.append(f"for cbase in range(0, {self.dom.cols}, {self.m.block_c}):")
+        cols, bc = self.dom.cols, self.m.block_c
+        full = cols - cols % bc
+        if self.k.column_tail and scope.direction != "reverse" and bc <= full < cols:
+            # the whole column blocks first, with a column mask that is one constant: Triton
+            # vectorises an access only where its mask is uniform over the vector, and
+            # `cflat < cols` is not for an odd `cols` (GPT-2's 50257-wide logits were read
+            # 2 bytes at a time); then the last, partial block with the real mask
+            assert scope.lines[1] == f"cmask = cflat < {cols}"
+            whole = list(scope.lines)
+            whole[1] = f"cmask = tl.full([1, {bc}], True, tl.int1)"
+            self.top.lines.append(f"for cbase in range(0, {full}, {bc}):")
+            self.top.lines.extend("    " + line for line in whole)
+            self.top.lines.append(f"for cbase in range({full}, {cols}, {bc}):")
+            self.top.lines.extend("    " + line for line in scope.lines)
+            return
+        self.top.lines.append(f"for cbase in range(0, {cols}, {bc}):")
         self.top.lines.extend("    " + line for line in scope.lines)
 
     # -- masks ----------------------------------------------------------------

@@ -77,6 +77,7 @@ class KernelPlan:
     predicted_s: float = 0.0          # cost-model time on the target device
     transposed: tuple[int, ...] = ()  # inputs read transposed: the mapping took taller tiles (plan/access.py)
     row_runs: bool = False            # a flat kernel reading row runs: one element a thread (plan/access.py)
+    column_tail: bool = False         # a looped row's whole column blocks unmasked, the last block apart
 
 
 @dataclass

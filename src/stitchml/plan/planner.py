@@ -186,6 +186,9 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
             tall = replace(kp, mapping=tall_map, transposed=tuple(reads))
             if generates(g, tall):
                 kp = tall
+    if (kp.mapping.form == "row_looped" and opts.column_tails and not opts.fixed_row_blocks
+            and kp.domain.cols % kp.mapping.block_c and kp.domain.cols > kp.mapping.block_c):
+        kp.column_tail = True   # whole column blocks unmasked, the partial one apart (codegen)
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp, opts.device)
     kp.predicted_s = predict_seconds(kp, opts.device)
     return kp

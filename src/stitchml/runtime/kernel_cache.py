@@ -129,7 +129,9 @@ def canonical_kernel(g, k) -> tuple[str, list[int]]:
             *(tuple(ids.get(x, "ext") for x in t) for t in (k.members, k.outputs, k.inputs, k.dominant,
                                                              k.seeds, k.partials)),
             tuple((ids.get(a, "ext"), ids.get(b, "ext"), s) for a, b, s in k.stitches),
-            bool(k.combine_of))
+            bool(k.combine_of),
+            # (the emitter reads these too: row vectors of a transposed tile, the column tail)
+            tuple(ids.get(x, "ext") for x in k.transposed), k.column_tail)
     return repr((parts, plan)), closure
 
 
