@@ -144,13 +144,16 @@ def predict_seconds(k: KernelPlan, dev=None) -> float:
 
 def group_seconds(kind: str, kernels: list[KernelPlan], dev) -> float:
     """Modelled time of a launch group: one launch, the members' memory time, and a
-    grid barrier between consecutive phases of a global group."""
+    grid barrier between consecutive phases of a global group (whose counter reset is
+    one more node when the graph is replayed in a CUDA graph)."""
     mem = sum(predict_seconds(k, dev) - dev.launch_s for k in kernels)
     if kind != "global":
         return dev.launch_s + mem
     # a persistent grid capped at the resident programs moves bytes slower than the
-    # separate launches do: `stitchml calibrate` measures by how much ("global" efficiency)
-    return dev.launch_s + mem / dev.efficiency("global") + (len(kernels) - 1) * dev.barrier_s
+    # separate launches do: `stitchml calibrate` measures by how much ("global" efficiency);
+    # replayed in a CUDA graph, its barrier counter is zeroed by a memset node first
+    reset = dev.launch_s if getattr(dev, "replay", False) else 0.0
+    return dev.launch_s + reset + mem / dev.efficiency("global") + (len(kernels) - 1) * dev.barrier_s
 
 
 def plan_seconds(plan, dev) -> float:

@@ -43,6 +43,10 @@ class Device:
     # per-kernel cost inside a replayed CUDA graph: no host launch path, only the GPU's
     # gap between dependent kernels (table value ~1.5 us on Hopper until calibrated)
     graph_launch_s: float = 1.5e-6
+    # priced as a replayed CUDA graph (`replayed`): a global launch's barrier counter is then
+    # zeroed by a memset node before it (a replay repeats the host's base of 0), one more
+    # node on the stream, priced like a launch
+    replay: bool = False
 
     def efficiency(self, form: str) -> float:
         for f, e in self.form_efficiency:
@@ -55,7 +59,7 @@ class Device:
         graph's launch gap instead of the host launch path.  The planner prices launches
         this way for graphs it plans for capture, so a grid barrier or a horizontal launch
         is chosen only where it saves what a replay really pays per launch."""
-        return replace(self, launch_s=self.graph_launch_s)
+        return replace(self, launch_s=self.graph_launch_s, replay=True)
 
 
 DEVICES: dict[str, Device] = {

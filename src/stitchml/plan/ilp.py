@@ -252,7 +252,10 @@ def _join_value(region: list[KernelPlan], j: int, opts: PlanOptions) -> tuple[fl
         # a calibrated global-scheme efficiency below 1 costs memory time too (counted for
         # both kernels of every join: conservative; the plan is re-priced exactly after)
         slow = (1.0 / dev.efficiency("global") - 1.0) * sum(predict_seconds(k, dev) - dev.launch_s for k in (a, b))
-        return dev.launch_s - dev.barrier_s - slow, "global"
+        # replayed, a global launch's counter reset is one more node: charged to every join
+        # (conservative for segments of 3+; the plan is re-priced exactly after)
+        reset = dev.launch_s if getattr(dev, "replay", False) else 0.0
+        return dev.launch_s - dev.barrier_s - slow - reset, "global"
     if not opts.horizontal_fusion:
         return 0.0, "none"
     launch_bound = all(predict_seconds(k, dev) - dev.launch_s <= 2 * dev.launch_s for k in (a, b))
