@@ -61,6 +61,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Triton vectorises an access only where its mask is uniform over the vector, and `col < 50257` "
          "is not, so every such row was read 2-4 bytes at a time. Static shapes only (a dynamic "
          "template's column count is an argument). Not yet measured on a GPU."),
+    Knob("combine_casts", "STITCHML_COMBINE_CASTS", True, _bool,
+         "A column reduction summed in float32 whose only reader is a cast (a bias or norm-weight gradient "
+         "in bfloat16) is stored cast by the combine kernel of its partials, instead of a one-program "
+         "kernel of its own after it (52 such launches a BERT-base backward step). Not yet measured on a GPU."),
     Knob("transposed_tiles", "STITCHML_TRANSPOSED_TILES", True, _bool,
          "Kernels with column partials that read an input transposed (unit stride along the rows, a large "
          "stride along the columns) walk tiles of 8-16 rows x a column block instead of 4 whole rows, so "

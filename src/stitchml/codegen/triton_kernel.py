@@ -26,7 +26,7 @@ from .emit_core import COL, ROW, KernelBuilder
 from .emit_reduce import Reductions
 from .emit_store import Stores
 from .kernel_source import KernelSource
-from .triton_ops import REDUCE_COMBINE, TL_DTYPE, compute_dtype, reduce_identity, store_expr
+from .triton_ops import REDUCE_COMBINE, TL_DTYPE, cast_expr, compute_dtype, reduce_identity, store_expr
 
 
 def _rows(b: KernelBuilder, pid: str) -> None:
@@ -156,14 +156,17 @@ def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
     lines = [f"c = tl.program_id(0) * {bc} + tl.arange(0, {bc})",
              f"p = tl.arange(0, {br})[:, None]"]
     params, names = [], []
-    for i, nid in enumerate(k.outputs):
+    casts = dict(k.combine_casts)   # a reduction stored as its cast (plan/planner.py::_absorb_casts)
+    for i, nid in enumerate(k.dominant):   # (a combine's reductions)
         n = g[nid]
+        dest = g[casts.get(nid, nid)]
         cols = n.numel
         cd = compute_dtype(n.dtype)
         ident = reduce_identity(n.op, cd)
         combine = REDUCE_COMBINE[n.op]
-        off = ix.offset(ix.unravel(ix.var("c", cols, ROW), n.shape), n.stride)
-        store = store_expr(f"red{i}", n.dtype)
+        off = ix.offset(ix.unravel(ix.var("c", cols, ROW), dest.shape), dest.stride)
+        value = f"red{i}" if dest is n else cast_expr(f"red{i}", n.dtype, dest.dtype)
+        store = store_expr(value, dest.dtype)
         reduced = f"tl.sum(acc{i}, 0)" if n.op == "sum" else f"tl.reduce(acc{i}, 0, {combine})"
         lines += [
             f"cmask{i} = c < {cols}",
@@ -176,7 +179,7 @@ def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
             f"tl.store(out{i} + {ix.render(off) if ix.axes(off) else f'(c * 0 + {ix.render(off)})'}, "
             f"{store}, mask=cmask{i})",
         ]
-        params += [("partial", nid), ("out", nid)]
+        params += [("partial", nid), ("out", dest.id)]
         names += [f"part{i}", f"out{i}"]
     return KernelSource(k.name, params, names, lines, k.mapping.grid, k.mapping.num_warps, {})
 

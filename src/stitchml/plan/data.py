@@ -78,6 +78,8 @@ class KernelPlan:
     transposed: tuple[int, ...] = ()  # inputs read transposed: the mapping took taller tiles (plan/access.py)
     row_runs: bool = False            # a flat kernel reading row runs: one element a thread (plan/access.py)
     column_tail: bool = False         # a looped row's whole column blocks unmasked, the last block apart
+    # a combine kernel's reductions stored as their only consumer, a cast (reduce id, cast id)
+    combine_casts: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass

@@ -117,8 +117,46 @@ def _plan_once(g: ir.Graph, gv: GraphView, forbidden: frozenset, opts: PlanOptio
         else:
             n = g[unit]
             plan.steps.append(EagerStep(n.id, n.op, n.attr("reason", "")))
+    if opts.combine_casts:
+        _absorb_casts(plan, g, gv, opts)
     plan.unfused_bytes = unfused_bytes(g)
     return plan
+
+
+def _absorb_casts(plan: Plan, g: ir.Graph, gv: GraphView, opts: PlanOptions) -> None:
+    """A column reduction summed in float32 and cast to the parameter's half type (a bias
+    or norm-weight gradient) was a one-program kernel of its own after the combine: 52
+    such launches in a BERT-base backward step.  The combine stores the cast value
+    instead, when the cast is the reduction's only reader and a kernel by itself."""
+    by_member = {m: k for k in plan.kernels for m in k.members}
+    drop: set[str] = set()
+    for c in plan.kernels:
+        if not c.combine_of:
+            continue
+        casts = []
+        for p in c.dominant:   # (a combine's reductions: the partials of the kernel it combines)
+            users = gv.consumers[p]
+            if len(users) != 1 or p in gv.escapes:
+                continue
+            (u,) = users
+            n = g[u]
+            k = by_member.get(u)
+            if (n.kind != ir.POINTWISE or n.op != "cast" or n.numel != g[p].numel or k is None
+                    or k.members != (u,) or k.combine_of or k.name in drop):
+                continue
+            casts.append((p, u))
+            drop.add(k.name)
+        if not casts:
+            continue
+        absorbed = dict(casts)
+        c.combine_casts = tuple(casts)
+        c.members = tuple(c.dominant) + tuple(u for _, u in casts)
+        c.outputs = tuple(absorbed.get(p, p) for p in c.dominant)
+        plan.materialized -= set(absorbed)
+        c.bytes_written = sum(g[o].numel * g[o].dtype.itemsize for o in c.outputs)
+        c.predicted_s = predict_seconds(c, opts.device)
+    if drop:
+        plan.steps = [s for s in plan.steps if not (isinstance(s, KernelPlan) and s.name in drop)]
 
 
 def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set[int],
