@@ -112,13 +112,14 @@ def build_step(w: Workload, fn: Callable[..., Any]) -> tuple[Callable[[], list[t
                 return [t.detach() for t in flat_tensors(fn(*inputs))]
         return fwd, True
 
-    def grads_of(outs: list[torch.Tensor], retain: bool) -> list[torch.Tensor]:
+    def grads_of(outs: list[torch.Tensor], retain: bool, targets=None) -> list[torch.Tensor]:
+        targets = w.grad_targets if targets is None else targets
         diff = _differentiable(outs)
         cots = w.cotangents or []
         if len(diff) != len(cots):
             raise RuntimeError(f"{len(diff)} differentiable outputs, eager had {len(cots)}")
-        g = torch.autograd.grad(diff, w.grad_targets, cots, retain_graph=retain, allow_unused=True)
-        return _materialise(g, w.grad_targets)
+        g = torch.autograd.grad(diff, targets, cots, retain_graph=retain, allow_unused=True)
+        return _materialise(g, targets)
 
     if w.mode == "fwdbwd":
         def fwdbwd() -> list[torch.Tensor]:
@@ -137,9 +138,19 @@ def build_step(w: Workload, fn: Callable[..., Any]) -> tuple[Callable[[], list[t
         stream = torch.cuda.current_stream() if on_cuda else None
         with torch.enable_grad():
             if "outs" not in held or held["stream"] != stream:
-                held["outs"], held["stream"] = flat_tensors(fn(*inputs)), stream
+                args, targets = list(inputs), list(w.grad_targets)
+                if held:
+                    # on another stream, leaf inputs are made afresh: a leaf's gradient node
+                    # keeps the stream of the forward that first used it, and autograd then
+                    # syncs the capturing stream with that one (the H200 saw eager's capture
+                    # of a backward row invalidated, "AccumulateGrad" stream mismatch)
+                    fresh = {id(t): t.detach().requires_grad_() for t in inputs
+                             if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf}
+                    args = [fresh.get(id(t), t) for t in inputs]
+                    targets = [fresh.get(id(t), t) for t in w.grad_targets]
+                held.update(outs=flat_tensors(fn(*args)), stream=stream, targets=targets)
             outs = held["outs"]
-            return [o.detach() for o in outs] + grads_of(outs, retain=True)
+            return [o.detach() for o in outs] + grads_of(outs, retain=True, targets=held["targets"])
     return bwd, False
 
 
