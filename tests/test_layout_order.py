@@ -147,3 +147,21 @@ def test_layer_norm_backward_over_few_tokens_matches_eager():
     with config.override(device="H100"):
         c = compare_with_eager(lambda x, w, b: torch.nn.functional.layer_norm(x, (9000,), w, b), [x, w, b])
     assert any(k.transposed and not k.partials for r in c.backend.records for k in r.plan.kernels)
+
+
+def test_tiles_of_huge_tensors_index_their_columns_in_int64():
+    """2**31 elements or more: the tile's column lanes are int64 like its rows (a column
+    index times the transposed stride, 65536 here, passed 2**31 in int32: wrong reads)."""
+    x = torch.empty(32776, 65536, dtype=torch.int8, device="meta")
+    plan = plan_of(lambda x: (x.t() + 1).contiguous(), x)
+    (k,) = plan.kernels
+    assert not k.domain.is_flat, k.domain
+    src = generate_all(plan.graph, plan)[k.name].source
+    assert "tl.program_id(0).to(tl.int64)" in src and "[None, :].to(tl.int64)" in src, src
+
+
+def test_a_small_view_of_a_huge_storage_indexes_in_int64():
+    """idx64 follows the farthest element a buffer's strides reach, not its element count."""
+    x = torch.empty(4, 8, device="meta").as_strided((4, 8), (2**30, 1))
+    src = "\n".join(s.source for s in generate_all(*(lambda p: (p.graph, p))(plan_of(lambda x: x * 2, x))).values())
+    assert ".to(tl.int64)" in src, src

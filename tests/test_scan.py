@@ -194,7 +194,9 @@ def test_cummax_cummin_match_eager_exactly(op, form, dtype):
         cmp = compare_with_eager(f, [x], rtol=0, atol=0)
     assert [len(r.plan.kernels) for r in cmp.backend.records][0] == 1
     src = _sources(cmp)
-    assert src.count("tl.associative_scan(") == 1, src
+    # one scan for both outputs (a looped row with a column tail emits its body twice:
+    # the whole column blocks, then the partial one)
+    assert src.count("tl.associative_scan(") == max(1, src.count("for cbase in range(")), src
     if form == "looped":   # and one carried (value, index) pair shared by both outputs
         assert len(re.findall(r"carry\d+ = tl.full", src)) == 2, src
 

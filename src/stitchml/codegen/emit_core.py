@@ -48,6 +48,16 @@ class Scope:
     direction: str | None = None
 
 
+def _reach(n: ir.Node) -> int:
+    """How many elements from its first one a buffer's last element lies (its numel when
+    dense; more for a strided view)."""
+    if not n.stride or not n.shape:
+        return n.numel
+    if 0 in n.shape:
+        return 0
+    return 1 + sum((d - 1) * abs(st) for d, st in zip(n.shape, n.stride))
+
+
 class KernelBuilder:
     """State of one kernel being emitted: the top scope (per row block), an open
     column loop (row-looped kernels), parameters, and the memo of pulled values."""
@@ -79,8 +89,16 @@ class KernelBuilder:
         # probe of access patterns (`triton_kernel.load_offsets`)
         self.loads: list[tuple[int, ix.Expr]] = []
         self.stores: list[tuple[int, ix.Expr]] = []   # (full-element stores, for the planner's probes)
-        big = max([self.dom.rows * self.dom.cols] + [g[i].numel for i in k.inputs] + [g[o].numel for o in k.outputs])
+        # int64 index arithmetic where an offset can pass 2**31: the domain, or the farthest
+        # element a buffer's strides reach (a small view of a big storage)
+        big = max([self.dom.rows * self.dom.cols] + [_reach(g[i]) for i in k.inputs + k.outputs])
         self.idx64 = big >= 2**31 - 1
+
+    def col_arange(self) -> str:
+        """The column lanes of a block: int64 under `idx64`, since a column variable times a
+        large stride (a transposed read, a tile's column) passes 2**31 there too."""
+        lanes = f"tl.arange(0, {self.m.block_c})[None, :]"
+        return f"{lanes}.to(tl.int64)" if self.idx64 else lanes
 
     # -- naming --------------------------------------------------------------
     def new(self, prefix: str = "t") -> str:
@@ -158,7 +176,7 @@ class KernelBuilder:
         """Start a loop over the row's column blocks (row-looped kernels)."""
         scope = Scope(has_col=True)
         self.scopes.append(scope)
-        scope.lines.append(f"cflat = cbase + tl.arange(0, {self.m.block_c})[None, :]")
+        scope.lines.append(f"cflat = cbase + {self.col_arange()}")
         scope.lines.append(f"cmask = cflat < {self.dom.cols}")
         scope.lines.append("zc = cflat * 0")
         self.define_vars(scope, COL)

@@ -62,7 +62,7 @@ def emit_rows(b: KernelBuilder, stores: Stores) -> list[str]:
     (the grid is written out, not tl.num_programs: as a phase of a global kernel the
     launch grid differs)."""
     _rows(b, "rblk.to(tl.int64)" if b.k.partials and b.idx64 else "rblk" if b.k.partials else _pid(b))
-    b.top.lines += [f"cflat = tl.arange(0, {b.m.block_c})[None, :]", f"cmask = cflat < {b.dom.cols}",
+    b.top.lines += [f"cflat = {b.col_arange()}", f"cmask = cflat < {b.dom.cols}",
                     "zc = cflat * 0"]
     b.vars.update(b.define_vars(b.top, COL))
     _flat_index(b)
