@@ -214,3 +214,26 @@ def test_transposes_rotary_and_transposed_sums_compile_to_vector_accesses_for_sm
     assert results["transcendentals"] and all(r["ok"] for r in results["transcendentals"])
     (tail,), (masked,) = results["odd_rows"], results["odd_rows_masked"]
     assert "16" in tail["accesses"]["ld"] and "16" not in masked["accesses"]["ld"], (tail, masked)
+
+
+def test_loop_conversions_count_redistributions_not_transposes():
+    """A tile converted between two layouts of one order inside a loop is counted (a
+    shared-memory round trip the kernel did not ask for); between orders it is the
+    transpose the kernel is for, and not counted; outside loops nothing is."""
+    from stitchml.tools.aot_check import loop_conversions
+    head = ("#blocked = #ttg.blocked<{sizePerThread = [1, 4], threadsPerWarp = [2, 16], warpsPerCTA = [4, 1], "
+            "order = [1, 0]}>\n"
+            "#blocked1 = #ttg.blocked<{sizePerThread = [8, 1], threadsPerWarp = [8, 4], warpsPerCTA = [1, 4], "
+            "order = [0, 1]}>\n"
+            "#blocked2 = #ttg.blocked<{sizePerThread = [1, 8], threadsPerWarp = [4, 8], warpsPerCTA = [4, 1], "
+            "order = [1, 0]}>\n")
+
+    def body(src, dst, in_loop=True):
+        conv = f"  %y = ttg.convert_layout %x : tensor<64x64xf32, #{src}> -> tensor<64x64xf32, #{dst}> loc(#loc1)\n"
+        if not in_loop:
+            return head + conv
+        return head + "  %a = scf.for %i = %c0 to %c8 step %c1 iter_args(%b = %z) -> (tensor<64x64xf32, #blocked>) {\n" \
+            + conv + "    scf.yield %b\n  }\n"
+    assert loop_conversions(body("blocked", "blocked2")) == 1       # same order: a redistribution
+    assert loop_conversions(body("blocked1", "blocked")) == 0       # rows to columns: a transpose
+    assert loop_conversions(body("blocked", "blocked2", in_loop=False)) == 0

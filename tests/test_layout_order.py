@@ -42,11 +42,19 @@ def test_a_transpose_is_walked_in_tiles_and_matches_eager(dtype):
     c = compare_with_eager(_transposed_copy, [x], backward=False)
     (rec,) = c.backend.records
     k = _only_kernel(rec.plan)
-    # columns: the stored layout's contiguous dim; rows end with the read's
-    assert not k.domain.is_flat and k.domain.col_dims == (2,) and k.domain.row_dims[-1] == 1, k.domain
+    # the two contiguous dims (the store's, 2, and the read's, 1) are the tile's: the
+    # longer one along the rows (more programs), the other the columns
+    assert not k.domain.is_flat and k.domain.col_dims == (1,) and k.domain.row_dims[-1] == 2, k.domain
     assert k.mapping.block_r >= 32 and k.mapping.form in ("packed_rows", "row_looped"), k.mapping.describe()
     from stitchml.tools.explain import Report
     assert "a transpose in tiles" in Report(c.backend.records).to_text()
+
+
+def test_a_transpose_of_few_rows_takes_shorter_tiles_for_more_programs():
+    with config.override(device="H100"):
+        k = _only_kernel(plan_of(_transposed_copy, torch.randn(8192, 4096, dtype=torch.bfloat16)))
+    assert k.domain.rows == 8192 and k.mapping.grid >= 264, (k.domain, k.mapping.describe())
+    assert k.mapping.block_r * 2 >= 32, k.mapping.describe()    # still a sector's run a column
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)

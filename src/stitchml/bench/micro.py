@@ -69,6 +69,21 @@ def cumsum_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(x, -1)
 
 
+def transpose_scale(x: torch.Tensor) -> torch.Tensor:
+    """A key stored transposed for an attention product, scaled: reads along one dim,
+    writes along the other (the tiled transpose form)."""
+    return (x.t() * 0.125).contiguous()
+
+
+def rotary(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """LLaMA's rotate-half rotary embedding of the queries, [batch, seq, heads*64] to
+    [batch, heads, seq, 64]: the cat of two half-slices the index simplifier must see through."""
+    b, s, hd = q.shape
+    q = q.view(b, s, hd // 64, 64).transpose(1, 2)
+    half = torch.cat((-q[..., 32:], q[..., :32]), dim=-1)
+    return q * cos + half * sin
+
+
 def astitch_running(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor):
     """AStitch's running example: a row reduce, an expensive element-wise op on its
     broadcast, a column reduce, and a consumer of both."""
@@ -145,6 +160,21 @@ def _jax_column_sum(jax: Any) -> Callable[..., Any]:
 
 def _jax_cumsum(jax: Any) -> Callable[..., Any]:
     return lambda key, x: jax.numpy.cumsum(x, axis=-1)
+
+
+def _jax_transpose(jax: Any) -> Callable[..., Any]:
+    return lambda key, x: x.T * 0.125
+
+
+def _jax_rotary(jax: Any) -> Callable[..., Any]:
+    jnp = jax.numpy
+
+    def f(key: Any, q: Any, cos: Any, sin: Any) -> Any:
+        b, s, hd = q.shape
+        q = q.reshape(b, s, hd // 64, 64).transpose(0, 2, 1, 3)
+        half = jnp.concatenate((-q[..., 32:], q[..., :32]), axis=-1)
+        return q * cos + half * sin
+    return f
 
 
 def _jax_astitch(jax: Any) -> Callable[..., Any]:
@@ -295,6 +325,17 @@ def cases(quick: bool) -> list[CaseSpec]:
     # rows held whole (scan in registers) and rows walked in blocks with a carry
     simple(cumsum_rows, _jax_cumsum, (8, 300) if quick else (8192, 4096), "cumsum_rows")
     simple(cumsum_rows, _jax_cumsum, (2, 3000) if quick else (64, 131072), "cumsum_long_rows")
+    simple(transpose_scale, _jax_transpose, (40, 72) if quick else (16384, 4096), "transpose_scale")
+
+    rq = (2, 16, 128) if quick else (4, 1024, 1024)
+
+    def rope(dtype: str, device: torch.device, name: str) -> Workload:
+        g, dt = _gen(name), DTYPES[dtype]
+        q = randn(rq, dt, device, g).requires_grad_(True)
+        cos, sin = randn((rq[1], 64), dt, device, g), randn((rq[1], 64), dt, device, g)
+        return Workload(name, "micro", dtype, rotary, [q, cos, sin], mode="fwdbwd", grad_targets=[q],
+                        shape=f"q{list(rq)}", tol=tolerance("micro", dtype), jax=JaxSpec(_jax_rotary, (0,)))
+    specs.append(_spec(f"rotary_fwdbwd[{rq[0]}x{rq[1]}x{rq[2]}]", rope))
 
     as_shape = (8, 256) if quick else (8192, 4096)
 

@@ -142,8 +142,11 @@ def layout_domain(g: ir.Graph, k: KernelPlan) -> Domain | None:
     second = max(others, key=lambda d: others[d]) if others else None
     if (second is not None and others[second] >= TILE_MIN_SHARE * sum(unit.values())
             and dom.shape[best] >= TILE_MIN_RUN and dom.shape[second] >= TILE_MIN_RUN):
-        rows = [d for d in range(len(dom.shape)) if d not in (best, second)] + [second]
-        return Domain(dom.shape, (best,), tuple(rows))
+        # either dim can be the columns (the tile holds both); programs cover row blocks,
+        # so the longer dim goes to the rows: more programs (a 2-d transpose of 8192 x 4096)
+        col, row = (best, second) if dom.shape[best] <= dom.shape[second] else (second, best)
+        rows = [d for d in range(len(dom.shape)) if d not in (best, second)] + [row]
+        return Domain(dom.shape, (col,), tuple(rows))
     if best == inner:
         return None
     return replace(dom, order=tuple(d for d in range(len(dom.shape)) if d != best) + (best,))

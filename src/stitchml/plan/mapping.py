@@ -151,6 +151,9 @@ def transpose_tile(domain: Domain, opts: PlanOptions, itemsize: int) -> Mapping:
     row-looped over column blocks."""
     rows, cols = domain.rows, domain.cols
     br = min(next_pow2(rows), max(8, TRANSPOSE_RUN_BYTES // max(itemsize, 1)))
+    floor = max(8, TRANSPOSED_RUN_BYTES // max(itemsize, 1))   # a sector's run
+    while br > floor and -(-rows // br) < 2 * opts.device.sms:   # (few rows: more, shorter tiles)
+        br //= 2
     bc = max(8, TRANSPOSE_TILE_ELEMS // br)
     if next_pow2(cols) <= bc:
         bc = next_pow2(cols)
