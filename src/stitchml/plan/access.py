@@ -24,9 +24,8 @@ every access a warp makes is 32 consecutive elements.
 """
 from __future__ import annotations
 
-from math import gcd
-
 from dataclasses import replace
+from math import gcd
 
 from ..ir import index as ix
 from ..ir import nodes as ir
@@ -124,9 +123,10 @@ def layout_domain(g: ir.Graph, k: KernelPlan) -> Domain | None:
       (`Domain.order`), so those accesses are the flat index itself (a value stored in a
       transposed layout: LLaMA's key copy for its attention product);
     - a quarter of the bytes or more contiguous along another dim `b` (a transpose): a
-      2-d domain of columns `a` and rows ending with `b`, walked in tiles, each access
-      coalesced along its own dim and Triton converting between them through shared
-      memory (BERT's key, read [tokens, hidden] and stored [.., head dim, tokens])."""
+      2-d domain whose columns are the shorter of `a` and `b` and whose rows end with the
+      longer, walked in tiles, each access coalesced along its own dim and Triton
+      converting between them through shared memory (BERT's key, read [tokens, hidden]
+      and stored [.., head dim, tokens])."""
     dom = k.domain
     if not dom.is_flat:
         return None

@@ -152,7 +152,7 @@ def group_seconds(kind: str, kernels: list[KernelPlan], dev) -> float:
     # a persistent grid capped at the resident programs moves bytes slower than the
     # separate launches do: `stitchml calibrate` measures by how much ("global" efficiency);
     # replayed in a CUDA graph, its barrier counter is zeroed by a memset node first
-    reset = dev.launch_s if getattr(dev, "replay", False) else 0.0
+    reset = dev.launch_s if dev.replay else 0.0
     return dev.launch_s + reset + mem / dev.efficiency("global") + (len(kernels) - 1) * dev.barrier_s
 
 

@@ -254,7 +254,7 @@ def _join_value(region: list[KernelPlan], j: int, opts: PlanOptions) -> tuple[fl
         slow = (1.0 / dev.efficiency("global") - 1.0) * sum(predict_seconds(k, dev) - dev.launch_s for k in (a, b))
         # replayed, a global launch's counter reset is one more node: charged to every join
         # (conservative for segments of 3+; the plan is re-priced exactly after)
-        reset = dev.launch_s if getattr(dev, "replay", False) else 0.0
+        reset = dev.launch_s if dev.replay else 0.0
         return dev.launch_s - dev.barrier_s - slow - reset, "global"
     if not opts.horizontal_fusion:
         return 0.0, "none"

@@ -214,13 +214,13 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
             if generates(g, tall):   # (a per-row value the looped form cannot reach keeps whole rows)
                 kp = tall
     if (not partials and not scatter and opts.transposed_tiles and not opts.fixed_row_blocks
-            and not grp.domain.is_flat and kp.domain is grp.domain and kp.mapping.block_r < 32
+            and not grp.domain.is_flat and kp.mapping.block_r < 32
             and not any(g[m].kind == ir.SCAN for m in members) and may_reorder(g, kp)):
         # a row reduction over a transposed read: tiles a cache line tall (plan/access.py)
         reads = transposed_reads(g, kp)
         itemsize = min((g[r].dtype.itemsize for r in reads), default=4)
         tall_map = mapping_rules.transposed_rows(grp.domain, opts, itemsize) if reads else None
-        if tall_map is not None and tall_map.block_r * itemsize > kp.mapping.block_r * itemsize:
+        if tall_map is not None and tall_map.block_r > kp.mapping.block_r:
             tall = replace(kp, mapping=tall_map, transposed=tuple(reads))
             if generates(g, tall):
                 kp = tall
