@@ -142,6 +142,17 @@ TRANSPOSE_RUN_BYTES = 128   # a cache line: the run each column (rows) or row (c
 TRANSPOSE_TILE_ELEMS = 4096
 
 
+def _line_rows(rows: int, itemsize: int, programs: int) -> int:
+    """Rows of a tile read along its rows: a cache line's worth, halved down to a
+    sector's while that leaves fewer than `programs` row blocks (few rows: more,
+    shorter tiles)."""
+    br = max(8, TRANSPOSE_RUN_BYTES // max(itemsize, 1))
+    floor = max(8, TRANSPOSED_RUN_BYTES // max(itemsize, 1))
+    while br > floor and -(-rows // br) < programs:
+        br //= 2
+    return br
+
+
 def transpose_tile(domain: Domain, opts: PlanOptions, itemsize: int) -> Mapping:
     """A kernel without reductions whose accesses are contiguous along two different
     dims (a transpose; `plan/access.py::layout_domain`): tiles of a cache line's worth of
@@ -150,10 +161,7 @@ def transpose_tile(domain: Domain, opts: PlanOptions, itemsize: int) -> Mapping:
     the two layouts through shared memory.  Whole rows where they fit the tile, else
     row-looped over column blocks."""
     rows, cols = domain.rows, domain.cols
-    br = min(next_pow2(rows), max(8, TRANSPOSE_RUN_BYTES // max(itemsize, 1)))
-    floor = max(8, TRANSPOSED_RUN_BYTES // max(itemsize, 1))   # a sector's run
-    while br > floor and -(-rows // br) < 2 * opts.device.sms:   # (few rows: more, shorter tiles)
-        br //= 2
+    br = min(next_pow2(rows), _line_rows(rows, itemsize, 2 * opts.device.sms))
     bc = max(8, TRANSPOSE_TILE_ELEMS // br)
     if next_pow2(cols) <= bc:
         bc = next_pow2(cols)
@@ -171,10 +179,7 @@ def transposed_rows(domain: Domain, opts: PlanOptions, itemsize: int) -> Mapping
     sector in bfloat16).  None where even sector-tall tiles leave under a program per SM:
     the rows then keep their mapping."""
     rows, cols = domain.rows, domain.cols
-    br = max(8, TRANSPOSE_RUN_BYTES // max(itemsize, 1))
-    floor = max(8, TRANSPOSED_RUN_BYTES // max(itemsize, 1))
-    while br > floor and -(-rows // br) < opts.device.sms:
-        br //= 2
+    br = _line_rows(rows, itemsize, opts.device.sms)
     if -(-rows // br) < opts.device.sms:
         return None
     bc = max(32, TRANSPOSE_TILE_ELEMS // br)
