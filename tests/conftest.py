@@ -9,6 +9,9 @@ os.environ.setdefault("STITCHML_POISON_OUTPUTS", "1")
 # tests exercise the planner every time (several replace planning stages to inject
 # failures); the plan cache has its own tests (tests/test_compile_cache.py)
 os.environ.setdefault("STITCHML_PLAN_CACHE", "0")
+# likewise AOTAutograd's cache of stitched graphs (tests/test_aot_cache.py): a hit would skip the
+# decompositions and partitioner that tests replace or inspect
+os.environ.setdefault("STITCHML_AOT_CACHE", "0")
 # a crash inside stitchml is a test failure, not a silent run in eager (issue 19): the
 # fallback is off in every test except those that test the fallback itself (marked
 # `fallback`, or listed in FALLBACK_TESTS below)

@@ -48,6 +48,7 @@ class CompiledGraph:
     times: StageTimes = field(default_factory=StageTimes)   # where compile time went
     first_call_seconds: float = 0.0  # the first call (kernels compiled or loaded there) included
     gemm_pads: list[str] = field(default_factory=list)  # matrix products padded for cuBLAS (capture/pad_gemm.py)
+    aot_cache: str = ""              # "hit": the ATen graph came from AOTAutograd's cache (capture/aot_cache.py)
 
 
 def _device_of(gm: fx.GraphModule, example_inputs) -> torch.device:

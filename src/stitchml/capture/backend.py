@@ -3,6 +3,8 @@ AOTAutograd turns it into core-ATen forward and backward graphs using our
 decomposition table, and each graph goes through `compiler.compile_graph`."""
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Callable
 
 import torch
@@ -11,6 +13,7 @@ from torch._dynamo.backends.common import aot_autograd
 from .. import config, fallback, patterns
 from ..compiler import CompiledGraph, compile_graph
 from ..patterns.common import PatternRecord
+from . import aot_cache
 from .decomp import decomposition_table
 
 
@@ -21,6 +24,7 @@ class StitchBackend:
     def __init__(self) -> None:
         self.records: list[CompiledGraph] = []
         self.patterns: list[PatternRecord] = []
+        self.aot_cache_note: str | None = None   # why the last graph's AOTAutograd result is not cached
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs) -> Callable:
         # Dynamo-level rewrites (issue 15).  patterns.LOG is process-wide (every backend,
@@ -35,14 +39,38 @@ class StitchBackend:
             return gm.forward
         self.patterns.extend(patterns.rewrite(gm, example_inputs))
 
-        def fw(g, ex):
-            return compile_graph(g, ex, fw_kind, self.records)
+        first = len(self.records)
 
-        def bw(g, ex):
-            return compile_graph(g, ex, "backward", self.records)
+        def compile_kind(g, ex, kind):
+            # a cache hit that failed half-way (an entry torch could not finish loading)
+            # left records of graphs that will not run: this cold compile replaces them
+            self.records[first:] = [r for r in self.records[first:] if r.aot_cache != "hit"]
+            return compile_graph(g, ex, kind, self.records)
 
-        return aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=fw,
-                            decompositions=decomposition_table(), partition_fn=partitioner())(gm, example_inputs)
+        # a warm process takes the ATen graphs from AOTAutograd's cache (capture/aot_cache.py)
+        self.aot_cache_note = aot_cache.refusal(example_inputs)
+        if self.aot_cache_note is None:
+            fw = aot_cache.serializable(compile_kind, fw_kind)
+            bw = aot_cache.serializable(compile_kind, "backward")
+            scope = aot_cache.caching(self)
+        else:
+            fw = functools.partial(_compile_as, compile_kind, fw_kind)
+            bw = functools.partial(_compile_as, compile_kind, "backward")
+            scope = contextlib.nullcontext()
+        with scope:
+            return aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=fw,
+                                decompositions=decomposition_table(), partition_fn=partitioner())(gm, example_inputs)
+
+    def compile_loaded(self, gm: torch.fx.GraphModule, example_inputs, kind: str) -> Callable:
+        """A graph from AOTAutograd's cache (a warm process), compiled like any other."""
+        fn = compile_graph(gm, example_inputs, kind, self.records)
+        if self.records:
+            self.records[-1].aot_cache = "hit"
+        return fn
+
+
+def _compile_as(compile_kind: Callable, kind: str, g: torch.fx.GraphModule, ex) -> Callable:
+    return compile_kind(g, ex, kind)
 
 
 _NOT_WRITES = frozenset({"requires_grad_"})   # in-place by name, but no data written

@@ -127,6 +127,9 @@ class Report:
             if rec.plan is None:
                 lines.append(f"  runs eagerly: {rec.eager_reason}")
                 continue
+            if getattr(rec, "aot_cache", "") == "hit":   # a warm process: AOTAutograd did not trace this graph
+                lines.append("  ATen graph from AOTAutograd's cache (capture/aot_cache.py): joint-graph trace and "
+                             "partition skipped")
             for note in getattr(rec, "gemm_pads", ()):  # matrix products padded for cuBLAS, or left
                 lines.append(f"  GEMM alignment: {note}")
             if rec.cuda_graph_note:  # why this graph is not replayed in a CUDA graph
