@@ -164,7 +164,7 @@ def test_a_hit_that_fails_half_way_leaves_only_the_cold_records(tmp_path, monkey
         real = aot_cache._load
 
         def failing(kind, blob, example_inputs):
-            if kind == "backward":
+            if kind == "backward":   # (the forward's graph is compiled by then)
                 raise RuntimeError("injected: the backward's entry cannot be loaded")
             return real(kind, blob, example_inputs)
 
@@ -172,3 +172,25 @@ def test_a_hit_that_fails_half_way_leaves_only_the_cold_records(tmp_path, monkey
         broken = StitchBackend()
         step(broken)
     assert [(r.kind, r.aot_cache) for r in broken.records] == [("forward", ""), ("backward", "")]
+
+
+def test_the_backward_compiles_at_its_first_call(tmp_path, monkeypatch):
+    """AOTAutograd hands the backward over with the forward while caching; stitch
+    compiles it when it first runs, cold or from the cache, as without the cache."""
+    from stitchml.capture.backend import StitchBackend
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    norm = torch.nn.LayerNorm(16)
+    with config.override(aot_cache=True):
+        for source in ("", "hit"):
+            torch._dynamo.reset()
+            backend = StitchBackend()
+            x = torch.randn(5, 16)
+            y = torch.compile(lambda a: torch.sigmoid(norm(a)) * a, backend=backend)(x)
+            assert [(r.kind, r.aot_cache) for r in backend.records] == [("forward", source)]
+            y.square().sum().backward()
+            assert [(r.kind, r.aot_cache) for r in backend.records] == [("forward", source), ("backward", source)]
+            got = norm.weight.grad.clone()
+            norm.weight.grad = norm.bias.grad = None
+            (torch.sigmoid(norm(x)) * x).square().sum().backward()
+            torch.testing.assert_close(got, norm.weight.grad)
+            norm.weight.grad = norm.bias.grad = None

@@ -251,6 +251,7 @@ def test_cache_cli_info_and_clear(tmp_path, capsys):
         assert main(["cache", "info"]) == 0
         out = capsys.readouterr().out
         assert "plans" in out and "1 entries" in out
+        assert "AOTAutograd results" in out and "aotautograd" in out
         assert main(["cache", "clear"]) == 0
         assert not list(tmp_path.rglob("*.pkl"))
         main(["cache", "info"])

@@ -21,9 +21,12 @@ backward as `OutputCode` objects (torch's "regional Inductor" is the other such 
 - Only graphs with static sizes are cached (a symbolic graph's entry would need its
   guards replayed on stitch's bucketed kernels).  A damaged entry is torch's business:
   its loader treats any failure as a miss and compiles cold.
-- The backward is compiled with the forward (`force_non_lazy_backward_lowering`) while
-  caching: torch saves an entry when both exist, and only inside our backend call are
-  the cache settings ours.
+- While caching, AOTAutograd hands over the backward with the forward
+  (`force_non_lazy_backward_lowering`): torch saves an entry when both exist, and only
+  inside our backend call are the cache settings ours.  Stitch still compiles a backward
+  at its first call, as AOTAutograd's lazy backward would (`StitchOutput.build`): a
+  forward that never runs backward costs no backward compile, and a backward's failure
+  shows when it runs.
 
 Knob `aot_cache`; torch's own switches are respected (`TORCHINDUCTOR_FX_GRAPH_CACHE=0`,
 `torch.compiler.config.force_disable_caches`).  Entries live in torch's cache directory
@@ -115,6 +118,8 @@ def serializable(compile_fn: Callable[[torch.fx.GraphModule, Sequence[Any], str]
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         blob = _dump(gm)            # before compiling: the pipeline pads GEMMs in place
+        if kind == "backward":      # compiled at its first call (see the module doc)
+            return output_class()(kind, blob, None, lambda: compile_fn(gm, example_inputs, kind))
         return output_class()(kind, blob, compile_fn(gm, example_inputs, kind))
 
     return Serializable(output_class(), compiler)
@@ -148,24 +153,33 @@ def output_class() -> type:
             """A stitched graph as AOTAutograd's cache sees it: run, or pickled as its
             ATen graph and compiled again on load."""
 
-            def __init__(self, kind: str, blob: bytes | None, run: Callable | None) -> None:
+            def __init__(self, kind: str, blob: bytes | None, run: Callable | None,
+                         build: Callable[[], Callable] | None = None) -> None:
                 super().__init__()
-                self.kind, self.blob, self.run = kind, blob, run
+                self.kind, self.blob, self.run, self.build = kind, blob, run, build
                 self._boxed_call = True
 
             def __call__(self, inputs: Sequence[Any]) -> Any:
-                return self.run(inputs)
+                run = self.run
+                if run is None:   # a backward: compiled now, at its first call
+                    run = self.run = self.build()
+                    self.build = None
+                return run(inputs)
 
             def prepare_for_serialization(self) -> None:
                 # (called on a copy of the live object: the running callable stays there)
                 if self.blob is None:
                     raise RuntimeError("the graph could not be pickled")
-                self.run = None
+                self.run = self.build = None
 
             def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
-                if self.run is not None:
+                if self.run is not None or self.build is not None:
                     return
-                self.run = _load(self.kind, self.blob, example_inputs)
+                build = _load(self.kind, self.blob, example_inputs)
+                if self.kind == "backward":
+                    self.build = build
+                else:
+                    self.run = build()
 
             def set_triton_bundle(self, triton_bundle: Any) -> None:
                 pass
@@ -183,8 +197,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def _load(kind: str, blob: bytes, example_inputs: Sequence[Any]) -> Callable:
-    """A cache hit: the graph back from its bytes, compiled by the running backend."""
+def _load(kind: str, blob: bytes, example_inputs: Sequence[Any]) -> Callable[[], Callable]:
+    """A cache hit: the graph back from its bytes, and what compiles it in the running
+    backend (called at once for a forward, at its first call for a backward)."""
     from torch._guards import detect_fake_mode
     _, _, GraphPickler = _torch_parts()  # type: ignore[misc]
     fake_mode = detect_fake_mode(example_inputs)
@@ -197,7 +212,7 @@ def _load(kind: str, blob: bytes, example_inputs: Sequence[Any]) -> Callable:
     backend = _BACKEND.get()
     if backend is None:
         raise RuntimeError("a stitchml AOTAutograd cache entry loaded outside the stitch backend")
-    return backend.compile_loaded(gm, inputs, kind)
+    return lambda: backend.compile_loaded(gm, inputs, kind)
 
 
 __all__ = ["caching", "identity", "output_class", "refusal", "serializable"]

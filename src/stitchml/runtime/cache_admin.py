@@ -8,7 +8,10 @@
 | `calibration/` | `stitchml calibrate` measurements | device name, torch and Triton versions |
 
 Compiled binaries live in Triton's own cache (keyed by kernel source, target GPU,
-compile options and Triton's version), which `precompile.py` fills in parallel.
+compile options and Triton's version), which `precompile.py` fills in parallel; the
+ATen graphs AOTAutograd made, in torch's AOTAutograd cache (`capture/aot_cache.py`:
+shared with Inductor, so `clear` leaves it; stitch's entries are keyed by its source
+and knobs, so an edited stitchml or a changed knob never reads them).
 """
 from __future__ import annotations
 
@@ -33,6 +36,12 @@ def info() -> str:
         lines.append(f"  compiled binaries: Triton's cache ({triton.knobs.cache.dir})")
     except Exception:  # an older Triton without knobs
         lines.append("  compiled binaries: Triton's cache (TRITON_CACHE_DIR, default ~/.triton/cache)")
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        lines.append(f"  AOTAutograd results: torch's cache ({cache_dir()}/aotautograd, shared with Inductor; "
+                     "knob aot_cache)")
+    except Exception:  # pragma: no cover (a torch without it has no bundled cache either)
+        pass
     return "\n".join(lines)
 
 
