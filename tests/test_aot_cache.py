@@ -194,3 +194,41 @@ def test_the_backward_compiles_at_its_first_call(tmp_path, monkeypatch):
             (torch.sigmoid(norm(x)) * x).square().sum().backward()
             torch.testing.assert_close(got, norm.weight.grad)
             norm.weight.grad = norm.bias.grad = None
+
+
+def test_retained_graphs_run_backward_again(tmp_path, monkeypatch):
+    """backward(retain_graph=True) twice, cold and from the cache: the backward handed
+    over with the forward donates no saved buffer (AOTAutograd would refuse the call)."""
+    from stitchml.capture.backend import StitchBackend
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    w = torch.randn(12, requires_grad=True)
+    with config.override(aot_cache=True):
+        for source in ("", "hit"):
+            torch._dynamo.reset()
+            backend = StitchBackend()
+            x = torch.randn(3, 12)
+            y = torch.compile(lambda a: torch.softmax(a * w, -1).square().sum(), backend=backend)(x)
+            (g1,) = torch.autograd.grad(y, w, retain_graph=True)
+            (g2,) = torch.autograd.grad(y, w)
+            (e,) = torch.autograd.grad(torch.softmax(x * w, -1).square().sum(), w)
+            torch.testing.assert_close(g1, e)
+            torch.testing.assert_close(g2, e)
+            assert [r.aot_cache for r in backend.records] == [source, source]
+
+
+def test_a_retained_backward_after_a_plain_one(tmp_path, monkeypatch):
+    """Without the cache too: a first plain backward compiles the backward; a later
+    backward(retain_graph=True) still runs (stitch takes no donated buffers)."""
+    from stitchml.capture.backend import StitchBackend
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    w = torch.randn(10, requires_grad=True)
+    f = torch.compile(lambda a: torch.tanh(a * w).square().sum(), backend=StitchBackend())
+    with config.override(aot_cache=False):
+        x = torch.randn(4, 10)
+        (g0,) = torch.autograd.grad(f(x), w)
+        y = f(x)
+        (g1,) = torch.autograd.grad(y, w, retain_graph=True)
+        (g2,) = torch.autograd.grad(y, w)
+    (e,) = torch.autograd.grad(torch.tanh(x * w).square().sum(), w)
+    for g in (g0, g1, g2):
+        torch.testing.assert_close(g, e)

@@ -45,6 +45,8 @@ class StitchBackend:
             # a cache hit that failed half-way (an entry torch could not finish loading)
             # left records of graphs that will not run: this cold compile replaces them
             self.records[first:] = [r for r in self.records[first:] if r.aot_cache != "hit"]
+            if kind != "backward":
+                _donate_no_buffers()
             return compile_graph(g, ex, kind, self.records)
 
         # a warm process takes the ATen graphs from AOTAutograd's cache (capture/aot_cache.py)
@@ -67,6 +69,20 @@ class StitchBackend:
         if self.records:
             self.records[-1].aot_cache = "hit"
         return fn
+
+
+def _donate_no_buffers() -> None:
+    """Stitch's backward never writes into the forward's saved tensors, so it takes no
+    donated buffers.  AOTAutograd lists them (`bw_donated_idxs`) for a backward compiler
+    that would, and then refuses `backward(retain_graph=True)` once the backward is
+    compiled — always for a backward compiled with the forward (capture/aot_cache.py)
+    or loaded from its cache, and after a first plain backward otherwise.  Called from
+    our forward compiler, where the tracing context holds the metadata AOTAutograd
+    keeps (its list is shared with the outer metadata the runtime checks)."""
+    ctx = torch._guards.TracingContext.try_get()
+    donated = getattr(getattr(ctx, "fw_metadata", None), "bw_donated_idxs", None)
+    if isinstance(donated, list):
+        donated.clear()
 
 
 def _compile_as(compile_kind: Callable, kind: str, g: torch.fx.GraphModule, ex) -> Callable:
