@@ -23,6 +23,16 @@ Not counted anywhere: capture (Dynamo + AOTAutograd, with stitchml's Dynamo-leve
 pattern rewrites, as the backend does): it is the same for every backend, and is
 shown apart.  The graphs are exactly those the "stitch" backend hands to
 `compiler.compile_graph`.
+
+    python -m stitchml.tools.compile_time --first-call [--layers 12] [--batch 2] [--seq 128]
+
+The whole first training step through `torch.compile(model, backend="stitch")`, capture
+included, in four fresh processes: cold and warm (a second process on the first's cache
+folders), with knob `aot_cache` off and on (AOTAutograd's cache of stitched graphs).
+CPU tensors under TRITON_INTERPRET=1 with the kernel launcher replaced by a no-op: the
+kernels are not run, so the figure is compilation (Dynamo, AOTAutograd, stitch, loading
+kernels) plus the model's library calls (matrix products) on the CPU; Dynamo's own timers
+split it.
 """
 from __future__ import annotations
 
@@ -186,6 +196,72 @@ def measure(layers: int = 12, batch: int = 2, seq: int = 128, aot: bool = False)
     return result
 
 
+_DYNAMO_TIMERS = (("dynamo_s", "bytecode_tracing"), ("backend_s", "OutputGraph.call_user_compiler"),
+                  ("aot_metadata_s", "aot_collect_metadata"), ("aot_joint_trace_s", "aot_trace_joint_graph"))
+
+
+def first_call_once(layers: int, batch: int, seq: int) -> dict:
+    """(In this process: CPU, interpreter mode) the first training step, kernels not run."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    from ..capture.backend import StitchBackend
+    from ..runtime import launcher
+    from .graphstats import bert_base
+    launcher.Launcher.launch = lambda self, grid, args, options: None   # compile path only
+    model, ids = bert_base(batch, seq, layers)
+    backend = StitchBackend()
+    t0 = time.perf_counter()
+    out = torch.compile(model, backend=backend)(ids)
+    t1 = time.perf_counter()
+    out.last_hidden_state.float().sum().backward()
+    t2 = time.perf_counter()
+    times = {k: sum(v) for k, v in compilation_time_metrics.items()}   # Dynamo's own timers, seconds
+    res = {"first_step_s": t2 - t0, "forward_call_s": t1 - t0, "backward_call_s": t2 - t1,
+           "aot_counters": dict(counters["aot_autograd"]), "aot_cache": [r.aot_cache for r in backend.records],
+           "aot_cache_note": backend.aot_cache_note,
+           "stitch_compile_s": sum(r.compile_seconds for r in backend.records)}
+    for key, timer in _DYNAMO_TIMERS:
+        res[key] = float(times.get(timer, 0.0))
+    return res
+
+
+def measure_first_call(layers: int = 12, batch: int = 2, seq: int = 128) -> dict:
+    """Cold and warm first steps with the AOTAutograd cache off and on, each in a fresh process."""
+    rows: dict = {}
+    for aot in ("0", "1"):
+        with tempfile.TemporaryDirectory(prefix="stitchml-first-call-") as cache:
+            env = dict(os.environ, TRITON_INTERPRET="1", STITCHML_AOT_CACHE=aot, STITCHML_PLAN_CACHE="1",
+                       STITCHML_CACHE_DIR=cache, TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "torch"))
+            for run in ("cold", "warm"):
+                cmd = [sys.executable, "-m", "stitchml.tools.compile_time", "--first-one", "--layers", str(layers),
+                       "--batch", str(batch), "--seq", str(seq)]
+                res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+                if res.returncode != 0:
+                    raise RuntimeError(f"measurement process failed:\n{res.stderr[-3000:]}")
+                rows[f"aot_cache={aot} {run}"] = json.loads(res.stdout.strip().splitlines()[-1])
+    return {"model": f"BERT-base training ({layers} layers, b{batch} s{seq}), first step, kernels not run",
+            "machine": f"{os.cpu_count()} cores", "torch": torch.__version__, "rows": rows}
+
+
+def report_first_call(result: dict) -> list[str]:
+    lines = [f"{result['model']} on {result['machine']} (torch {result['torch']})",
+             "  run                 first step   Dynamo trace   backend call (joint trace)   stitch compile   "
+             "AOTAutograd cache"]
+    for name, r in result["rows"].items():
+        state = ",".join(sorted({s or "-" for s in r["aot_cache"]})) if r["aot_cache"] else "-"
+        c = r["aot_counters"]
+        cache = "hit" if c.get("autograd_cache_hit") else "saved" if c.get("autograd_cache_saved") else \
+            (r["aot_cache_note"] or "miss")
+        lines.append(f"  {name:18} {r['first_step_s']:9.2f} s {r['dynamo_s']:11.2f} s {r['backend_s']:10.2f} s "
+                     f"({r['aot_joint_trace_s']:.2f} s) {r['stitch_compile_s']:14.2f} s   {cache} (graphs: {state})")
+    lines.append("  first step = forward + backward call, capture and compile included, kernels not run (launcher a "
+                 "no-op), library calls run on the CPU; Dynamo trace and backend call = Dynamo's own timers "
+                 "(bytecode_tracing; OutputGraph.call_user_compiler: AOTAutograd and stitch's forward compile, or on "
+                 "a cache hit torch's key, the load and stitch's compile of the loaded forward); stitch compile = "
+                 "CompiledGraph.compile_seconds of both graphs")
+    return lines
+
+
 def report(result: dict) -> list[str]:
     cold, warm = result["cold"], result["warm"]
     lines = [f"{result['model']} on {result['machine']} (torch {result['torch']})",
@@ -228,11 +304,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aot", action="store_true",
                     help="also compile the distinct launched kernels for sm_90 (no GPU), serially and in the pool")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--first-call", action="store_true",
+                    help="the whole first training step (capture included), cold and warm, AOTAutograd cache off and on")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--first-one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--aot-mode", choices=("serial", "parallel"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
         print(json.dumps(measure_once(args.layers, args.batch, args.seq, args.aot_mode)))
+        return 0
+    if args.first_one:
+        print(json.dumps(first_call_once(args.layers, args.batch, args.seq)))
+        return 0
+    if args.first_call:
+        result = measure_first_call(args.layers, args.batch, args.seq)
+        print(json.dumps(result, indent=1) if args.json else "\n".join(report_first_call(result)))
         return 0
     result = measure(args.layers, args.batch, args.seq, args.aot)
     print(json.dumps(result, indent=1) if args.json else "\n".join(report(result)))
