@@ -61,3 +61,31 @@ def test_in_place_uniform_and_normal_fills_are_stitched_with_their_range_and_mom
     assert abs(u.std().item() - 8.0 / 12 ** 0.5) < 0.05
     assert abs(n.mean().item() - 2.0) < 0.02 and abs(n.std().item() - 0.5) < 0.02
     assert 0.0 <= u01.min().item() and u01.max().item() < 1.0 and abs(u01.mean().item() - 0.5) < 0.02
+
+
+def test_seeds_of_a_call_are_drawn_at_once_and_differ_per_kernel():
+    """Kernels with random ops in separate launches (an eager matrix product between
+    them) take their seeds from one draw at the start of the call: distinct seeds,
+    new ones each call, the same again under torch.manual_seed."""
+    w = torch.randn(64, 64)
+
+    def f(x):
+        a = torch.nn.functional.dropout(x, 0.5)
+        return torch.nn.functional.dropout(a @ w, 0.5), a
+
+    be = stitchml.StitchBackend()
+    g = torch.compile(f, backend=be)
+    x = torch.randn(64, 64)
+    torch.manual_seed(7)
+    y1, a1 = g(x)
+    src = be.records[0].wrapper_source
+    assert "h0, h1, = _seeds(2)" in src and "_seed()" not in src, src
+    keep = (a1 != 0)
+    # each mask keeps about half, and the two launches' masks are not the same draw
+    assert abs(keep.float().mean().item() - 0.5) < 0.05 and abs((y1 != 0).float().mean().item() - 0.5) < 0.05
+    assert not torch.equal(keep, y1 != 0)
+    torch.manual_seed(7)
+    y2, a2 = g(x)
+    y3, a3 = g(x)
+    assert torch.equal(y1, y2) and torch.equal(a1, a2) and not torch.equal(a1, a3)
+    torch.testing.assert_close(a1, torch.where(keep, x * 2, 0.0))   # eager's scaling of what it keeps

@@ -243,7 +243,7 @@ class Launch:
 
     kernel: str
     grid: int
-    args: tuple[str, ...]        # value names, or `_seed()` / `counter` / `base`
+    args: tuple[str, ...]        # value names, or `counter` / `base`
     num_warps: int
     maxnreg: int | None = None
     writes: tuple[str, ...] = ()
@@ -274,15 +274,20 @@ class Barrier:
 
 @dataclass(frozen=True)
 class DrawSeeds:
-    """Graph mode: the kernels' seeds, redrawn into a device buffer (`s0, s1, ...`:
-    0-d views of it, passed as pointers)."""
+    """The kernels' seeds of one call, drawn at its start from torch's default
+    generator: in graph mode redrawn into a device buffer (`s0, s1, ...`: 0-d views of
+    it, passed as pointers), else as Python ints (`h0, h1, ...`) in one draw (a draw a
+    launch cost a tensor and an `.item()` each: 37 a BERT training forward)."""
 
     count: int
+    host: bool = False
 
     def reads(self) -> tuple[str, ...]:
         return ()
 
     def render(self) -> str:
+        if self.host:
+            return "".join(f"h{j}, " for j in range(self.count)) + f"= _seeds({self.count})"
         return "".join(f"s{j}, " for j in range(self.count)) + "= SEEDS.draw()"
 
 

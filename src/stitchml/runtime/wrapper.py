@@ -54,12 +54,13 @@ class ProgramBuilder:
         # CUDA-graph mode: seeds read from a device buffer, barrier counters zeroed per launch
         self.device_seeds = device_seeds
         self.nseeds = 0
+        self.nhost = 0   # host-drawn seeds (not graph mode)
         self.sources = sources
         self.steps: list = []
         self.names: dict[int, str] = {}
         self.known: dict[str, Layout] = {}     # names whose layout is known at compile time
         self.checker = Checker()
-        self.consts: dict[str, Any] = {"torch": torch, "DEVICE": device, "_seed": _seed, "_view": _view,
+        self.consts: dict[str, Any] = {"torch": torch, "DEVICE": device, "_seeds": _seeds, "_view": _view,
                                        "CHECK": self.checker}
         self.nconst = 0
         self.device = device
@@ -194,6 +195,8 @@ class ProgramBuilder:
         if self.nseeds:
             self.consts["SEEDS"] = SeedBuffer(self.nseeds, self.device)
             self.steps.insert(0, DrawSeeds(self.nseeds))
+        if self.nhost:
+            self.steps.insert(0, DrawSeeds(self.nhost, host=True))
         steps = reuse_buffers(self.steps) if config.get("reuse_buffers") and not self.generic else self.steps
         steps = insert_frees(steps, len(self.g.inputs))
         return Program(steps, len(self.g.inputs), self.consts)
@@ -232,7 +235,8 @@ class ProgramBuilder:
                 args.append(f"s{self.nseeds}")
                 self.nseeds += 1
             elif pkind == "seed":
-                args.append("_seed()")
+                args.append(f"h{self.nhost}")
+                self.nhost += 1
             elif pkind == "partial":
                 pname = f"p{nid}"
                 if pname not in self.partials:  # allocated by the producing kernel, read by its combine
@@ -450,9 +454,9 @@ class _BarrierCounter:
         return self.counter, 0
 
 
-def _seed() -> int:
+def _seeds(n: int) -> list[int]:
     # drawn from torch's default generator: reproducible under torch.manual_seed
-    return int(torch.randint(0, 2**31 - 1, (1,)).item())
+    return torch.randint(0, 2**31 - 1, (n,)).tolist()
 
 
 def build_program(plan: Plan, sources: dict[str, KernelSource], device: torch.device,
