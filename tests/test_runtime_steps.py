@@ -271,3 +271,17 @@ def test_masked_attention_runs_only_matrix_products_eagerly():
     eager = [s.op for s in plan.steps if not hasattr(s, "members")]
     assert eager == ["aten.bmm.default", "aten.bmm.default"], eager   # no softmax / where / isneginf / any
     assert plan.num_kernels == 1   # scale, mask, safe softmax: one kernel between the products
+
+
+def test_buffers_are_allocated_through_the_fast_entry_on_their_device():
+    from stitchml.runtime.wrapper import empty_strided_on
+    cpu = empty_strided_on(torch.device("cpu"))
+    t = cpu((3, 4), (1, 3), torch.bfloat16)
+    assert (t.shape, t.stride(), t.dtype, t.device.type) == ((3, 4), (1, 3), torch.bfloat16, "cpu")
+    assert cpu is not empty_strided_on(torch.device("meta"))
+    m = empty_strided_on(torch.device("meta"))((2, 5), (5, 1), torch.float16)
+    assert (m.shape, m.stride(), m.dtype, m.device.type) == ((2, 5), (5, 1), torch.float16, "meta")
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            g = empty_strided_on(torch.device("cuda", i))((4,), (1,), torch.float32)
+            assert g.device == torch.device("cuda", i)

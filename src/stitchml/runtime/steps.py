@@ -187,7 +187,7 @@ class Alloc:
         elif self.zero:
             return f"{self.name} = torch.zeros({self.shape}, dtype={self.dtype}, device=DEVICE)"
         else:
-            text = f"torch.empty_strided({self.shape}, {self.stride}, dtype={self.dtype}, device=DEVICE)"
+            text = f"EMPTY({self.shape}, {self.stride}, {self.dtype})"
         if self.poison:
             value = "float('nan')" if self.dtype.is_floating_point else (
                 "True" if self.dtype == torch.bool else str(torch.iinfo(self.dtype).max))

@@ -61,7 +61,7 @@ class ProgramBuilder:
         self.known: dict[str, Layout] = {}     # names whose layout is known at compile time
         self.checker = Checker()
         self.consts: dict[str, Any] = {"torch": torch, "DEVICE": device, "_seeds": _seeds, "_view": _view,
-                                       "CHECK": self.checker}
+                                       "CHECK": self.checker, "EMPTY": empty_strided_on(device)}
         self.nconst = 0
         self.device = device
         self.partials: set[str] = set()
@@ -452,6 +452,33 @@ class _BarrierCounter:
         else:
             self.counter.zero_()
         return self.counter, 0
+
+
+def empty_strided_on(device: torch.device) -> Callable[[tuple, tuple, torch.dtype], torch.Tensor]:
+    """`EMPTY(size, stride, dtype)` of the wrappers: an uninitialised buffer on `device`.
+    torch's C++ allocation entry points (what Inductor's wrappers call) skip the Python
+    argument parser of `torch.empty_strided`: 1.1 against 4.2 µs an allocation on the
+    2-core CPU, for ~300 buffers a BERT-base training step.  The CUDA one allocates on
+    the *current* device, so it is taken only while that is `device`."""
+    try:
+        from torch._C._dynamo.guards import _empty_strided_cpu, _empty_strided_cuda
+    except ImportError:  # pragma: no cover (older torch)
+        _empty_strided_cpu = _empty_strided_cuda = None
+
+    def portable(size, stride, dtype):
+        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+    if device.type == "cpu" and _empty_strided_cpu is not None:
+        return _empty_strided_cpu
+    if device.type != "cuda" or _empty_strided_cuda is None or torch.cuda.device_count() == 0:
+        return portable   # (no CUDA here: a wrapper built for a GPU is only rendered)
+    if device.index is None or torch.cuda.device_count() == 1:
+        return _empty_strided_cuda   # "cuda" is the current device; or the only one
+    index, current = device.index, torch.cuda.current_device
+
+    def on_device(size, stride, dtype):
+        return _empty_strided_cuda(size, stride, dtype) if current() == index else portable(size, stride, dtype)
+    return on_device
 
 
 def _seeds(n: int) -> list[int]:
