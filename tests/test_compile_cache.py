@@ -67,6 +67,29 @@ def test_equal_bodies_share_one_triton_function(tmp_path):
     assert fns["a"] is fns["b"] and fns["a"] is not fns["c"]
 
 
+def test_kernel_modules_share_one_helpers_module(tmp_path):
+    """The helpers (triton_ops.PRELUDE) are built once per process, not once per kernel
+    module: module files hold the kernel alone, and every kernel calls the same helper
+    objects."""
+    with config.override(cache_dir=str(tmp_path)):
+        body = "@triton.jit\ndef {}(x):\n    tl.store(x + tl.arange(0, 4), _nanmax({}, 1.0))\n"
+        fns = kernel_cache.load_kernels({"a": body.format("k1", "0.5"), "b": body.format("k2", "2.5")})
+        x = torch.full((4,), -7.0)
+        fns["a"][(1,)](x)
+        assert x.tolist() == [1.0] * 4
+        fns["b"][(1,)](x)
+        assert x.tolist() == [2.5] * 4
+    kernels = sorted((tmp_path / "kernels").glob("sk_*.py"))
+    assert len(kernels) == 2, kernels
+    for f in kernels:
+        text = f.read_text()
+        assert "def _nanmax" not in text and len(text) < 400, text
+    # (the helpers' file is written where the process first loaded a kernel)
+    shared = kernel_cache.prelude_namespace()["_nanmax"]
+    mods = [m for m in kernel_cache._MODULES.values() if hasattr(m, "KERNEL")]
+    assert len(mods) >= 2 and all(m.__dict__["_nanmax"] is shared for m in mods)
+
+
 SCRIPT = textwrap.dedent("""
     import os, sys, json, time
     os.environ["TRITON_INTERPRET"] = "1"

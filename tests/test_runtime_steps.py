@@ -281,6 +281,8 @@ def test_buffers_are_allocated_through_the_fast_entry_on_their_device():
     assert cpu is not empty_strided_on(torch.device("meta"))
     m = empty_strided_on(torch.device("meta"))((2, 5), (5, 1), torch.float16)
     assert (m.shape, m.stride(), m.dtype, m.device.type) == ((2, 5), (5, 1), torch.float16, "meta")
+    # one object per device: dynamic templates compare the wrappers' constants between sizes
+    assert all(empty_strided_on(torch.device(d)) is empty_strided_on(torch.device(d)) for d in ("cuda", "cuda:1"))
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             g = empty_strided_on(torch.device("cuda", i))((4,), (1,), torch.float32)

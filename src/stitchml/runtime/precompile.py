@@ -134,11 +134,8 @@ def job_for(ks: KernelSource, graph, text: str | None = None,
 
 
 def _load_function(path: str):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(f"stitchml_pre_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.KERNEL
+    from .kernel_cache import exec_kernel_module
+    return exec_kernel_module(Path(path), f"stitchml_pre_{Path(path).stem}").KERNEL
 
 
 def _warm_up(job: Job) -> float:

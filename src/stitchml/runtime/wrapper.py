@@ -17,6 +17,7 @@ straight-line Python function and executed.  No plan is interpreted at call time
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable
 
@@ -454,6 +455,7 @@ class _BarrierCounter:
         return self.counter, 0
 
 
+@functools.lru_cache(maxsize=None)   # one object per device: wrappers compare their constants
 def empty_strided_on(device: torch.device) -> Callable[[tuple, tuple, torch.dtype], torch.Tensor]:
     """`EMPTY(size, stride, dtype)` of the wrappers: an uninitialised buffer on `device`.
     torch's C++ allocation entry points (what Inductor's wrappers call) skip the Python
