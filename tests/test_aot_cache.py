@@ -232,3 +232,83 @@ def test_a_retained_backward_after_a_plain_one(tmp_path, monkeypatch):
     (e,) = torch.autograd.grad(torch.tanh(x * w).square().sum(), w)
     for g in (g0, g1, g2):
         torch.testing.assert_close(g, e)
+
+
+def test_inputs_that_share_storage_or_start_elsewhere_are_other_entries():
+    """torch's key leaves out which inputs alias and their storage offsets; both change
+    the graphs (a write through a view of another input, as_strided's absolute offset)."""
+    a = torch.randn(4, 8)
+    sig = aot_cache.input_storage_signature
+    assert sig([a, a[1]]) != sig([a, torch.randn(8)])
+    big = torch.randn(64)
+    assert sig([big[0:32]]) != sig([big[16:48]])
+    assert sig([big[16:48]]) == sig([torch.randn(64)[16:48]]) and sig([a, 3]) == sig([torch.randn(4, 8), 5])
+
+
+def _cold_then_hit(tmp_path, monkeypatch, fn, *inputs, check):
+    from stitchml.capture.backend import StitchBackend
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    backends = []
+    with config.override(aot_cache=True):
+        for _ in range(2):
+            torch._dynamo.reset()
+            backends.append(StitchBackend())
+            check(torch.compile(fn, backend=backends[-1])(*inputs))
+    return backends
+
+
+def test_graphs_with_stitch_pattern_functions_are_cached(tmp_path, monkeypatch):
+    """The fused linear + cross-entropy the pattern rewrite puts in the Dynamo graph is a
+    Python function torch would not cache without being told it is stitch's."""
+    lin = torch.nn.Linear(16, 40)
+    x, t = torch.randn(12, 16), torch.randint(0, 40, (12,))
+
+    def loss(a, b):
+        return torch.nn.functional.cross_entropy(lin(a), b)
+
+    def check(out):
+        out.backward()
+        got = lin.weight.grad.clone()
+        lin.weight.grad = lin.bias.grad = None
+        ref = loss(x, t)
+        ref.backward()
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(got, lin.weight.grad)
+        lin.weight.grad = lin.bias.grad = None
+
+    cold, warm = _cold_then_hit(tmp_path, monkeypatch, loss, x, t, check=check)
+    assert any(p.applied and p.pattern == "linear_ce" for p in cold.patterns)
+    assert [r.aot_cache for r in warm.records] == ["hit", "hit"] and warm.aot_cache_note is None
+
+
+def test_a_late_backward_keeps_the_hits_of_other_graphs(tmp_path, monkeypatch):
+    """Two graphs (a graph break); the second process changes the first graph only: its
+    backward compiles cold, after the second graph was loaded from the cache, and must
+    leave that graph's records alone."""
+    from stitchml.capture.backend import StitchBackend
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    w = torch.randn(10, requires_grad=True)
+    x = torch.randn(3, 10)
+
+    def make(scale):
+        def f(a):
+            h = torch.tanh(a * w * scale)
+            torch._dynamo.graph_break()
+            return torch.sigmoid(h).sum()
+        return f
+
+    backends = []
+    with config.override(aot_cache=True):
+        for scale in (2.0, 3.0):
+            torch._dynamo.reset()
+            backends.append(StitchBackend())
+            torch.compile(make(scale), backend=backends[-1])(x).backward()
+            got = w.grad.clone()
+            w.grad = None
+            make(scale)(x).backward()
+            torch.testing.assert_close(got, w.grad)
+            w.grad = None
+    cold, warm = backends
+    assert len(cold.records) == 4
+    assert sorted((r.kind, r.aot_cache) for r in warm.records) == [
+        ("backward", ""), ("backward", "hit"), ("forward", ""), ("forward", "hit")]

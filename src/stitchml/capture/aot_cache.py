@@ -14,10 +14,12 @@ backward as `OutputCode` objects (torch's "regional Inductor" is the other such 
   binaries) make that cheap: the entry never holds generated code, so it cannot run
   kernels an older stitchml generated.
 - The key is torch's (the Dynamo graph, input metadata, grad mode, autocast,
-  deterministic algorithms, torch's configs) plus stitch's identity through
-  `torch.compiler.config.cache_key_tag`: the hash of stitchml's source (decompositions,
-  pattern rewrites, the partitioner live there) and every knob.  Inductor's entries and
-  ours never meet; an edited checkout or a changed knob misses.
+  deterministic algorithms, torch's configs) plus, through
+  `torch.compiler.config.cache_key_tag`, stitch's identity (the hash of stitchml's
+  source — decompositions, pattern rewrites, the partitioner live there — and every
+  knob) and the inputs' storage sharing and offsets (`input_storage_signature`).
+  Inductor's entries and ours never meet; an edited checkout or a changed knob misses.
+  The functions stitch's pattern rewrites call are marked cacheable for torch.
 - Only graphs with static sizes are cached (a symbolic graph's entry would need its
   guards replayed on stitch's bucketed kernels).  A damaged entry is torch's business:
   its loader treats any failure as a miss and compiles cold.
@@ -95,16 +97,57 @@ def identity() -> str:
     return h.hexdigest()[:20]
 
 
+def input_storage_signature(example_inputs: Sequence[Any]) -> str:
+    """Which inputs share a storage, and where each starts in its storage.  torch's key
+    leaves both out, yet both change what the graphs compute: an input written through
+    another input's view, `as_strided` addressing its storage from an absolute offset
+    (stitch lowers it at the traced offset).  A review found each: an entry from one
+    process gave a wrong answer, or a crash, to another calling with other aliasing."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    groups: dict[Any, int] = {}
+    parts = []
+    for x in example_inputs:
+        if not isinstance(x, torch.Tensor):
+            parts.append("-")
+            continue
+        try:
+            group = groups.setdefault(StorageWeakRef(x.untyped_storage()), len(groups))
+        except Exception:   # (a tensor without a storage of its own)
+            group = -1
+        parts.append(f"{group}@{x.storage_offset()}")
+    return hashlib.sha256(",".join(parts).encode()).hexdigest()[:16]
+
+
+def _stitch_functions(gm: torch.fx.GraphModule) -> dict[str, str]:
+    """Plain Python functions stitch's pattern rewrites put in the Dynamo graph (the
+    fused linear + cross-entropy, ...), as torch's `unsafe_marked_cacheable_functions`
+    wants them: torch refuses to cache a graph calling a function it does not know,
+    and what these do is stitch's source, already in the key."""
+    out = {}
+    for n in gm.graph.nodes:
+        module = getattr(n.target, "__module__", "") or ""
+        if n.op == "call_function" and module.startswith("stitchml.") and hasattr(n.target, "__name__"):
+            out[f"{module}.{n.target.__name__}"] = identity()
+    return out
+
+
 @contextlib.contextmanager
-def caching(backend: Any) -> Iterator[None]:
-    """Around one AOTAutograd call: the bundled cache on, keyed by stitch's identity,
-    the backward compiled with the forward, and `backend` where a hit compiles."""
+def caching(backend: Any, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Iterator[None]:
+    """Around one AOTAutograd call: the bundled cache on, keyed by stitch's identity and
+    the inputs' storage sharing, the backward handed over with the forward, and
+    `backend` where a hit compiles."""
     import torch._functorch.config as fconfig
-    tag = torch.compiler.config.cache_key_tag
+    import torch._inductor.config as iconfig
+    tag = f"{torch.compiler.config.cache_key_tag}|stitchml-{identity()}-{input_storage_signature(example_inputs)}"
+    marked = _stitch_functions(gm)
     token = _BACKEND.set(backend)
     try:
-        with fconfig.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True), \
-                torch.compiler.config.patch(cache_key_tag=f"{tag}|stitchml-{identity()}"):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(fconfig.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True))
+            stack.enter_context(torch.compiler.config.patch(cache_key_tag=tag))
+            if marked and hasattr(iconfig, "unsafe_marked_cacheable_functions"):
+                stack.enter_context(iconfig.patch(unsafe_marked_cacheable_functions={
+                    **iconfig.unsafe_marked_cacheable_functions, **marked}))
             yield
     finally:
         _BACKEND.reset(token)

@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.utils import counters
 
 from .. import config, fallback, patterns
 from ..compiler import CompiledGraph, compile_graph
@@ -42,10 +43,10 @@ class StitchBackend:
         first = len(self.records)
 
         def compile_kind(g, ex, kind):
-            # a cache hit that failed half-way (an entry torch could not finish loading)
-            # left records of graphs that will not run: this cold compile replaces them
-            self.records[first:] = [r for r in self.records[first:] if r.aot_cache != "hit"]
-            if kind != "backward":
+            if kind != "backward":   # (inside this call: a backward may compile much later)
+                # a cache hit that failed half-way (an entry torch could not finish loading)
+                # left records of graphs that will not run: this cold compile replaces them
+                self.records[first:] = [r for r in self.records[first:] if r.aot_cache != "hit"]
                 _donate_no_buffers()
             return compile_graph(g, ex, kind, self.records)
 
@@ -54,14 +55,19 @@ class StitchBackend:
         if self.aot_cache_note is None:
             fw = aot_cache.serializable(compile_kind, fw_kind)
             bw = aot_cache.serializable(compile_kind, "backward")
-            scope = aot_cache.caching(self)
+            scope = aot_cache.caching(self, gm, example_inputs)
         else:
             fw = functools.partial(_compile_as, compile_kind, fw_kind)
             bw = functools.partial(_compile_as, compile_kind, "backward")
             scope = contextlib.nullcontext()
+        bypassed = counters["aot_autograd"]["autograd_cache_bypass"]
         with scope:
-            return aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=fw,
-                                decompositions=decomposition_table(), partition_fn=partitioner())(gm, example_inputs)
+            compiled = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=fw,
+                                    decompositions=decomposition_table(), partition_fn=partitioner())(gm, example_inputs)
+        if self.aot_cache_note is None and counters["aot_autograd"]["autograd_cache_bypass"] > bypassed:
+            self.aot_cache_note = ("torch's AOTAutograd cache bypassed this graph (torch logs why at INFO: "
+                                   "torch._functorch._aot_autograd.autograd_cache)")
+        return compiled
 
     def compile_loaded(self, gm: torch.fx.GraphModule, example_inputs, kind: str) -> Callable:
         """A graph from AOTAutograd's cache (a warm process), compiled like any other."""
