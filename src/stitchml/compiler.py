@@ -21,6 +21,7 @@ from . import config, pipeline
 from .capture.pad_gemm import pad_gemms
 from .codegen.kernel_source import KernelSource
 from .dynamic.runner import compile_dynamic, is_symbolic
+from .dynamic.shapes import data_dependent_size
 from .fallback import graph_falls_back, may_fall_back
 from .ir.nodes import Graph
 from .lower.registry import Unsupported
@@ -83,6 +84,10 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
         if device.type == "cpu" and not _interpreter_on():
             raise Unsupported("CPU tensors: kernels need a GPU, or TRITON_INTERPRET=1 set before triton is "
                               "imported (the Triton interpreter)")
+        nd = data_dependent_size(gm)
+        if nd is not None:
+            raise Unsupported(f"a size that depends on tensor values (Dynamo's capture_dynamic_output_shape_ops): "
+                              f"{nd}; kernels are planned from sizes the inputs give")
         if is_symbolic(gm):  # sizes known only at run time: kernels compiled per mapping bucket
             cuda_graphs.enabled(kind, device, rec, dynamic=True)  # (records why not)
             return compile_dynamic(gm, kind, device, rec)

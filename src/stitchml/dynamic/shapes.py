@@ -33,6 +33,23 @@ def is_symbolic(gm: fx.GraphModule) -> bool:
     return False
 
 
+def data_dependent_size(gm: fx.GraphModule) -> str | None:
+    """The first node whose size depends on tensor *values* (an unbacked symbol: a
+    boolean-mask index or `nonzero` traced with Dynamo's
+    `capture_dynamic_output_shape_ops`), or None.  Kernels are planned from sizes the
+    inputs give, so such a graph runs eagerly with this reason."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        try:
+            found = free_unbacked_symbols(v) if v is not None else ()
+        except Exception:   # (a value the helper does not walk: no symbols of ours either)
+            found = ()
+        if found:
+            return f"{n.name} ({n.target})"
+    return None
+
+
 def _expr(x: Any, shape_env) -> sympy.Expr:
     if isinstance(x, torch.SymInt):
         return shape_env.simplify(x.node.expr) if shape_env is not None else x.node.expr
