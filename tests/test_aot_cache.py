@@ -312,3 +312,18 @@ def test_a_late_backward_keeps_the_hits_of_other_graphs(tmp_path, monkeypatch):
     assert len(cold.records) == 4
     assert sorted((r.kind, r.aot_cache) for r in warm.records) == [
         ("backward", ""), ("backward", "hit"), ("forward", ""), ("forward", "hit")]
+
+
+def test_an_unpicklable_graph_is_compiled_not_cached_and_says_so(tmp_path, monkeypatch, caplog):
+    from stitchml.capture.backend import StitchBackend
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(aot_cache, "_dump", lambda gm: None)   # as if GraphPickler refused it
+    w = torch.randn(16, requires_grad=True)
+    x = torch.randn(8, 16)
+    be = StitchBackend()
+    with config.override(aot_cache=True):
+        y = torch.compile(lambda a: (a * w).tanh().sum(-1), backend=be)(x)
+    torch.testing.assert_close(y, (x * w).tanh().sum(-1))
+    assert "bypassed" in be.aot_cache_note
+    assert not any("unable to serialize" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert not any(p.is_file() for p in tmp_path.rglob("*") if "aotautograd" in str(p))
