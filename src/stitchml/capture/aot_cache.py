@@ -118,7 +118,7 @@ def input_storage_signature(example_inputs: Sequence[Any]) -> str:
     return hashlib.sha256(",".join(parts).encode()).hexdigest()[:16]
 
 
-def _stitch_functions(gm: torch.fx.GraphModule) -> dict[str, str]:
+def _stitch_functions(gm: torch.fx.GraphModule, ident: str) -> dict[str, str]:
     """Plain Python functions stitch's pattern rewrites put in the Dynamo graph (the
     fused linear + cross-entropy, ...), as torch's `unsafe_marked_cacheable_functions`
     wants them: torch refuses to cache a graph calling a function it does not know,
@@ -127,7 +127,7 @@ def _stitch_functions(gm: torch.fx.GraphModule) -> dict[str, str]:
     for n in gm.graph.nodes:
         module = getattr(n.target, "__module__", "") or ""
         if n.op == "call_function" and module.startswith("stitchml.") and hasattr(n.target, "__name__"):
-            out[f"{module}.{n.target.__name__}"] = identity()
+            out[f"{module}.{n.target.__name__}"] = ident
     return out
 
 
@@ -138,8 +138,9 @@ def caching(backend: Any, gm: torch.fx.GraphModule, example_inputs: Sequence[Any
     `backend` where a hit compiles."""
     import torch._functorch.config as fconfig
     import torch._inductor.config as iconfig
-    tag = f"{torch.compiler.config.cache_key_tag}|stitchml-{identity()}-{input_storage_signature(example_inputs)}"
-    marked = _stitch_functions(gm)
+    ident = identity()
+    tag = f"{torch.compiler.config.cache_key_tag}|stitchml-{ident}-{input_storage_signature(example_inputs)}"
+    marked = _stitch_functions(gm, ident)
     token = _BACKEND.set(backend)
     try:
         with contextlib.ExitStack() as stack:
