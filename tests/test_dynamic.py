@@ -374,17 +374,19 @@ def test_sizes_with_a_modulo_do_not_break_the_template():
     assert all(r.eager_reason is None for r in be.records)
 
 
-def test_value_dependent_sizes_run_eagerly_with_their_reason(monkeypatch):
+def test_value_dependent_sizes_run_eagerly_with_their_reason():
     """A boolean-mask index traced with capture_dynamic_output_shape_ops has a size
     known only from the data: the graph runs eagerly and says why (it crashed in the
     code generator); under strict mode it is an error naming the op."""
-    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
-    be = stitchml.StitchBackend()
-    x = torch.randn(8, 16)
-    with pytest.warns(UserWarning, match="depends on tensor values"):
-        out = torch.compile(lambda a: (a[a > 0] * 2).exp().sum(), backend=be)(x)
-    torch.testing.assert_close(out, (x[x > 0] * 2).exp().sum())
-    assert "aten.index.Tensor" in be.records[0].eager_reason
-    torch._dynamo.reset()
-    with config.override(strict=True), pytest.raises(Exception, match="depends on tensor values"):
-        torch.compile(lambda a: (a[a > 0] * 3).sum(), backend=stitchml.StitchBackend())(x)
+    # (the config's own patch: monkeypatch.setattr would delete the option on undo)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        be = stitchml.StitchBackend()
+        x = torch.randn(8, 16)
+        with pytest.warns(UserWarning, match="depends on tensor values"):
+            out = torch.compile(lambda a: (a[a > 0] * 2).exp().sum(), backend=be)(x)
+        torch.testing.assert_close(out, (x[x > 0] * 2).exp().sum())
+        assert "aten.index.Tensor" in be.records[0].eager_reason
+        torch._dynamo.reset()
+        with config.override(strict=True), pytest.raises(Exception, match="depends on tensor values"):
+            torch.compile(lambda a: (a[a > 0] * 3).sum(), backend=stitchml.StitchBackend())(x)
+    assert torch._dynamo.config.capture_dynamic_output_shape_ops is False
