@@ -57,8 +57,8 @@ class StitchBackend:
             bw = aot_cache.serializable(compile_kind, "backward")
             scope = aot_cache.caching(self, gm, example_inputs)
         else:
-            fw = functools.partial(_compile_as, compile_kind, fw_kind)
-            bw = functools.partial(_compile_as, compile_kind, "backward")
+            fw = functools.partial(compile_kind, kind=fw_kind)
+            bw = functools.partial(compile_kind, kind="backward")
             scope = contextlib.nullcontext()
         bypassed = counters["aot_autograd"]["autograd_cache_bypass"]
         with scope:
@@ -89,10 +89,6 @@ def _donate_no_buffers() -> None:
     donated = getattr(getattr(ctx, "fw_metadata", None), "bw_donated_idxs", None)
     if isinstance(donated, list):
         donated.clear()
-
-
-def _compile_as(compile_kind: Callable, kind: str, g: torch.fx.GraphModule, ex) -> Callable:
-    return compile_kind(g, ex, kind)
 
 
 _NOT_WRITES = frozenset({"requires_grad_"})   # in-place by name, but no data written

@@ -162,15 +162,20 @@ def _run(cache: str, args: argparse.Namespace, aot: str | None = None) -> dict:
     env.setdefault("STITCHML_DEVICE", "H100")   # plan for the GPU the kernels are for
     if aot:   # Triton caches what it compiles: each AOT run starts from an empty cache
         env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"triton-{aot}-", dir=cache)
-    cmd = [sys.executable, "-m", "stitchml.tools.compile_time", "--one", "--layers", str(args.layers),
-           "--batch", str(args.batch), "--seq", str(args.seq)] + (["--aot-mode", aot] if aot else [])
     t0 = time.perf_counter()
+    out = _child(["--one", "--layers", str(args.layers), "--batch", str(args.batch), "--seq", str(args.seq)]
+                 + (["--aot-mode", aot] if aot else []), env)
+    out["process_s"] = time.perf_counter() - t0
+    return out
+
+
+def _child(args: list[str], env: dict[str, str]) -> dict:
+    """This tool's hidden mode `args` in a fresh process: the JSON object it prints last."""
+    cmd = [sys.executable, "-m", "stitchml.tools.compile_time", *args]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     if res.returncode != 0:
         raise RuntimeError(f"measurement process failed:\n{res.stderr[-3000:]}")
-    out = json.loads(res.stdout.strip().splitlines()[-1])
-    out["process_s"] = time.perf_counter() - t0
-    return out
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def measure(layers: int = 12, batch: int = 2, seq: int = 128, aot: bool = False) -> dict:
@@ -233,12 +238,8 @@ def measure_first_call(layers: int = 12, batch: int = 2, seq: int = 128) -> dict
             env = dict(os.environ, TRITON_INTERPRET="1", STITCHML_AOT_CACHE=aot, STITCHML_PLAN_CACHE="1",
                        STITCHML_CACHE_DIR=cache, TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "torch"))
             for run in ("cold", "warm"):
-                cmd = [sys.executable, "-m", "stitchml.tools.compile_time", "--first-one", "--layers", str(layers),
-                       "--batch", str(batch), "--seq", str(seq)]
-                res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-                if res.returncode != 0:
-                    raise RuntimeError(f"measurement process failed:\n{res.stderr[-3000:]}")
-                rows[f"aot_cache={aot} {run}"] = json.loads(res.stdout.strip().splitlines()[-1])
+                rows[f"aot_cache={aot} {run}"] = _child(["--first-one", "--layers", str(layers), "--batch",
+                                                         str(batch), "--seq", str(seq)], env)
     return {"model": f"BERT-base training ({layers} layers, b{batch} s{seq}), first step, kernels not run",
             "machine": f"{os.cpu_count()} cores", "torch": torch.__version__, "rows": rows}
 
