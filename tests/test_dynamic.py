@@ -326,12 +326,12 @@ def test_templates_load_through_the_pipeline_with_their_compile_jobs(monkeypatch
         return real_load(code, consts, texts, device, times, jobs, program)
     monkeypatch.setattr(pipeline, "build_callable", spy)
     launched = []
-    real_launch = Launcher.launch
+    real_jit = Launcher.jit
 
-    def record(self, grid, args, options):
+    def record(self, grid, args, options):   # (the interpreter: every launch goes through the JIT)
         launched.append(args)
-        return real_launch(self, grid, args, options)
-    monkeypatch.setattr(Launcher, "launch", record)
+        return real_jit(self, grid, args, options)
+    monkeypatch.setattr(Launcher, "jit", record)
 
     backend = stitchml.StitchBackend()
     f = torch.compile(_softmax_ln, backend=backend)

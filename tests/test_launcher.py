@@ -133,6 +133,75 @@ def test_names_sharing_a_function_share_a_launcher():
     assert launchers["k0"] is launchers["k1"] and launchers["k0"] is not launchers["k2"]
 
 
+# ----------------------------------------------------------------------------- launch lines (`Site`)
+
+def _site(fn, checks, grid=(5,)):
+    namespace = {}
+    k = _launcher(fn)
+    namespace["_L0"] = k.site(namespace, "_L0", grid, checks, num_warps=4)
+    return k, namespace
+
+
+def test_a_launch_line_binds_a_generated_function_into_the_wrapper_namespace():
+    fn = FakeJit()
+    k, ns = _site(fn, "c.")
+    site = ns["_L0"]
+    a, own = Ptr(4096), Ptr(8192)
+    ns["_L0"](a, own, 5)
+    fast = ns["_L0"]
+    assert fn.log[0] == ("jit", (5,), (a, own, 5), {"num_warps": 4})
+    assert fast is not site and fast.site is site and site.fast is fast
+    fast(a, own, 5)
+    assert fn.log[1] == ("direct", (5, 1, 1), 1234, "fn-handle", ("meta",), (a, own, 5))
+    # the wrapper's source executed again (its lean version) gets the bound function back
+    assert k.site(ns, "_L0", (5,), "c.", num_warps=4) is fast
+
+
+def test_a_launch_line_checks_only_what_can_change_between_calls():
+    fn = FakeJit()
+    _, ns = _site(fn, "c.")
+    ns["_L0"](Ptr(4096), Ptr(8192), 5)
+    fast = ns["_L0"]
+    fast(Ptr(4096), Ptr(4100), 7)                    # position 1 is the wrapper's own buffer: not checked
+    assert fn.log[-1][0] == "direct"
+    fast(Ptr(4100), Ptr(8192), 7)                    # a misaligned input: the JIT compiles its variant
+    fast(Ptr(4096, torch.bfloat16), Ptr(8192), 7)    # an input of another dtype
+    fast(Ptr(4096), Ptr(8192), 16)                   # an integer that became a multiple of 16 (past the mask)
+    assert [e[0] for e in fn.log[-3:]] == ["jit", "jit", "jit"]
+    fast(Ptr(8192), Ptr(4096), 9)                    # the bound specialisation again
+    assert fn.log[-1][0] == "direct" and ns["_L0"] is fast
+
+
+def test_a_launch_line_keeps_the_jit_under_the_interpreter_and_with_the_knob_off():
+    class Interpreted(FakeJit):
+        def __getitem__(self, grid):
+            def call(*args, **options):
+                self.log.append(("jit", grid, args, options))
+            return call
+    for fn, knob in ((Interpreted(), True), (FakeJit(), False)):
+        _, ns = _site(fn, "..")
+        site = ns["_L0"]
+        with config.override(direct_launch=knob):
+            for _ in range(3):
+                ns["_L0"](Ptr(4096), Ptr(4096), 3)
+        assert ns["_L0"] is site and [e[0] for e in fn.log] == ["jit"] * 3
+
+
+def test_wrapper_marks_its_own_buffers_and_checks_the_rest():
+    from stitchml.runtime.steps import Alloc, EagerCall, Launch, Layout, View
+    from stitchml.runtime.wrapper import mark_checks
+    steps = [Alloc("v1", (4, 8), (8, 1), torch.float32),
+             View("v2", "v1", Layout((8, 4), (1, 8), 0)),
+             View("v3", "v1", Layout((4, 4), (8, 1), 4)),
+             View("v4", "a0", Layout((8, 4), (1, 8), 0)),
+             EagerCall("v5", "C1", (), (), ("a0",)),
+             Alloc("v6", (4,), (1,), torch.float32, reuse="v1"),
+             Launch("k0", 2, ("a0", "v1", "v2", "v3", "v4", "v5", "v6", "h0"), 4)]
+    assert mark_checks(steps)[-1].checks == "c...cc.c"
+    # a dynamic template's views may move with the sizes: checked
+    assert mark_checks(steps, generic=True)[-1].checks == "c.cccc.c"
+
+
 @pytest.mark.gpu
 def test_direct_launch_matches_the_jit_on_a_gpu():
     import triton

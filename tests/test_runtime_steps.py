@@ -47,12 +47,17 @@ def test_step_list_of_a_small_graph():
     assert (check.name, check.shape, check.stride, check.dtype) == (mm.name, (4, 16), (16, 1), torch.float32)
     assert (alloc.shape, alloc.stride, alloc.dtype, alloc.reuse) == ((4, 16), (16, 1), torch.float32, None)
     assert launch.kernel == plan.kernels[0].name and launch.args == (mm.name, alloc.name)
+    # the eager result's specialisation is checked at each launch, the wrapper's own buffer's is not
+    assert launch.checks == "c."
     assert ret.reads() == (alloc.name,)
     # every name is deleted after its last use (inputs after the matmul, its result after the launch)
     frees = [s.names for s in prog.steps if isinstance(s, Free)]
     assert frees == [("a0", "a1"), (mm.name,)]
     src = prog.render()
-    assert f"{launch.kernel}[(" in src and "CHECK(" in src and src.startswith("def call(args):")
+    assert src.startswith("def call(args):") and "CHECK(" in src
+    # the launch line: bound once at module level, called in `call`
+    assert f"    _L0({mm.name}, {alloc.name})\n" in src
+    assert f"_L0 = {launch.kernel}.site(globals(), '_L0', ({launch.grid},), 'c.', num_warps=" in src
 
 
 def test_lean_wrapper_drops_checks_that_passed_and_matches_eager():

@@ -5,7 +5,7 @@ specialisation of every argument, hash it into a cache key, look the compiled ke
 up, build launch metadata, then call the compiled kernel's entry point.  That is most
 of a stitched kernel's host cost (13.4 µs a launch on an H100, issue 12).
 
-`Launcher` keeps the call shape the wrapper uses (`kernel[(grid,)](*args,
+`Launcher` keeps the call shape of Triton's functions (`kernel[(grid,)](*args,
 num_warps=N)`).  The first launch of a kernel at a grid goes through the JIT (which
 compiles, or loads from Triton's cache, and launches); the launcher keeps the compiled
 kernel it returns together with the argument specialisation it was compiled for.
@@ -20,12 +20,23 @@ The stream is read per launch (a cheap C call): CUDA-graph capture runs on a sid
 stream.  Under the Triton interpreter the JIT returns no compiled kernel, so every
 launch goes through it.  Knob: `direct_launch`.
 
-Host cost.  The check that a launch's arguments specialise as the bound ones did is
-one expression compiled per binding (`_spec_check`: unrolled, no tuples built), and
-the launch callable of each grid is made once (`__getitem__`): with 8 tensors and 3
-integers, and Triton's `run` replaced by a no-op, the Python part of a launch took about
-half the time of the spec tuples and per-call closure before (15.1 → 7.8 µs, medians of
-one run on the loaded 2-core CPU machine; `bench/NOTES.md`, thirteenth session).
+Launch lines.  A wrapper launches a kernel at a fixed grid through a `Site`, one per
+line of its source (`_L3 = k4.site(globals(), "_L3", (grid,), checks, num_warps=N)` at
+module level, `_L3(*args)` in `call`).  The site's first launch goes through the JIT
+and binds: it replaces itself in the wrapper's namespace by a function generated for
+that line, whose only work is to check the arguments that can change between calls
+and to call the compiled entry point.  The wrapper marks which those are
+(`wrapper.mark_checks`): its own buffers, allocated in the call or views of them at
+fixed offsets, keep their dtype and 16-byte alignment, so only inputs, eager results
+and integers are checked.  Launches whose grid is a size expression (dynamic
+templates) keep `launcher[(grid,)](*args, num_warps=N)`.
+
+Host cost (the Python part; Triton's `run` replaced by a no-op, 8 tensors and 3
+integers, the loaded 2-core CPU machine): spec tuples and a per-call closure 15.1 µs;
+one compiled check expression per binding (`_spec_check`) and a launch callable per
+grid 7.8 µs (thirteenth session) and 2.6 µs on a quieter run; a launch line with 6 of
+the 8 tensors the wrapper's own 0.73 µs (1.55 µs with every argument checked).
+`bench/NOTES.md`, sixteenth session.
 """
 from __future__ import annotations
 
@@ -52,23 +63,37 @@ def arg_spec(args: tuple) -> tuple:
     return tuple(out)
 
 
+def _spec_terms(args: tuple, fresh: frozenset[int], name: Callable[[int], str], env: dict,
+                skip: str = "") -> list[str]:
+    """The terms of `_spec_check` for the arguments `args` (one per position, `name(i)`
+    its expression in the generated code, dtypes put in `env`); positions marked "."
+    in `skip` are left out (a wrapper's own buffers: the same dtype and alignment at
+    every call)."""
+    terms = []
+    for i, a in enumerate(args):
+        if i < len(skip) and skip[i] == ".":
+            continue
+        x = name(i)
+        if getattr(a, "data_ptr", None) is not None:
+            env[f"d{i}"] = getattr(a, "dtype", None)
+            aligned = "==" if a.data_ptr() % 16 == 0 else "!="
+            terms.append(f"{x}.data_ptr() % 16 {aligned} 0 and {x}.dtype is d{i}")
+        elif isinstance(a, int) and not isinstance(a, bool):
+            wide = "" if _I32[0] <= a < _I32[1] else "not "
+            terms.append(f"type({x}) is int and {wide}({_I32[0]} <= {x} < {_I32[1]})")
+            if i not in fresh:
+                terms.append(f"({x} == 1) is {a == 1} and ({x} % 16 == 0) is {a % 16 == 0}")
+        else:
+            terms.append(f"not hasattr({x}, 'data_ptr') and (type({x}) is not int)")
+    return terms
+
+
 def _spec_check(args: tuple, fresh: frozenset[int]) -> Callable[[tuple], bool]:
     """A function of a launch's arguments that is true when they specialise as `args`
     did (`arg_spec`, with `fresh` arguments' width only): one unrolled expression,
     compiled once per binding, instead of building and comparing spec tuples."""
-    terms, env = [f"len(a) == {len(args)}"], {}
-    for i, a in enumerate(args):
-        if getattr(a, "data_ptr", None) is not None:
-            env[f"d{i}"] = getattr(a, "dtype", None)
-            aligned = "==" if a.data_ptr() % 16 == 0 else "!="
-            terms.append(f"a[{i}].data_ptr() % 16 {aligned} 0 and a[{i}].dtype is d{i}")
-        elif isinstance(a, int) and not isinstance(a, bool):
-            wide = "" if _I32[0] <= a < _I32[1] else "not "
-            terms.append(f"type(a[{i}]) is int and {wide}({_I32[0]} <= a[{i}] < {_I32[1]})")
-            if i not in fresh:
-                terms.append(f"(a[{i}] == 1) is {a == 1} and (a[{i}] % 16 == 0) is {a % 16 == 0}")
-        else:
-            terms.append(f"not hasattr(a[{i}], 'data_ptr') and (type(a[{i}]) is not int)")
+    env: dict = {}
+    terms = [f"len(a) == {len(args)}"] + _spec_terms(args, fresh, lambda i: f"a[{i}]", env)
     return eval("lambda a: " + " and ".join(terms), env)   # noqa: S307 (text built above from types only)
 
 
@@ -96,9 +121,10 @@ def _stream_getter() -> Callable[[int], int]:
 
 
 class Launcher:
-    """`launcher[(grid,)](*args, num_warps=N)` like the Triton function it wraps."""
+    """`launcher[(grid,)](*args, num_warps=N)` like the Triton function it wraps; and
+    `launcher.site(...)`, one launch line of a wrapper (`Site`)."""
 
-    __slots__ = ("fn", "bound", "fresh", "stream", "direct", "grids")
+    __slots__ = ("fn", "bound", "fresh", "stream", "direct", "grids", "sites")
 
     def __init__(self, fn: Any, stream: Callable[[int], int] | None = None):
         self.fn = fn
@@ -109,6 +135,7 @@ class Launcher:
         self.stream = stream
         self.direct = True
         self.grids: dict[tuple, Callable] = {}   # grid -> its launch callable, made once
+        self.sites: dict[str, Site] = {}         # a wrapper's launch lines, by name
 
     def __getitem__(self, grid: tuple) -> Callable:
         launch = self.grids.get(grid)
@@ -118,6 +145,11 @@ class Launcher:
             self.grids[grid] = launch
         return launch
 
+    def jit(self, grid: tuple, args: tuple, options: dict) -> Any:
+        """A launch through Triton's JIT (compiles or loads, then launches); the
+        compiled kernel it returns (None under the interpreter)."""
+        return self.fn[grid](*args, **options)
+
     def launch(self, grid: tuple, args: tuple, options: dict) -> None:
         key = (grid, tuple(options.items()))   # (a call site passes its options in one order)
         bound = self.bound.get(key)
@@ -126,26 +158,94 @@ class Launcher:
             if ok(args):
                 run(gx, gy, gz, self.stream(device), function, metadata, None, None, None, *args)
                 return
-        kernel = self.fn[grid](*args, **options)   # the JIT: compiles or loads, then launches
-        if bound is None and self.direct and config.get("direct_launch"):
-            self._bind(key, args, kernel)
+        kernel = self.jit(grid, args, options)
+        if bound is None:
+            entry = self.entry(kernel, args)
+            if entry is not None:
+                run, function, metadata, device = entry
+                self.bound[key] = (_spec_check(args, self.fresh), run, *_grid3(grid), function, metadata, device)
 
-    def _bind(self, key: tuple, args: tuple, kernel: Any) -> None:
+    def entry(self, kernel: Any, args: tuple) -> tuple | None:
+        """(run, function, metadata, device) of a compiled kernel that a direct launch
+        can call, or None where launches keep to the JIT: the knob is off, the
+        interpreter returned no compiled kernel, or a profiler hooks launches."""
+        if not (self.direct and config.get("direct_launch")):
+            return None
         run = getattr(kernel, "run", None)
         function = getattr(kernel, "function", None)
         metadata = getattr(kernel, "packed_metadata", None)
         if run is None or function is None or metadata is None:
             self.direct = False   # no compiled kernel (the interpreter): the JIT it is
-            return
+            return None
         if _hooks_active():
             self.direct = False   # a profiler hooks launches (proton): keep the JIT path so it sees them
-            return
+            return None
         device = next((a.device.index for a in args if hasattr(a, "data_ptr") and hasattr(a, "device")), 0)
         if self.stream is None:
             self.stream = _stream_getter()
-        grid = key[0]
-        self.bound[key] = (_spec_check(args, self.fresh), run, grid[0], grid[1] if len(grid) > 1 else 1,
-                           grid[2] if len(grid) > 2 else 1, function, metadata, device or 0)
+        return run, function, metadata, device or 0
+
+    def site(self, namespace: dict, name: str, grid: tuple, checks: str, **options: Any) -> Callable:
+        """The callable of the wrapper line `name` (see `Site`): the same object each
+        time the wrapper's source is executed again in `namespace`."""
+        site = self.sites.get(name)
+        if site is None or site.namespace is not namespace:
+            site = self.sites[name] = Site(self, namespace, name, grid, checks, options)
+        return site.fast or site
+
+
+def _grid3(grid: tuple) -> tuple[int, int, int]:
+    return grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+
+
+class Site:
+    """One launch line of a wrapper, at a fixed grid and options: `_L3(v1, v2, h0)`.
+
+    The wrapper's source defines `_L3 = k4.site(globals(), "_L3", (grid,), checks,
+    num_warps=N)` and calls `_L3(*args)`.  The first call launches through the JIT and
+    binds the compiled kernel: it puts in the namespace, under the line's name, a
+    function generated for this line (`fast`), so that later calls are one Python call
+    that checks the arguments and calls the compiled entry point.  `checks` has a
+    character per argument: "." for the wrapper's own buffers (allocated in the call,
+    or views of them at fixed offsets), which have the same dtype and 16-byte alignment
+    at every call, so their specialisation is not checked again; any other character
+    (and every argument past the string: a dynamic template's sizes) is checked as the
+    launcher checks. An argument that specialises otherwise goes through the JIT,
+    which compiles the variant it needs."""
+
+    __slots__ = ("launcher", "namespace", "name", "grid", "checks", "options", "fast")
+
+    def __init__(self, launcher: Launcher, namespace: dict, name: str, grid: tuple, checks: str, options: dict):
+        self.launcher, self.namespace, self.name = launcher, namespace, name
+        self.grid, self.checks, self.options = grid, checks, options
+        self.fast: Callable | None = None
+
+    def __call__(self, *args: Any) -> None:
+        kernel = self.launcher.jit(self.grid, args, self.options)
+        if self.fast is None:
+            entry = self.launcher.entry(kernel, args)
+            if entry is not None:
+                self.fast = self.namespace[self.name] = self._generate(args, *entry)
+
+    def miss(self, args: tuple) -> None:
+        """A launch whose arguments specialise otherwise than the bound ones: the JIT."""
+        self.launcher.jit(self.grid, args, self.options)
+
+    def _generate(self, args: tuple, run: Any, function: Any, metadata: Any, device: int) -> Callable:
+        gx, gy, gz = _grid3(self.grid)
+        env = {"run": run, "stream": self.launcher.stream, "FN": function, "META": metadata, "miss": self.miss}
+        names = [f"a{i}" for i in range(len(args))]
+        params = ", ".join(names)
+        terms = _spec_terms(args, self.launcher.fresh, names.__getitem__, env, self.checks)
+        call = f"run({gx}, {gy}, {gz}, stream({device}), FN, META, None, None, None, {params})"
+        if terms:
+            body = f"    if {' and '.join(terms)}:\n        return {call}\n    return miss(({params},))\n"
+        else:
+            body = f"    return {call}\n"
+        exec(f"def fast({params}):\n{body}", env)   # noqa: S102 (text built above from types only)
+        fast = env["fast"]
+        fast.site = self
+        return fast
 
 
 def bind_launchers(functions: dict[str, Any]) -> dict[str, Launcher]:
@@ -154,4 +254,4 @@ def bind_launchers(functions: dict[str, Any]) -> dict[str, Launcher]:
     return {name: by_fn.setdefault(id(fn), Launcher(fn)) for name, fn in functions.items()}
 
 
-__all__ = ["Launcher", "arg_spec", "bind_launchers"]
+__all__ = ["Launcher", "Site", "arg_spec", "bind_launchers"]

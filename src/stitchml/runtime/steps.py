@@ -248,14 +248,30 @@ class Launch:
     maxnreg: int | None = None
     writes: tuple[str, ...] = ()
     size_args: tuple[str, ...] = ()   # dynamic templates: the kernel's size arguments `sz0, ...`
+    # per argument, "." where it is the wrapper's own buffer (same dtype and alignment at
+    # every call: its specialisation is not checked again), "c" where it is checked
+    checks: str = ""
 
     def reads(self) -> tuple[str, ...]:
         return tuple(a for a in self.args if _is_value(a))
 
+    def _options(self) -> str:
+        return f"num_warps={self.num_warps}" + (f", maxnreg={self.maxnreg}" if self.maxnreg else "")
+
     def render(self) -> str:
-        extra = f", maxnreg={self.maxnreg}" if self.maxnreg else ""
         args = ", ".join(self.args + self.size_args)
-        return f"{self.kernel}[({self.grid},)]({args}, num_warps={self.num_warps}{extra})"
+        return f"{self.kernel}[({self.grid},)]({args}, {self._options()})"
+
+    @property
+    def fixed_grid(self) -> bool:
+        """Whether the grid is a number (a dynamic template's may be a size expression)."""
+        return isinstance(self.grid, int) and not isinstance(self.grid, bool)
+
+    def render_site(self, name: str) -> tuple[str, str]:
+        """(the module-level line that binds the launch line `name`, the line in `call`)
+        — `runtime/launcher.py`'s `Site`."""
+        define = f"{name} = {self.kernel}.site(globals(), {name!r}, ({self.grid},), {self.checks!r}, {self._options()})"
+        return define, f"{name}({', '.join(self.args + self.size_args)})"
 
 
 @dataclass(frozen=True)
@@ -412,9 +428,17 @@ class Program:
         if self.num_inputs:
             head.append("    " + "".join(f"a{i}, " for i in range(self.num_inputs)) + "= args")
         head.append("    args.clear()")
-        body = ["    " + s.render() for s in self.steps
-                if not (isinstance(s, Check) and s.index in drop_checks)]
-        return "\n".join(head + body) + "\n"
+        body, sites = [], []
+        for s in self.steps:
+            if isinstance(s, Check) and s.index in drop_checks:
+                continue
+            if isinstance(s, Launch) and s.fixed_grid:
+                define, line = s.render_site(f"_L{len(sites)}")
+                sites.append(define)
+                body.append("    " + line)
+            else:
+                body.append("    " + s.render())
+        return "\n".join(head + body + sites) + "\n"
 
     def of_type(self, *types) -> list:
         return [s for s in self.steps if isinstance(s, types)]

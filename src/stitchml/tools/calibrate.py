@@ -141,21 +141,30 @@ def _inductor_fn(x):   # (the same function, its own code object: one compiled e
     return x * 2.0 + 1.0
 
 
-def stitched_launch(device: torch.device, numel: int = LAUNCH_NUMEL) -> tuple[Any, tuple, tuple, dict, Callable]:
-    """`_stitch_fn` compiled by the stitch backend (no CUDA graphs) and called once:
-    the launch its wrapper made, as (launcher, grid, args, options), and the call."""
+def stitched_launch(device: torch.device, numel: int = LAUNCH_NUMEL) -> tuple[Any, tuple, tuple, dict, Callable,
+                                                                          Callable]:
+    """`_stitch_fn` compiled by the stitch backend (no CUDA graphs) and called twice
+    (the first launch of a launch line goes through the JIT, the second binds nothing
+    new): the launch its wrapper made, as (launcher, grid, args, options), what the
+    wrapper calls for that line (its `Site`, or the function the site bound), and the
+    whole call."""
     from ..capture.backend import StitchBackend
     from ..runtime.launcher import Launcher
     backend = StitchBackend()
     x = torch.randn(numel, device=device)
     compiled = torch.compile(_stitch_fn, backend=backend)
-    with config.override(cuda_graphs=False), torch.no_grad(), recording(Launcher, "launch") as seen:
+    with config.override(cuda_graphs=False), torch.no_grad(), recording(Launcher, "jit") as seen:
+        compiled(x)
         compiled(x)
     if not seen:
         reasons = "; ".join(r.eager_reason or "no kernel" for r in backend.records) or "nothing compiled"
         raise RuntimeError(f"the stitched function launched no kernel ({reasons})")
     launcher, (grid, args, options), _ = seen[-1]
-    return launcher, grid, args, options, lambda: compiled(x)
+    sites = [s for s in launcher.sites.values() if s.grid == grid]
+    if len(sites) != 1:
+        raise RuntimeError(f"{len(sites)} launch lines of the stitched kernel at grid {grid} (expected one)")
+    line = sites[0].fast or sites[0]
+    return launcher, grid, args, options, line, lambda: compiled(x)
 
 
 def inductor_launch(device: torch.device, numel: int = LAUNCH_NUMEL) -> tuple[Any, tuple, dict, Callable]:
@@ -184,7 +193,9 @@ def _guarded(out: dict, name: str, measure: Callable[[], dict]) -> None:
 def measure_launch_overheads(device: str | torch.device = "cuda", launches: int = 2000,
                              rounds: int = 5) -> dict[str, dict[str, Any]]:
     """Launch overhead of one small pointwise kernel, per way of launching it:
-    `stitch_launcher` (stitchml's Launcher, the wrapper's call shape), `triton_jit`
+    `stitch_launcher` (the wrapper's launch line: the `Site` it calls, or the function
+    the site bound), `stitch_by_grid` (stitchml's Launcher indexed by grid, the path of
+    launches whose grid is a size expression), `triton_jit`
     (the same kernel through `JITFunction.run`), `inductor_run` (Inductor's kernel for
     the same function through `CachingAutotuner.run`, what its generated code calls),
     `inductor_launcher` (the launcher that run ends in), and each backend's whole
@@ -195,15 +206,22 @@ def measure_launch_overheads(device: str | torch.device = "cuda", launches: int 
     out: dict[str, dict[str, Any]] = {}
     torch._dynamo.reset()
     try:
-        launcher, grid, args, options, call = stitched_launch(device)
+        launcher, grid, args, options, line, call = stitched_launch(device)
     except Exception as e:
         why = {"unavailable": f"{type(e).__name__}: {str(e)[:300]}"}
-        out.update(stitch_launcher=why, triton_jit=why, stitch_call=why)
+        out.update(stitch_launcher=why, stitch_by_grid=why, triton_jit=why, stitch_call=why)
     else:
-        def through_launcher():
+        from ..runtime.launcher import Site
+
+        def through_the_line():
+            r = per_launch(lambda: line(*args), sync, launches, rounds)
+            return {**r, "direct": not isinstance(line, Site), "grid": list(grid), "options": options}
+        _guarded(out, "stitch_launcher", through_the_line)
+
+        def by_grid():
             r = per_launch(lambda: launcher[grid](*args, **options), sync, launches, rounds)
-            return {**r, "direct": bool(launcher.bound), "grid": list(grid), "options": options}
-        _guarded(out, "stitch_launcher", through_launcher)
+            return {**r, "direct": bool(launcher.bound)}
+        _guarded(out, "stitch_by_grid", by_grid)
         _guarded(out, "triton_jit", lambda: per_launch(lambda: launcher.fn[grid](*args, **options), sync,
                                                        launches, rounds))
         with torch.no_grad():
@@ -230,7 +248,8 @@ def measure_launch_overheads(device: str | torch.device = "cuda", launches: int 
     return out
 
 
-LAUNCH_LABELS = (("stitch_launcher", "stitched kernel, stitchml Launcher (the wrapper's launch)"),
+LAUNCH_LABELS = (("stitch_launcher", "stitched kernel, the wrapper's launch line (stitchml Launcher site)"),
+                 ("stitch_by_grid", "same kernel, stitchml Launcher by grid (size-expression grids)"),
                  ("triton_jit", "same kernel, Triton JIT dispatch"),
                  ("inductor_run", "Inductor's kernel, CachingAutotuner.run (its generated code's launch)"),
                  ("inductor_launcher", "Inductor's kernel, the launcher run ends in"),

@@ -1,0 +1,172 @@
+"""Host time of a compiled training step on this machine, kernels not run (issue 12).
+
+A GPU is what measures host time per step against Inductor (`stitchml bench`).  This
+tool gives the part of it that is stitchml's own Python, on any machine, so that a
+change to the wrapper or the launcher can be measured where it is made:
+
+- a BERT-shaped model (12 layers, BERT-base's graph structure at a small width, so
+  that the library ops it calls eagerly cost microseconds as they do on a GPU's host)
+  is compiled by the stitch backend and run once through the Triton interpreter;
+- then every launcher's kernel is swapped for a dry one: the launcher binds it and
+  takes its direct path as on a GPU, and the compiled entry point does nothing;
+- the training step (forward + backward) is timed (median of rounds), then timed
+  again with the launch call itself a no-op, so that the difference is the launch
+  path's Python cost per step.
+
+The figures are this CPU's: they compare two versions of stitchml on one machine, not
+stitchml with Inductor (whose CPU code is C++, not Triton launches).
+
+    TRITON_INTERPRET=1 python -m stitchml.tools.host_time [--layers 12] [--rounds 7]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import statistics
+import time
+from typing import Any, Callable, Iterator
+
+import torch
+
+
+class _DryKernel:
+    """What the launcher binds: a compiled kernel whose entry point does nothing."""
+
+    function = 1
+    packed_metadata = 2
+
+    def __init__(self, counter: list[int]):
+        self.counter = counter
+
+    def run(self, *args: Any) -> None:
+        self.counter[0] += 1
+
+
+class _DryJIT:
+    """Stands for a Triton function: `fn[grid](*args, **options)` returns a dry kernel."""
+
+    def __init__(self, fn: Any, counter: list[int]):
+        self.params = getattr(fn, "params", ())
+        self.counter = counter
+
+    def __getitem__(self, grid: tuple) -> Callable:
+        def first(*args: Any, **options: Any) -> _DryKernel:
+            self.counter[0] += 1
+            return _DryKernel(self.counter)
+        return first
+
+
+def dry_launchers(counter: list[int]) -> int:
+    """Every live launcher launches dry from now on; the number of launchers."""
+    from ..runtime.launcher import Launcher
+    found = [o for o in gc.get_objects() if isinstance(o, Launcher)]
+    for launcher in found:
+        launcher.fn = _DryJIT(launcher.fn, counter)
+        launcher.bound.clear()
+        launcher.direct = True
+        launcher.stream = lambda index: 0
+        for site in launcher.sites.values():
+            site.fast = None
+    return len(found)
+
+
+@contextlib.contextmanager
+def _launches_removed() -> Iterator[None]:
+    """Every launch line a no-op (what is left of a step is everything else)."""
+    from ..runtime.launcher import Launcher
+    sites = [site for o in gc.get_objects() if isinstance(o, Launcher) for site in o.sites.values()]
+    saved = [(site, site.namespace[site.name]) for site in sites]
+    real_launch = Launcher.launch
+    try:
+        Launcher.launch = lambda self, grid, args, options: None   # launches of size-expression grids
+        for site in sites:
+            site.namespace[site.name] = _nothing
+        yield
+    finally:
+        Launcher.launch = real_launch
+        for site, fn in saved:
+            site.namespace[site.name] = fn
+
+
+def _nothing(*args: Any) -> None:
+    return None
+
+
+def small_bert(layers: int, batch: int, seq: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    from transformers import BertConfig, BertModel
+    cfg = BertConfig(num_hidden_layers=layers, hidden_size=64, num_attention_heads=4, intermediate_size=256,
+                     vocab_size=512, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                     attn_implementation="eager")
+    return BertModel(cfg).train(), torch.randint(0, cfg.vocab_size, (batch, seq))
+
+
+def _rounds(step: Callable[[], None], rounds: int, per_round: int) -> list[float]:
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(per_round):
+            step()
+        out.append((time.perf_counter() - t0) / per_round)
+    return out
+
+
+def measure(layers: int = 12, batch: int = 1, seq: int = 8, rounds: int = 7, per_round: int = 5) -> dict:
+    from ..capture.backend import StitchBackend
+    from .. import config
+    torch.manual_seed(0)
+    model, ids = small_bert(layers, batch, seq)
+    backend = StitchBackend()
+    compiled = torch.compile(model, backend=backend)
+
+    def step() -> None:
+        compiled(ids).last_hidden_state.sum().backward()
+
+    with config.override(cuda_graphs=False):
+        step()                                   # compiles; kernels run in the interpreter
+        launches = [0]
+        n_launchers = dry_launchers(launches)
+        step()                                   # binds every launch site to its dry kernel
+        launches[0] = 0
+        step()
+        per_step = launches[0]
+        full = _rounds(step, rounds, per_round)
+        with _launches_removed():
+            bare = _rounds(step, rounds, per_round)
+    step_s, bare_s = statistics.median(full), statistics.median(bare)
+    return {"model": f"BERT-shaped, {layers} layers, hidden 64, batch {batch}, seq {seq}, training step",
+            "graphs": len(backend.records), "launchers": n_launchers, "launches_per_step": per_step,
+            "step_us": step_s * 1e6, "step_iqr_us": _iqr(full) * 1e6,
+            "launch_path_us_per_step": (step_s - bare_s) * 1e6,
+            "launch_path_us_per_launch": (step_s - bare_s) * 1e6 / max(per_step, 1),
+            "rounds": rounds, "steps_per_round": per_round}
+
+
+def _iqr(xs: list[float]) -> float:
+    q = statistics.quantiles(xs, n=4)
+    return q[2] - q[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args(argv)
+    r = measure(args.layers, args.batch, args.seq, args.rounds)
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return 0
+    print(r["model"])
+    print(f"  graphs {r['graphs']}, launch sites bound {r['launchers']}, launches a step {r['launches_per_step']}")
+    print(f"  step (kernels dry): {r['step_us']:.0f} us (IQR {r['step_iqr_us']:.0f})")
+    print(f"  of which the launch path: {r['launch_path_us_per_step']:.0f} us "
+          f"({r['launch_path_us_per_launch']:.2f} us a launch)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
