@@ -107,3 +107,55 @@ def test_scaled_down_shapes_match_eager(name):
     with config.override(split_min_cols=256):
         cmp = compare_with_eager(fn, inputs)
     assert all(r.plan is not None for r in cmp.backend.records)
+
+
+def _h200_plan(fn, dtype, *shapes, **knobs):
+    with config.override(device="H200", **knobs):
+        return plan_of(fn, *[torch.empty(*s, dtype=dtype) for s in shapes])
+
+
+@pytest.mark.parametrize("dtype,rows", [(torch.bfloat16, 16), (torch.float32, 8)])
+def test_column_partials_load_several_vectors_a_thread_an_iteration(dtype, rows):
+    """A pure column sum's partial kernel takes row blocks tall enough that a thread loads
+    64 bytes an iteration (four 16-byte loads in flight, not one); knob 0 keeps the
+    `block_elems` tile."""
+    main = _h200_plan(lambda x: x.sum(0), dtype, (32768, 1024)).kernels[0]
+    assert (main.mapping.block_r, main.mapping.block_c, main.mapping.num_warps) == (rows, 1024, 16)
+    per_thread = rows * 1024 // (32 * 16)
+    assert per_thread * dtype.itemsize == 64 and main.mapping.row_blocks >= 4
+    assert main.mapping.grid <= 2 * DEVICES["H200"].sms
+    old = _h200_plan(lambda x: x.sum(0), dtype, (32768, 1024), partial_bytes_per_thread=0).kernels[0]
+    assert old.mapping.block_r == 4
+
+
+def test_column_partials_beside_full_size_writes_keep_their_tiles():
+    """A norm backward writes its input gradient beside the weight gradient's partials:
+    taller tiles took 83-121 registers for sm_90 there (64 before), too many for two
+    16-warp programs an SM, so its tiles stay."""
+
+    def ln_bwd(x, w, b, dy):
+        return torch.ops.aten.native_layer_norm_backward(dy, x, (1024,), x.mean(-1, keepdim=True),
+                                                         x.var(-1, keepdim=True).add(1e-5).rsqrt(), w, b,
+                                                         [True, True, True])
+
+    shapes = [(16384, 1024), (1024,), (1024,), (16384, 1024)]
+    new = _h200_plan(ln_bwd, torch.bfloat16, *shapes)
+    old = _h200_plan(ln_bwd, torch.bfloat16, *shapes, partial_bytes_per_thread=0)
+    with_partials = [k for k in new.kernels if k.partials]
+    assert with_partials and any(k.outputs and max(new.graph[o].numel for o in k.outputs) == 16384 * 1024
+                                 for k in with_partials)
+    assert [k.mapping for k in new.kernels] == [k.mapping for k in old.kernels]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_taller_column_partials_match_eager(dtype):
+    """Under the interpreter (the `cpu` device of the table: 2 SMs, so 4 partial programs)
+    the column sum takes the taller tiles and still matches eager, forward and backward."""
+    x = torch.randn(2048, 96, dtype=dtype)
+    plan = plan_of(lambda x: x.sum(0) * 2, x)
+    main = next(k for k in plan.kernels if k.partials)
+    assert main.mapping.block_r > 4096 // 128, main.mapping
+    from stitchml.testing import compare_against_float64
+    cmp, judgement = compare_against_float64(lambda x: (x * 1.5).sum(0), [x.clone().requires_grad_(True)])
+    judgement.assert_ok()
+    assert all(r.plan is not None for r in cmp.backend.records)

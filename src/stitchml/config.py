@@ -41,6 +41,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("looped_partial_elems", "STITCHML_LOOPED_PARTIAL_ELEMS", 2048, int,
          "Column partials beside long (looped) rows: elements per loop iteration of a program's row block "
          "(rows x columns). H200, 2026-11-25: rms_norm_bwd N=32768 at 2048 ran 3.7x its prediction."),
+    Knob("partial_bytes_per_thread", "STITCHML_PARTIAL_BYTES_PER_THREAD", 64, int,
+         "Column partials beside rows held on chip (a column sum, a bias gradient): the row block grows "
+         "until a thread loads this many bytes an iteration (several independent 16-byte loads in flight), "
+         "within 32 float32 accumulator values a thread and 4 iterations a program; 0 keeps "
+         "`block_elems`. H200, 2026-11-25: column_sum [32768 x 1024] bf16 with 16 bytes a thread ran at "
+         "29 % of copy bandwidth. Not yet measured on a GPU."),
     Knob("flat_row_runs", "STITCHML_FLAT_ROW_RUNS", True, _bool,
          "Flat element-wise kernels that read an input in row runs out of their flat order (a padded row "
          "read back to its traced width, a slice of each row) run one element a thread, so every warp "

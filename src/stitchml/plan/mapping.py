@@ -83,6 +83,43 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False) -> Mapping
     return Mapping("row_looped", 1, bc, _warps(bc), rows)
 
 
+ACCUMULATOR_ELEMS_PER_THREAD = 32   # float32 column sums a thread may hold, all accumulators together
+MIN_ROW_BLOCKS_PER_PROGRAM = 4      # a taller tile must leave each program this many iterations
+
+
+def deeper_partial_tile(mp: Mapping, rows: int, bytes_per_elem: int, accumulators: int,
+                        opts: PlanOptions) -> Mapping:
+    """Column partials beside rows held on chip (`choose(..., partials=True)`): taller row
+    blocks where a thread would load fewer than `partial_bytes_per_thread` bytes an
+    iteration of its grid-stride loop.  Each iteration's loads wait on nothing but
+    are issued after the previous iteration's adds: one [4, 1024] bfloat16 tile over 16
+    warps is a single 16-byte load a thread in flight, and the H200 ran `column_sum`
+    [32768 x 1024] bf16 that way at 29 % of copy bandwidth (Inductor 59 %).  The tile
+    doubles while the float32 accumulators of all the kernel's column sums stay within
+    ACCUMULATOR_ELEMS_PER_THREAD values a thread (registers) and each program keeps
+    MIN_ROW_BLOCKS_PER_PROGRAM iterations; `bytes_per_elem` sums the itemsizes of the
+    kernel's full-size reads."""
+    target = opts.partial_bytes_per_thread
+    if target <= 0 or mp.form not in ("packed_rows", "row_persistent") or bytes_per_elem <= 0:
+        return mp
+    threads = 32 * mp.num_warps
+    br = mp.block_r
+    while True:
+        per_thread = br * mp.block_c // threads
+        taller = 2 * br
+        blocks = -(-rows // taller)
+        grid = min(blocks, _partial_programs(opts))
+        if (per_thread * bytes_per_elem >= target or 2 * per_thread * max(accumulators, 1) >
+                ACCUMULATOR_ELEMS_PER_THREAD or -(-blocks // grid) < MIN_ROW_BLOCKS_PER_PROGRAM):
+            break
+        br = taller
+    if br == mp.block_r:
+        return mp
+    blocks = -(-rows // br)
+    grid = min(blocks, _partial_programs(opts))
+    return replace(mp, form="packed_rows", block_r=br, grid=grid, row_blocks=-(-blocks // grid))
+
+
 # point-wise ops whose helper holds many float64 values per element (long unrolled series,
 # float64 sin/cos): with the usual 8 elements a thread their kernels reach 240-255
 # registers and spill on sm_90 (tools/aot_check; bench/NOTES.md, eighth session)

@@ -213,6 +213,20 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
                            transposed=tuple(reads))
             if generates(g, tall):   # (a per-row value the looped form cannot reach keeps whole rows)
                 kp = tall
+    if (partials and kp.mapping.form in ("packed_rows", "row_persistent") and not kp.transposed
+            and not opts.fixed_row_blocks and not scatter):
+        # more bytes in flight a thread: taller row blocks (plan/mapping.py); only where
+        # nothing full-size is written: a norm backward's tiles, taller, took 83-121
+        # registers for sm_90 (64 before), too many for two 16-warp programs an SM
+        full = grp.domain.rows * grp.domain.cols
+        bpe = sum(g[i].dtype.itemsize for i in kp.inputs if g[i].numel >= full)
+        writes_rows = any(g[o].numel >= full for o in kp.outputs)
+        deeper = kp.mapping if writes_rows else mapping_rules.deeper_partial_tile(
+            kp.mapping, grp.domain.rows, bpe, len(partials), opts)
+        if deeper != kp.mapping:
+            tall = replace(kp, mapping=deeper)
+            if generates(g, tall):
+                kp = tall
     if (not partials and not scatter and opts.transposed_tiles and not opts.fixed_row_blocks
             and not grp.domain.is_flat and kp.mapping.block_r < 32
             and not any(g[m].kind == ir.SCAN for m in members) and may_reorder(g, kp)):
