@@ -329,3 +329,13 @@ def test_other_argument_kinds_keep_or_leave_the_binding():
     k[(1,)](a, 2.5, True, None, num_warps=4)               # one argument fewer
     k[(1,)](a, 3, True, None, 3, num_warps=4)              # a float became an int
     assert [e[0] for e in fn.log] == ["jit", "direct", "jit", "jit", "jit"]
+
+
+def test_host_time_binds_every_launch_line_of_a_real_wrapper():
+    """`tools/host_time`: a BERT-shaped training step whose kernels are swapped for dry
+    compiled ones after the first call — every launch line of both wrappers binds its
+    generated function (the path a GPU takes), and a step launches through them."""
+    from stitchml.tools import host_time
+    r = host_time.measure(layers=1, rounds=2, per_round=1)
+    assert r["graphs"] == 2 and r["launches_per_step"] > 5 and r["step_us"] > 0
+    assert r["sites"] > 5 and r["sites_bound"] == r["sites"], r
