@@ -159,3 +159,42 @@ def test_taller_column_partials_match_eager(dtype):
     cmp, judgement = compare_against_float64(lambda x: (x * 1.5).sum(0), [x.clone().requires_grad_(True)])
     judgement.assert_ok()
     assert all(r.plan is not None for r in cmp.backend.records)
+
+
+def test_programs_of_two_byte_data_hold_twice_the_elements():
+    """`block_elems` / `pointwise_block` count float32 elements: a bfloat16 program holds
+    twice as many (the same bytes); knob `dtype_scaled_blocks` off keeps the counts."""
+    def ln(x, w, b):
+        return F.layer_norm(x, (1024,), w, b)
+    shapes = [(32768, 1024), (1024,), (1024,)]
+    tiles = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        (k,) = _h200_plan(ln, dtype, *shapes).kernels
+        tiles[dtype] = (k.mapping.block_r, k.mapping.block_c, k.mapping.grid)
+    assert tiles == {torch.float32: (4, 1024, 8192), torch.bfloat16: (8, 1024, 4096)}
+    (k,) = _h200_plan(ln, torch.bfloat16, *shapes, dtype_scaled_blocks=False).kernels
+    assert (k.mapping.block_r, k.mapping.grid) == (4, 8192)
+    (p,) = _h200_plan(lambda x: torch.sigmoid(x) * 2, torch.bfloat16, (1 << 24,)).kernels
+    (q,) = _h200_plan(lambda x: torch.sigmoid(x) * 2, torch.float32, (1 << 24,)).kernels
+    assert (p.mapping.form, p.mapping.block_r, q.mapping.block_r) == ("pointwise", 2048, 1024)
+
+
+def test_column_partial_tiles_are_not_scaled_by_dtype():
+    """A kernel with column partials keeps `block_elems` elements whatever its dtype (its
+    registers hold the float32 accumulators: `deeper_partial_tile` sizes those tiles)."""
+    x = torch.randn(16384, 1024, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(1024, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(1024, dtype=torch.bfloat16, requires_grad=True)
+
+    def bwd(x, w, b, dy):
+        out = F.layer_norm(x, (1024,), w, b)
+        return torch.autograd.grad(out, (x, w, b), dy)
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from stitchml.capture.decomp import decomposition_table
+    from stitchml.lower.lower import lower
+    from stitchml.plan.planner import build_plan
+    with config.override(device="H200"):
+        gm = make_fx(bwd, decomposition_table=decomposition_table(), tracing_mode="fake")(x, w, b, torch.randn_like(x))
+        plan = build_plan(lower(gm))
+    part = [k for k in plan.kernels if k.partials]
+    assert part and all(k.mapping.block_r * k.mapping.block_c == 4096 for k in part), [k.mapping for k in part]

@@ -80,7 +80,7 @@ declare -A WHAT=(
     [models-fp32]="the same rows in fp32"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
     [micro-extra]="micro suite, both dtypes: max-autotune and jax"
-    [variants]="knob variants on the norm-backward and column-sum micro rows, bf16, one process: defaults, no grid barriers, 8 partial programs per SM, 8192-element looped partials, 16384-element row blocks, no transposed tiles, 8192-column loop blocks -> variants/"
+    [variants]="knob variants on the norm-backward and column-sum micro rows, bf16, one process: defaults, no grid barriers, 8 partial programs per SM, 8192-element looped partials, column partials at 16 bytes a thread (the old tiles), blocks not scaled by dtype, no transposed tiles, 8192-column loop blocks -> variants/"
 )
 
 run_step() {
@@ -130,16 +130,18 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         local SOME='layer_norm_bwd[N=1024];rms_norm_bwd[N=32768]' LONG='rms_norm_bwd[N=32768]' Q=()
         local COLS='column_sum[32768x1024]' TR='layer_norm_bwd[N=32768]'
         local ROWS='softmax_fwd[N=32768];softmax_bwd[N=32768];cross_entropy_fwdbwd[V=32000]'
+        local FWD='layer_norm_fwd[N=1024];rms_norm_fwd[N=1024];softmax_fwd[N=1024];layer_norm_fwd[N=4096];bias_gelu[8192x4096]'
         if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then   # (quick sizes have other names: whole families)
             NORMS='layer_norm_bwd;rms_norm_bwd' SOME=$NORMS LONG='rms_norm_bwd' COLS='column_sum' TR='layer_norm_bwd'
-            ROWS='softmax_fwd;cross_entropy_fwdbwd' Q=(--quick)
+            ROWS='softmax_fwd;cross_entropy_fwdbwd' FWD='layer_norm_fwd;bias_gelu' Q=(--quick)
         fi
         "$PY" -m stitchml.tools.bench_variants --out "$R/variants" "${Q[@]}" \
-            --variant "default::$NORMS;$COLS;$ROWS" \
+            --variant "default::$NORMS;$COLS;$ROWS;$FWD" \
             --variant "nobarrier:global_barriers=0:$NORMS" \
             --variant "pp8:partial_programs_per_sm=8:$SOME" \
             --variant "el8k:looped_partial_elems=8192:$LONG" \
-            --variant "be16k:block_elems=16384:$COLS" \
+            --variant "pb16:partial_bytes_per_thread=0:$COLS" \
+            --variant "unscaled:dtype_scaled_blocks=0:$FWD" \
             --variant "notall:transposed_tiles=0:$TR" \
             --variant "lbc8k:loop_block_cols=8192:$ROWS" ;;
     *) echo "unknown step $1 (bash tools/gpu_run.sh list)"; return 2 ;;

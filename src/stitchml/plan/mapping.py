@@ -56,16 +56,41 @@ def looped_rows(rows: int, opts: PlanOptions) -> int:
     return r
 
 
-def choose(domain: Domain, opts: PlanOptions, partials: bool = False) -> Mapping:
+def elems_scale(itemsize: int) -> int:
+    """How many times `pointwise_block` / `block_elems` elements a program of 2-byte (or
+    1-byte) data holds: the knobs count float32 elements, so that a program moves the
+    same bytes whatever the dtype.  The H200 (twelfth session) ran the same kernel
+    structure in about the same time per program in bfloat16 as in float32 (layer
+    norm forward [32768 x 1024]: 76.3 vs 79.2 µs; softmax, RMS norm alike): programs of
+    four 1024-wide rows are latency-bound, so half the bytes a program was half the
+    bandwidth (42 % of copy against 81 %)."""
+    return max(1, min(4, 4 // max(itemsize, 1)))
+
+
+SCALED_MIN_PROGRAMS_PER_SM = 8   # dtype-scaled blocks only where programs of `block_elems` x scale elements
+                                 # still number this many an SM
+SCALED_MIN_COLS = 1024           # ... and, for row kernels, rows at least this wide (a row across warps)
+
+
+def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: int = 4) -> Mapping:
+    """The mapping of a kernel over `domain`; `itemsize`: the largest element size of
+    its full-size accesses (programs hold the same bytes in any dtype, `elems_scale`;
+    not kernels with column partials, whose tiles `deeper_partial_tile` sizes)."""
     fixed = opts.fixed_row_blocks
+    scale = 1 if partials or not opts.dtype_scaled_blocks else elems_scale(itemsize)
+    base = opts.pointwise_block if domain.is_flat else max(opts.block_elems, next_pow2(domain.cols))
+    if scale > 1 and domain.rows * domain.cols < SCALED_MIN_PROGRAMS_PER_SM * opts.device.sms * base * scale:
+        scale = 1   # few rows (BERT's 2048 tokens): bigger programs would leave SMs short of them
     if domain.is_flat:
         n = domain.rows
-        block = opts.pointwise_block if fixed else min(opts.pointwise_block, next_pow2(n))
+        block = opts.pointwise_block * scale
+        block = block if fixed else min(block, next_pow2(n))
         return Mapping("pointwise", block, 1, _warps(block), -(-n // block))
     rows, cols = domain.rows, domain.cols
     bc = next_pow2(cols)
     if fits_on_chip(cols, opts):
-        cap = opts.block_elems // bc
+        # (tall tiles of narrow rows, [64, 128], took 75 registers for sm_90 where [32, 128] took 40)
+        cap = opts.block_elems * (scale if bc >= SCALED_MIN_COLS else 1) // bc
         br = max(1, cap if fixed else min(next_pow2(rows), cap))
         form = "packed_rows" if br > 1 else "row_persistent"
         blocks = -(-rows // br)

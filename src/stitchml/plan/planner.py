@@ -176,7 +176,11 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
                 stitches.append((s, m, scheme))
     scatter = any(g[m].kind == ir.SCATTER_ADD for m in members)
     partials = tuple(sorted(grp.cross))
-    mp = mapping_rules.choose(grp.domain, opts, partials=bool(partials))
+    full = grp.domain.rows * grp.domain.cols
+    sizes = [g[i].dtype.itemsize for i in (*inputs, *outputs) if g[i].numel * 2 >= full and g[i].dtype is not None]
+    # (the widest: a dropout's bool mask beside bf16 data is not 1-byte data; with it,
+    # BERT's bf16 layer-norm tiles grew 4x to 97-128 registers and spilled for sm_90)
+    mp = mapping_rules.choose(grp.domain, opts, partials=bool(partials), itemsize=max(sizes, default=4))
     if any(g[m].op in mapping_rules.REGISTER_HEAVY for m in members):
         mp = mapping_rules.spread_for_registers(mp)
     scheme = "scatter" if scatter else ("regional" if any(s[2] == "regional" for s in stitches) else "local")
