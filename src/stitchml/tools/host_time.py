@@ -67,6 +67,11 @@ def live_launchers() -> list:
 def dry_launchers(counter: list[int], found: list) -> int:
     """The launchers `found` launch dry from now on; their number."""
     for launcher in found:
+        # the interpreter's functions keep `do_not_specialize` as a keyword (a GPU's
+        # JITFunction as parameters): seeds are not checked on a GPU, nor here
+        names = getattr(launcher.fn, "arg_names", ())
+        fresh = (getattr(launcher.fn, "kwargs", None) or {}).get("do_not_specialize") or ()
+        launcher.fresh = launcher.fresh | frozenset(i for i, n in enumerate(names) if n in fresh or i in fresh)
         launcher.fn = _DryJIT(launcher.fn, counter)
         launcher.bound.clear()
         launcher.direct = True
