@@ -80,7 +80,7 @@ declare -A WHAT=(
     [models-fp32]="the same rows in fp32"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
     [micro-extra]="micro suite, both dtypes: max-autotune and jax"
-    [variants]="knob variants on the norm-backward and column-sum micro rows, bf16, one process: defaults, no grid barriers, 8 partial programs per SM, 8192-element looped partials, column partials at 16 bytes a thread (the old tiles), blocks not scaled by dtype, no transposed tiles, 8192-column loop blocks -> variants/"
+    [variants]="knob variants on the norm-backward and column-sum micro rows, bf16, one process: defaults, no grid barriers, 8 partial programs per SM, 8192-element looped partials, no looped partials (persistent rows then), column partials at 16 bytes a thread (the old tiles), blocks not scaled by dtype, long rows without a persistent grid, no transposed tiles, 8192-column loop blocks -> variants/"
 )
 
 run_step() {
@@ -131,17 +131,20 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         local COLS='column_sum[32768x1024]' TR='layer_norm_bwd[N=32768]'
         local ROWS='softmax_fwd[N=32768];softmax_bwd[N=32768];cross_entropy_fwdbwd[V=32000]'
         local FWD='layer_norm_fwd[N=1024];rms_norm_fwd[N=1024];softmax_fwd[N=1024];layer_norm_fwd[N=4096];bias_gelu[8192x4096]'
+        local LONGROWS='layer_norm_fwd[N=32768];rms_norm_fwd[N=32768];softmax_fwd[N=32768];softmax_bwd[N=32768]'
         if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then   # (quick sizes have other names: whole families)
             NORMS='layer_norm_bwd;rms_norm_bwd' SOME=$NORMS LONG='rms_norm_bwd' COLS='column_sum' TR='layer_norm_bwd'
-            ROWS='softmax_fwd;cross_entropy_fwdbwd' FWD='layer_norm_fwd;bias_gelu' Q=(--quick)
+            ROWS='softmax_fwd;cross_entropy_fwdbwd' FWD='layer_norm_fwd;bias_gelu' LONGROWS='softmax_bwd' Q=(--quick)
         fi
         "$PY" -m stitchml.tools.bench_variants --out "$R/variants" "${Q[@]}" \
-            --variant "default::$NORMS;$COLS;$ROWS;$FWD" \
+            --variant "default::$NORMS;$COLS;$ROWS;$FWD;$LONGROWS" \
             --variant "nobarrier:global_barriers=0:$NORMS" \
             --variant "pp8:partial_programs_per_sm=8:$SOME" \
             --variant "el8k:looped_partial_elems=8192:$LONG" \
+            --variant "nopart:looped_partials=0:$LONG" \
             --variant "pb16:partial_bytes_per_thread=0:$COLS" \
             --variant "unscaled:dtype_scaled_blocks=0:$FWD" \
+            --variant "nopersist:persistent_rows=0:$LONGROWS" \
             --variant "notall:transposed_tiles=0:$TR" \
             --variant "lbc8k:loop_block_cols=8192:$ROWS" ;;
     *) echo "unknown step $1 (bash tools/gpu_run.sh list)"; return 2 ;;

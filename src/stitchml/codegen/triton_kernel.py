@@ -80,8 +80,11 @@ def emit_rows(b: KernelBuilder, stores: Stores) -> list[str]:
 
 def emit_looped(b: KernelBuilder, stores: Stores) -> list[str]:
     """Rows walked in column blocks; with column partials the program holds several rows
-    and its last loop stores, per column block, the block's sums over those rows."""
-    _rows(b, _pid(b))
+    and its last loop stores, per column block, the block's sums over those rows.
+    Without partials, `row_blocks` > 1 is a persistent grid: each program walks rows
+    with a grid stride (`plan/mapping.py::persistent_looped`)."""
+    stride = not b.k.partials and b.m.row_blocks > 1
+    _rows(b, ("rblk.to(tl.int64)" if b.idx64 else "rblk") if stride else _pid(b))
     for d in b.dom.col_dims:   # loop scopes define the c* names; the symbols are shared
         b.vars[d] = ix.var(f"c{d}", b.dom.shape[d], COL)
     _flat_index(b)
@@ -95,6 +98,9 @@ def emit_looped(b: KernelBuilder, stores: Stores) -> list[str]:
         for o in b.k.partials:
             stores.looped_partial(o)
         b.close_loop()
+    if stride:
+        blocks = -(-b.dom.rows // b.m.block_r)
+        return [f"for rblk in range(tl.program_id(0), {blocks}, {b.m.grid}):"] + ["    " + x for x in b.top.lines]
     return b.top.lines
 
 

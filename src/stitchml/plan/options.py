@@ -29,6 +29,7 @@ class PlanOptions:
     looped_partial_elems: int = 2048   # column partials beside looped rows: elements per iteration
     partial_bytes_per_thread: int = 64   # column partials beside on-chip rows: bytes a thread loads an iteration
     dtype_scaled_blocks: bool = True   # block knobs count float32 elements: 2-byte data gets twice as many
+    persistent_rows: bool = True   # looped rows read twice or more: 1-2 programs an SM walk rows (L2 reuse)
     looped_partials: bool = True   # column reductions beside long (looped) rows as column partials
     transposed_tiles: bool = True  # column-partial kernels reading an input transposed: 8-16-row tiles
     flat_row_runs: bool = True     # flat kernels reading row runs out of flat order: one element a thread

@@ -10,7 +10,7 @@ from ..ir import nodes as ir
 from ..ir.dce import eliminate_dead, merge_duplicates
 from . import mapping as mapping_rules
 from .access import generates, layout_domain, may_reorder, row_run_reads, transposed_reads
-from .cost import kernel_bytes, predict_seconds, unfused_bytes
+from .cost import input_passes, kernel_bytes, predict_seconds, reread_miss, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, cheap_chains, is_free, mark_recompute, recompute_cheap, source_bytes
 from .grouping import Grouper, Group
@@ -242,6 +242,15 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
             tall = replace(kp, mapping=tall_map, transposed=tuple(reads))
             if generates(g, tall):
                 kp = tall
+    if (kp.mapping.form == "row_looped" and not partials and not scatter and opts.persistent_rows
+            and not opts.fixed_row_blocks and kp.domain.rows > 2 * opts.device.sms
+            and max(input_passes(g, kp).values(), default=1) > 1 and reread_miss(g, kp, opts.device) > 0):
+        # rows read twice or more whose re-reads would miss L2: a persistent grid (plan/mapping.py)
+        rows = kp.domain.rows
+        row_bytes = sum(g[i].numel * g[i].dtype.itemsize / rows for i in kp.inputs if g[i].numel >= kp.domain.cols * rows)
+        walk = replace(kp, mapping=mapping_rules.persistent_looped(rows, kp.domain.cols, row_bytes, opts))
+        if reread_miss(g, walk, opts.device) < reread_miss(g, kp, opts.device) and generates(g, walk):
+            kp = walk
     if (kp.mapping.form == "row_looped" and opts.column_tails and not opts.fixed_row_blocks
             and kp.domain.cols % kp.mapping.block_c and kp.domain.cols > kp.mapping.block_c):
         kp.column_tail = True   # whole column blocks unmasked, the partial one apart (codegen)

@@ -61,7 +61,8 @@ class _DryJIT:
 
 def live_launchers() -> list:
     from ..runtime.launcher import Launcher
-    return [o for o in gc.get_objects() if isinstance(o, Launcher)]
+    # (`type(o) is`: isinstance on a dead weak proxy among gc's objects raises)
+    return [o for o in gc.get_objects() if type(o) is Launcher]
 
 
 def dry_launchers(counter: list[int], found: list) -> int:
