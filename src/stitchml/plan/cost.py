@@ -70,6 +70,11 @@ def input_passes(g: ir.Graph, k: KernelPlan) -> dict[int, int]:
     return {i: max(1, c) for i, c in counts.items()}
 
 
+def row_bytes(g: ir.Graph, k: KernelPlan) -> float:
+    """Bytes of one row of the kernel's inputs that are read along its rows."""
+    return sum(_nbytes(g[i]) / max(k.domain.rows, 1) for i in k.inputs if g[i].numel >= k.domain.cols)
+
+
 def reread_miss(g: ir.Graph, k: KernelPlan, dev) -> float:
     """Fraction of a looped kernel's re-reads of its row that miss L2 and go to DRAM.
     A program re-reads its row right after its previous pass; meanwhile every resident
@@ -79,8 +84,7 @@ def reread_miss(g: ir.Graph, k: KernelPlan, dev) -> float:
         return 1.0
     warps = max(k.mapping.num_warps, 1)
     resident = min(max(k.mapping.grid, 1), dev.sms * max(1, dev.max_warps_per_sm // warps))
-    row_bytes = sum(_nbytes(g[i]) / max(k.domain.rows, 1) for i in k.inputs if g[i].numel >= k.domain.cols)
-    in_flight = resident * row_bytes * k.mapping.block_r
+    in_flight = resident * row_bytes(g, k) * k.mapping.block_r
     return 0.0 if in_flight <= 0 else min(1.0, max(0.0, 1.0 - 0.75 * dev.l2_bytes / in_flight))
 
 

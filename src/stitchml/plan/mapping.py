@@ -78,9 +78,10 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: 
     not kernels with column partials, whose tiles `deeper_partial_tile` sizes)."""
     fixed = opts.fixed_row_blocks
     scale = 1 if partials or not opts.dtype_scaled_blocks else elems_scale(itemsize)
-    base = opts.pointwise_block if domain.is_flat else max(opts.block_elems, next_pow2(domain.cols))
-    if scale > 1 and domain.rows * domain.cols < SCALED_MIN_PROGRAMS_PER_SM * opts.device.sms * base * scale:
-        scale = 1   # few rows (BERT's 2048 tokens): bigger programs would leave SMs short of them
+    if scale > 1:
+        base = opts.pointwise_block if domain.is_flat else max(opts.block_elems, next_pow2(domain.cols))
+        if domain.rows * domain.cols < SCALED_MIN_PROGRAMS_PER_SM * opts.device.sms * base * scale:
+            scale = 1   # few rows (BERT's 2048 tokens): bigger programs would leave SMs short of them
     if domain.is_flat:
         n = domain.rows
         block = opts.pointwise_block * scale

@@ -10,7 +10,7 @@ from ..ir import nodes as ir
 from ..ir.dce import eliminate_dead, merge_duplicates
 from . import mapping as mapping_rules
 from .access import generates, layout_domain, may_reorder, row_run_reads, transposed_reads
-from .cost import input_passes, kernel_bytes, predict_seconds, reread_miss, unfused_bytes
+from .cost import input_passes, kernel_bytes, predict_seconds, reread_miss, row_bytes, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, cheap_chains, is_free, mark_recompute, recompute_cheap, source_bytes
 from .grouping import Grouper, Group
@@ -222,7 +222,6 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
         # more bytes in flight a thread: taller row blocks (plan/mapping.py); only where
         # nothing full-size is written: a norm backward's tiles, taller, took 83-121
         # registers for sm_90 (64 before), too many for two 16-warp programs an SM
-        full = grp.domain.rows * grp.domain.cols
         bpe = sum(g[i].dtype.itemsize for i in kp.inputs if g[i].numel >= full)
         writes_rows = any(g[o].numel >= full for o in kp.outputs)
         deeper = kp.mapping if writes_rows else mapping_rules.deeper_partial_tile(
@@ -244,12 +243,12 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
                 kp = tall
     if (kp.mapping.form == "row_looped" and not partials and not scatter and opts.persistent_rows
             and not opts.fixed_row_blocks and kp.domain.rows > 2 * opts.device.sms
-            and max(input_passes(g, kp).values(), default=1) > 1 and reread_miss(g, kp, opts.device) > 0):
+            and max(input_passes(g, kp).values(), default=1) > 1):
         # rows read twice or more whose re-reads would miss L2: a persistent grid (plan/mapping.py)
-        rows = kp.domain.rows
-        row_bytes = sum(g[i].numel * g[i].dtype.itemsize / rows for i in kp.inputs if g[i].numel >= kp.domain.cols * rows)
-        walk = replace(kp, mapping=mapping_rules.persistent_looped(rows, kp.domain.cols, row_bytes, opts))
-        if reread_miss(g, walk, opts.device) < reread_miss(g, kp, opts.device) and generates(g, walk):
+        miss = reread_miss(g, kp, opts.device)
+        walk = replace(kp, mapping=mapping_rules.persistent_looped(kp.domain.rows, kp.domain.cols,
+                                                                   row_bytes(g, kp), opts))
+        if miss > 0 and reread_miss(g, walk, opts.device) < miss and generates(g, walk):
             kp = walk
     if (kp.mapping.form == "row_looped" and opts.column_tails and not opts.fixed_row_blocks
             and kp.domain.cols % kp.mapping.block_c and kp.domain.cols > kp.mapping.block_c):

@@ -419,9 +419,11 @@ class Program:
     consts: dict = field(default_factory=dict)
 
     def render(self, drop_checks: frozenset | set = frozenset(), sizes: tuple[str, ...] | None = None) -> str:
-        """Python source of `call(args)`; `drop_checks`: numbers of checks already
-        passed (the lean wrapper after the first call); `sizes`: a dynamic template's
-        `call(args, sizes)`, the sizes unpacked into these names."""
+        """Python source of `call(args)`, then the module-level lines that bind its
+        fixed-grid launch lines (`_L0 = k3.site(...)`: `runtime/launcher.py::Site`);
+        `drop_checks`: numbers of checks already passed (the lean wrapper after the
+        first call); `sizes`: a dynamic template's `call(args, sizes)`, the sizes
+        unpacked into these names."""
         head = ["def call(args):"] if sizes is None else ["def call(args, sizes):"]
         if sizes:
             head.append("    " + "".join(f"{n}, " for n in sizes) + "= sizes")
