@@ -48,8 +48,7 @@ class _DryKernel:
 class _DryJIT:
     """Stands for a Triton function: `fn[grid](*args, **options)` returns a dry kernel."""
 
-    def __init__(self, fn: Any, counter: list[int]):
-        self.params = getattr(fn, "params", ())
+    def __init__(self, counter: list[int]):
         self.counter = counter
 
     def __getitem__(self, grid: tuple) -> Callable:
@@ -73,7 +72,7 @@ def dry_launchers(counter: list[int], found: list) -> int:
         names = getattr(launcher.fn, "arg_names", ())
         fresh = (getattr(launcher.fn, "kwargs", None) or {}).get("do_not_specialize") or ()
         launcher.fresh = launcher.fresh | frozenset(i for i, n in enumerate(names) if n in fresh or i in fresh)
-        launcher.fn = _DryJIT(launcher.fn, counter)
+        launcher.fn = _DryJIT(counter)
         launcher.bound.clear()
         launcher.direct = True
         launcher.stream = lambda index: 0
