@@ -99,8 +99,7 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: 
             return Mapping(form, br, bc, _warps(br * bc), blocks)
         # column partials: each program walks several row blocks (grid-stride) so the
         # partial buffer (programs x cols) stays small; a few waves of programs suffice
-        grid = min(blocks, _partial_programs(opts))
-        return Mapping(form, br, bc, _warps(br * bc), grid, -(-blocks // grid))
+        return Mapping(form, br, bc, _warps(br * bc), *_partial_walk(rows, br, opts))
     if partials:   # several rows per program: one partial row per program and column block
         br = looped_rows(rows, opts)
         bc = min(next_pow2(cols), max(min(32, opts.looped_partial_elems), opts.looped_partial_elems // br))
@@ -150,18 +149,14 @@ def deeper_partial_tile(mp: Mapping, rows: int, bytes_per_elem: int, accumulator
     br = mp.block_r
     while True:
         per_thread = br * mp.block_c // threads
-        taller = 2 * br
-        blocks = -(-rows // taller)
-        grid = min(blocks, _partial_programs(opts))
         if (per_thread * bytes_per_elem >= target or 2 * per_thread * max(accumulators, 1) >
-                ACCUMULATOR_ELEMS_PER_THREAD or -(-blocks // grid) < MIN_ROW_BLOCKS_PER_PROGRAM):
+                ACCUMULATOR_ELEMS_PER_THREAD or _partial_walk(rows, 2 * br, opts)[1] < MIN_ROW_BLOCKS_PER_PROGRAM):
             break
-        br = taller
+        br *= 2
     if br == mp.block_r:
         return mp
-    blocks = -(-rows // br)
-    grid = min(blocks, _partial_programs(opts))
-    return replace(mp, form="packed_rows", block_r=br, grid=grid, row_blocks=-(-blocks // grid))
+    grid, row_blocks = _partial_walk(rows, br, opts)
+    return replace(mp, form="packed_rows", block_r=br, grid=grid, row_blocks=row_blocks)
 
 
 # point-wise ops whose helper holds many float64 values per element (long unrolled series,
@@ -268,6 +263,14 @@ def transposed_rows(domain: Domain, opts: PlanOptions, itemsize: int) -> Mapping
         bc = next_pow2(cols)
         return Mapping("packed_rows", br, bc, _warps(br * bc), -(-rows // br))
     return Mapping("row_looped", br, bc, _warps(br * bc), -(-rows // br))
+
+
+def _partial_walk(rows: int, block_r: int, opts: PlanOptions) -> tuple[int, int]:
+    """(grid, row blocks each program walks) of a kernel with column partials over
+    `rows` in blocks of `block_r`: at most `_partial_programs` programs, grid stride."""
+    blocks = -(-rows // block_r)
+    grid = min(blocks, _partial_programs(opts))
+    return grid, -(-blocks // grid)
 
 
 def _partial_programs(opts: PlanOptions) -> int:
