@@ -58,6 +58,60 @@ def test_looped_cross_entropy_forward_backward(dtype):
     assert all(n >= 1 for n in c.launches_per_graph)
 
 
+def _loop_bodies(src: str) -> list[list[str]]:
+    """The lines of each `for cbase` loop of a kernel's source."""
+    lines, bodies = src.splitlines(), []
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("for cbase in range("):
+            depth = len(line) - len(line.lstrip())
+            body = []
+            for nxt in lines[i + 1:]:
+                if nxt.strip() and len(nxt) - len(nxt.lstrip()) <= depth:
+                    break
+                body.append(nxt)
+            bodies.append(body)
+    return bodies
+
+
+def _lanes_rows(dtype):
+    """Rows that exercise each lane's own maximum: a lane whose values are all -inf but
+    one late finite value, +inf in the first block then finite values after it, NaN in
+    the first element, huge spreads (a rescale of exp(-2e4) must not overflow or lose
+    the sum), and a maximum that every lane reaches in a different block."""
+    x = torch.randn(6, 301, dtype=dtype) * 4
+    x[0, ::2] = float("-inf")
+    x[0, 299] = 3.0
+    x[1, 5] = float("inf")
+    x[2, 0] = float("nan")
+    x[3, :150] = -1e4
+    x[3, 150:] = 1e4 + torch.arange(151, dtype=dtype)
+    x[4] = torch.arange(301, dtype=dtype) * 0.05          # rising: every lane's maximum moves every block
+    x[5] = -torch.arange(301, dtype=dtype) * 0.05         # falling: no lane's maximum moves after block 0
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "logsumexp"])
+def test_online_pair_keeps_lanes_apart_inside_the_loop(name, dtype):
+    """The looped online pair keeps a maximum and a sum per lane and reduces across lanes
+    once, after the loop: no cross-lane reduction in the loop body (a shared-memory
+    round trip per column block, which made a 128-block softmax row latency-bound on the
+    H200), and the values still eager's on rows that move each lane's maximum apart."""
+    fn = {"softmax": lambda x: torch.softmax(x, -1), "log_softmax": lambda x: torch.log_softmax(x, -1),
+          "logsumexp": lambda x: torch.logsumexp(x, -1)}[name]
+    with config.override(**LOOPED):
+        c = compare_with_eager(fn, [_lanes_rows(dtype)], backward=False)
+        plan = plan_of(fn, _lanes_rows(dtype))
+    assert c.num_kernels == 1
+    (k,) = plan.kernels
+    src = generate(plan.graph, k).source
+    online = [body for body in _loop_bodies(src) if any("mrun" in line for line in body)]
+    assert online, src
+    for body in online:
+        assert not any(op in line for line in body for op in ("tl.reduce(", "tl.sum(", "tl.max(")), "\n".join(body)
+    assert src.count("tl.exp(") + src.count("_exp(") >= 1
+
+
 def test_softmax_reads_its_row_twice_and_the_model_says_so():
     x = torch.randn(4, 20000)
     plan = plan_of(lambda x: torch.softmax(x, -1), x)

@@ -193,6 +193,24 @@ def test_row_kernel_loops_over_column_blocks():
     torch.testing.assert_close(z, ref_z.grad, rtol=1e-5, atol=1e-6)
 
 
+
+def test_row_kernel_lanes_on_rising_falling_and_huge_rows():
+    """One exp a value per lane (the term or the rescale): rows whose maximum moves in
+    every block (rising), never after the first (falling), spreads of 2e4 (a rescale by
+    exp(-2e4) = 0 must not lose the sum) and a target past the first block, against torch."""
+    v = 70
+    z = torch.stack([torch.arange(v) * 0.3, -torch.arange(v) * 0.3,
+                     torch.cat([torch.full((35,), -1e4), torch.full((35,), 1e4)]) + torch.randn(v),
+                     torch.randn(v) * 30]).float()
+    t = torch.tensor([69, 0, 50, 17])
+    count = torch.tensor([4.0])
+    ref_z = z.clone().requires_grad_()
+    ref = F.cross_entropy(ref_z, t, reduction="none")
+    ref.sum().div(count[0]).backward()
+    got = ce_rows(z, t, count, -100, 0.0, 0.0, True, block=16)
+    torch.testing.assert_close(got, ref.detach(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(z, ref_z.grad, rtol=1e-5, atol=1e-6)
+
 def test_inference_computes_no_gradients():
     torch.manual_seed(3)
     h, w, _, t = _inputs(torch.float32, -100)

@@ -80,9 +80,12 @@ def _row_loss(base, t, valid, loss_out, lse_out, V, smooth, softcap, cols0, HAS_
         if HAS_SOFTCAP:
             z = softcap * _tanh(z / softcap)
         zm = tl.where(mask, z, floor)
-        m_new = tl.maximum(m_lane, zm)
-        s_lane = s_lane * tl.exp(m_lane - m_new) + tl.where(mask, tl.exp(zm - m_new), 0.0)
-        m_lane = m_new
+        # one exp a value: exp(-|z - m|) is the new term (z <= m) or the rescale of the
+        # lane's sum to a new maximum z (s * e + 1)
+        d = zm - m_lane
+        e = tl.exp(-tl.abs(d))
+        s_lane = tl.where(mask, tl.where(d > 0, s_lane * e + 1.0, s_lane + e), s_lane)
+        m_lane = tl.maximum(m_lane, zm)
         zsum += tl.where(mask, z, 0.0)
         zt += tl.where(cols == t, z, 0.0)
     m = tl.max(m_lane, 0)

@@ -7,8 +7,9 @@ number of passes over its inputs.  Two rules put several reductions in one loop:
   result (a variance's sum of deviations and sum of squares) accumulate side by side;
 - *online pairs*: a row maximum `m = amax(x)` and the sum `sum(exp(x - m))` that
   normalises with it (softmax, log-softmax, log-sum-exp, cross-entropy) run as one
-  loop with a running maximum: each lane rescales its sum by `exp(m_old - m_new)`
-  when its maximum grows, and the lanes are combined the same way at the end.  The
+  loop with a running maximum and sum per lane (no cross-lane step inside the loop):
+  a lane rescales its sum when its maximum grows, and the lanes are combined once at
+  the end (`codegen/emit_reduce.py`).  The
   looped softmax thus reads its row twice (statistics, output) instead of three times.
 
 The code generator (`codegen/emit_reduce.py`) emits exactly these loops and the cost
