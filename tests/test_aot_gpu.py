@@ -112,6 +112,54 @@ def test_micro_suite_survey_compiles_full_size_plans_for_sm90():
     assert any(r["accesses"]["ld"].get("16", 0) > 0 for _, _, _, r in rows), rows
 
 
+COLUMN_LOOPS_SCRIPT = textwrap.dedent("""
+    import json
+    from stitchml.tools.aot_check import survey_micro
+    cases = r"softmax_fwd\\[N=32768\\]|rms_norm_bwd\\[N=32768\\]|cross_entropy_fwdbwd\\[V=32000\\]"
+    rows = [(c, d, g, r.__dict__) for c, d, g, r in survey_micro(cases, ("bf16",))]
+    print(json.dumps(rows))
+""")
+
+
+def test_column_loops_keep_their_reductions_within_warps_for_sm90():
+    """Kernels that walk long rows in column blocks reduce nothing across warps inside
+    the column loop: the online softmax keeps a maximum and a sum per lane (the
+    cross-entropy's log-sum-exp too), and the looped column partials keep each tile's
+    rows in a thread (`mapping.partial_lanes`).  Before, each had a shared-memory
+    reduction with barriers every column block (12 barriers an iteration in the RMS
+    norm backward's partial kernel)."""
+    rows = _run_outside_interpreter(COLUMN_LOOPS_SCRIPT)
+    assert {c for c, _, _, _ in rows} == {"softmax_fwd[N=32768]", "rms_norm_bwd[N=32768]",
+                                           "cross_entropy_fwdbwd[V=32000]"}, rows
+    assert all(r["ok"] and r["registers"] <= 255 and r["spills"] == 0 for _, _, _, r in rows), rows
+    assert all(r["loop_cross_warp_reductions"] == 0 for _, _, _, r in rows), \
+        [(c, g, r["kernel"], r["loop_cross_warp_reductions"]) for c, _, g, r in rows]
+
+
+def test_cross_warp_reductions_are_counted_in_column_loops_only():
+    """The TTGIR reading behind the test above: a reduction over an axis spread across
+    warps counts inside a column loop, not after it, not inside a loop over row blocks,
+    and not over an axis one warp holds."""
+    from stitchml.tools.aot_check import loop_cross_warp_reductions
+    layouts = ("#blocked = #ttg.blocked<{sizePerThread = [1, 8], threadsPerWarp = [1, 32], warpsPerCTA = [4, 2], "
+               "order = [1, 0]}>\n")
+
+    def reduce(axis):
+        return (f'%r = "tt.reduce"(%x) <{{axis = {axis} : i32}}> ({{\n'
+                "^bb0(%a: f32, %b: f32):\n  tt.reduce.return %a : f32\n"
+                "}) : (tensor<4x512xf32, #blocked>) -> tensor<512xf32>\n")
+
+    def loop(var, body):
+        return f"scf.for %{var} = %c0 to %c8 step %c1 : i32 {{\n{body}}}\n"
+    assert loop_cross_warp_reductions(layouts + loop("cbase", reduce(0))) == 1
+    assert loop_cross_warp_reductions(layouts + loop("cbase", reduce(1))) == 1
+    assert loop_cross_warp_reductions(layouts + loop("cbase", "") + reduce(0)) == 0
+    assert loop_cross_warp_reductions(layouts + loop("rblk", reduce(0))) == 0
+    assert loop_cross_warp_reductions(layouts + loop("rblk", loop("cbase", reduce(0)) + reduce(1))) == 1
+    one_warp = layouts.replace("warpsPerCTA = [4, 2]", "warpsPerCTA = [1, 8]")
+    assert loop_cross_warp_reductions(one_warp + loop("cbase", reduce(0))) == 0
+
+
 BITS_SCRIPT = textwrap.dedent("""
     import json, torch
     import torch.nn.functional as F

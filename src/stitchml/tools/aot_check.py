@@ -34,6 +34,10 @@ class AotResult:
     # layout conversions (through shared memory, with barriers) inside loops: a tile
     # converted on every iteration of a row-block loop is work Triton adds per element
     loop_conversions: int | None = None
+    # reductions inside loops whose reduced axis is spread over several warps: each is a
+    # shared-memory round trip with barriers, every iteration (a looped softmax's running
+    # maximum per column block; a looped partial's sum over rows laid out across warps)
+    loop_cross_warp_reductions: int | None = None
 
 
 def _signature(ks, g) -> dict[str, str]:
@@ -147,6 +151,38 @@ def loop_conversions(ttgir: str) -> int:
     return count
 
 
+_TTGIR_WARPS = re.compile(r"^#(blocked\d*) = #ttg\.blocked<\{.*?warpsPerCTA = \[([\d, ]+)\]", re.M)
+
+
+def loop_cross_warp_reductions(ttgir: str) -> int:
+    """`tt.reduce` ops directly inside a column loop (an `scf.for` over `cbase`, the
+    code generator's walk of a row in column blocks) whose operand's layout puts more
+    than one warp along the reduced axis (`warpsPerCTA[axis] > 1`): Triton combines
+    those warps through shared memory, with barriers, on every column block.  (A row's
+    statistics after its column loop, or a row block's inside a grid-stride walk of
+    rows, are one per row: not counted.)"""
+    warps = {name: [int(w) for w in ws.split(",")] for name, ws in _TTGIR_WARPS.findall(ttgir)}
+    depth, loops, count, pending = 0, [], 0, None
+    for line in ttgir.splitlines():
+        bare = re.sub(r"<\{[^{}]*\}>", "", line)
+        if '"tt.reduce"' in line and loops and loops[-1][1]:
+            axis = re.search(r"axis = (\d+)", line)
+            pending = int(axis.group(1)) if axis else None
+        elif pending is not None and line.lstrip().startswith("})"):
+            operand = re.search(r"\}\) : \(tensor<[\dx]+x\w+, #(blocked\d*)>", line)
+            ws = warps.get(operand.group(1)) if operand else None
+            if ws and pending < len(ws) and ws[pending] > 1:
+                count += 1
+            pending = None
+        opened = "scf.for" in bare and bare.rstrip().endswith("{")
+        depth += bare.count("{") - bare.count("}")
+        if opened:
+            loops.append((depth, "scf.for %cbase" in bare))
+        while loops and depth < loops[-1][0]:
+            loops.pop()
+    return count
+
+
 def _resources(cubin: bytes) -> tuple[int | None, int | None]:
     import triton
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -207,7 +243,8 @@ def check_plan(plan, arch: int = 90) -> list[AotResult]:
             ttgir = compiled.asm.get("ttgir", "")
             hist, strided = memory_accesses(compiled.asm.get("ptx", ""), ttgir)
             results.append(AotResult(name, True, registers=regs, spills=stack, accesses=hist,
-                                     strided_scalar=strided, loop_conversions=loop_conversions(ttgir)))
+                                     strided_scalar=strided, loop_conversions=loop_conversions(ttgir),
+                                     loop_cross_warp_reductions=loop_cross_warp_reductions(ttgir)))
         except Exception as e:  # report, do not stop: the caller wants every kernel's verdict
             results.append(AotResult(name, False, f"{type(e).__name__}: {str(e)[:500]}"))
     return results
@@ -288,7 +325,8 @@ def survey_micro(case_re: str = "", dtypes=("fp32", "bf16"), arch: int = 90, dev
 def main(argv: list[str] | None = None) -> int:
     """`python -m stitchml.tools.aot_check --micro [--case RE]`: the register and stack
     use, the global memory accesses (bytes per instruction, strided-scalar count) and
-    the tile layout conversions inside loops of every micro-suite kernel compiled for
+    the tile layout conversions and cross-warp reductions inside loops of every
+    micro-suite kernel compiled for
     sm_90 (no GPU needed); exit status 1 if one fails to compile."""
     import argparse
     ap = argparse.ArgumentParser(description=main.__doc__)
@@ -300,15 +338,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("nothing to do: pass --micro")
     failed = 0
     print("| case | dtype | graph | kernel | registers | stack bytes | loads (bytes x count) | stores | strided scalar "
-          "| tile conversions in loops |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| tile conversions in loops | cross-warp reductions in loops |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for case, dtype, graph, r in survey_micro(args.case, tuple(args.dtype)):
         failed += not r.ok
         acc = r.accesses or {}
         ld, st = (" ".join(f"{b}x{n}" for b, n in sorted(acc.get(k, {}).items(), key=lambda i: -int(i[0])))
                   for k in ("ld", "st"))
         print(f"| {case} | {dtype} | {graph} | {r.kernel} | {r.registers if r.ok else 'FAILED: ' + r.error[:80]} "
-              f"| {r.spills} | {ld} | {st} | {r.strided_scalar if r.ok else ''} | {r.loop_conversions if r.ok else ''} |",
+              f"| {r.spills} | {ld} | {st} | {r.strided_scalar if r.ok else ''} | {r.loop_conversions if r.ok else ''} "
+              f"| {r.loop_cross_warp_reductions if r.ok else ''} |",
               flush=True)
     return 1 if failed else 0
 
