@@ -266,3 +266,49 @@ def test_transposed_tiles_grow_where_rows_would_give_too_many_programs():
     (k,) = [k for k in plan.kernels if k.partials]
     assert k.transposed and k.mapping.form == "row_looped" and k.mapping.block_r == 32, k.mapping.describe()
     assert k.mapping.grid == 32768 // 32
+
+
+@pytest.mark.parametrize("dtype, cols", [("bf16", 2048), ("fp32", 1024)])
+def test_looped_partial_tiles_keep_each_rows_columns_in_one_thread(dtype, cols):
+    """[1024, 32768] on the H100: the partial kernel's 4 rows of a column block sit in each
+    thread, its 8 warps side by side along 32 x 8 x (16 / itemsize) columns (one 16-byte
+    vector a lane and row), so each block's partial row is summed in registers; the knob
+    off keeps `looped_partial_elems` a tile ([4, 512], which Triton spread over warps
+    along the rows)."""
+    _, plan = _plans_for("rms_norm_bwd[N=32768]", dtype)
+    (k,) = [k for k in plan.kernels if k.partials and k.mapping.form == "row_looped"]
+    m = k.mapping
+    assert (m.block_r, m.block_c, m.num_warps) == (4, cols, 8)
+    assert m.block_c == 32 * m.num_warps * 16 // {"bf16": 2, "fp32": 4}[dtype]
+    _, off = _plans_for("rms_norm_bwd[N=32768]", dtype, partial_lanes=False)
+    (k,) = [k for k in off.kernels if k.partials and k.mapping.form == "row_looped"]
+    assert (k.mapping.block_r, k.mapping.block_c) == (4, 512)
+
+
+def test_partial_lanes_leave_tall_tiles_alone():
+    """Many rows (32 a program): 32 rows of a 16-byte vector would be 256 values a thread
+    per input, so the tile keeps its shape."""
+    from stitchml.plan.mapping import Mapping, partial_lanes
+    tall = Mapping("row_looped", 32, 64, 8, 256)
+    assert partial_lanes(tall, 32768, 2) == tall
+    short = Mapping("row_looped", 4, 512, 8, 256)
+    assert partial_lanes(short, 32768, 2) == Mapping("row_looped", 4, 2048, 8, 256)
+    assert partial_lanes(short, 300, 4) == Mapping("row_looped", 4, 512, 4, 256)   # 512 columns: 4 warps of 4-vectors
+
+
+@pytest.mark.parametrize("fn, dtype", [(layer_norm, torch.float32), (rms_norm, torch.float32),
+                                       (rms_norm, torch.bfloat16)], ids=["layer_norm-fp32", "rms_norm-fp32", "rms_norm-bf16"])
+def test_norm_backward_with_rows_in_each_thread_matches_eager(fn, dtype):
+    """16 rows of 50 on the cpu device: 4 rows a program (`looped_rows`), so the tile takes
+    the lanes layout (a 64-column block here); gradients against eager (bfloat16 against a
+    float64 run)."""
+    inputs = _inputs(fn, dtype, rows=16)
+    with config.override(**LOOPED):
+        if dtype == torch.bfloat16:
+            c, verdict = compare_against_float64(fn, inputs)
+            verdict.assert_ok(fn.__name__)
+        else:
+            c = compare_with_eager(fn, inputs)
+    (k,) = [k for k in _backward_kernels(c) if k.mapping.form == "row_looped" and k.partials]
+    assert (k.mapping.block_r, k.mapping.block_c) == (4, 64), k.mapping.describe()
+    assert any(c.combine_of == k.name for c in _backward_kernels(c))

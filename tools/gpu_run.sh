@@ -140,7 +140,8 @@ print(calibration_path(current_device().name))" 2>/dev/null)
             --variant "default::$NORMS;$COLS;$ROWS;$FWD;$LONGROWS" \
             --variant "nobarrier:global_barriers=0:$NORMS" \
             --variant "pp8:partial_programs_per_sm=8:$SOME" \
-            --variant "el8k:looped_partial_elems=8192:$LONG" \
+            --variant "el8k:looped_partial_elems=8192,partial_lanes=0:$LONG" \
+            --variant "nolanes:partial_lanes=0:$LONG" \
             --variant "nopart:looped_partials=0:$LONG" \
             --variant "pb16:partial_bytes_per_thread=0:$COLS" \
             --variant "unscaled:dtype_scaled_blocks=0:$FWD" \

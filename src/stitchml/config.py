@@ -41,6 +41,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("looped_partial_elems", "STITCHML_LOOPED_PARTIAL_ELEMS", 2048, int,
          "Column partials beside long (looped) rows: elements per loop iteration of a program's row block "
          "(rows x columns). H200, 2026-11-25: rms_norm_bwd N=32768 at 2048 ran 3.7x its prediction."),
+    Knob("partial_lanes", "STITCHML_PARTIAL_LANES", True, _bool,
+         "Column partials beside long (looped) rows: a program's tile keeps all its rows in each thread, its "
+         "warps side by side along the columns (a column block of 32 x warps x 16-byte vectors), so each "
+         "column block's partial row is summed in registers. Off: `looped_partial_elems` elements a tile, "
+         "which Triton lays out with warps across the rows: sm_90 code of rms_norm_bwd N=32768 then sums "
+         "every block's rows through shared memory (12 barriers an iteration; the H200 ran that kernel "
+         "at 0.75 TB/s). Only where rows x vector fit 32 values a thread. Not yet measured on a GPU."),
     Knob("partial_bytes_per_thread", "STITCHML_PARTIAL_BYTES_PER_THREAD", 64, int,
          "Column partials beside rows held on chip (a column sum, a bias gradient): the row block grows "
          "until a thread loads this many bytes an iteration (several independent 16-byte loads in flight), "

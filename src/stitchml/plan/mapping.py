@@ -108,6 +108,30 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: 
     return Mapping("row_looped", 1, bc, _warps(bc), rows)
 
 
+PARTIAL_LANE_WARPS = 8          # warps of a looped partial kernel's program, side by side along the columns
+PARTIAL_LANE_VALUES = 32        # a tile's values a thread may hold per input (rows x one 16-byte vector)
+
+
+def partial_lanes(mp: Mapping, cols: int, itemsize: int) -> Mapping:
+    """A looped kernel with column partials (`choose(..., partials=True)`: R rows, a column
+    block) laid out so that every thread holds all R rows of its columns: a column
+    block of 32 x warps x (16 / `itemsize`) columns, the width Triton's 16-byte vectors
+    give one warp's lanes, so that no two warps share a column and each column block's
+    partial row (a sum over the R rows) is summed in registers.  With `looped_partial_elems`
+    elements a tile ([4, 512] at 8 warps) Triton put the warps across the rows
+    (warpsPerCTA [4, 2]); the sum then went through shared memory every iteration (sm_90
+    code of rms_norm_bwd N=32768: 12 barriers an iteration; the H200 ran that kernel at
+    0.75 TB/s, 18 % of copy bandwidth).  `itemsize`: the smallest element size of the
+    kernel's full-size accesses (the widest vector).  Unchanged where R rows of a vector
+    exceed PARTIAL_LANE_VALUES a thread (registers)."""
+    vec = 16 // max(min(itemsize, 16), 1)
+    if mp.form != "row_looped" or mp.block_r * vec > PARTIAL_LANE_VALUES:
+        return mp
+    bc = min(next_pow2(cols), 32 * PARTIAL_LANE_WARPS * vec)
+    warps = max(1, min(PARTIAL_LANE_WARPS, bc // (32 * vec)))
+    return replace(mp, block_c=bc, num_warps=warps)
+
+
 PERSISTENT_LOOP_COLS = 8192   # column block of persistent looped rows: 16 elements a thread of 16 warps
 
 

@@ -27,6 +27,7 @@ class PlanOptions:
     split_min_cols: int = 1024     # task splitting: smallest chunk of a split row
     partial_programs_per_sm: int = 2   # column partials beside on-chip rows: programs per SM
     looped_partial_elems: int = 2048   # column partials beside looped rows: elements per iteration
+    partial_lanes: bool = True   # looped column partials: a tile's rows in each thread, warps along the columns
     partial_bytes_per_thread: int = 64   # column partials beside on-chip rows: bytes a thread loads an iteration
     dtype_scaled_blocks: bool = True   # block knobs count float32 elements: 2-byte data gets twice as many
     persistent_rows: bool = True   # looped rows read twice or more: 1-2 programs an SM walk rows (L2 reuse)

@@ -217,6 +217,13 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
                            transposed=tuple(reads))
             if generates(g, tall):   # (a per-row value the looped form cannot reach keeps whole rows)
                 kp = tall
+    if partials and kp.mapping.form == "row_looped" and not kp.transposed and opts.partial_lanes:
+        # every row of the tile in each thread: partial rows summed in registers (plan/mapping.py)
+        small = min((g[i].dtype.itemsize for i in (*inputs, *outputs) if g[i].numel * 2 >= full
+                     and g[i].dtype is not None), default=4)
+        lanes = replace(kp, mapping=mapping_rules.partial_lanes(kp.mapping, grp.domain.cols, small))
+        if lanes.mapping != kp.mapping and generates(g, lanes):
+            kp = lanes
     if (partials and kp.mapping.form in ("packed_rows", "row_persistent") and not kp.transposed
             and not opts.fixed_row_blocks and not scatter):
         # more bytes in flight a thread: taller row blocks (plan/mapping.py); only where
