@@ -66,3 +66,56 @@ def test_aligned_row_runs_keep_their_vectors():
     x = torch.randn(512, 2304, dtype=torch.bfloat16)
     k = _only_kernel(plan_of(lambda x: x[:, :768] * 2, x))
     assert not k.row_runs and k.mapping.num_warps * 32 < k.mapping.block_r
+
+
+def _loss_grad(x, lse, w):
+    """A cross-entropy backward's shape: [tokens, vocab] logits against per-token values
+    (the log-sum-exp and a weight), broadcast along each row."""
+    return ((x.float() - lse[:, None]).exp() * w[:, None]).to(x.dtype)
+
+
+def _row_inputs(rows, cols, dtype=torch.float32, device="cpu"):
+    return (torch.randn(rows, cols, dtype=dtype, device=device), torch.randn(rows, device=device).abs() + 2,
+            torch.randn(rows, device=device))
+
+
+def test_per_row_values_along_long_rows_walk_rows_at_full_size():
+    """GPT-2's loss backward at full size (4096 x 50257, bfloat16, H100): a row kernel that
+    loads each token's values once, not a flat kernel dividing its index per element;
+    odd rows with a single per-row value, few rows, or short rows stay flat; the knob
+    off keeps it flat."""
+    from stitchml.plan.access import row_values_domain
+    with config.override(device="H100"):
+        plan = plan_of(_loss_grad, *_row_inputs(4096, 50257, torch.bfloat16, "meta"))
+        k = _only_kernel(plan)
+        assert k.domain.col_dims == (1,) and k.mapping.form == "row_looped" and k.mapping.grid == 4096
+        assert k.column_tail   # 50257 = 24 whole blocks of 2048 and a tail
+        with config.override(row_values=False):
+            assert _only_kernel(plan_of(_loss_grad, *_row_inputs(4096, 50257, torch.bfloat16, "meta"))).domain.is_flat
+        one = plan_of(lambda x, s: (x.float() * s[:, None]).to(x.dtype), *_row_inputs(4096, 50257, torch.bfloat16,
+                                                                                     "meta")[::2])
+        assert _only_kernel(one).domain.is_flat                                    # odd rows, one value: vectors win
+        one = plan_of(lambda x, s: (x.float() * s[:, None]).to(x.dtype), *_row_inputs(4096, 32000, torch.bfloat16,
+                                                                                     "meta")[::2])
+        assert _only_kernel(one).domain.col_dims == (1,)                           # aligned rows keep their vectors
+        assert _only_kernel(plan_of(_loss_grad, *_row_inputs(128, 50257, torch.bfloat16, "meta"))).domain.is_flat
+        short = plan_of(_loss_grad, *_row_inputs(4096, 512, torch.bfloat16, "meta"))
+        assert _only_kernel(short).domain.is_flat and row_values_domain(short.graph, _only_kernel(short)) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("knobs", [{}, dict(persistent_max_cols=512, loop_block_cols=256)], ids=["rows", "looped"])
+def test_per_row_values_walked_as_rows_match_eager(dtype, knobs):
+    """16 rows of 1030 (odd: a column tail when looped): the row kernel's values as eager's,
+    a transposed full-size read keeps the flat form."""
+    with config.override(**knobs):
+        c = compare_with_eager(_loss_grad, list(_row_inputs(16, 1030, dtype)), backward=False,
+                               **({} if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)))
+        plan = plan_of(_loss_grad, *_row_inputs(16, 1030, dtype))
+        xt = torch.randn(1030, 16, dtype=dtype).t()
+        transposed = plan_of(_loss_grad, xt, *_row_inputs(16, 1030, dtype)[1:])
+    assert c.num_kernels == 1
+    k = _only_kernel(plan)
+    assert k.domain.col_dims == (1,) and k.mapping.form == ("row_looped" if knobs else "packed_rows")
+    (kt,) = transposed.kernels   # walked in its memory order instead (layout_order), flat
+    assert kt.domain.is_flat and kt.mapping.form == "pointwise"

@@ -128,12 +128,12 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         # in the same process: stitchml only (Inductor's rows are in micro-bf16)
         local NORMS='layer_norm_bwd[N=1024];rms_norm_bwd[N=1024];rms_norm_bwd[N=32768];layer_norm_bwd[N=32768]'
         local SOME='layer_norm_bwd[N=1024];rms_norm_bwd[N=32768]' LONG='rms_norm_bwd[N=32768]' Q=()
-        local COLS='column_sum[32768x1024]' TR='layer_norm_bwd[N=32768]'
-        local ROWS='softmax_fwd[N=32768];softmax_bwd[N=32768];cross_entropy_fwdbwd[V=32000]'
+        local COLS='column_sum[32768x1024]' TR='layer_norm_bwd[N=32768]' CE='cross_entropy_fwdbwd[V=32000];cross_entropy_fwdbwd[V=50257]'
+        local ROWS='softmax_fwd[N=32768];softmax_bwd[N=32768];cross_entropy_fwdbwd[V=32000];cross_entropy_fwdbwd[V=50257]'
         local FWD='layer_norm_fwd[N=1024];rms_norm_fwd[N=1024];softmax_fwd[N=1024];layer_norm_fwd[N=4096];bias_gelu[8192x4096]'
         local LONGROWS='layer_norm_fwd[N=32768];rms_norm_fwd[N=32768];softmax_fwd[N=32768];softmax_bwd[N=32768]'
         if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then   # (quick sizes have other names: whole families)
-            NORMS='layer_norm_bwd;rms_norm_bwd' SOME=$NORMS LONG='rms_norm_bwd' COLS='column_sum' TR='layer_norm_bwd'
+            NORMS='layer_norm_bwd;rms_norm_bwd' SOME=$NORMS LONG='rms_norm_bwd' COLS='column_sum' TR='layer_norm_bwd' CE='cross_entropy_fwdbwd'
             ROWS='softmax_fwd;cross_entropy_fwdbwd' FWD='layer_norm_fwd;bias_gelu' LONGROWS='softmax_bwd' Q=(--quick)
         fi
         "$PY" -m stitchml.tools.bench_variants --out "$R/variants" "${Q[@]}" \
@@ -147,7 +147,8 @@ print(calibration_path(current_device().name))" 2>/dev/null)
             --variant "unscaled:dtype_scaled_blocks=0:$FWD" \
             --variant "nopersist:persistent_rows=0:$LONGROWS" \
             --variant "notall:transposed_tiles=0:$TR" \
-            --variant "lbc8k:loop_block_cols=8192:$ROWS" ;;
+            --variant "lbc8k:loop_block_cols=8192:$ROWS" \
+            --variant "flatrows:row_values=0:$CE" ;;
     *) echo "unknown step $1 (bash tools/gpu_run.sh list)"; return 2 ;;
     esac
 }

@@ -66,6 +66,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "later passes read L2; chosen where the cost model's L2 estimate says the re-reads would otherwise "
          "miss. H200, 2026-11-25: layer_norm_fwd N=32768 fp32 (three passes, a program a row) ran at DRAM "
          "speed for all three, 136.5 us against Inductor's 84.8. Not yet measured on a GPU."),
+    Knob("row_values", "STITCHML_ROW_VALUES", True, _bool,
+         "Element-wise kernels (no reductions) that read values broadcast along rows of 1024 or more "
+         "(a cross-entropy backward's per-token target, masks and log-sum-exp over [tokens, vocab]) walk "
+         "rows: each per-row value loaded once a row, no division of the flat index per element. Flat, "
+         "sm_90 code of GPT-2's loss backward took 50 instructions an element. Not yet measured on a GPU."),
     Knob("flat_row_runs", "STITCHML_FLAT_ROW_RUNS", True, _bool,
          "Flat element-wise kernels that read an input in row runs out of their flat order (a padded row "
          "read back to its traced width, a slice of each row) run one element a thread, so every warp "

@@ -152,6 +152,54 @@ def layout_domain(g: ir.Graph, k: KernelPlan) -> Domain | None:
     return replace(dom, order=tuple(d for d in range(len(dom.shape)) if d != best) + (best,))
 
 
+ROW_VALUES_MIN_COLS = 1024   # a row at least this long: its values are read once a row, not once an element
+ROW_VALUES_MIN_READS = 2     # per-row values a flat kernel reads before rows pay off where rows are unaligned
+
+
+def row_values_domain(g: ir.Graph, k: KernelPlan) -> Domain | None:
+    """A row domain for a flat kernel (no reductions) that reads values broadcast along
+    its innermost dim — per-row values (a cross-entropy backward over [tokens, vocab]
+    reads each token's target, masks and log-sum-exp) — or None to keep it flat.  Flat,
+    every element divides its index by the row length and gathers each per-row value on
+    its own: sm_90 code of GPT-2's loss backward (4096 x 50257 bfloat16, four per-row
+    values) is 50 instructions an element, 32 scalar loads and 110 address operations
+    for a thread's 8 elements; its issue time exceeds its memory time.  As rows, a
+    program loads each per-row value once and walks the row's columns.
+    Taken where the innermost dim is at least ROW_VALUES_MIN_COLS long, every full-size
+    access is contiguous along it, and the kernel reads ROW_VALUES_MIN_READS per-row
+    values or its rows start 16-byte aligned (odd rows lose the flat form's vectors)."""
+    dom = k.domain
+    if not dom.is_flat or dom.order:
+        return None
+    natural = [d for d, s in enumerate(dom.shape) if s > 1]
+    if len(natural) < 2 or natural[-1] != len(dom.shape) - 1 or dom.shape[natural[-1]] < ROW_VALUES_MIN_COLS:
+        return None
+    from ..codegen.triton_kernel import access_offsets   # (code generation builds on plan data)
+    try:
+        loads, stores = access_offsets(g, k)
+    except ix.IndexMismatch:
+        return None
+    inner, cols = natural[-1], dom.shape[natural[-1]]
+    lead = [f"r{d}" for d in natural[:-1]]
+    full = dom.rows
+    per_row: set[int] = set()
+    for i, (nid, off) in enumerate(loads + stores):
+        step = _stride(off, f"r{inner}")
+        if step is None:
+            return None
+        if i < len(loads) and step == 0 and any(_stride(off, name) not in (0, None) for name in lead):
+            per_row.add(nid)
+        elif g[nid].numel >= full // 2 and step != 1:
+            return None   # a full-size access not contiguous along the row
+    if not per_row:
+        return None
+    itemsize = min((g[i].dtype.itemsize for i in (*k.inputs, *k.outputs) if g[i].numel >= full // 2
+                    and g[i].dtype is not None), default=4)
+    if len(per_row) < ROW_VALUES_MIN_READS and (cols * itemsize) % VECTOR_BYTES:
+        return None
+    return Domain(dom.shape, (inner,))
+
+
 def _digits(i: int, names: list[tuple[str, int]]) -> dict[str, int]:
     """Flat index `i` as the values of the domain's variables (innermost last)."""
     out = {}
@@ -193,4 +241,4 @@ def row_run_reads(g: ir.Graph, k: KernelPlan) -> list[int]:
     return out
 
 
-__all__ = ["generates", "layout_domain", "may_reorder", "row_run_reads", "transposed_reads"]
+__all__ = ["generates", "layout_domain", "may_reorder", "row_run_reads", "row_values_domain", "transposed_reads"]

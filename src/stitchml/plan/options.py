@@ -33,6 +33,7 @@ class PlanOptions:
     persistent_rows: bool = True   # looped rows read twice or more: 1-2 programs an SM walk rows (L2 reuse)
     looped_partials: bool = True   # column reductions beside long (looped) rows as column partials
     transposed_tiles: bool = True  # column-partial kernels reading an input transposed: 8-16-row tiles
+    row_values: bool = True        # flat kernels reading per-row values along long rows: walked as rows
     flat_row_runs: bool = True     # flat kernels reading row runs out of flat order: one element a thread
     layout_order: bool = True      # kernels without reductions walk memory order; transposes in tiles
     column_tails: bool = True      # looped rows: whole column blocks unmasked, the partial block apart

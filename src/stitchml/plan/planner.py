@@ -9,7 +9,7 @@ from ..ir import index as ix
 from ..ir import nodes as ir
 from ..ir.dce import eliminate_dead, merge_duplicates
 from . import mapping as mapping_rules
-from .access import generates, layout_domain, may_reorder, row_run_reads, transposed_reads
+from .access import generates, layout_domain, may_reorder, row_run_reads, row_values_domain, transposed_reads
 from .cost import input_passes, kernel_bytes, predict_seconds, reread_miss, row_bytes, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, cheap_chains, is_free, mark_recompute, recompute_cheap, source_bytes
@@ -201,6 +201,15 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
                 walked = replace(kp, domain=dom, mapping=mapping_rules.transpose_tile(dom, opts, itemsize))
             if generates(g, walked):
                 kp, mp = walked, walked.mapping
+    if (mp.form == "pointwise" and opts.row_values and not scatter and not opts.fixed_row_blocks
+            and len(grp.domain.shape) > 1):
+        # per-row values broadcast along long rows: read once a row, not once an element
+        # (plan/access.py), where programs of whole rows are enough to fill the machine
+        dom = row_values_domain(g, kp)
+        if dom is not None:
+            rowwise = replace(kp, domain=dom, mapping=mapping_rules.choose(dom, opts, itemsize=max(sizes, default=4)))
+            if rowwise.mapping.grid >= ROW_VALUES_MIN_PROGRAMS_PER_SM * opts.device.sms and generates(g, rowwise):
+                kp, mp = rowwise, rowwise.mapping
     if (mp.form == "pointwise" and opts.flat_row_runs and not scatter and mp.num_warps * 32 < mp.block_r
             and len(grp.domain.shape) > 1 and may_reorder(g, kp)):
         # reads in row runs that Triton would issue element by element (plan/access.py)
@@ -263,6 +272,9 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp, opts.device)
     kp.predicted_s = predict_seconds(kp, opts.device)
     return kp
+
+
+ROW_VALUES_MIN_PROGRAMS_PER_SM = 4   # row_values: programs of whole rows, enough to fill the machine
 
 
 def _combine(name: str, k: KernelPlan, g: ir.Graph, opts: PlanOptions) -> KernelPlan:
