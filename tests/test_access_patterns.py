@@ -100,7 +100,7 @@ def test_per_row_values_along_long_rows_walk_rows_at_full_size():
         assert _only_kernel(one).domain.col_dims == (1,)                           # aligned rows keep their vectors
         assert _only_kernel(plan_of(_loss_grad, *_row_inputs(128, 50257, torch.bfloat16, "meta"))).domain.is_flat
         short = plan_of(_loss_grad, *_row_inputs(4096, 512, torch.bfloat16, "meta"))
-        assert _only_kernel(short).domain.is_flat and row_values_domain(short.graph, _only_kernel(short)) is None
+        assert _only_kernel(short).domain.is_flat and row_values_domain(short.graph, _only_kernel(short), 2) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -156,7 +156,7 @@ ROW_VALUES_MIN_COLS = 1024   # a row at least this long: its values are read onc
 ROW_VALUES_MIN_READS = 2     # per-row values a flat kernel reads before rows pay off where rows are unaligned
 
 
-def row_values_domain(g: ir.Graph, k: KernelPlan) -> Domain | None:
+def row_values_domain(g: ir.Graph, k: KernelPlan, itemsize: int) -> Domain | None:
     """A row domain for a flat kernel (no reductions) that reads values broadcast along
     its innermost dim — per-row values (a cross-entropy backward over [tokens, vocab]
     reads each token's target, masks and log-sum-exp) — or None to keep it flat.  Flat,
@@ -167,7 +167,8 @@ def row_values_domain(g: ir.Graph, k: KernelPlan) -> Domain | None:
     program loads each per-row value once and walks the row's columns.
     Taken where the innermost dim is at least ROW_VALUES_MIN_COLS long, every full-size
     access is contiguous along it, and the kernel reads ROW_VALUES_MIN_READS per-row
-    values or its rows start 16-byte aligned (odd rows lose the flat form's vectors)."""
+    values or its rows start 16-byte aligned (odd rows lose the flat form's vectors);
+    `itemsize`: the smallest element size of the kernel's full-size accesses."""
     dom = k.domain
     if not dom.is_flat or dom.order:
         return None
@@ -193,8 +194,6 @@ def row_values_domain(g: ir.Graph, k: KernelPlan) -> Domain | None:
             return None   # a full-size access not contiguous along the row
     if not per_row:
         return None
-    itemsize = min((g[i].dtype.itemsize for i in (*k.inputs, *k.outputs) if g[i].numel >= full // 2
-                    and g[i].dtype is not None), default=4)
     if len(per_row) < ROW_VALUES_MIN_READS and (cols * itemsize) % VECTOR_BYTES:
         return None
     return Domain(dom.shape, (inner,))

@@ -205,7 +205,7 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
             and len(grp.domain.shape) > 1):
         # per-row values broadcast along long rows: read once a row, not once an element
         # (plan/access.py), where programs of whole rows are enough to fill the machine
-        dom = row_values_domain(g, kp)
+        dom = row_values_domain(g, kp, min(sizes, default=4))
         if dom is not None:
             rowwise = replace(kp, domain=dom, mapping=mapping_rules.choose(dom, opts, itemsize=max(sizes, default=4)))
             if rowwise.mapping.grid >= ROW_VALUES_MIN_PROGRAMS_PER_SM * opts.device.sms and generates(g, rowwise):
@@ -228,9 +228,7 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
                 kp = tall
     if partials and kp.mapping.form == "row_looped" and not kp.transposed and opts.partial_lanes:
         # every row of the tile in each thread: partial rows summed in registers (plan/mapping.py)
-        small = min((g[i].dtype.itemsize for i in (*inputs, *outputs) if g[i].numel * 2 >= full
-                     and g[i].dtype is not None), default=4)
-        lanes = replace(kp, mapping=mapping_rules.partial_lanes(kp.mapping, grp.domain.cols, small))
+        lanes = replace(kp, mapping=mapping_rules.partial_lanes(kp.mapping, grp.domain.cols, min(sizes, default=4)))
         if lanes.mapping != kp.mapping and generates(g, lanes):
             kp = lanes
     if (partials and kp.mapping.form in ("packed_rows", "row_persistent") and not kp.transposed
