@@ -31,18 +31,27 @@ def _special_rows(dtype):
     return x
 
 
+ONLINE = {"softmax": lambda x: torch.softmax(x, -1), "log_softmax": lambda x: torch.log_softmax(x, -1),
+          "logsumexp": lambda x: torch.logsumexp(x, -1)}
+
+
+def _looped_online(name: str, rows) -> tuple:
+    """The one looped kernel of an online-pair function on `rows()` (fresh values each
+    call), checked against eager: (its kernel plan, its source)."""
+    fn = ONLINE[name]
+    with config.override(**LOOPED):
+        c = compare_with_eager(fn, [rows()], backward=False)
+        plan = plan_of(fn, rows())
+    assert c.num_kernels == 1
+    (k,) = plan.kernels
+    return k, generate(plan.graph, k).source
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "logsumexp"])
 def test_online_pair_matches_eager_on_special_values(name, dtype):
-    fn = {"softmax": lambda x: torch.softmax(x, -1), "log_softmax": lambda x: torch.log_softmax(x, -1),
-          "logsumexp": lambda x: torch.logsumexp(x, -1)}[name]
-    with config.override(**LOOPED):
-        c = compare_with_eager(fn, [_special_rows(dtype)], backward=False)
-        plan = plan_of(fn, _special_rows(dtype))
-    assert c.num_kernels == 1
-    (k,) = plan.kernels
+    k, src = _looped_online(name, lambda: _special_rows(dtype))
     assert k.mapping.form == "row_looped"
-    src = generate(plan.graph, k).source
     # all three use the online form (logsumexp through our decomposition: the max itself,
     # fixed up on the row values where it is infinite)
     assert "mrun" in src
@@ -97,14 +106,7 @@ def test_online_pair_keeps_lanes_apart_inside_the_loop(name, dtype):
     once, after the loop: no cross-lane reduction in the loop body (a shared-memory
     round trip per column block, which made a 128-block softmax row latency-bound on the
     H200), and the values still eager's on rows that move each lane's maximum apart."""
-    fn = {"softmax": lambda x: torch.softmax(x, -1), "log_softmax": lambda x: torch.log_softmax(x, -1),
-          "logsumexp": lambda x: torch.logsumexp(x, -1)}[name]
-    with config.override(**LOOPED):
-        c = compare_with_eager(fn, [_lanes_rows(dtype)], backward=False)
-        plan = plan_of(fn, _lanes_rows(dtype))
-    assert c.num_kernels == 1
-    (k,) = plan.kernels
-    src = generate(plan.graph, k).source
+    _, src = _looped_online(name, lambda: _lanes_rows(dtype))
     online = [body for body in _loop_bodies(src) if any("mrun" in line for line in body)]
     assert online, src
     for body in online:
