@@ -34,8 +34,8 @@ class AotResult:
     # layout conversions (through shared memory, with barriers) inside loops: a tile
     # converted on every iteration of a row-block loop is work Triton adds per element
     loop_conversions: int | None = None
-    # reductions inside loops whose reduced axis is spread over several warps: each is a
-    # shared-memory round trip with barriers, every iteration (a looped softmax's running
+    # reductions inside column loops whose reduced axis is spread over several warps: each
+    # is a shared-memory round trip with barriers, every block (a looped softmax's running
     # maximum per column block; a looped partial's sum over rows laid out across warps)
     loop_cross_warp_reductions: int | None = None
 
@@ -125,6 +125,21 @@ def memory_accesses(ptx: str, ttgir: str) -> tuple[dict, int]:
     return hist, strided
 
 
+def _loop_lines(ttgir: str):
+    """Each TTGIR line with its attribute dicts removed, and the `scf.for` loops it sits
+    in (innermost last) as (brace depth, whether it is a column loop over `cbase`)."""
+    depth, loops = 0, []
+    for line in ttgir.splitlines():
+        bare = re.sub(r"<\{[^{}]*\}>", "", line)
+        yield line, bare, loops
+        opened = "scf.for" in bare and bare.rstrip().endswith("{")
+        depth += bare.count("{") - bare.count("}")
+        if opened:
+            loops.append((depth, "scf.for %cbase" in bare))
+        while loops and depth < loops[-1][0]:
+            loops.pop()
+
+
 def loop_conversions(ttgir: str) -> int:
     """`ttg.convert_layout` ops of tensors with more than one element per dimension
     inside an `scf.for` body (conversions of a row's scalars or of a [1, C] vector are
@@ -132,9 +147,8 @@ def loop_conversions(ttgir: str) -> int:
     layouts of different orders is a transpose the kernel asked for (a tile read along
     its rows and stored along its columns): not counted."""
     order = {name: o for name, _, o in _TTGIR_LAYOUT.findall(ttgir)}
-    depth, loops, count = 0, [], 0
-    for line in ttgir.splitlines():
-        bare = re.sub(r"<\{[^{}]*\}>", "", line)
+    count = 0
+    for _, bare, loops in _loop_lines(ttgir):
         if "ttg.convert_layout" in bare and loops:
             shape = re.search(r"tensor<([\dx]+)x\w+", bare)
             dims = [int(d) for d in shape.group(1).split("x")] if shape else []
@@ -142,12 +156,6 @@ def loop_conversions(ttgir: str) -> int:
             transpose = len(names) == 2 and order.get(names[0]) != order.get(names[1])
             if len(dims) >= 2 and min(dims) > 1 and not transpose:
                 count += 1
-        opened = "scf.for" in bare and bare.rstrip().endswith("{")
-        depth += bare.count("{") - bare.count("}")
-        if opened:
-            loops.append(depth)
-        while loops and depth < loops[-1]:
-            loops.pop()
     return count
 
 
@@ -162,9 +170,8 @@ def loop_cross_warp_reductions(ttgir: str) -> int:
     statistics after its column loop, or a row block's inside a grid-stride walk of
     rows, are one per row: not counted.)"""
     warps = {name: [int(w) for w in ws.split(",")] for name, ws in _TTGIR_WARPS.findall(ttgir)}
-    depth, loops, count, pending = 0, [], 0, None
-    for line in ttgir.splitlines():
-        bare = re.sub(r"<\{[^{}]*\}>", "", line)
+    count, pending = 0, None
+    for line, _, loops in _loop_lines(ttgir):
         if '"tt.reduce"' in line and loops and loops[-1][1]:
             axis = re.search(r"axis = (\d+)", line)
             pending = int(axis.group(1)) if axis else None
@@ -174,12 +181,6 @@ def loop_cross_warp_reductions(ttgir: str) -> int:
             if ws and pending < len(ws) and ws[pending] > 1:
                 count += 1
             pending = None
-        opened = "scf.for" in bare and bare.rstrip().endswith("{")
-        depth += bare.count("{") - bare.count("}")
-        if opened:
-            loops.append((depth, "scf.for %cbase" in bare))
-        while loops and depth < loops[-1][0]:
-            loops.pop()
     return count
 
 
@@ -326,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m stitchml.tools.aot_check --micro [--case RE]`: the register and stack
     use, the global memory accesses (bytes per instruction, strided-scalar count) and
     the tile layout conversions and cross-warp reductions inside loops of every
-    micro-suite kernel compiled for
-    sm_90 (no GPU needed); exit status 1 if one fails to compile."""
+    micro-suite kernel compiled for sm_90 (no GPU needed); exit status 1 if one fails
+    to compile."""
     import argparse
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--micro", action="store_true", help="survey the micro suite (the only mode)")
