@@ -47,12 +47,21 @@ class Device:
     # zeroed by a memset node before it (a replay repeats the host's base of 0), one more
     # node on the stream, priced like a launch
     replay: bool = False
+    # SM clock under load (boost), for the SASS issue budget of `tools/aot_check`
+    clock_hz: float = 1.98e9
 
     def efficiency(self, form: str) -> float:
         for f, e in self.form_efficiency:
             if f == form:
                 return max(min(e, 1.0), 0.05)
         return 1.0
+
+    @property
+    def issue_budget(self) -> float:
+        """Instructions a thread can issue per byte the device copies: four schedulers an
+        SM issue a warp-instruction a cycle each, against the copy bandwidth.  A streaming
+        kernel whose hot loop issues more per byte than this cannot reach the bandwidth."""
+        return self.sms * 4 * self.clock_hz * 32 / self.bandwidth
 
     def replayed(self) -> "Device":
         """This device as a graph replayed in a CUDA graph sees it: each kernel costs the
@@ -65,7 +74,8 @@ class Device:
 DEVICES: dict[str, Device] = {
     "H100": Device("H100", 3.0e12, 132, 3.0e-6, 2.0e-6, l2_bytes=50 * 2**20),
     "H200": Device("H200", 4.3e12, 132, 3.0e-6, 2.0e-6, l2_bytes=60 * 2**20),
-    "A100": Device("A100", 1.6e12, 108, 3.5e-6, 2.5e-6, smem_per_sm=164 * 1024, l2_bytes=40 * 2**20),
+    "A100": Device("A100", 1.6e12, 108, 3.5e-6, 2.5e-6, smem_per_sm=164 * 1024, l2_bytes=40 * 2**20,
+                   clock_hz=1.41e9),
     "cpu": Device("cpu", 2.0e10, 2, 5.0e-6, 1.0e-6, regs_per_sm=2**20, smem_per_sm=2**20, max_warps_per_sm=1,
                   l2_bytes=32 * 2**20),
 }

@@ -38,6 +38,19 @@ class AotResult:
     # is a shared-memory round trip with barriers, every block (a looped softmax's running
     # maximum per column block; a looped partial's sum over rows laid out across warps)
     loop_cross_warp_reductions: int | None = None
+    # the SASS of the kernel's hot region (its innermost loops that touch global memory,
+    # else the whole kernel): instructions a thread issues per byte it loads or stores
+    # there, and barriers per iteration (`SassProfile.as_dict`: plain data, so that
+    # results travel as JSON)
+    sass: dict | None = None
+    # bytes the plan says the kernel moves (a launch group: its members'), for ranking
+    bytes: int | None = None
+    # warp-instructions the whole launch issues in its hot region: blocks of the domain
+    # (ceil(rows / block rows) x ceil(columns / block columns), one hot-loop iteration
+    # each) x warps x the region's instructions a thread.  Counted per block rather than
+    # from bytes: a per-row value loaded once a thread, or a masked block's idle lanes,
+    # would make a byte count wrong.  None for combine kernels and launch groups.
+    warp_instructions: int | None = None
 
 
 def _signature(ks, g) -> dict[str, str]:
@@ -184,21 +197,101 @@ def loop_cross_warp_reductions(ttgir: str) -> int:
     return count
 
 
-def _resources(cubin: bytes) -> tuple[int | None, int | None]:
+@dataclass
+class SassProfile:
+    """What a thread issues in a kernel's hot region, from its SASS.
+
+    The hot region is the innermost loops that load or store global memory (a column
+    loop, a grid-stride walk of rows), taken together, or the whole kernel where no loop
+    touches memory.  `per_byte` = instructions / bytes loaded and stored there, per
+    thread: a streaming kernel is issue-bound, not memory-bound, when this exceeds the
+    device's `issue_budget` (four warp-instructions a cycle per SM against the copy
+    bandwidth: ~8 on an H200).  In practice dependent latency makes kernels issue-limited
+    well below the budget; the figure ranks kernels, it does not time them."""
+    instructions: int        # the whole kernel (no NOPs, no trailing self-branch)
+    hot_instructions: int    # in the hot region (one iteration of each of its loops)
+    hot_bytes: int           # global bytes a thread loads and stores there
+    hot_barriers: int        # BAR.SYNC there (shared-memory rounds: cross-warp steps)
+    loops: int               # loops in the hot region (0: the whole kernel)
+
+    @property
+    def per_byte(self) -> float:
+        return self.hot_instructions / self.hot_bytes if self.hot_bytes else float("inf")
+
+    def as_dict(self) -> dict:
+        return {**self.__dict__, "per_byte": self.per_byte}
+
+
+_SASS_LINE = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)([^;]*);", re.M)
+_ACCESS_WIDTH = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
+
+
+def sass_profile(sass: str) -> SassProfile:
+    """`SassProfile` of one kernel's `cuobjdump -sass` text."""
+    ins = []    # (address, opcode, modifiers, operands)
+    for m in _SASS_LINE.finditer(sass):
+        addr, op, mods, rest = int(m.group(1), 16), m.group(2), m.group(3).split(".")[1:], m.group(4)
+        if op == "NOP":
+            continue
+        ins.append((addr, op, mods, rest))
+    if ins and ins[-1][1] == "BRA" and ins[-1][3].strip() == hex(ins[-1][0]):
+        ins.pop()     # the self-branch after the last EXIT
+
+    def access(op: str, mods: list[str]) -> int:
+        if op not in ("LDG", "STG"):
+            return 0
+        return next((w for m, w in _ACCESS_WIDTH.items() if m in mods), 4)
+
+    # a loop: a branch back to an address at or before it
+    loops = []
+    for addr, op, _, rest in ins:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if target and int(target.group(1), 16) <= addr:
+            loops.append((int(target.group(1), 16), addr))
+
+    def inside(lo: int, hi: int) -> list:
+        return [i for i in ins if lo <= i[0] <= hi]
+
+    touching = [(lo, hi) for lo, hi in loops if any(access(i[1], i[2]) for i in inside(lo, hi))]
+    hot = [(lo, hi) for lo, hi in touching
+           if not any((a, b) != (lo, hi) and lo <= a and b <= hi for a, b in touching)]
+    region = [i for lo, hi in hot for i in inside(lo, hi)] if hot else ins
+    return SassProfile(instructions=len(ins), hot_instructions=len(region),
+                       hot_bytes=sum(access(i[1], i[2]) for i in region),
+                       hot_barriers=sum(1 for i in region if i[1] == "BAR"), loops=len(hot))
+
+
+def _nvidia_tool(name: str) -> Path | None:
+    """A CUDA binary tool shipped in the Triton wheel (cuobjdump, nvdisasm), if present."""
     import triton
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not tool.exists():
-        return None, None
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    return tool if tool.exists() else None
+
+
+def _cubin_tool(cubin: bytes, *args: str) -> str | None:
+    tool = _nvidia_tool("cuobjdump")
+    if tool is None or not cubin:
+        return None
     path = Path("/tmp") / f"stitchml_aot_{abs(hash(cubin))}.cubin"
     path.write_bytes(cubin)
     try:
-        out = subprocess.run([str(tool), "--dump-resource-usage", str(path)], capture_output=True, text=True,
-                             timeout=60).stdout
+        return subprocess.run([str(tool), *args, str(path)], capture_output=True, text=True, timeout=60).stdout
     finally:
         path.unlink(missing_ok=True)
+
+
+def _resources(cubin: bytes) -> tuple[int | None, int | None]:
+    out = _cubin_tool(cubin, "--dump-resource-usage")
+    if out is None:
+        return None, None
     regs = re.search(r"REG:(\d+)", out)
     stack = re.search(r"STACK:(\d+)", out)
     return (int(regs.group(1)) if regs else None), (int(stack.group(1)) if stack else None)
+
+
+def _sass(cubin: bytes) -> dict | None:
+    out = _cubin_tool(cubin, "-sass")
+    return sass_profile(out).as_dict() if out else None
 
 
 def check(fn, *inputs, arch: int = 90, device: str = "H100") -> list[AotResult]:
@@ -232,6 +325,9 @@ def check_plan(plan, arch: int = 90) -> list[AotResult]:
 
     g = plan.graph  # planning may rewrite the graph (dead nodes dropped, long rows split)
     sources = generate_all(g, plan)
+    moved = {k.name: k.bytes_read + k.bytes_written for k in plan.kernels}
+    moved.update({grp.name: sum(moved.get(m, 0) for m in grp.members) for grp in plan.groups})
+    mappings = {k.name: k for k in plan.kernels if k.mapping.form != "combine"}
     module = load_module([s.source for s in sources.values()])
     results = []
     for name, ks in sources.items():
@@ -240,15 +336,29 @@ def check_plan(plan, arch: int = 90) -> list[AotResult]:
             compiled = triton.compile(ASTSource(getattr(module, name), sig, {}, _attrs(sig)),
                                       target=GPUTarget("cuda", arch, 32),
                                       options={"num_warps": ks.num_warps})
-            regs, stack = _resources(compiled.asm.get("cubin", b""))
+            cubin = compiled.asm.get("cubin", b"")
+            regs, stack = _resources(cubin)
             ttgir = compiled.asm.get("ttgir", "")
             hist, strided = memory_accesses(compiled.asm.get("ptx", ""), ttgir)
+            sass = _sass(cubin)
             results.append(AotResult(name, True, registers=regs, spills=stack, accesses=hist,
                                      strided_scalar=strided, loop_conversions=loop_conversions(ttgir),
-                                     loop_cross_warp_reductions=loop_cross_warp_reductions(ttgir)))
+                                     loop_cross_warp_reductions=loop_cross_warp_reductions(ttgir),
+                                     sass=sass, bytes=moved.get(name),
+                                     warp_instructions=_warp_instructions(mappings.get(name), sass)))
         except Exception as e:  # report, do not stop: the caller wants every kernel's verdict
             results.append(AotResult(name, False, f"{type(e).__name__}: {str(e)[:500]}"))
     return results
+
+
+def _warp_instructions(k, sass: dict | None) -> int | None:
+    """`AotResult.warp_instructions` of kernel plan `k` (None without one)."""
+    if k is None or sass is None:
+        return None
+    m, dom = k.mapping, k.domain
+    cols = dom.cols if m.form != "pointwise" else 1
+    blocks = -(-dom.rows // m.block_r) * -(-cols // max(m.block_c, 1))
+    return blocks * m.num_warps * sass["hot_instructions"]
 
 
 def check_dynamic(fn, *inputs, arch: int = 90, device: str = "H100") -> list[AotResult]:
@@ -302,19 +412,24 @@ def check_dynamic(fn, *inputs, arch: int = 90, device: str = "H100") -> list[Aot
     return results
 
 
-def survey_micro(case_re: str = "", dtypes=("fp32", "bf16"), arch: int = 90, device: str = "H100"):
-    """Every kernel of every micro-suite case at full size (forward and backward plans,
-    as `stitchml.tools.predict` makes them for `device`), compiled for sm_`arch`:
-    yields (case, dtype, graph kind, AotResult)."""
+def survey(suite: str = "micro", case_re: str = "", dtypes=("fp32", "bf16"), arch: int = 90, device: str = "H100",
+           replayed: bool = False):
+    """Every kernel of every case of a bench suite (`micro` or `models`) at full size
+    (forward and backward plans, as `stitchml.tools.predict` makes them for `device`;
+    `replayed`: priced as CUDA-graph replays, as the models suite runs), compiled for
+    sm_`arch`: yields (case, dtype, graph kind, AotResult)."""
     import re as _re
 
-    from ..bench.micro import cases
+    from ..bench import micro, models
     from ..plan.devices import get_device
     from ..plan.options import PlanOptions
     from . import predict
 
-    opts = PlanOptions.from_config(get_device(device), graph_replay=bool(config.get("cuda_graphs")))   # (as the bench)
-    for spec in cases(quick=False):
+    dev = get_device(device)
+    opts = PlanOptions.from_config(dev.replayed() if replayed else dev,
+                                   graph_replay=replayed or bool(config.get("cuda_graphs")))   # (as the bench)
+    specs = (micro if suite == "micro" else models).cases(quick=False)
+    for spec in specs:
         if case_re and not _re.search(case_re, spec.name):
             continue
         for dtype in dtypes:
@@ -323,32 +438,60 @@ def survey_micro(case_re: str = "", dtypes=("fp32", "bf16"), arch: int = 90, dev
                     yield spec.name, dtype, f"graph {i}", r
 
 
+def survey_micro(case_re: str = "", dtypes=("fp32", "bf16"), arch: int = 90, device: str = "H100"):
+    """`survey` of the micro suite."""
+    yield from survey("micro", case_re, dtypes, arch, device)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m stitchml.tools.aot_check --micro [--case RE]`: the register and stack
-    use, the global memory accesses (bytes per instruction, strided-scalar count) and
-    the tile layout conversions and cross-warp reductions inside loops of every
-    micro-suite kernel compiled for sm_90 (no GPU needed); exit status 1 if one fails
-    to compile."""
+    """`python -m stitchml.tools.aot_check --micro [--case RE]` (or `--models`): the
+    register and stack use, the global memory accesses (bytes per instruction,
+    strided-scalar count), the tile layout conversions and cross-warp reductions inside
+    loops, and the SASS instructions per byte and barriers of the hot region of every
+    kernel of the suite compiled for sm_90 (no GPU needed); exit status 1 if one fails to
+    compile."""
     import argparse
+
+    from ..plan.devices import get_device
     ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--micro", action="store_true", help="survey the micro suite (the only mode)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--micro", action="store_true", help="survey the micro suite")
+    mode.add_argument("--models", action="store_true",
+                      help="survey the models suite (planned as CUDA-graph replays, as it runs)")
     ap.add_argument("--case", default="", help="regular expression on case names")
     ap.add_argument("--dtype", nargs="+", default=["fp32", "bf16"])
     args = ap.parse_args(argv)
-    if not args.micro:
-        ap.error("nothing to do: pass --micro")
-    failed = 0
+    if not (args.micro or args.models):
+        ap.error("nothing to do: pass --micro or --models")
+    device = config.get("device") if config.get("device") not in ("", "auto", "cpu") else "H100"
+    dev = get_device(device)
+    budget = dev.issue_budget
+    print(f"device {device}: issue budget {budget:.1f} SASS instructions a byte (4 warp-instructions a cycle "
+          f"per SM against the copy bandwidth); `!` marks a hot region above half of it. `µs copy`: the "
+          f"kernel's bytes at the copy bandwidth; `µs issue`: the warp-instructions of its hot region over "
+          f"all its blocks at the full issue rate, 4 a cycle per SM (both floors; the larger one bounds the "
+          f"kernel, and issue rarely runs near full rate)")
     print("| case | dtype | graph | kernel | registers | stack bytes | loads (bytes x count) | stores | strided scalar "
-          "| tile conversions in loops | cross-warp reductions in loops |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for case, dtype, graph, r in survey_micro(args.case, tuple(args.dtype)):
+          "| tile conversions in loops | cross-warp reductions in loops | SASS a byte (hot) | barriers (hot) "
+          "| µs copy | µs issue |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    failed = 0
+    rows = survey("models" if args.models else "micro", args.case, tuple(args.dtype), device=device,
+                  replayed=args.models)
+    for case, dtype, graph, r in rows:
         failed += not r.ok
         acc = r.accesses or {}
         ld, st = (" ".join(f"{b}x{n}" for b, n in sorted(acc.get(k, {}).items(), key=lambda i: -int(i[0])))
                   for k in ("ld", "st"))
+        sp = r.sass
+        per_byte = "" if sp is None else f"{sp['per_byte']:.2f}{' !' if sp['per_byte'] > budget / 2 else ''}"
+        copy_us = "" if r.bytes is None else f"{r.bytes / dev.bandwidth * 1e6:.1f}"
+        issue_us = ("" if r.warp_instructions is None
+                    else f"{r.warp_instructions / (dev.sms * 4 * dev.clock_hz) * 1e6:.1f}")
         print(f"| {case} | {dtype} | {graph} | {r.kernel} | {r.registers if r.ok else 'FAILED: ' + r.error[:80]} "
               f"| {r.spills} | {ld} | {st} | {r.strided_scalar if r.ok else ''} | {r.loop_conversions if r.ok else ''} "
-              f"| {r.loop_cross_warp_reductions if r.ok else ''} |",
+              f"| {r.loop_cross_warp_reductions if r.ok else ''} | {per_byte} | {'' if sp is None else sp['hot_barriers']} "
+              f"| {copy_us} | {issue_us} |",
               flush=True)
     return 1 if failed else 0
 
