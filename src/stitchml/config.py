@@ -91,6 +91,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Triton vectorises an access only where its mask is uniform over the vector, and `col < 50257` "
          "is not, so every such row was read 2-4 bytes at a time. Static shapes only (a dynamic "
          "template's column count is an argument). Not yet measured on a GPU."),
+    Knob("exact_rows", "STITCHML_EXACT_ROWS", True, _bool,
+         "Kernels whose row count (element count, for flat kernels) the row block divides test no row "
+         "mask: `rflat < rows` is then a constant, which Triton folds. Seen in sm_90 SASS: a masked "
+         "load followed by `where(mask, x, -inf)` costs a select and predicate logic per element, ~3 of "
+         "19 instructions an element in a looped softmax over bfloat16 (issue-bound at the H200's "
+         "~16 an element). Static shapes only (a dynamic template's row count is an argument). Not yet "
+         "measured on a GPU."),
     Knob("combine_casts", "STITCHML_COMBINE_CASTS", True, _bool,
          "A column reduction summed in float32 whose only reader is a cast (a bias or norm-weight gradient "
          "in bfloat16) is stored cast by the combine kernel of its partials, instead of a one-program "

@@ -94,11 +94,20 @@ class Reductions:
         Per lane and element, one exp: with d = x - m_lane, e = exp(-|d|) is the
         new term when x does not raise the lane's maximum (s += e) and the rescale
         when it does (s = s * e + 1).  After the loop m = max over lanes and
-        s = sum(s_lane * exp(m_lane - m)).  -inf and NaN behave as in the two-pass
-        form: a -inf value adds nothing (a lane whose maximum is still -inf holds
-        0), a row whose maximum is -inf gets the NaN sum eager computes, a NaN makes
-        its lane's maximum and sum NaN and so the row's, and a +inf maximum gives
-        exp(inf - inf) = NaN as eager does."""
+        s = sum(s_lane * exp(m_lane - m)).
+        The update is the kernel's issue budget (an H200 issues ~16 instructions a
+        bfloat16 element at copy speed; it was 19 in sm_90 SASS, `tools/aot_check`'s
+        "SASS a byte"), so each step is the cheapest that keeps eager's answers:
+        - lanes start at the lowest finite value, not -inf: a -inf value then gives
+          d = -inf, e = 0, and adds nothing without a test (from -inf, -inf - -inf
+          would be NaN); a row of -inf values ends with s = 0, which is how it is
+          told apart after the loop: its maximum is -inf and its sum NaN, as eager;
+        - the running maximum propagates NaN in one instruction (`max.NaN`), and a
+          NaN's d makes the lane's sum NaN, so the row's;
+        - in float32 the exp is `ex2.approx.ftz` (`_exp_ftz`): a term below 2^-126
+          adds nothing to a sum of at least 1 anyway; Triton's `exp` spends three
+          instructions an element on subnormal results.
+        A +inf maximum gives exp(inf - inf) = NaN as eager does."""
         b = self.b
         ids = {r.id for r in group}
         pair = next(((m, s.id) for s in group if (m := online_partner(b.g, s)) in ids), None)
@@ -113,7 +122,7 @@ class Reductions:
             mx = b.g[pair[0]]
             cd = compute_dtype(mx.dtype)
             m_run, s_acc = b.new("mrun"), b.new("sacc")
-            b.top.lines.append(f"{m_run} = tl.full({shape}, -{_INF}, {TL_DTYPE[cd]})")
+            b.top.lines.append(f"{m_run} = tl.full({shape}, {torch.finfo(cd).min!r}, {TL_DTYPE[cd]})")
             b.top.lines.append(f"{s_acc} = tl.full({shape}, 0, {TL_DTYPE[cd]})")
         b.open_loop()
         loop = b.scopes[-1]
@@ -128,13 +137,15 @@ class Reductions:
             x = b.value(mx.refs[0], full)
             xv, d, e = b.new("xv"), b.new("d"), b.new("e")
             nanmax = REDUCE_COMBINE["amax"]
-            exp = lambda a: pointwise_expr("exp", [a], cd, cd)  # noqa: E731 (the table's exp, as two-pass)
+            # (float64 keeps the table's exp: the ftz form is float32's)
+            exp = ((lambda a: f"_exp_ftz({a})") if cd == torch.float32
+                   else (lambda a: pointwise_expr("exp", [a], cd, cd)))
             loop.lines += [
                 f"{xv} = tl.where(rmask & cmask, {x.name}, -{_INF})",
                 f"{d} = {xv} - {m_run}",
                 f"{e} = {exp(f'(-tl.abs({d}))')}",
-                f"{s_acc} = tl.where({xv} == -{_INF}, {s_acc}, tl.where({d} > 0, {s_acc} * {e} + 1.0, {s_acc} + {e}))",
-                f"{m_run} = {nanmax}({m_run}, {xv})",
+                f"{s_acc} = tl.where({d} > 0, {s_acc} * {e} + 1.0, {s_acc} + {e})",
+                f"{m_run} = tl.maximum({m_run}, {xv}, propagate_nan=tl.PropagateNan.ALL)",
             ]
         b.close_loop()
         out = {}
@@ -143,10 +154,12 @@ class Reductions:
             expr = f"tl.sum({acc}, 1)" if r.op == "sum" else f"tl.reduce({acc}, 1, {REDUCE_COMBINE[r.op]})"
             out[r.id] = b.emit(b.top, f"{expr}[:, None]", {ROW}, compute_dtype(r.dtype))
         if pair:
-            m = out[pair[0]] = b.emit(b.top, f"tl.reduce({m_run}, 1, {nanmax})[:, None]", {ROW}, cd)
-            lanes = f"tl.where({m_run} == -{_INF}, 0.0, {s_acc} * {exp(f'({m_run} - {m.name})')})"
-            out[pair[1]] = b.emit(b.top, f"tl.where({m.name} == -{_INF}, float('nan'), tl.sum({lanes}, 1)[:, None])",
-                                  {ROW}, cd)
+            # a lane that saw only -inf holds (lowest, 0): its term is 0 whatever m is
+            m_low = b.emit(b.top, f"tl.reduce({m_run}, 1, {nanmax})[:, None]", {ROW}, cd)
+            s_row = b.emit(b.top, f"tl.sum({s_acc} * {exp(f'({m_run} - {m_low.name})')}, 1)[:, None]", {ROW}, cd)
+            # a row of -inf values (s = 0): maximum -inf, sum NaN, as eager
+            out[pair[0]] = b.emit(b.top, f"tl.where({s_row.name} == 0, -{_INF}, {m_low.name})", {ROW}, cd)
+            out[pair[1]] = b.emit(b.top, f"tl.where({s_row.name} == 0, float('nan'), {s_row.name})", {ROW}, cd)
         return [out[r.id] for r in group]
 
     def _argreduce(self, n: ir.Node, index) -> Val:

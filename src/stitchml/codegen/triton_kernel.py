@@ -29,12 +29,26 @@ from .kernel_source import KernelSource
 from .triton_ops import REDUCE_COMBINE, TL_DTYPE, cast_expr, compute_dtype, reduce_identity, store_expr
 
 
-def _rows(b: KernelBuilder, pid: str) -> None:
-    """Row variables of the program's row block (a flat block for point-wise kernels)."""
+def _rows(b: KernelBuilder, pid: str, blocks: int | None = None) -> None:
+    """Row variables of the program's row block (a flat block for point-wise kernels).
+    `blocks`: how many row blocks `pid` walks, where it is a loop's variable (else the
+    launch grid's program ids)."""
     tail = "" if b.flat else "[:, None]"
     b.top.lines += [f"rflat = {pid} * {b.m.block_r} + tl.arange(0, {b.m.block_r}){tail}",
-                    f"rmask = rflat < {b.dom.rows}", "zr = rflat * 0"]
+                    f"rmask = {_row_mask(b, b.m.grid if blocks is None else blocks)}", "zr = rflat * 0"]
     b.vars = b.define_vars(b.top, ROW)
+
+
+def _row_mask(b: KernelBuilder, blocks: int) -> str:
+    """`rflat < rows`, or a constant True where the row block divides the rows and no
+    program's block starts past them (`KernelPlan.exact_rows`).  Triton folds the
+    constant: a masked load then `where(mask, x, identity)` cost a select and predicate
+    work per element in sm_90 SASS.  (A horizontal or global launch hands each body
+    program ids below its own grid: `codegen/composite.py`.)"""
+    rows, br = b.dom.rows, b.m.block_r
+    if b.k.exact_rows and rows % br == 0 and blocks * br <= rows:
+        return f"tl.full([{br}{'' if b.flat else ', 1'}], True, tl.int1)"
+    return f"rflat < {rows}"
 
 
 def _flat_index(b: KernelBuilder) -> None:
@@ -61,7 +75,9 @@ def emit_rows(b: KernelBuilder, stores: Stores) -> list[str]:
     """Whole rows in registers; with column partials, a grid-stride walk over row blocks
     (the grid is written out, not tl.num_programs: as a phase of a global kernel the
     launch grid differs)."""
-    _rows(b, "rblk.to(tl.int64)" if b.k.partials and b.idx64 else "rblk" if b.k.partials else _pid(b))
+    blocks = -(-b.dom.rows // b.m.block_r)
+    _rows(b, "rblk.to(tl.int64)" if b.k.partials and b.idx64 else "rblk" if b.k.partials else _pid(b),
+          blocks if b.k.partials else None)
     b.top.lines += [f"cflat = {b.col_arange()}", f"cmask = cflat < {b.dom.cols}",
                     "zc = cflat * 0"]
     b.vars.update(b.define_vars(b.top, COL))
@@ -73,7 +89,6 @@ def emit_rows(b: KernelBuilder, stores: Stores) -> list[str]:
         stores.store(o)
     if not b.k.partials:
         return b.top.lines
-    blocks = -(-b.dom.rows // b.m.block_r)
     return (stores.before + [f"for rblk in range(tl.program_id(0), {blocks}, {b.m.grid}):"]
             + ["    " + x for x in b.top.lines] + stores.after)
 
@@ -84,7 +99,8 @@ def emit_looped(b: KernelBuilder, stores: Stores) -> list[str]:
     Without partials, `row_blocks` > 1 is a persistent grid: each program walks rows
     with a grid stride (`plan/mapping.py::persistent_looped`)."""
     stride = not b.k.partials and b.m.row_blocks > 1
-    _rows(b, ("rblk.to(tl.int64)" if b.idx64 else "rblk") if stride else _pid(b))
+    blocks = -(-b.dom.rows // b.m.block_r)
+    _rows(b, ("rblk.to(tl.int64)" if b.idx64 else "rblk") if stride else _pid(b), blocks if stride else None)
     for d in b.dom.col_dims:   # loop scopes define the c* names; the symbols are shared
         b.vars[d] = ix.var(f"c{d}", b.dom.shape[d], COL)
     _flat_index(b)
@@ -99,7 +115,6 @@ def emit_looped(b: KernelBuilder, stores: Stores) -> list[str]:
             stores.looped_partial(o)
         b.close_loop()
     if stride:
-        blocks = -(-b.dom.rows // b.m.block_r)
         return [f"for rblk in range(tl.program_id(0), {blocks}, {b.m.grid}):"] + ["    " + x for x in b.top.lines]
     return b.top.lines
 

@@ -72,6 +72,19 @@ def _nanmin(a, b):
 
 
 @triton.jit
+def _exp_ftz(x):
+    # exp of a float32 in ex2.approx.ftz: results below 2**-126 are 0.  Triton's `exp`
+    # (ex2.approx without ftz) costs three more sm_90 instructions an element to keep
+    # subnormal results; the online softmax's terms, added to a sum of at least 1, do
+    # not need them (codegen/emit_reduce.py).  The interpreter runs no PTX: tl.exp.
+    if _INTERPRETED:
+        return tl.exp(x)
+    else:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _add(a, b):
     return a + b
 

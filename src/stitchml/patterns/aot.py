@@ -40,7 +40,7 @@ def check(arch: int = 90) -> dict[str, dict[str, Any]]:
         for vocab, has_lse in ((1000, False), (128256, False), (128256, True)):
             block = linear_ce_op.launch_block(vocab)
             sig = {k: v.format(dt=dt) for k, v in _CE_SIG.items()}
-            consts = {"HAS_SOFTCAP": True, "WRITE_GRAD": True, "HAS_LSE": has_lse, "BLOCK": block}
+            consts = {"HAS_SOFTCAP": True, "WRITE_GRAD": True, "HAS_LSE": has_lse, "BLOCK": block, "HAS_SMOOTH": True}
             name = f"ce_rows_{dt}_block{block}" + ("_backward" if has_lse else "")
             out[name] = _compile(linear_ce_op._ce_rows_kernel, sig, consts, linear_ce_op.launch_warps(block), arch)
         bm, bn, bk = gemm_op.CUDA_TILE

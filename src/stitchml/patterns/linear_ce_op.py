@@ -32,7 +32,7 @@ REDUCTIONS = ("mean", "sum")
 @triton.jit
 def _ce_rows_kernel(z_ptr, z_stride, tgt_ptr, loss_ptr, lse_ptr, count_ptr, V, ignore_index, smooth, softcap,
                     HAS_SOFTCAP: tl.constexpr, WRITE_GRAD: tl.constexpr, HAS_LSE: tl.constexpr,
-                    BLOCK: tl.constexpr):
+                    BLOCK: tl.constexpr, HAS_SMOOTH: tl.constexpr = True):
     """One program per row of the chunk's logits z (row stride z_stride, V columns).
     Writes the row's loss and log-sum-exp (fp32), or with HAS_LSE reads the latter
     (the backward's second pass); with WRITE_GRAD, overwrites z with d loss/d z
@@ -45,7 +45,8 @@ def _ce_rows_kernel(z_ptr, z_stride, tgt_ptr, loss_ptr, lse_ptr, count_ptr, V, i
     if HAS_LSE:
         lse = tl.load(lse_ptr + row)
     else:
-        lse = _row_loss(base, t, valid, loss_ptr + row, lse_ptr + row, V, smooth, softcap, cols0, HAS_SOFTCAP, BLOCK)
+        lse = _row_loss(base, t, valid, loss_ptr + row, lse_ptr + row, V, smooth, softcap, cols0, HAS_SOFTCAP, BLOCK,
+                        HAS_SMOOTH)
     if WRITE_GRAD:
         scale = tl.where(valid, 1.0 / tl.load(count_ptr), 0.0)
         for start in range(0, V, BLOCK):
@@ -64,36 +65,58 @@ def _ce_rows_kernel(z_ptr, z_stride, tgt_ptr, loss_ptr, lse_ptr, count_ptr, V, i
 
 @triton.jit
 def _row_loss(base, t, valid, loss_out, lse_out, V, smooth, softcap, cols0, HAS_SOFTCAP: tl.constexpr,
-              BLOCK: tl.constexpr):
+              BLOCK: tl.constexpr, HAS_SMOOTH: tl.constexpr):
     """Online log-sum-exp pass over one row: stores the loss and lse, returns lse."""
-    # per-lane online log-sum-exp, lanes combined once at the end; a finite floor
-    # instead of -inf keeps (max - max) out of inf - inf for lanes past the row's end
+    # per-lane online log-sum-exp, lanes combined once at the end; lanes start at a
+    # finite floor, and a column past the row's end is -inf: d = -inf, e = 0, it adds
+    # nothing without a test (from -inf, -inf - -inf would be NaN)
     floor = -3.0e38
     m_lane = tl.full([BLOCK], floor, tl.float32)
     s_lane = tl.zeros([BLOCK], tl.float32)
     zsum = tl.zeros([BLOCK], tl.float32)
-    zt = tl.zeros([BLOCK], tl.float32)
     for start in range(0, V, BLOCK):
         cols = start + cols0
         mask = cols < V
         z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_SOFTCAP:
             z = softcap * _tanh(z / softcap)
-        zm = tl.where(mask, z, floor)
+        zm = tl.where(mask, z, -float("inf"))
         # one exp a value: exp(-|z - m|) is the new term (z <= m) or the rescale of the
-        # lane's sum to a new maximum z (s * e + 1)
+        # lane's sum to a new maximum z (s * e + 1); ex2.approx.ftz (codegen/triton_ops.py)
         d = zm - m_lane
-        e = tl.exp(-tl.abs(d))
-        s_lane = tl.where(mask, tl.where(d > 0, s_lane * e + 1.0, s_lane + e), s_lane)
+        e = _exp_ftz(-tl.abs(d))
+        s_lane = tl.where(d > 0, s_lane * e + 1.0, s_lane + e)
         m_lane = tl.maximum(m_lane, zm)
-        zsum += tl.where(mask, z, 0.0)
-        zt += tl.where(cols == t, z, 0.0)
+        if HAS_SMOOTH:
+            zsum += tl.where(mask, z, 0.0)
     m = tl.max(m_lane, 0)
-    lse = m + tl.log(tl.sum(s_lane * tl.exp(m_lane - m), 0))
-    loss = lse - (1.0 - smooth) * tl.sum(zt, 0) - smooth / V * tl.sum(zsum, 0)
+    lse = m + tl.log(tl.sum(s_lane * _exp_ftz(m_lane - m), 0))
+    # the target's logit: one load, not a compare per column (an ignored or out-of-range
+    # target reads nothing: 0, as the compare gave)
+    zt = tl.load(base + t, mask=valid & (t >= 0) & (t < V), other=0.0).to(tl.float32)
+    if HAS_SOFTCAP:
+        zt = softcap * _tanh(zt / softcap)
+    loss = lse - (1.0 - smooth) * zt
+    if HAS_SMOOTH:
+        loss -= smooth / V * tl.sum(zsum, 0)
     tl.store(loss_out, tl.where(valid, loss, 0.0))
     tl.store(lse_out, lse)
     return lse
+
+
+_INTERPRETED = tl.constexpr(bool(triton.knobs.runtime.interpret))
+
+
+@triton.jit
+def _exp_ftz(x):
+    # (generated kernels have the same helper in codegen/triton_ops.py's PRELUDE, a text
+    # loaded as their own module): ex2.approx.ftz, three sm_90 instructions a value fewer
+    # than tl.exp, whose care for subnormal results a sum of at least 1 does not need
+    if _INTERPRETED:
+        return tl.exp(x)
+    else:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634],
+                                         dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -164,7 +187,7 @@ def ce_rows(z: Tensor, tgt: Tensor, count: Tensor, ignore_index: int, smooth: fl
     block = block or launch_block(V)
     _ce_rows_kernel[(n,)](z, z.stride(0), tgt, loss, lse_in if lse_in is not None else lse_out, count, V,
                           ignore_index, float(smooth), float(softcap), HAS_SOFTCAP=softcap > 0,
-                          WRITE_GRAD=write_grad, HAS_LSE=lse_in is not None, BLOCK=block,
+                          WRITE_GRAD=write_grad, HAS_LSE=lse_in is not None, BLOCK=block, HAS_SMOOTH=smooth > 0,
                           num_warps=launch_warps(block))
     return loss
 

@@ -78,6 +78,9 @@ class KernelPlan:
     transposed: tuple[int, ...] = ()  # inputs read transposed: the mapping took taller tiles (plan/access.py)
     row_runs: bool = False            # a flat kernel reading row runs: one element a thread (plan/access.py)
     column_tail: bool = False         # a looped row's whole column blocks unmasked, the last block apart
+    # rows whose count the row block divides need no row mask (static shapes; the code
+    # generator checks the mapping it emits for: `codegen/triton_kernel.py::_row_mask`)
+    exact_rows: bool = False
     # a combine kernel's reductions stored as their only consumer, a cast (reduce id, cast id)
     combine_casts: tuple[tuple[int, int], ...] = ()
 
