@@ -330,3 +330,28 @@ def test_loop_conversions_count_redistributions_not_transposes():
     assert loop_conversions(body("blocked", "blocked2")) == 1       # same order: a redistribution
     assert loop_conversions(body("blocked1", "blocked")) == 0       # rows to columns: a transpose
     assert loop_conversions(body("blocked", "blocked2", in_loop=False)) == 0
+
+
+def test_survey_command_reports_sass_floors_for_the_device_knob():
+    """`python -m stitchml.tools.aot_check --micro --case RE`: planned for the device the
+    knob names (H200 here), every kernel row has its SASS instructions a byte, its
+    barriers and both time floors, and the warp-instruction floor is the hot region's
+    instructions over the kernel's blocks (a forward RMS norm over 32768 rows of 1024:
+    copy-bound, its issue floor well below its copy floor)."""
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env["STITCHML_DEVICE"] = "H200"
+    proc = subprocess.run([sys.executable, "-m", "stitchml.tools.aot_check", "--micro", "--case",
+                           r"rms_norm_fwd\[N=1024\]", "--dtype", "bf16"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("device H200: issue budget 7.")
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines if line.startswith("| rms_norm_fwd")]
+    assert rows, proc.stdout
+    for row in rows:
+        per_byte, barriers, copy_us, issue_us = float(row[11].split()[0]), int(row[12]), float(row[13]), float(row[14])
+        assert 0 < per_byte < 7.8 and barriers >= 0
+        # 32768 x 1024 bf16 in and out: 134 MB at the H200 table's 4.3 TB/s
+        assert 25 < copy_us < 40 and 0 < issue_us < copy_us, row
