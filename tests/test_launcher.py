@@ -231,8 +231,9 @@ def test_calibrate_times_the_wrapper_launch_through_the_launcher_and_the_jit():
     wrapper launches it; Inductor has no Triton launcher there: reported, not raised."""
     from stitchml.tools import calibrate
     res = calibrate.measure_launch_overheads("cpu", launches=2, rounds=1)
-    for key in ("stitch_launcher", "triton_jit", "stitch_call"):
+    for key in ("stitch_launcher", "stitch_triton_entry", "triton_jit", "stitch_call"):
         assert res[key]["host_us"] > 0 and res[key]["wall_us"] >= res[key]["host_us"], res[key]
+    assert res["stitch_launcher"]["static"] is False and res["stitch_triton_entry"]["direct"] is False
     assert res["stitch_launcher"]["direct"] is False      # the interpreter: no compiled kernel to bind
     assert set(res["stitch_launcher"]["options"]) == {"num_warps"}   # the wrapper's call shape
     for key in ("inductor_run", "inductor_launcher", "inductor_call"):
@@ -312,6 +313,8 @@ def test_calibrate_launch_overheads_on_a_gpu():
     print("\n".join(calibrate.describe_launch_overheads(res)))
     ours, jit = res["stitch_launcher"], res["triton_jit"]
     assert ours["direct"], "the Launcher did not bind its direct path"
+    assert ours["static"], "the launch line was not bound through torch's static launcher"
+    assert res["stitch_triton_entry"]["direct"], res["stitch_triton_entry"]
     assert ours["host_us"] < jit["host_us"], (ours, jit)
     for key in ("inductor_run", "inductor_launcher", "inductor_call"):
         assert "host_us" in res[key] or res[key]["unavailable"], res[key]
@@ -339,3 +342,145 @@ def test_host_time_binds_every_launch_line_of_a_real_wrapper():
     r = host_time.measure(layers=1, rounds=2, per_round=1)
     assert r["graphs"] == 2 and r["launches_per_step"] > 5 and r["step_us"] > 0
     assert r["sites"] > 5 and r["sites_bound"] == r["sites"], r
+
+
+# ----------------------------------------------------------------------------- torch's static launcher
+
+class StaticCompiled(FakeCompiled):
+    """A compiled kernel as torch's static launcher reads it: its cubin, hash and source
+    signature (argument 2 an integer Triton made a constant: equal to 1)."""
+
+    def __init__(self, log):
+        super().__init__(log)
+        self.metadata = type("Meta", (), {"num_warps": 4, "shared": 0})()
+        self.asm = {"cubin": b"\x7fELF fake cubin"}
+        self.hash = "abc123"
+        fn = type("Fn", (), {"__name__": "k7", "arg_names": ["in0", "out1", "n", "seed"]})()
+        self.src = type("Src", (), {"fn": fn, "signature": {"in0": "*fp32", "out1": "*fp32", "n": "constexpr",
+                                                           "seed": "i32"}, "constants": {}})()
+
+
+class FakeStatic:
+    """torch's `StaticallyLaunchedCudaKernel` as the launcher uses it: built from the
+    compiled kernel (reading `_cubin_path`), loaded on a device, `run(gx, gy, gz,
+    stream, *args)` with the arguments the cubin takes."""
+    made: list = []
+
+    def __init__(self, kernel):
+        self.cubin_path = kernel._cubin_path
+        self.loaded = None
+        FakeStatic.made.append(self)
+
+    def load_kernel(self, device):
+        self.loaded = device
+
+    def run(self, gx, gy, gz, stream, *args):
+        self.log.append(("static", (gx, gy, gz), stream, args))
+
+
+class StaticJit(FakeJit):
+    def __init__(self, nparams=4):
+        super().__init__(nparams)
+        self.compiled = StaticCompiled(self.log)
+
+
+@pytest.fixture
+def fake_static(monkeypatch, tmp_path):
+    from stitchml.runtime import launcher
+    FakeStatic.made = []
+    monkeypatch.setattr(launcher, "_static_class", lambda: FakeStatic)
+    with config.override(cache_dir=str(tmp_path)):
+        yield tmp_path
+
+
+def _bind_log(fn):
+    for s in FakeStatic.made:
+        s.log = fn.log
+
+
+def test_bound_launches_go_through_torchs_static_launcher_without_constants(fake_static):
+    """The first launch binds (JIT); later ones call the static launcher's `run` with the
+    grid, the stream, and the arguments less the one Triton compiled as a constant; the
+    cubin is written under the cache folder and loaded on the arguments' device."""
+    fn = StaticJit()
+    k = _launcher(fn)
+    a, b = Ptr(4096), Ptr(8192)
+    k[(6,)](a, b, 1, 77, num_warps=4)
+    (static,) = FakeStatic.made
+    _bind_log(fn)
+    k[(6,)](a, b, 1, 78, num_warps=4)
+    assert fn.log[-1] == ("static", (6, 1, 1), 1234, (a, b, 78))
+    assert static.loaded == 0 and static.cubin_path.startswith(str(fake_static))
+    with open(static.cubin_path, "rb") as f:
+        assert f.read() == b"\x7fELF fake cubin"
+    # a launch line of a wrapper binds the same way
+    ns = {}
+    ns["_L0"] = k.site(ns, "_L0", (3, 2), "c.cc", num_warps=4)
+    ns["_L0"](a, b, 1, 5)
+    _bind_log(fn)
+    ns["_L0"](a, b, 1, 9)
+    assert fn.log[-1] == ("static", (3, 2, 1), 1234, (a, b, 9))
+    # an argument that specialises otherwise (n no longer 1) goes back to the JIT
+    ns["_L0"](a, b, 2, 9)
+    assert fn.log[-1][0] == "jit"
+
+
+def test_a_kernel_the_static_launcher_refuses_keeps_tritons_entry_point(fake_static, monkeypatch, caplog):
+    class Refusing(FakeStatic):
+        def __init__(self, kernel):
+            raise NotImplementedError("Shared memory size > 48KB requires special triton handling")
+    from stitchml.runtime import launcher
+    monkeypatch.setattr(launcher, "_static_class", lambda: Refusing)
+    fn = StaticJit()
+    k = _launcher(fn)
+    a = Ptr(4096)
+    with caplog.at_level("INFO", logger="stitchml.runtime.launcher"):
+        k[(2,)](a, a, 1, 5, num_warps=4)
+        k[(2,)](a, a, 1, 6, num_warps=4)
+    assert fn.log[-1] == ("direct", (2, 1, 1), 1234, "fn-handle", ("meta",), (a, a, 1, 6))
+    assert "48KB" in caplog.text
+    # the knob off: Triton's entry point, torch's class never built
+    FakeStatic.made = []
+    monkeypatch.setattr(launcher, "_static_class", lambda: FakeStatic)
+    fn = StaticJit()
+    k = _launcher(fn)
+    with config.override(static_launch=False):
+        k[(2,)](a, a, 1, 5, num_warps=4)
+        k[(2,)](a, a, 1, 6, num_warps=4)
+    assert fn.log[-1][0] == "direct" and not FakeStatic.made
+
+
+def test_constant_positions_read_names_indices_and_old_constants():
+    from stitchml.runtime.launcher import constant_positions
+    kernel = StaticCompiled([])
+    assert constant_positions(kernel) == {2}
+    kernel.src.signature = {0: "*fp32", 1: "*fp32", 2: "i32", 3: "i32"}
+    kernel.src.constants = {(3,): 1}      # Triton 3.2's form: constants apart, keyed by index tuples
+    assert constant_positions(kernel) == {3}
+
+
+@pytest.mark.gpu
+def test_static_launcher_matches_the_jit_on_a_gpu():
+    """Real kernels through torch's static launcher: an integer equal to 1 (a constant
+    in the cubin) among the arguments, several grids."""
+    import triton
+    import triton.language as tl
+
+    from stitchml.runtime import launcher
+
+    @triton.jit(do_not_specialize=["seed"])
+    def axpy(x, y, out, n, a, seed):
+        i = tl.program_id(0) * 128 + tl.arange(0, 128)
+        v = tl.load(x + i, mask=i < n) * a + tl.load(y + i, mask=i < n) + seed
+        tl.store(out + i, v, mask=i < n)
+
+    assert launcher._static_class() is not None
+    k = Launcher(axpy)
+    x, y = torch.randn(1000, device="cuda"), torch.randn(1000, device="cuda")
+    for a in (1, 3):
+        for seed in (3, 16, 1):
+            out = torch.full_like(x, float("nan"))
+            k[(8,)](x, y, out, 1000, a, seed, num_warps=4)
+            torch.testing.assert_close(out, x * a + y + seed)
+    assert k.bound and any(entry[1].__code__.co_names[0] == "SRUN" for entry in k.bound.values()), \
+        "expected a binding through torch's static launcher"

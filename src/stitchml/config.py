@@ -166,6 +166,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("compile_workers", "STITCHML_COMPILE_WORKERS", -1, int,
          "Processes that compile a graph's distinct kernels in parallel before its first launch (GPU only); "
          "-1 = one per CPU core (at most 16), 0 = no pool (Triton compiles each kernel at its first launch)."),
+    Knob("static_launch", "STITCHML_STATIC_LAUNCH", True, _bool,
+         "Bound launches go through torch's static CUDA launcher for Triton cubins "
+         "(`torch._C._StaticCudaLauncher`, what Inductor launches with) instead of Triton's compiled "
+         "entry point, which checks every pointer with a driver call; a kernel it refuses keeps "
+         "Triton's (`runtime/launcher.py`). Needs `direct_launch`. Not yet measured on a GPU."),
     Knob("direct_launch", "STITCHML_DIRECT_LAUNCH", True, _bool,
          "Launch compiled kernels through a launcher bound once (Triton's compiled-kernel entry point, no "
          "JIT dispatch per call); off = every launch goes through Triton's JIT. GPU only."),

@@ -20,6 +20,16 @@ The stream is read per launch (a cheap C call): CUDA-graph capture runs on a sid
 stream.  Under the Triton interpreter the JIT returns no compiled kernel, so every
 launch goes through it.  Knob: `direct_launch`.
 
+Torch's static CUDA launcher.  Triton's compiled entry point is C, but it checks every
+pointer argument with a driver call and goes through launch metadata and hooks; torch
+ships a launcher for Triton cubins (`torch._C._StaticCudaLauncher`, wrapped by
+`StaticallyLaunchedCudaKernel`, what Inductor launches its kernels with) that takes the
+arguments as they are.  Where it is importable and takes the kernel (no launch
+attributes, cubin written to our cache folder and loaded), a bound launch calls its
+`run(gx, gy, gz, stream, *args)` with the arguments Triton did not turn into constants;
+anything it refuses, or that fails while binding, keeps Triton's entry point (logged
+once).  Knob: `static_launch`.  (The calibrate tool measures both paths.)
+
 Launch lines.  A wrapper launches a kernel at a fixed grid through a `Site`, one per
 line of its source (`_L3 = k4.site(globals(), "_L3", (grid,), checks, num_warps=N)` at
 module level, `_L3(*args)` in `call`).  The site's first launch goes through the JIT
@@ -40,11 +50,13 @@ the 8 tensors the wrapper's own 0.73 µs (1.55 µs with every argument checked).
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 from .. import config
 
 _I32 = (-2**31, 2**31)
+log = logging.getLogger(__name__)
 
 
 def arg_spec(args: tuple) -> tuple:
@@ -112,6 +124,72 @@ def _hooks_active() -> bool:
     return False
 
 
+def _static_class() -> Any:
+    """Torch's `StaticallyLaunchedCudaKernel` (its module was renamed in torch 2.13), or
+    None where this torch has none."""
+    try:
+        from torch._inductor.runtime.static_triton_launcher import StaticallyLaunchedCudaKernel
+    except ImportError:
+        try:
+            from torch._inductor.runtime.static_cuda_launcher import StaticallyLaunchedCudaKernel
+        except ImportError:
+            return None
+    return StaticallyLaunchedCudaKernel
+
+
+def constant_positions(kernel: Any) -> frozenset[int]:
+    """Argument positions Triton compiled as constants (an integer equal to 1, declared
+    constexprs): the cubin has no parameter for them, so a direct launch leaves them
+    out.  Read from the compiled kernel's source signature (name or index keys)."""
+    src = kernel.src
+    names = list(getattr(src.fn, "arg_names", ()))
+
+    def index(key: Any) -> int:
+        if isinstance(key, str):
+            return names.index(key)
+        return key[0] if isinstance(key, tuple) else key
+    out = {index(k) for k, ty in src.signature.items() if ty == "constexpr"}
+    out |= {index(k) for k in getattr(src, "constants", {})}
+    return frozenset(out)
+
+
+_STATIC_REFUSED: set[str] = set()   # reasons already logged
+
+
+def static_entry(kernel: Any, nargs: int, device: int, static_class: Any = None) -> tuple | None:
+    """(run, kept argument positions) of torch's static launcher for a compiled Triton
+    kernel, or None (knob off, no such launcher, or it refused the kernel: the reason is
+    logged once).  `static_class` replaces torch's class (tests)."""
+    if not config.get("static_launch"):
+        return None
+    cls = static_class or _static_class()
+    if cls is None:
+        return None
+    try:
+        meta = kernel.metadata
+        if getattr(meta, "launch_pdl", False) or getattr(meta, "launch_cooperative_grid", False):
+            raise NotImplementedError("launch attributes")
+        cubin = kernel.asm["cubin"]
+        from .kernel_cache import atomic_write, cache_root
+        path = cache_root() / "cubin" / str(kernel.hash) / f"{kernel.src.fn.__name__}.cubin"
+        if not path.exists():
+            atomic_write(path, cubin)
+        kernel._cubin_path = str(path)    # where torch's class reads the binary from
+        static = cls(kernel)
+        try:
+            static.load_kernel(device)
+        except TypeError:                 # (torch before 2.12: no device argument)
+            static.load_kernel()
+        consts = constant_positions(kernel)
+        return static.run, tuple(i for i in range(nargs) if i not in consts)
+    except Exception as e:   # any refusal: Triton's own entry point launches it
+        reason = f"{type(e).__name__}: {e}"
+        if reason not in _STATIC_REFUSED:
+            _STATIC_REFUSED.add(reason)
+            log.info("stitchml: torch's static launcher refused a kernel (%s); Triton's launcher is used", reason)
+        return None
+
+
 def _stream_getter() -> Callable[[int], int]:
     import torch
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -154,21 +232,24 @@ class Launcher:
         key = (grid, tuple(options.items()))   # (a call site passes its options in one order)
         bound = self.bound.get(key)
         if bound is not None:
-            ok, run, gx, gy, gz, function, metadata, device = bound
+            ok, fire, device = bound
             if ok(args):
-                run(gx, gy, gz, self.stream(device), function, metadata, None, None, None, *args)
+                fire(args, self.stream(device))
                 return
         kernel = self.jit(grid, args, options)
         if bound is None:
             entry = self.entry(kernel, args)
             if entry is not None:
-                run, function, metadata, device = entry
-                self.bound[key] = (_spec_check(args, self.fresh), run, *_grid3(grid), function, metadata, device)
+                env = {"run": entry[0], "FN": entry[1], "META": entry[2], "SRUN": entry[4] and entry[4][0]}
+                call = _call_text(_grid3(grid), "s", [f"a[{i}]" for i in range(len(args))], entry[4])
+                fire = eval(f"lambda a, s: {call}", env)   # noqa: S307 (text built from positions only)
+                self.bound[key] = (_spec_check(args, self.fresh), fire, entry[3])
 
     def entry(self, kernel: Any, args: tuple) -> tuple | None:
-        """(run, function, metadata, device) of a compiled kernel that a direct launch
-        can call, or None where launches keep to the JIT: the knob is off, the
-        interpreter returned no compiled kernel, or a profiler hooks launches."""
+        """(run, function, metadata, device, static) of a compiled kernel that a direct
+        launch can call (`static`: torch's launcher and the argument positions it takes,
+        or None: Triton's `run`), or None where launches keep to the JIT: the knob is
+        off, the interpreter returned no compiled kernel, or a profiler hooks launches."""
         if not (self.direct and config.get("direct_launch")):
             return None
         run = getattr(kernel, "run", None)
@@ -180,10 +261,10 @@ class Launcher:
         if _hooks_active():
             self.direct = False   # a profiler hooks launches (proton): keep the JIT path so it sees them
             return None
-        device = next((a.device.index for a in args if hasattr(a, "data_ptr") and hasattr(a, "device")), 0)
+        device = next((a.device.index for a in args if hasattr(a, "data_ptr") and hasattr(a, "device")), 0) or 0
         if self.stream is None:
             self.stream = _stream_getter()
-        return run, function, metadata, device or 0
+        return run, function, metadata, device, static_entry(kernel, len(args), device)
 
     def site(self, namespace: dict, name: str, grid: tuple, checks: str, **options: Any) -> Callable:
         """The callable of the wrapper line `name` (see `Site`): the same object each
@@ -196,6 +277,15 @@ class Launcher:
 
 def _grid3(grid: tuple) -> tuple[int, int, int]:
     return grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+
+
+def _call_text(grid: tuple[int, int, int], stream: str, args: list[str], static: tuple | None) -> str:
+    """The launch call of a bound kernel: torch's static launcher (`SRUN`) with the
+    arguments it takes, else Triton's compiled entry point (`run`, `FN`, `META`)."""
+    gx, gy, gz = grid
+    if static is not None:
+        return f"SRUN({gx}, {gy}, {gz}, {stream}{''.join(', ' + args[i] for i in static[1])})"
+    return f"run({gx}, {gy}, {gz}, {stream}, FN, META, None, None, None{''.join(', ' + a for a in args)})"
 
 
 class Site:
@@ -231,13 +321,14 @@ class Site:
         """A launch whose arguments specialise otherwise than the bound ones: the JIT."""
         self.launcher.jit(self.grid, args, self.options)
 
-    def _generate(self, args: tuple, run: Any, function: Any, metadata: Any, device: int) -> Callable:
-        gx, gy, gz = _grid3(self.grid)
-        env = {"run": run, "stream": self.launcher.stream, "FN": function, "META": metadata, "miss": self.miss}
+    def _generate(self, args: tuple, run: Any, function: Any, metadata: Any, device: int,
+                  static: tuple | None) -> Callable:
+        env = {"run": run, "stream": self.launcher.stream, "FN": function, "META": metadata, "miss": self.miss,
+               "SRUN": static and static[0]}
         names = [f"a{i}" for i in range(len(args))]
         params = ", ".join(names)
         terms = _spec_terms(args, self.launcher.fresh, names.__getitem__, env, self.checks)
-        call = f"run({gx}, {gy}, {gz}, stream({device}), FN, META, None, None, None, {params})"
+        call = _call_text(_grid3(self.grid), f"stream({device})", names, static)
         if terms:
             body = f"    if {' and '.join(terms)}:\n        return {call}\n    return miss(({params},))\n"
         else:

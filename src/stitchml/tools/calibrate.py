@@ -194,7 +194,9 @@ def measure_launch_overheads(device: str | torch.device = "cuda", launches: int 
                              rounds: int = 5) -> dict[str, dict[str, Any]]:
     """Launch overhead of one small pointwise kernel, per way of launching it:
     `stitch_launcher` (the wrapper's launch line: the `Site` it calls, or the function
-    the site bound), `stitch_by_grid` (stitchml's Launcher indexed by grid, the path of
+    the site bound; `static`: through torch's static CUDA launcher), `stitch_triton_entry`
+    (the same line bound with the knob `static_launch` off: Triton's compiled entry
+    point), `stitch_by_grid` (stitchml's Launcher indexed by grid, the path of
     launches whose grid is a size expression), `triton_jit`
     (the same kernel through `JITFunction.run`), `inductor_run` (Inductor's kernel for
     the same function through `CachingAutotuner.run`, what its generated code calls),
@@ -215,8 +217,20 @@ def measure_launch_overheads(device: str | torch.device = "cuda", launches: int 
 
         def through_the_line():
             r = per_launch(lambda: line(*args), sync, launches, rounds)
-            return {**r, "direct": not isinstance(line, Site), "grid": list(grid), "options": options}
+            return {**r, "direct": not isinstance(line, Site), "grid": list(grid), "options": options,
+                    "static": bool(getattr(line, "__globals__", {}).get("SRUN"))}
         _guarded(out, "stitch_launcher", through_the_line)
+
+        def through_tritons_entry():
+            from ..runtime.launcher import Launcher
+            checks = (line if isinstance(line, Site) else line.site).checks
+            with config.override(static_launch=False):
+                ns: dict = {}
+                ns["_L"] = Launcher(launcher.fn).site(ns, "_L", grid, checks, **options)
+                ns["_L"](*args)       # binds
+            bound = ns["_L"]
+            return {**per_launch(lambda: bound(*args), sync, launches, rounds), "direct": not isinstance(bound, Site)}
+        _guarded(out, "stitch_triton_entry", through_tritons_entry)
 
         def by_grid():
             r = per_launch(lambda: launcher[grid](*args, **options), sync, launches, rounds)
@@ -249,6 +263,7 @@ def measure_launch_overheads(device: str | torch.device = "cuda", launches: int 
 
 
 LAUNCH_LABELS = (("stitch_launcher", "stitched kernel, the wrapper's launch line (stitchml Launcher site)"),
+                 ("stitch_triton_entry", "same line, Triton's compiled entry point (knob static_launch off)"),
                  ("stitch_by_grid", "same kernel, stitchml Launcher by grid (size-expression grids)"),
                  ("triton_jit", "same kernel, Triton JIT dispatch"),
                  ("inductor_run", "Inductor's kernel, CachingAutotuner.run (its generated code's launch)"),
@@ -266,6 +281,8 @@ def describe_launch_overheads(res: dict[str, dict[str, Any]]) -> list[str]:
             continue
         extra = "" if "direct" not in r else (" (direct path bound)" if r["direct"] else
                                               " (direct path NOT bound: this is the JIT path)")
+        if r.get("static"):
+            extra += " (torch's static launcher)"
         lines.append(f"  {label}: {r['host_us']:.2f} host, {r['wall_us']:.2f} wall{extra}")
     return lines
 
