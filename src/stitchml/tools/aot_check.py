@@ -49,7 +49,10 @@ class AotResult:
     # (ceil(rows / block rows) x ceil(columns / block columns), one hot-loop iteration
     # each) x warps x the region's instructions a thread.  Counted per block rather than
     # from bytes: a per-row value loaded once a thread, or a masked block's idle lanes,
-    # would make a byte count wrong.  None for combine kernels and launch groups.
+    # would make a byte count wrong.  An upper bound where the hot region holds loops
+    # that run less often than once a block (a column tail's loop, once a row, counts
+    # as often as the whole blocks' loop).  None for combine kernels (Triton unrolls
+    # their row loop) and launch groups.
     warp_instructions: int | None = None
 
 
