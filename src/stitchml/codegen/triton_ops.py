@@ -54,6 +54,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from stitchml.codegen.triton_fast import _exp_ftz
+
 # kernels that must differ between the interpreter and compiled code branch on this
 # constant: a conversion the interpreter does not round, and `%` on floats (numpy's exact
 # fmod in the interpreter; compiled, a - b * trunc(a / b), wrong once the quotient passes
@@ -69,19 +71,6 @@ def _nanmax(a, b):
 @triton.jit
 def _nanmin(a, b):
     return tl.where((a < b) | (a != a), a, b)
-
-
-@triton.jit
-def _exp_ftz(x):
-    # exp of a float32 in ex2.approx.ftz: results below 2**-126 are 0.  Triton's `exp`
-    # (ex2.approx without ftz) costs three more sm_90 instructions an element to keep
-    # subnormal results; the online softmax's terms, added to a sum of at least 1, do
-    # not need them (codegen/emit_reduce.py).  The interpreter runs no PTX: tl.exp.
-    if _INTERPRETED:
-        return tl.exp(x)
-    else:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634],
-                                         dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..codegen.triton_fast import _exp_ftz
+
 Tensor = torch.Tensor
 REDUCTIONS = ("mean", "sum")
 
@@ -102,21 +104,6 @@ def _row_loss(base, t, valid, loss_out, lse_out, V, smooth, softcap, cols0, HAS_
     tl.store(loss_out, tl.where(valid, loss, 0.0))
     tl.store(lse_out, lse)
     return lse
-
-
-_INTERPRETED = tl.constexpr(bool(triton.knobs.runtime.interpret))
-
-
-@triton.jit
-def _exp_ftz(x):
-    # (generated kernels have the same helper in codegen/triton_ops.py's PRELUDE, a text
-    # loaded as their own module): ex2.approx.ftz, three sm_90 instructions a value fewer
-    # than tl.exp, whose care for subnormal results a sum of at least 1 does not need
-    if _INTERPRETED:
-        return tl.exp(x)
-    else:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * 1.4426950408889634],
-                                         dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
