@@ -156,13 +156,13 @@ def constant_positions(kernel: Any) -> frozenset[int]:
 _STATIC_REFUSED: set[str] = set()   # reasons already logged
 
 
-def static_entry(kernel: Any, nargs: int, device: int, static_class: Any = None) -> tuple | None:
+def static_entry(kernel: Any, nargs: int, device: int) -> tuple | None:
     """(run, kept argument positions) of torch's static launcher for a compiled Triton
     kernel, or None (knob off, no such launcher, or it refused the kernel: the reason is
-    logged once).  `static_class` replaces torch's class (tests)."""
+    logged once)."""
     if not config.get("static_launch"):
         return None
-    cls = static_class or _static_class()
+    cls = _static_class()
     if cls is None:
         return None
     try:
