@@ -84,7 +84,7 @@ def _row_loss(base, t, valid, loss_out, lse_out, V, smooth, softcap, cols0, HAS_
             z = softcap * _tanh(z / softcap)
         zm = tl.where(mask, z, -float("inf"))
         # one exp a value: exp(-|z - m|) is the new term (z <= m) or the rescale of the
-        # lane's sum to a new maximum z (s * e + 1); ex2.approx.ftz (codegen/triton_ops.py)
+        # lane's sum to a new maximum z (s * e + 1); ex2.approx.ftz (codegen/triton_fast.py)
         d = zm - m_lane
         e = _exp_ftz(-tl.abs(d))
         s_lane = tl.where(d > 0, s_lane * e + 1.0, s_lane + e)
