@@ -57,11 +57,17 @@ class Device:
         return 1.0
 
     @property
+    def warp_issue_rate(self) -> float:
+        """Warp-instructions a second at the full issue rate: four schedulers an SM issue
+        one a cycle each."""
+        return self.sms * 4 * self.clock_hz
+
+    @property
     def issue_budget(self) -> float:
-        """Instructions a thread can issue per byte the device copies: four schedulers an
-        SM issue a warp-instruction a cycle each, against the copy bandwidth.  A streaming
-        kernel whose hot loop issues more per byte than this cannot reach the bandwidth."""
-        return self.sms * 4 * self.clock_hz * 32 / self.bandwidth
+        """Instructions a thread can issue per byte the device copies (`warp_issue_rate`
+        x 32 lanes against the copy bandwidth).  A streaming kernel whose hot loop issues
+        more per byte than this cannot reach the bandwidth."""
+        return self.warp_issue_rate * 32 / self.bandwidth
 
     def replayed(self) -> "Device":
         """This device as a graph replayed in a CUDA graph sees it: each kernel costs the

@@ -490,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         per_byte = "" if sp is None else f"{sp['per_byte']:.2f}{' !' if sp['per_byte'] > budget / 2 else ''}"
         copy_us = "" if r.bytes is None else f"{r.bytes / dev.bandwidth * 1e6:.1f}"
         issue_us = ("" if r.warp_instructions is None
-                    else f"{r.warp_instructions / (dev.sms * 4 * dev.clock_hz) * 1e6:.1f}")
+                    else f"{r.warp_instructions / dev.warp_issue_rate * 1e6:.1f}")
         print(f"| {case} | {dtype} | {graph} | {r.kernel} | {r.registers if r.ok else 'FAILED: ' + r.error[:80]} "
               f"| {r.spills} | {ld} | {st} | {r.strided_scalar if r.ok else ''} | {r.loop_conversions if r.ok else ''} "
               f"| {r.loop_cross_warp_reductions if r.ok else ''} | {per_byte} | {'' if sp is None else sp['hot_barriers']} "
