@@ -267,6 +267,13 @@ ACCESS_SCRIPT = textwrap.dedent("""
     out["odd_rows"] = check(odd, x)
     with config.override(column_tails=False):
         out["odd_rows_masked"] = check(odd, x)
+    # rows of 50257 contiguous bfloat16 values (GPT-2's logits unpadded): row r starts 2r
+    # bytes past a 16-byte boundary; the whole blocks start at the row's first boundary
+    y = torch.randn(4096, 50257, dtype=torch.bfloat16)
+    odd_stride = lambda y: torch.log_softmax(y.float(), -1).to(torch.bfloat16)
+    out["odd_stride"] = check(odd_stride, y)
+    with config.override(align_rows=False):
+        out["odd_stride_unaligned"] = check(odd_stride, y)
     # libdevice's tanh / expm1 / log1p in compiled kernels (the interpreter runs formulas)
     out["transcendentals"] = check(lambda x, d: (torch.tanh(x) + torch.expm1(x) * torch.log1p(x.abs()),
                                                 torch.tanh(d) + torch.expm1(d) * torch.log1p(d.abs())),
@@ -307,6 +314,17 @@ def test_transposes_rotary_and_transposed_sums_compile_to_vector_accesses_for_sm
     assert results["transcendentals"] and all(r["ok"] for r in results["transcendentals"])
     (tail,), (masked,) = results["odd_rows"], results["odd_rows_masked"]
     assert "16" in tail["accesses"]["ld"] and "16" not in masked["accesses"]["ld"], (tail, masked)
+
+
+def test_odd_stride_rows_compile_to_vector_accesses_for_sm90():
+    """Rows of 50257 bfloat16 values, each starting 2r bytes past a 16-byte boundary
+    (knob `align_rows`): the whole column blocks, walked from each row's first boundary,
+    are read and stored 16 bytes a thread; with the knob off every access is 2 bytes."""
+    results, kernels = _access_results()
+    (on,), (off,) = results["odd_stride"], results["odd_stride_unaligned"]
+    assert "16" in on["accesses"]["ld"] and "16" in on["accesses"]["st"], on["accesses"]
+    assert "16" not in off["accesses"]["ld"] and "16" not in off["accesses"]["st"], off["accesses"]
+    assert on["sass"]["hot_instructions"] < off["sass"]["hot_instructions"], (on["sass"], off["sass"])
 
 
 def test_loop_conversions_count_redistributions_not_transposes():

@@ -26,7 +26,9 @@ def _looped(plan):
 
 
 def test_odd_rows_get_a_tail_loop_and_even_rows_do_not():
-    plan = plan_of(lambda x: torch.softmax(x, -1), torch.randn(4, ODD))
+    # (rows of 8195 are also an odd stride: the aligned form is tests/test_align_rows.py)
+    with config.override(align_rows=False):
+        plan = plan_of(lambda x: torch.softmax(x, -1), torch.randn(4, ODD))
     (k,) = _looped(plan)
     assert k.column_tail
     src = generate_all(plan.graph, plan)[k.name].source

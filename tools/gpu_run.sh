@@ -149,7 +149,8 @@ print(calibration_path(current_device().name))" 2>/dev/null)
             --variant "notall:transposed_tiles=0:$TR" \
             --variant "lbc8k:loop_block_cols=8192:$ROWS" \
             --variant "flatrows:row_values=0:$CE" \
-            --variant "rowmasks:exact_rows=0:$ROWS;$FWD" ;;
+            --variant "rowmasks:exact_rows=0:$ROWS;$FWD" \
+            --variant "noalign:align_rows=0:$CE" ;;
     *) echo "unknown step $1 (bash tools/gpu_run.sh list)"; return 2 ;;
     esac
 }

@@ -91,6 +91,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Triton vectorises an access only where its mask is uniform over the vector, and `col < 50257` "
          "is not, so every such row was read 2-4 bytes at a time. Static shapes only (a dynamic "
          "template's column count is an argument). Not yet measured on a GPU."),
+    Knob("align_rows", "STITCHML_ALIGN_ROWS", True, _bool,
+         "Row-looped kernels over rows whose stride is not a multiple of 16 bytes (GPT-2's 50257-wide "
+         "bfloat16 logits: row r starts 2r bytes past a 16-byte boundary) start each row's whole column "
+         "blocks at its first 16-byte boundary, with the row's first few columns and its tail in a "
+         "masked loop after them; the aligned start is told to Triton (`tl.multiple_of`), which then "
+         "reads and stores 16 bytes a thread instead of 2 (sm_90 SASS: `tools/aot_check`). Needs "
+         "column_tails. Not yet measured on a GPU."),
     Knob("exact_rows", "STITCHML_EXACT_ROWS", True, _bool,
          "Kernels whose row count (element count, for flat kernels) the row block divides test no row "
          "mask: `rflat < rows` is then a constant, which Triton folds. Seen in sm_90 SASS: a masked "

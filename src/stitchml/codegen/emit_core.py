@@ -46,6 +46,7 @@ class Scope:
     # order in which a column loop walks its row: None (any), "forward", or "reverse" (a
     # scan read backwards: lanes and blocks run from the row's end, `emit_scan.py`)
     direction: str | None = None
+    aligned: bool = False   # some access in this column loop is addressed from an aligned row start
 
 
 def _reach(n: ir.Node) -> int:
@@ -82,6 +83,9 @@ class KernelBuilder:
         self.flat_strides: dict[str, dict[str, int]] = {}
         self.col_flat: ix.Expr = ix.const(0)
         self.row_flat: ix.Expr = ix.const(0)
+        self.row_pid = ""   # the program's row block, a scalar (set by the driver's `_rows`)
+        self.row_bases: dict[tuple[int, int, int], str] = {}   # aligned row starts (`aligned_address`)
+        self.whole_defined = False   # the row's whole column blocks from `lead` (`_close_aligned`)
         # conditions under which the current values are needed (a cat's branch): loads
         # are masked by them so no lane reads outside its buffer
         self.cond: tuple[tuple[str, frozenset], ...] = ()
@@ -190,6 +194,12 @@ class KernelBuilder:
             assert scope.lines[0].startswith("cflat = cbase + ") and scope.lines[1].startswith("cmask = ")
             scope.lines[0:2] = [scope.lines[0].replace("cflat", "cpos", 1), f"cmask = cpos < {self.dom.cols}",
                                 f"cflat = {self.dom.cols - 1} - cpos"]
+        if scope.aligned and scope.direction is None:
+            return self._close_aligned(scope)
+        if scope.aligned:
+            # (a scan claimed this loop's order after an access was addressed from the
+            # aligned row start: the same addresses, without the vector hint's use)
+            scope.lines.insert(scope.lines.index("zc = cflat * 0"), "crel = cflat - lead")
         cols, bc = self.dom.cols, self.m.block_c
         full = cols - cols % bc
         if self.k.column_tail and scope.direction != "reverse" and bc <= full < cols:
@@ -207,6 +217,78 @@ class KernelBuilder:
             return
         self.top.lines.append(f"for cbase in range(0, {cols}, {bc}):")
         self.top.lines.extend("    " + line for line in scope.lines)
+
+    def _close_aligned(self, scope: Scope) -> None:
+        """The loop over a row whose whole column blocks start at `lead`, the row's first
+        16-byte boundary (`KernelPlan.row_align`): `crel` counts columns from there, so an
+        address `aligned row start + crel` is one Triton can prove 16-byte aligned and
+        contiguous.  Then one masked loop over what is left: lane q < lead holds column q
+        (the row's head), lane q >= lead column q + whole (its tail).  Only for loops whose
+        order is free (reductions, element-wise outputs; not scans)."""
+        cols, bc = self.dom.cols, self.m.block_c
+        assert scope.lines[0].startswith("cflat = cbase + ") and scope.lines[1] == f"cmask = cflat < {cols}"
+        lanes = scope.lines[0][len("cflat = cbase + "):]
+        body = scope.lines[2:]
+        whole = "whole"   # (the same in every loop of the row: defined once)
+        if not self.whole_defined:
+            self.top.lines.append(f"whole = ({cols} - lead) // {bc} * {bc}")
+            self.whole_defined = True
+        self.top.lines.append(f"for cbase in range(0, {whole}, {bc}):")
+        self.top.lines.extend("    " + line for line in [
+            f"crel = cbase + {lanes}", "cflat = lead + crel", f"cmask = tl.full([1, {bc}], True, tl.int1)"] + body)
+        self.top.lines.append(f"for cbase in range(0, {cols} - {whole}, {bc}):")
+        self.top.lines.extend("    " + line for line in [
+            f"cq = cbase + {lanes}", f"cflat = tl.where(cq < lead, cq, cq + {whole})", "crel = cflat - lead",
+            f"cmask = cq < {cols} - {whole}"] + body)
+
+    # -- aligned row starts (KernelPlan.row_align) -----------------------------
+    def row_linear(self, e: ix.Expr) -> tuple[int, int] | None:
+        """(k, c) where `e` (an offset in the domain's variables) is the flat column plus
+        k times the flat row plus c: an access contiguous along the row, its row start an
+        affine function of the row.  Else None."""
+        e = self._as_flat(e)
+        col, k = False, 0
+        for a, coef in e.terms:
+            if not isinstance(a, ix.Var) or a.axis not in (ROW, COL):
+                return None
+            flat = a.name in ("rflat", "cflat") or self.flat_strides.get(a.axis) == {a.name: 1}
+            if not flat:
+                return None
+            if a.axis == COL:
+                if col or coef != 1:
+                    return None
+                col = True
+            else:
+                k = coef
+        return (k, e.const) if col else None
+
+    def aligned_address(self, nid: int, off: ix.Expr, axes) -> str | None:
+        """The address of an access in a column loop as `aligned row start + crel`, where
+        the access's row start is congruent to the plan's anchor (`KernelPlan.row_align`)
+        modulo its own 16-byte vector; else None (addressed as usual)."""
+        if not self.k.row_align or COL not in axes or len(self.scopes) < 2 or self.m.block_r != 1:
+            return None
+        lin = self.row_linear(off)
+        itemsize = self.g[nid].dtype.itemsize
+        vec = 16 // itemsize if itemsize <= 8 else 1
+        ka, ca, va = self.k.row_align
+        if lin is None or vec < 2 or va % vec:
+            return None
+        k, c = lin
+        if (k - ka) % vec or (c - ca) % vec:
+            return None
+        key = (k, c, vec)
+        # (the hint is a promise Triton does not check, and the interpreter ignores: a wrong
+        # one is a misaligned vector access on the GPU; tests/test_align_rows.py evaluates
+        # these lines for every row)
+        if key not in self.row_bases:
+            if not self.row_bases:
+                # the anchor's columns before its row's first 16-byte boundary
+                self.top.lines.append(f"lead = ({va} - ({self.row_pid} * {ka % va} + {ca % va}) % {va}) % {va}")
+            name = self.row_bases[key] = f"arow{len(self.row_bases)}"
+            self.top.lines.append(f"{name} = tl.multiple_of({self.row_pid} * {k} + {c} + lead, {vec})")
+        self.scopes[-1].aligned = True
+        return f"({self.row_bases[key]} + crel)"
 
     # -- masks ----------------------------------------------------------------
     def mask(self, axes) -> str | None:
@@ -278,12 +360,14 @@ class KernelBuilder:
         mask = " & ".join([m for m in [self.mask(axes)] if m] + [c for c, _ in self.cond]) or None
         m = f", mask={mask}, other=0" if mask else ""
         cd = compute_dtype(n.dtype)
-        address = self.offset(off, axes)
-        # a block's axes that the address lacks (a scalar read under a block mask, a row
-        # vector read at a tile's shape): zeros of those axes make the pointer a block
-        zeros = [z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes and a not in ix.axes(off)]
-        if zeros:
-            address = f"({' + '.join(zeros)} + {address})"
+        address = self.aligned_address(nid, off, axes)
+        if address is None:
+            address = self.offset(off, axes)
+            # a block's axes that the address lacks (a scalar read under a block mask, a row
+            # vector read at a tile's shape): zeros of those axes make the pointer a block
+            zeros = [z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes and a not in ix.axes(off)]
+            if zeros:
+                address = f"({' + '.join(zeros)} + {address})"
         load = f"tl.load({ptr} + {address}{m})"
         if n.dtype == torch.bfloat16:
             load = f"_from_bf16({load})"

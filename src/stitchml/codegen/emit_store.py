@@ -70,7 +70,8 @@ class Stores:
         # shape, never the other way (a one-row reduction under a fixed row block of a
         # dynamic template: a [BLOCK_R, C] value, a destination indexed by the column alone)
         zeros = [z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes and a not in ix.axes(off)]
-        address = b.offset(off, axes) if not zeros else f"({' + '.join(zeros)} + {b.render_index(off)})"
+        address = (b.aligned_address(nid, off, axes)
+                   or (b.offset(off, axes) if not zeros else f"({' + '.join(zeros)} + {b.render_index(off)})"))
         mask = b.mask(axes) or "rmask"
         b.scope_for(axes).lines.append(f"tl.store({ptr} + {address}, {val}, mask={mask})")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from dataclasses import replace
 from typing import Callable, Iterator
 
 from ..ir import index as ix
@@ -34,6 +35,7 @@ def _rows(b: KernelBuilder, pid: str, blocks: int | None = None) -> None:
     `blocks`: how many row blocks `pid` walks, where it is a loop's variable (else the
     launch grid's program ids)."""
     tail = "" if b.flat else "[:, None]"
+    b.row_pid = pid
     b.top.lines += [f"rflat = {pid} * {b.m.block_r} + tl.arange(0, {b.m.block_r}){tail}",
                     f"rmask = {_row_mask(b, b.m.grid if blocks is None else blocks)}", "zr = rflat * 0"]
     b.vars = b.define_vars(b.top, ROW)
@@ -167,6 +169,37 @@ def access_offsets(g: ir.Graph, k: KernelPlan) -> tuple[list[tuple[int, ix.Expr]
     return b.loads, b.stores
 
 
+def row_alignment(g: ir.Graph, k: KernelPlan) -> tuple[int, ...]:
+    """`KernelPlan.row_align` for a looped kernel of one row a program, as (row
+    coefficient, constant, elements a 16-byte vector) of an anchor access, or ().
+    GPT-2's logits are rows of 50257 bfloat16 values, row r starting 2r bytes past a
+    16-byte boundary, so no whole column block of theirs could be read or stored in
+    vectors.  Shifting the whole blocks to start at the anchor's boundary aligns every
+    access congruent to it (`KernelBuilder.aligned_address`) and unaligns those that
+    were aligned and are not: the anchor is the unaligned access that leaves the most
+    bytes moved in vectors, and only if that beats not shifting.  Accesses are the
+    loads and stores contiguous along the row (`KernelBuilder.row_linear`), each pass
+    over a buffer counted."""
+    with _recursion_room(g):
+        b = KernelBuilder(g, replace(k, row_align=()))
+        b.reductions = Reductions(b)
+        DRIVERS[k.mapping.form](b, Stores(b))
+    accesses = []   # (row coefficient, constant, elements a vector, bytes)
+    for nid, off in b.loads + b.stores:
+        lin = b.row_linear(off) if COL in ix.axes(off) else None
+        itemsize = g[nid].dtype.itemsize
+        if lin is not None and itemsize <= 8:
+            accesses.append((*lin, 16 // itemsize, g[nid].numel * itemsize))
+    best, best_bytes = (), sum(n for kr, c, v, n in accesses if kr % v == 0 and c % v == 0)
+    for ka, ca, va, _ in accesses:
+        if ka % va == 0 and ca % va == 0:
+            continue   # aligned already: no anchor
+        vector = sum(n for kr, c, v, n in accesses if va % v == 0 and (kr - ka) % v == 0 and (c - ca) % v == 0)
+        if vector > best_bytes:
+            best, best_bytes = (ka, ca, va), vector
+    return best
+
+
 def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
     """Reduce the (programs x cols) partials of column reductions into their outputs.
     Each program owns `block_c` columns and reads `block_r` partial rows per step, so
@@ -205,4 +238,4 @@ def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
     return KernelSource(k.name, params, names, lines, k.mapping.grid, k.mapping.num_warps, {})
 
 
-__all__ = ["DRIVERS", "KernelSource", "generate", "generate_combine"]
+__all__ = ["DRIVERS", "KernelSource", "generate", "generate_combine", "row_alignment"]

@@ -81,6 +81,10 @@ class KernelPlan:
     # rows whose count the row block divides need no row mask (static shapes; the code
     # generator checks the mapping it emits for: `codegen/triton_kernel.py::_row_mask`)
     exact_rows: bool = False
+    # a looped row's whole column blocks start where the largest unaligned access's row
+    # is 16-byte aligned: (its offset's coefficient of the row, constant, elements a
+    # 16-byte vector); () = no shift (`codegen/triton_kernel.py::row_alignment`)
+    row_align: tuple[int, ...] = ()
     # a combine kernel's reductions stored as their only consumer, a cast (reduce id, cast id)
     combine_casts: tuple[tuple[int, int], ...] = ()
 

@@ -38,6 +38,7 @@ class PlanOptions:
     layout_order: bool = True      # kernels without reductions walk memory order; transposes in tiles
     column_tails: bool = True      # looped rows: whole column blocks unmasked, the partial block apart
     exact_rows: bool = True        # row counts the row block divides: no row mask
+    align_rows: bool = True        # looped odd-stride rows: whole column blocks from a 16-byte boundary
     combine_casts: bool = True     # a column reduction's cast (to a half-type gradient) stored by its combine
     global_barriers: bool = True   # the global scheme (phases + grid barrier) may be chosen
     horizontal_fusion: bool = True   # independent launch-bound kernels may share a launch

@@ -267,6 +267,10 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     if (kp.mapping.form == "row_looped" and opts.column_tails and not opts.fixed_row_blocks
             and kp.domain.cols % kp.mapping.block_c and kp.domain.cols > kp.mapping.block_c):
         kp.column_tail = True   # whole column blocks unmasked, the partial one apart (codegen)
+        if (opts.align_rows and kp.mapping.block_r == 1 and kp.domain.cols >= kp.mapping.block_c + 16
+                and not any(g[m].kind == ir.SCAN for m in kp.members)):
+            from ..codegen.triton_kernel import row_alignment   # (code generation builds on plan data)
+            kp.row_align = row_alignment(g, kp)   # whole blocks from a 16-byte boundary (codegen)
     kp.exact_rows = opts.exact_rows and not opts.fixed_row_blocks
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp, opts.device)
     kp.predicted_s = predict_seconds(kp, opts.device)
