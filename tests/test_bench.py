@@ -368,3 +368,23 @@ def test_bench_variants_parse_knobs_and_cases():
     assert parse_variant("default::softmax_fwd") == ("default", {}, ("softmax_fwd",))
     with pytest.raises(SystemExit, match="no_such_knob"):
         parse_variant("x:no_such_knob=1:softmax_fwd")
+
+
+def test_bench_variants_run_each_variant_under_its_knobs_in_the_suite_asked(monkeypatch, tmp_path):
+    """`--suite models` reaches the bench; each variant runs with its knobs set and into
+    its own folder, the knobs restored after it."""
+    import stitchml.bench as bench
+    from stitchml import config
+    from stitchml.tools import bench_variants
+    seen = []
+
+    def fake_run(opts):
+        seen.append((opts.suites, opts.cases, opts.out.name, config.get("multi_output_siblings")))
+        return type("Run", (), {"results": []})()
+    monkeypatch.setattr(bench, "run_bench", fake_run)
+    assert bench_variants.main(["--out", str(tmp_path), "--suite", "models",
+                                "--variant", "default::bert_train",
+                                "--variant", "nomos:multi_output_siblings=0:bert_train;gpt2_train"]) == 0
+    assert seen == [(("models",), ("bert_train",), "default", True),
+                    (("models",), ("bert_train", "gpt2_train"), "nomos", False)]
+    assert config.get("multi_output_siblings") is True

@@ -143,6 +143,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Merge independent element-wise kernels of the same shape that read a common buffer into one kernel "
          "(the buffer read once, one launch; also under dynamic shapes, where launches are never packed). "
          "Reductions over the same rows reading a common buffer are always merged."),
+    Knob("multi_output_siblings", "STITCHML_MULTI_OUTPUT_SIBLINGS", True, _bool,
+         "Merge column reductions of one domain whose reads are all outputs of one multi-output op "
+         "(the query, key and value bias gradients of an attention backward: three partial kernels and "
+         "three combines become one of each), though they read different buffers. Independent "
+         "reductions of other origins stay apart (merging them could keep a buffer alive longer). "
+         "Not yet measured on a GPU."),
     Knob("ilp", "STITCHML_ILP", True, _bool,
          "Choose launch-level stitching (global / horizontal / separate) by ILP (scipy HiGHS); off = rules."),
     Knob("ilp_time_limit", "STITCHML_ILP_TIME_LIMIT", 0.5, float,

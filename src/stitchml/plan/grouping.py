@@ -158,13 +158,18 @@ class Grouper:
         """Operator-level reuse: kernels with the same domain that read the same
         buffer (dγ and dβ of a norm backward, several bias gradients of one tensor,
         element-wise ops of one input such as a rotary embedding's halves) become one
-        kernel, so the shared operand is loaded once and one launch does the work."""
+        kernel, so the shared operand is loaded once and one launch does the work; and
+        column reductions over the outputs of one multi-output op (`_one_origin`)."""
         readers: dict[int, list[Group]] = {}
         for grp in {id(g): g for g in self.group_of.values()}.values():
             if any(self.g[m].kind == ir.SCATTER_ADD for m in grp.members):
                 continue
             for s in self._reads(grp):
                 readers.setdefault(s, []).append(grp)
+            origin = self._one_origin(grp) if self.opts.multi_output_siblings else None
+            if origin is not None:
+                # (keyed apart from node ids: negative)
+                readers.setdefault(-1 - origin, []).append(grp)
         for s, grps in readers.items():
             # every pair (not only the first reader with each other one: a norm backward's
             # row kernel reads dy first, and the two column sums that read it after it
@@ -189,6 +194,24 @@ class Grouper:
                 keep.cross = a.cross | b.cross
                 for m in gone.members:
                     self.group_of[m] = keep
+
+    def _one_origin(self, grp: Group) -> int | None:
+        """The multi-output op all of a column-reduction kernel's reads are outputs of
+        (an attention backward's query, key and value gradients, read by their three
+        bias gradients), else None.  Such kernels merge although they read different
+        buffers: one launch of partials and one combine instead of one of each per
+        output, and since the buffers appear together, no lifetime grows (kernels that
+        are merely independent, such as two layers' bias gradients, are left apart: one
+        would keep its input alive until the other's is ready)."""
+        if not grp.cross or any(d not in grp.cross for d in grp.dominant):
+            return None
+        origins = set()
+        for s in self._reads(grp):
+            n = self.g[s]
+            if n.kind != ir.ITEM:
+                return None
+            origins.add(n.refs[0])
+        return origins.pop() if len(origins) == 1 else None
 
     # -- merging --------------------------------------------------------------
     def _try_merge(self, producer: int, consumer: int) -> None:

@@ -1,4 +1,4 @@
-"""Micro cases under knob variants, in one process, each variant into its own results
+"""Micro (or, with `--suite models`, model) cases under knob variants, in one process, each variant into its own results
 folder: for GPU sessions, where device time is short and every new process costs its
 start (a mapping choice is then measured against the default in the same call).
 
@@ -42,11 +42,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "both"))
     ap.add_argument("--contender", action="append", help="default: stitchml")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--suite", default="micro", choices=("micro", "models"))
     args = ap.parse_args(argv)
     for spec in args.variant:
         name, values, cases = parse_variant(spec)
         with config.override(**values):
-            run = run_bench(BenchOptions(suites=("micro",), cases=cases, dtype=args.dtype, out=args.out / name,
+            run = run_bench(BenchOptions(suites=(args.suite,), cases=cases, dtype=args.dtype, out=args.out / name,
                                          contenders=tuple(args.contender or ["stitchml"]), progress=False,
                                          plots=False, quick=args.quick))
         for r in run.results:
