@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import config
 from ..ir import nodes as ir
 from ..ir.nodes import Ref, contiguous_strides
 from .context import LowerCtx, static_shape
@@ -294,8 +295,64 @@ def _embedding_backward(ctx, node, grad, indices, num_weights, padding_idx, scal
     if val.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise Unsupported(f"scatter-add kernels accumulate in float32: {val.dtype} gradients run eagerly")
     _refuse_nondeterministic("embedding's backward")
+    if config.get("compact_embedding_grads") and _compact_pays(shape, ir.prod(ctx.shape(indices))):
+        return _embedding_backward_compact(ctx, node, grad, indices, shape, padding_idx)
     # half-precision gradients are summed in float32 and rounded once, as eager's CUDA
     # kernel does (it ran eagerly before: 0.22 ms of a BERT-base bf16 step on an H200)
     acc = Ref(ctx.g.add(ir.SCATTER_ADD, "embedding_backward", (ctx.cast(grad, torch.float32), indices), shape,
                         torch.float32, contiguous_strides(shape), (("padding_idx", padding_idx),)))
     return acc if val.dtype == torch.float32 else ctx.cast(acc, val.dtype)
+
+
+COMPACT_ROWS_PER_TOKEN = 2          # a table this many times the tokens or more ...
+COMPACT_MIN_SAVED_BYTES = 16 << 20  # ... where that saves this much: its two extra launches cost ~4 µs
+
+
+def _compact_pays(shape: tuple, tokens: int) -> bool:
+    """Whether `_embedding_backward_compact` moves enough fewer bytes than the plain form:
+    8 bytes a table element (its float32 copy zeroed, then read back) against about 12 a
+    token's element (a float32 row zeroed, added into, gathered back)."""
+    rows, width = shape
+    return (rows >= COMPACT_ROWS_PER_TOKEN * tokens and tokens < 2**31 - 2
+            and (8 * rows - 12 * tokens) * width >= COMPACT_MIN_SAVED_BYTES)
+
+
+def _embedding_backward_compact(ctx: LowerCtx, node, grad: Ref, indices: Ref, shape: tuple, padding_idx) -> Ref:
+    """Embedding's backward for a table much larger than the tokens that read it (a
+    vocabulary: GPT-2's 50257 rows for 4096 tokens), summed in float32 over rows of
+    the tokens rather than of the table.  The plain form adds into a zeroed float32
+    copy of the whole table and reads it all back to round it: 8 bytes a table element
+    besides the output (309 MB of GPT-2's step); here
+    1. each table row's representative is the last token reading it (`scatter_winner`:
+       an int32 atomic max of the token's position + 1, 0 for rows no token reads);
+    2. each token adds its gradient row into its representative's row of a zeroed
+       [tokens, H] float32 buffer (tokens of the padding row are sent to a spare table
+       row first, so their sums land in rows no table row reads, and the padding row
+       gets 0);
+    3. each table row is its representative's sum, rounded once, or 0.
+    The sums are those of the plain form (the same additions, in an order atomics
+    decide, as before)."""
+    val = node.meta["val"]
+    rows, width = shape
+    tokens = ir.prod(ctx.shape(indices))
+    ids = ctx.reshape(indices, (tokens,))
+    if padding_idx is not None and 0 <= padding_idx < rows:
+        # the padding row's tokens go to a spare table row `rows`: none of theirs adds to a real row
+        ids = ctx.pointwise("where", (ctx.pointwise("eq", (ids, padding_idx), (tokens,), torch.bool), rows, ids),
+                            (tokens,), ctx.dtype(ids))
+    winner = scatter_winner(ctx, ids, rows + 1)                       # [rows + 1, 1] int32
+    last = Ref(ctx.g.add(ir.GATHER, "index_select", (ctx.reshape(winner, (rows + 1,)), ids), (tokens,), torch.int32,
+                         contiguous_strides((tokens,)), (("dim", 0), ("bound", rows + 1))))
+    rep = ctx.pointwise("sub", (last, 1), (tokens,), torch.int32)    # every token's row has one: >= 0
+    values = ctx.cast(ctx.reshape(grad, (tokens, width)), torch.float32)
+    sums = Ref(ctx.g.add(ir.SCATTER_ADD, "embedding_backward", (values, rep), (tokens, width), torch.float32,
+                         contiguous_strides((tokens, width)), (("padding_idx", None),)))
+    win = ctx.broadcast_to(ctx.view("slice", winner, (rows, 1), (("dim", 0), ("start", 0), ("step", 1))),
+                           (rows, width))
+    hit = ctx.pointwise("gt", (win, 0), (rows, width), torch.bool)
+    at = ctx.pointwise("where", (hit, ctx.pointwise("sub", (win, 1), (rows, width), torch.int32), 0),
+                       (rows, width), torch.int32)
+    got = Ref(ctx.g.add(ir.GATHER, "take_along", (sums, at), (rows, width), torch.float32,
+                        contiguous_strides((rows, width)), (("dim", 0), ("bound", tokens))))
+    out = ctx.pointwise("where", (hit, got, 0.0), (rows, width), torch.float32)
+    return out if val.dtype == torch.float32 else ctx.cast(out, val.dtype)

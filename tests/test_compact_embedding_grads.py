@@ -1,0 +1,70 @@
+"""Embedding's backward over a table much larger than its tokens (knob
+`compact_embedding_grads`, `lower/rules_index.py::_embedding_backward_compact`): the
+gradient is summed over rows of the tokens (each table row's last token its
+representative) instead of a zeroed float32 copy of the whole table.  Against eager on
+fresh random inputs with repeated and padding indices, outputs poisoned
+(tests/conftest.py); the size thresholds are lowered so that the cases stay small."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stitchml import config
+from stitchml.ir import nodes as ir
+from stitchml.lower import rules_index
+from stitchml.testing import compare_with_eager
+
+
+@pytest.fixture
+def small_tables(monkeypatch):
+    monkeypatch.setattr(rules_index, "COMPACT_MIN_SAVED_BYTES", 0)
+
+
+def _scatters(c) -> list[int]:
+    """Per plan of `c`: how many scatter nodes its kernels hold."""
+    return [sum(1 for k in r.plan.kernels for m in k.members if r.plan.graph[m].kind == ir.SCATTER_ADD)
+            for r in c.backend.records]
+
+
+def _ids(shape, rows, padding):
+    ids = torch.randint(0, rows, shape)
+    ids.view(-1)[:5] = 7                     # one row read by five tokens
+    ids.view(-1)[5:8] = rows - 1             # the last row
+    if padding is not None:
+        ids.view(-1)[8:11] = padding         # tokens of the padding row: no gradient there
+    return ids
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("padding", [None, 3], ids=["nopad", "pad3"])
+def test_compact_sums_match_eager(small_tables, dtype, padding):
+    w = torch.randn(97, 12, dtype=dtype, requires_grad=True)
+    ids = _ids((3, 7), 97, padding)          # 21 tokens over indices of two dims
+    c = compare_with_eager(lambda w, i: F.embedding(i, w, padding_idx=padding) * 3, [w, ids])
+    assert _scatters(c) == [0, 2], _scatters(c)     # the backward: representatives, then the sums
+    with config.override(compact_embedding_grads=False):
+        torch._dynamo.reset()
+        plain = compare_with_eager(lambda w, i: F.embedding(i, w, padding_idx=padding) * 3, [w, ids])
+    assert _scatters(plain) == [0, 1]
+
+
+def test_tied_table_and_head_match_eager(small_tables):
+    """GPT-2's tied weights: the table's gradient from the embedding plus the head's
+    product, in bfloat16."""
+    w = torch.randn(101, 16, dtype=torch.bfloat16, requires_grad=True)
+    ids = _ids((2, 9), 101, None)
+
+    def lm(w, i):
+        h = torch.tanh(F.embedding(i, w).float()).to(torch.bfloat16)
+        return F.cross_entropy((h @ w.t()).float().view(-1, 101), i.view(-1))
+    c = compare_with_eager(lm, [w, ids])
+    assert _scatters(c)[-1] == 2
+
+
+def test_small_savings_keep_the_plain_form():
+    """With the real threshold, a table of 97 rows saves too few bytes to pay two more
+    launches: one scatter kernel, as before."""
+    w = torch.randn(97, 12, requires_grad=True)
+    c = compare_with_eager(lambda w, i: F.embedding(i, w) * 3, [w, _ids((3, 7), 97, None)])
+    assert _scatters(c) == [0, 1]
+    assert rules_index._compact_pays((50257, 768), 4096) and not rules_index._compact_pays((1024, 768), 512)
+    assert not rules_index._compact_pays((30522, 768), 20000)   # fewer rows than twice the tokens
