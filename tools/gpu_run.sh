@@ -152,11 +152,13 @@ print(calibration_path(current_device().name))" 2>/dev/null)
             --variant "rowmasks:exact_rows=0:$ROWS;$FWD" \
             --variant "noalign:align_rows=0:$CE"
         # model steps: the default against knobs off (bert: the attention bias gradients'
-        # merge; gpt2: the aligned loss rows), stitchml only, in one process
+        # merge; gpt2: the aligned loss rows, the compact embedding gradient), stitchml only,
+        # in one process
         "$PY" -m stitchml.tools.bench_variants --out "$R/variants-models" --suite models "${Q[@]}" \
             --variant "default::bert_train;gpt2_train" \
             --variant "nomos:multi_output_siblings=0:bert_train" \
-            --variant "noalign:align_rows=0:gpt2_train" ;;
+            --variant "noalign:align_rows=0:gpt2_train" \
+            --variant "noemb:compact_embedding_grads=0:gpt2_train" ;;
     *) echo "unknown step $1 (bash tools/gpu_run.sh list)"; return 2 ;;
     esac
 }
