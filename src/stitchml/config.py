@@ -144,12 +144,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "(the buffer read once, one launch; also under dynamic shapes, where launches are never packed). "
          "Reductions over the same rows reading a common buffer are always merged."),
     Knob("compact_embedding_grads", "STITCHML_COMPACT_EMBEDDING_GRADS", True, _bool,
-         "Embedding backward of a table at least twice as many rows as the tokens reading it (a "
-         "vocabulary) sums the gradient over rows of the tokens: each table row's last token is its "
-         "representative (an int32 atomic max), tokens add into their representative's row of a "
-         "[tokens + 1, H] float32 buffer, and each table row reads its representative's sum. Before, a "
-         "zeroed float32 copy of the whole table took the sums and was read back (8 bytes a table "
-         "element: 309 MB of a GPT-2 training step). Not yet measured on a GPU."),
+         "Embedding backward of a table with at least twice as many rows as the tokens reading it (a "
+         "vocabulary), where that moves 16 MB less, sums the gradient over rows of the tokens: each "
+         "table row's last token is its representative (an int32 atomic max), tokens add into their "
+         "representative's row of a [tokens, H] float32 buffer, and each table row reads its "
+         "representative's sum. Otherwise a zeroed float32 copy of the whole table takes the sums and "
+         "is read back (8 bytes a table element: 309 MB of a GPT-2 training step). Not yet measured "
+         "on a GPU."),
     Knob("multi_output_siblings", "STITCHML_MULTI_OUTPUT_SIBLINGS", True, _bool,
          "Merge column reductions of one domain whose reads are all outputs of one multi-output op "
          "(the query, key and value bias gradients of an attention backward: three partial kernels and "

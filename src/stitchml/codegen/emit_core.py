@@ -59,6 +59,11 @@ def _reach(n: ir.Node) -> int:
     return 1 + sum((d - 1) * abs(st) for d, st in zip(n.shape, n.stride))
 
 
+def vector_elems(dtype: torch.dtype) -> int:
+    """Elements of `dtype` in a 16-byte vector access (1 where one is wider)."""
+    return 16 // dtype.itemsize if dtype.itemsize <= 8 else 1
+
+
 class KernelBuilder:
     """State of one kernel being emitted: the top scope (per row block), an open
     column loop (row-looped kernels), parameters, and the memo of pulled values."""
@@ -229,17 +234,16 @@ class KernelBuilder:
         assert scope.lines[0].startswith("cflat = cbase + ") and scope.lines[1] == f"cmask = cflat < {cols}"
         lanes = scope.lines[0][len("cflat = cbase + "):]
         body = scope.lines[2:]
-        whole = "whole"   # (the same in every loop of the row: defined once)
-        if not self.whole_defined:
+        if not self.whole_defined:   # (the same in every loop of the row: defined once)
             self.top.lines.append(f"whole = ({cols} - lead) // {bc} * {bc}")
             self.whole_defined = True
-        self.top.lines.append(f"for cbase in range(0, {whole}, {bc}):")
+        self.top.lines.append(f"for cbase in range(0, whole, {bc}):")
         self.top.lines.extend("    " + line for line in [
             f"crel = cbase + {lanes}", "cflat = lead + crel", f"cmask = tl.full([1, {bc}], True, tl.int1)"] + body)
-        self.top.lines.append(f"for cbase in range(0, {cols} - {whole}, {bc}):")
+        self.top.lines.append(f"for cbase in range(0, {cols} - whole, {bc}):")
         self.top.lines.extend("    " + line for line in [
-            f"cq = cbase + {lanes}", f"cflat = tl.where(cq < lead, cq, cq + {whole})", "crel = cflat - lead",
-            f"cmask = cq < {cols} - {whole}"] + body)
+            "cq = cbase + " + lanes, "cflat = tl.where(cq < lead, cq, cq + whole)", "crel = cflat - lead",
+            f"cmask = cq < {cols} - whole"] + body)
 
     # -- aligned row starts (KernelPlan.row_align) -----------------------------
     def row_linear(self, e: ix.Expr) -> tuple[int, int] | None:
@@ -269,8 +273,7 @@ class KernelBuilder:
         if not self.k.row_align or COL not in axes or len(self.scopes) < 2 or self.m.block_r != 1:
             return None
         lin = self.row_linear(off)
-        itemsize = self.g[nid].dtype.itemsize
-        vec = 16 // itemsize if itemsize <= 8 else 1
+        vec = vector_elems(self.g[nid].dtype)
         ka, ca, va = self.k.row_align
         if lin is None or vec < 2 or va % vec:
             return None
@@ -514,4 +517,4 @@ def view_index(g: ir.Graph, n: ir.Node, index: tuple[ix.Expr, ...]) -> tuple[ix.
     raise ValueError(f"view op {op!r} has no index map (lowering bug)")
 
 
-__all__ = ["COL", "ROW", "KernelBuilder", "Scope", "Val", "view_index"]
+__all__ = ["COL", "ROW", "KernelBuilder", "Scope", "Val", "vector_elems", "view_index"]

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 from ..ir import index as ix
 from ..ir import nodes as ir
 from ..plan.data import KernelPlan
-from .emit_core import COL, ROW, KernelBuilder
+from .emit_core import COL, ROW, KernelBuilder, vector_elems
 from .emit_reduce import Reductions
 from .emit_store import Stores
 from .kernel_source import KernelSource
@@ -187,9 +187,8 @@ def row_alignment(g: ir.Graph, k: KernelPlan) -> tuple[int, ...]:
     accesses = []   # (row coefficient, constant, elements a vector, bytes)
     for nid, off in b.loads + b.stores:
         lin = b.row_linear(off) if COL in ix.axes(off) else None
-        itemsize = g[nid].dtype.itemsize
-        if lin is not None and itemsize <= 8:
-            accesses.append((*lin, 16 // itemsize, g[nid].numel * itemsize))
+        if lin is not None and vector_elems(g[nid].dtype) > 1:
+            accesses.append((*lin, vector_elems(g[nid].dtype), g[nid].numel * g[nid].dtype.itemsize))
     best, best_bytes = (), sum(n for kr, c, v, n in accesses if kr % v == 0 and c % v == 0)
     for ka, ca, va, _ in accesses:
         if ka % va == 0 and ca % va == 0:
