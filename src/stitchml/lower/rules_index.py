@@ -326,33 +326,31 @@ def _embedding_backward_compact(ctx: LowerCtx, node, grad: Ref, indices: Ref, sh
     1. each table row's representative is the last token reading it (`scatter_winner`:
        an int32 atomic max of the token's position + 1, 0 for rows no token reads);
     2. each token adds its gradient row into its representative's row of a zeroed
-       [tokens, H] float32 buffer (tokens of the padding row are sent to a spare table
-       row first, so their sums land in rows no table row reads, and the padding row
-       gets 0);
-    3. each table row is its representative's sum, rounded once, or 0.
+       [tokens, H] float32 buffer;
+    3. each table row is its representative's sum, rounded once, or 0 (rows no token
+       reads, and the padding row: its tokens' sum is computed and not read).
     The sums are those of the plain form (the same additions, in an order atomics
     decide, as before)."""
     val = node.meta["val"]
     rows, width = shape
     tokens = ir.prod(ctx.shape(indices))
     ids = ctx.reshape(indices, (tokens,))
-    if padding_idx is not None and 0 <= padding_idx < rows:
-        # the padding row's tokens go to a spare table row `rows`: none of theirs adds to a real row
-        ids = ctx.pointwise("where", (ctx.pointwise("eq", (ids, padding_idx), (tokens,), torch.bool), rows, ids),
-                            (tokens,), ctx.dtype(ids))
-    winner = scatter_winner(ctx, ids, rows + 1)                       # [rows + 1, 1] int32
-    last = Ref(ctx.g.add(ir.GATHER, "index_select", (ctx.reshape(winner, (rows + 1,)), ids), (tokens,), torch.int32,
-                         contiguous_strides((tokens,)), (("dim", 0), ("bound", rows + 1))))
+    winner = scatter_winner(ctx, ids, rows)                           # [rows, 1] int32
+    last = Ref(ctx.g.add(ir.GATHER, "index_select", (ctx.reshape(winner, (rows,)), ids), (tokens,), torch.int32,
+                         contiguous_strides((tokens,)), (("dim", 0), ("bound", rows))))
     rep = ctx.pointwise("sub", (last, 1), (tokens,), torch.int32)    # every token's row has one: >= 0
     values = ctx.cast(ctx.reshape(grad, (tokens, width)), torch.float32)
     sums = Ref(ctx.g.add(ir.SCATTER_ADD, "embedding_backward", (values, rep), (tokens, width), torch.float32,
                          contiguous_strides((tokens, width)), (("padding_idx", None),)))
-    win = ctx.broadcast_to(ctx.view("slice", winner, (rows, 1), (("dim", 0), ("start", 0), ("step", 1))),
-                           (rows, width))
-    hit = ctx.pointwise("gt", (win, 0), (rows, width), torch.bool)
-    at = ctx.pointwise("where", (hit, ctx.pointwise("sub", (win, 1), (rows, width), torch.int32), 0),
-                       (rows, width), torch.int32)
-    got = Ref(ctx.g.add(ir.GATHER, "take_along", (sums, at), (rows, width), torch.float32,
-                        contiguous_strides((rows, width)), (("dim", 0), ("bound", tokens))))
-    out = ctx.pointwise("where", (hit, got, 0.0), (rows, width), torch.float32)
+    sh = (rows, width)
+    win = ctx.broadcast_to(winner, sh)
+    hit = ctx.pointwise("gt", (win, 0), sh, torch.bool)
+    if padding_idx is not None and 0 <= padding_idx < rows:
+        row = Ref(ctx.g.add(ir.POINTWISE, "iota", (), sh, torch.int32, contiguous_strides(sh), (("dim", 0),)))
+        hit = ctx.pointwise("logical_and", (hit, ctx.pointwise("ne", (row, padding_idx), sh, torch.bool)), sh,
+                            torch.bool)
+    at = ctx.pointwise("where", (hit, ctx.pointwise("sub", (win, 1), sh, torch.int32), 0), sh, torch.int32)
+    got = Ref(ctx.g.add(ir.GATHER, "take_along", (sums, at), sh, torch.float32, contiguous_strides(sh),
+                        (("dim", 0), ("bound", tokens))))
+    out = ctx.pointwise("where", (hit, got, 0.0), sh, torch.float32)
     return out if val.dtype == torch.float32 else ctx.cast(out, val.dtype)
