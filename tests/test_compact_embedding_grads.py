@@ -41,6 +41,9 @@ def test_compact_sums_match_eager(small_tables, dtype, padding):
     ids = _ids((3, 7), 97, padding)          # 21 tokens over indices of two dims
     c = compare_with_eager(lambda w, i: F.embedding(i, w, padding_idx=padding) * 3, [w, ids])
     assert _scatters(c) == [0, 2], _scatters(c)     # the backward: representatives, then the sums
+    # each token's representative is gathered inside the kernel that adds its row
+    bwd = c.backend.records[-1].plan
+    assert any({bwd.graph[m].op for m in k.members} >= {"index_select", "embedding_backward"} for k in bwd.kernels)
     with config.override(compact_embedding_grads=False):
         torch._dynamo.reset()
         plain = compare_with_eager(lambda w, i: F.embedding(i, w, padding_idx=padding) * 3, [w, ids])

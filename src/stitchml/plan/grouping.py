@@ -248,9 +248,12 @@ class Grouper:
 
     def _feeds_only(self, small: Group, scatter: Group, consumer: int) -> bool:
         """`small` is element-wise work (an index's wrap and linearisation, a cast of
-        the values) that only the scatter reads: computed inside the scatter kernel at
-        the scatter's positions instead of written out and read back."""
-        if small.rowwise or self._has_scatter(small) or any(self.g[m].kind != ir.POINTWISE for m in small.members):
+        the values, an index gathered from another kernel's result: the compact
+        embedding gradient's representatives, `rules_index._embedding_backward_compact`)
+        that only the scatter reads: computed inside the scatter kernel at the scatter's
+        positions instead of written out and read back."""
+        if small.rowwise or self._has_scatter(small) or any(self.g[m].kind not in (ir.POINTWISE, ir.GATHER)
+                                                            for m in small.members):
             return False
         inside = small.members | scatter.members | {consumer}
         return all(m not in self.gv.escapes and set(self.gv.consumers[m]) <= inside for m in small.members)
