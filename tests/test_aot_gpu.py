@@ -202,6 +202,36 @@ def test_sass_profile_counts_the_hot_loop_per_byte():
     assert prof.loops == 1 and prof.hot_bytes == 26 and prof.hot_instructions == len(body) + len(inner) + 1
 
 
+
+def test_issue_floor_counts_an_unrolled_column_loop_once_a_row_block():
+    """`µs issue` of a looped row kernel: with its column loop in the SASS, the hot
+    region is one iteration and runs once a column block of every row block; where the
+    compiler unrolled the fixed-count loop away (no loop left), the region is the whole
+    program and runs once a row block (counting it once a column block overstated a
+    4 x 65536 row-statistics kernel's issue floor 32x: 91 µs for 16 µs of copy)."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from stitchml.tools.aot_check import _warp_instructions
+    k = NS(mapping=NS(form="row_looped", block_r=1, block_c=2048, num_warps=8),
+           domain=NS(rows=512, cols=65536))
+    looped = {"loops": 1, "hot_instructions": 23}
+    unrolled = {"loops": 0, "hot_instructions": 727}
+    assert _warp_instructions(k, looped) == 512 * 32 * 8 * 23
+    assert _warp_instructions(k, unrolled) == 512 * 8 * 727
+    single = NS(mapping=NS(form="row_single", block_r=4, block_c=1024, num_warps=4), domain=NS(rows=512, cols=1000))
+    assert _warp_instructions(single, {"loops": 0, "hot_instructions": 50}) == 128 * 4 * 50
+    # a persistent grid's row-block walk is the only loop left: how many column blocks
+    # its region holds is read off the bytes a thread issues a row (x and w read, y
+    # written, 32768 bf16 each: 384 bytes a thread of 16 warps)
+    g = {0: NS(numel=1024 * 32768, dtype=torch.bfloat16), 1: NS(numel=32768, dtype=torch.bfloat16),
+         2: NS(numel=1024 * 32768, dtype=torch.bfloat16), 3: NS(numel=1024, dtype=torch.float32)}
+    walk = NS(mapping=NS(form="packed_rows", block_r=1, block_c=8192, num_warps=16), domain=NS(rows=1024, cols=32768),
+              inputs=(0, 1, 3), outputs=(2,), partials=())
+    assert _warp_instructions(walk, {"loops": 1, "hot_instructions": 900, "hot_bytes": 384}, g) == 1024 * 1 * 16 * 900
+    assert _warp_instructions(walk, {"loops": 1, "hot_instructions": 250, "hot_bytes": 96}, g) == 1024 * 4 * 16 * 250
+
 BITS_SCRIPT = textwrap.dedent("""
     import json, torch
     import torch.nn.functional as F

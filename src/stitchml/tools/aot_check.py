@@ -51,7 +51,7 @@ class AotResult:
     # from bytes: a per-row value loaded once a thread, or a masked block's idle lanes,
     # would make a byte count wrong.  An upper bound where the hot region holds loops
     # that run less often than once a block (a column tail's loop, once a row, counts
-    # as often as the whole blocks' loop).  None for combine kernels (Triton unrolls
+    # as often as the whole blocks' loop), or a loop the compiler partly unrolled.  None for combine kernels (Triton unrolls
     # their row loop) and launch groups.
     warp_instructions: int | None = None
 
@@ -348,20 +348,39 @@ def check_plan(plan, arch: int = 90) -> list[AotResult]:
                                      strided_scalar=strided, loop_conversions=loop_conversions(ttgir),
                                      loop_cross_warp_reductions=loop_cross_warp_reductions(ttgir),
                                      sass=sass, bytes=moved.get(name),
-                                     warp_instructions=_warp_instructions(mappings.get(name), sass)))
+                                     warp_instructions=_warp_instructions(mappings.get(name), sass, g)))
         except Exception as e:  # report, do not stop: the caller wants every kernel's verdict
             results.append(AotResult(name, False, f"{type(e).__name__}: {str(e)[:500]}"))
     return results
 
 
-def _warp_instructions(k, sass: dict | None) -> int | None:
-    """`AotResult.warp_instructions` of kernel plan `k` (None without one)."""
+def _warp_instructions(k, sass: dict | None, g=None) -> int | None:
+    """`AotResult.warp_instructions` of kernel plan `k` (None without one): row blocks x
+    hot-region runs a row block x warps x the region's instructions a thread.
+
+    A looped row's hot region runs once a column block, unless the compiler unrolled the
+    fixed-count column loop: then the region that is left (the whole program, or a
+    persistent grid's walk of row blocks) holds several column blocks, or all of them.
+    How many is read off the bytes: what a thread issues in one row block (each pass
+    over the row, `cost.input_passes`; inputs and outputs as wide as the row, a per-row
+    value not counted) over what the region loads and stores."""
     if k is None or sass is None:
         return None
+    from ..plan.cost import input_passes
     m, dom = k.mapping, k.domain
-    cols = dom.cols if m.form != "pointwise" else 1
-    blocks = -(-dom.rows // m.block_r) * -(-cols // max(m.block_c, 1))
-    return blocks * m.num_warps * sass["hot_instructions"]
+    row_blocks = -(-dom.rows // m.block_r)
+    col_blocks = -(-dom.cols // max(m.block_c, 1)) if m.form != "pointwise" else 1
+    runs = col_blocks
+    if not sass.get("loops"):
+        runs = 1
+    elif col_blocks > 1 and g is not None and sass.get("hot_bytes"):
+        passes = input_passes(g, k) if m.form == "row_looped" else dict.fromkeys(k.inputs, 1)
+        wide = [(i, passes[i]) for i in k.inputs if g[i].numel >= dom.cols]
+        wide += [(o, 1) for o in k.outputs if o not in k.partials and g[o].numel >= dom.cols]
+        per_row = sum(dom.cols * g[i].dtype.itemsize * n for i, n in wide if g[i].dtype is not None)
+        per_thread = per_row * m.block_r / (m.num_warps * 32)
+        runs = min(col_blocks, max(1, round(per_thread / sass["hot_bytes"])))
+    return row_blocks * runs * m.num_warps * sass["hot_instructions"]
 
 
 def check_dynamic(fn, *inputs, arch: int = 90, device: str = "H100") -> list[AotResult]:
