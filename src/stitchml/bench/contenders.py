@@ -292,6 +292,27 @@ class Stitch(TorchContender):
 # --------------------------------------------------------------------------- checked predictions (issue 17.4)
 
 STITCH_KERNEL_NAME = re.compile(r"^k_[0-9a-f]{24}$")
+# library prices by kind (`plan/library_cost.py`) as the profiler's kernel names can be
+# told apart: our chunked linear cross-entropy runs cuBLAS products and one Triton row
+# kernel, counted with the products
+LIBRARY_KIND = {"linear_ce": "gemm"}
+
+
+def library_kind(name: str) -> str | None:
+    """The library kind of a profiler kernel name: gemm (cuBLAS's nvjet/CUTLASS kernels,
+    split-K reductions, our Triton GEMM and linear cross-entropy row kernels),
+    attention (flash, memory-efficient and cuDNN kernels), conv, or memory (other ATen
+    kernels); None for stitched kernels, copies and memsets (CUDA-graph plumbing)."""
+    n = name.lower()
+    if STITCH_KERNEL_NAME.match(name) or n.startswith(("memcpy", "memset")):
+        return None
+    if any(t in n for t in ("sdpa", "fmha", "flash", "cudnn::fusion", "attention")):
+        return "attention"
+    if any(t in n for t in ("conv", "implicit_gemm", "winograd", "dgrad", "wgrad")):
+        return "conv"
+    if any(t in n for t in ("gemm", "nvjet", "cutlass", "splitk", "cublas")) or n.startswith(("_ce_rows", "_gemm_ep")):
+        return "gemm"
+    return "memory"
 
 
 def triton_function_name(text: str) -> str:
@@ -319,10 +340,12 @@ def predict_call(records: list[Any], snapshot: list[int]) -> dict[str, Any]:
     calls x `plan.predicted_s`, and per launched kernel (a launch group counts once, as
     its composite kernel) its class (the mapping form, or the group's kind), its
     prediction with and without the launch term, and the names it runs under.
-    Eager ops between kernels (library calls) and graphs that ran eagerly are not
-    priced by the model: listed in `unpriced`."""
-    from ..plan.data import EagerStep
+    Eager ops between kernels (library calls: matrix products, attention, ...) are
+    priced by `plan/library_cost.py` and summed per kind into one entry each (class
+    `library:<kind>`, matched to the profiler's library kernels by name); graphs that
+    ran eagerly, and ops the library model cannot price, are listed in `unpriced`."""
     from ..plan.devices import current_device, describe_source
+    from ..plan.library_cost import plan_library
     dev = current_device()
     total, graphs, unpriced, kernels = 0.0, [], [], []
     for i, r in enumerate(records):
@@ -333,12 +356,26 @@ def predict_call(records: list[Any], snapshot: list[int]) -> dict[str, Any]:
             unpriced.append(f"{r.kind} graph runs eagerly ({(r.eager_reason or '?').splitlines()[0][:120]})")
             continue
         plan = r.plan
-        eager_ops = sum(isinstance(s, EagerStep) for s in plan.steps)
-        total += calls * plan.predicted_s
-        graphs.append({"graph": r.kind, "calls": calls, "predicted_s": plan.predicted_s,
-                       "kernels": plan.num_kernels, "eager_ops": eager_ops})
-        if eager_ops:
-            unpriced.append(f"{r.kind}: {eager_ops} eager op(s) (library calls) x {calls}")
+        prices = plan_library(plan, dev.replayed() if plan.graph_replay else dev)
+        library_s = sum(p.seconds for p in prices)
+        total += calls * (plan.predicted_s + library_s)
+        graphs.append({"graph": r.kind, "calls": calls, "predicted_s": plan.predicted_s + library_s,
+                       "stitched_s": plan.predicted_s, "library_s": library_s,
+                       "kernels": plan.num_kernels, "eager_ops": len(prices)})
+        lost = [p.op for p in prices if p.kind == "unpriced"]
+        if lost:
+            unpriced.append(f"{r.kind}: {len(lost)} eager op(s) with no price ({', '.join(sorted(set(lost))[:6])}) "
+                            f"x {calls}")
+        by_kind: dict[str, list[float]] = {}
+        for p in prices:
+            if p.kind not in ("unpriced", "view"):
+                by_kind.setdefault(LIBRARY_KIND.get(p.kind, p.kind), []).append(p.seconds)
+        for kind, secs in sorted(by_kind.items()):
+            # the profiler's durations hold no launch gap: the device figure leaves it out
+            kernels.append({"graph": r.kind, "kernel": f"library:{kind}", "class": f"library:{kind}",
+                            "launches": calls * len(secs), "predicted_s": calls * sum(secs),
+                            "predicted_device_s": calls * sum(max(x - dev.graph_launch_s, 0.0) for x in secs),
+                            "names": [], "note": "", "library": kind})
         grouped = {m for g in plan.groups for m in g.members}
         units = [(k.name, k.mapping.form, k.predicted_s) for k in plan.kernels if k.name not in grouped]
         units += [(g.name, g.kind, g.predicted_s) for g in plan.groups]
@@ -381,7 +418,11 @@ def match_kernels(kernels: list[dict[str, Any]], measured: dict[str, tuple[float
         return {"measured": False, "note": "no GPU: not measured", "rows": rows, "unmatched": [], "other": None}
     groups: dict[str, list[dict[str, Any]]] = {}
     rows = []
+    library: dict[str, list[dict[str, Any]]] = {}
     for k in kernels:
+        if k.get("library"):
+            library.setdefault(k["library"], []).append(k)
+            continue
         name = next((n for n in k["names"] if n in measured), None)
         if name is not None:
             groups.setdefault(name, []).append(k)
@@ -404,10 +445,30 @@ def match_kernels(kernels: list[dict[str, Any]], measured: dict[str, tuple[float
                   "note": "named like a stitchml kernel but no kernel the call ran has this name"}
                  for n, (s, c) in sorted(measured.items()) if n not in matched and STITCH_KERNEL_NAME.match(n)]
     rest = {n: v for n, v in measured.items() if n not in matched and not STITCH_KERNEL_NAME.match(n)}
+    seen: dict[str, list[tuple[float, int]]] = {}
+    for n, v in rest.items():
+        kind = library_kind(n)
+        if kind is not None:
+            seen.setdefault(kind, []).append(v)
+    for kind, ks in sorted(library.items()):
+        row = _kernel_row(f"library:{kind}", ks, "")
+        got = seen.get(kind)
+        if got:
+            secs = sum(x for x, _ in got)
+            row.update(measured_s=secs, measured_launches=sum(c for _, c in got))
+            if secs > 0:
+                row["error_pct"] = 100.0 * (row["predicted_s"] - secs) / secs
+                row["device_error_pct"] = 100.0 * (row["predicted_device_s"] - secs) / secs
+        else:
+            row["note"] = "no profiler kernel of this kind"
+        rows.append(row)
+    # library kernels of a kind no priced op has (kernels an eager graph or the runtime ran)
+    unpredicted = {kind: sum(x for x, _ in got) for kind, got in seen.items() if kind not in library}
     top = sorted(rest.items(), key=lambda kv: -kv[1][0])[:8]
     other = {"seconds": sum(s for s, _ in rest.values()), "launches": sum(c for _, c in rest.values()),
              "top": [{"name": n[:120], "seconds": s, "launches": c} for n, (s, c) in top]}
-    return {"measured": True, "note": "", "rows": rows, "unmatched": unmatched, "other": other}
+    return {"measured": True, "note": "", "rows": rows, "unmatched": unmatched, "other": other,
+            "library_unpredicted": unpredicted}
 
 
 # --------------------------------------------------------------------------- JAX

@@ -250,10 +250,12 @@ def prediction_lines(results: list["CaseResult"]) -> list[str]:
     sources = sorted({f"{r.prediction.get('device')} ({r.prediction.get('figures')})" for r in rows})
     lines = ["## prediction check (cost model vs measured)", "",
              f"predicted = the cost model's time for one call: the sum over the graphs the call runs (forward and "
-             f"backward for a training step) of the plan's predicted time, on {', '.join(sources)}. It prices "
-             "the stitched kernels and their launches only: library calls (matmuls, attention) between them and "
-             "graphs that ran eagerly are not in it (results.json: `prediction.unpriced`), so rows with eager ops "
-             "are expected above 1. meas./pred. = measured median / predicted (n/m: CPU timings are not meaningful).",
+             f"backward for a training step) of the plan's predicted time, on {', '.join(sources)}: the stitched "
+             "kernels with their launches, and the library calls between them (matrix products, attention, "
+             "convolutions, other eager ops: `plan/library_cost.py`). It is device time: a step whose host "
+             "launches slower than the GPU runs (no CUDA graphs) measures above it. Graphs that ran eagerly and "
+             "ops with no price are not in it (results.json: `prediction.unpriced`). meas./pred. = measured "
+             "median / predicted (n/m: CPU timings are not meaningful).",
              ""]
     ratios: dict[str, list[float]] = {}
     for r in rows:
@@ -269,7 +271,10 @@ def prediction_lines(results: list["CaseResult"]) -> list[str]:
               "Per stitchml kernel: predicted time (cost model, launch term included) against the profiler's device "
               "time, matched by the name the kernel runs under (`k_<hash of its body>`: kernels equal up to their "
               "name, e.g. the same kernel in every layer, share one name and are one entry, their predictions "
-              "summed). Class = mapping form, or the launch group's kind (global, horizontal). error = |predicted - "
+              "summed). Class = mapping form, or the launch group's kind (global, horizontal); `library:<kind>` = "
+              "the library calls of that kind in a step (predicted by `plan/library_cost.py`) against the profiler's "
+              "library kernels of that kind (by name: cuBLAS/CUTLASS products, attention, convolutions, other "
+              "ATen kernels). error = |predicted - "
               "measured| / measured; 'w/o launch' leaves out the model's per-launch term, which a kernel's device "
               "duration does not contain; signed: + = predicted slower than measured.", ""]
     if not measured:

@@ -49,6 +49,31 @@ class Device:
     replay: bool = False
     # SM clock under load (boost), for the SASS issue budget of `tools/aot_check`
     clock_hz: float = 1.98e9
+    # library ops (`plan/library_cost.py`): dense matrix-product rates by operand type
+    # (datasheet; float32 runs on CUDA cores unless TF32 is allowed), the fraction of it
+    # a large aligned cuBLAS product sustains, and that of the align-1/2 kernels an
+    # unaligned leading dimension gets; fused attention's rate (flash/cuDNN, head dim 64)
+    # and fixed cost per wave of 128-query tiles (forward, backward); convolutions and
+    # our Triton GEMM relative to a cuBLAS product.  Hopper figures fitted to the H200's
+    # profiler tables (bench/NOTES.md, twentieth session)
+    matmul_flops: tuple[tuple[str, float], ...] = (("bf16", 989e12), ("fp16", 989e12), ("tf32", 495e12),
+                                                   ("fp32", 67e12), ("fp64", 67e12))
+    gemm_efficiency: float = 0.70
+    misaligned_gemm_efficiency: float = 0.13
+    attention_flops: float = 166e12
+    attention_tile_s: float = 3.7e-6
+    attention_bwd_tile_s: float = 10.5e-6
+    conv_efficiency: float = 0.6
+    triton_gemm_efficiency: float = 0.7
+
+    def matmul_rate(self, dtype) -> float:
+        """Dense matrix-product flops/s for operands of `dtype` (datasheet)."""
+        import torch
+        key = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}.get(dtype, "fp32")
+        if key == "fp32" and torch.get_float32_matmul_precision() != "highest":
+            key = "tf32"
+        rates = dict(self.matmul_flops)
+        return rates.get(key, rates.get("fp32", 1e12))
 
     def efficiency(self, form: str) -> float:
         for f, e in self.form_efficiency:
@@ -80,10 +105,15 @@ class Device:
 DEVICES: dict[str, Device] = {
     "H100": Device("H100", 3.0e12, 132, 3.0e-6, 2.0e-6, l2_bytes=50 * 2**20),
     "H200": Device("H200", 4.3e12, 132, 3.0e-6, 2.0e-6, l2_bytes=60 * 2**20),
+    # A100: the Hopper fit scaled by the datasheet tensor-core rate (312 against 989 TFLOP/s)
     "A100": Device("A100", 1.6e12, 108, 3.5e-6, 2.5e-6, smem_per_sm=164 * 1024, l2_bytes=40 * 2**20,
-                   clock_hz=1.41e9),
+                   clock_hz=1.41e9, matmul_flops=(("bf16", 312e12), ("fp16", 312e12), ("tf32", 156e12),
+                                                  ("fp32", 19.5e12), ("fp64", 19.5e12)),
+                   attention_flops=52e12),
     "cpu": Device("cpu", 2.0e10, 2, 5.0e-6, 1.0e-6, regs_per_sm=2**20, smem_per_sm=2**20, max_warps_per_sm=1,
-                  l2_bytes=32 * 2**20),
+                  l2_bytes=32 * 2**20, matmul_flops=(("bf16", 2e10), ("fp16", 2e10), ("tf32", 1e11),
+                                                     ("fp32", 1e11), ("fp64", 5e10)),
+                  attention_flops=5e10, attention_tile_s=1e-6, attention_bwd_tile_s=2e-6),
 }
 
 

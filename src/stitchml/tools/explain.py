@@ -138,6 +138,7 @@ class Report:
                 lines.append(f"  launches priced at a CUDA-graph replay's gap ({rec.plan.launch_s * 1e6:.1f} us a "
                              "kernel), not the host launch path: the graph is planned for capture")
             g = rec.graph
+            prices = {lp.node: lp for lp in _library_prices(rec.plan)}
             for step in rec.plan.steps:
                 if hasattr(step, "members"):
                     ops = ", ".join(f"{g[m].op}" for m in step.members)
@@ -161,7 +162,10 @@ class Report:
                         lines.append(f"      reads {reads} transposed: {step.mapping.block_r}-row tiles, so each "
                                      "column's run of contiguous values fills a 32-byte sector")
                 else:
-                    lines.append(f"  eager  {step.op}: {step.reason}")
+                    lp = prices.get(step.node)
+                    cost = "" if lp is None else (f" [{lp.kind}: no price, {lp.note}]" if lp.kind == "unpriced" else
+                                                  f" [{lp.kind}: predicted {lp.seconds * 1e6:.1f} us]")
+                    lines.append(f"  eager  {step.op}: {step.reason}{cost}")
             for grp in rec.plan.groups:
                 lines.append(f"  launch {grp.name}: {grp.kind} {'+'.join(grp.members)} grid={grp.grid}: {grp.reason}")
             s = rec.plan.search
@@ -178,13 +182,23 @@ class Report:
                 lines.append(f"  not fused %{r.producer}({g[r.producer].op}) -> %{r.consumer}({g[r.consumer].op}): "
                              f"{r.reason}")
         dev = current_device()
-        lines.append(f"predicted on {dev.name}: {self.predicted_us:.1f} us; cost-model figures: {describe_source(dev)}")
+        library_us = sum(lp.seconds for r in self.graphs if r.plan is not None for lp in _library_prices(r.plan)) * 1e6
+        lines.append(f"predicted on {dev.name}: {self.predicted_us:.1f} us of stitched kernels + {library_us:.1f} us of "
+                     f"library ops = {self.predicted_us + library_us:.1f} us; cost-model figures: {describe_source(dev)}")
         lines.append(f"total: {self.num_kernels} kernels, {len(self.fallbacks)} eager ops; modelled "
                      f"{_mb(self.modelled_bytes)} vs {_mb(self.unfused_bytes)} unfused (one kernel per op)")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         return self.to_text()
+
+
+def _library_prices(plan) -> list:
+    """`plan`'s eager ops priced on the current device (`plan/library_cost.py`), at a
+    replay's gap where the plan was made for capture."""
+    from ..plan.library_cost import plan_library
+    dev = current_device()
+    return plan_library(plan, dev.replayed() if getattr(plan, "graph_replay", False) else dev)
 
 
 def explain(fn: Callable, *example_inputs: Any, backward: bool = False, **compile_options: Any) -> Report:

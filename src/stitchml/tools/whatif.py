@@ -9,7 +9,9 @@ generated, nothing runs):
 - `<chosen>@<device>`: the chosen plan, as it is, priced on each other device of the table.
 
 Ops that run eagerly in every plan (matrix products, attention kernels, ops without a
-rule) are not in any figure: the table compares the memory-intensive part only.
+rule) are the same in every row, so the rows compare the memory-intensive part; the
+table adds their predicted time once (`library_us`, `plan/library_cost.py`) and the
+chosen plan's whole step (`step_us`), on the table's device.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from .. import config
 from ..plan.cost import plan_seconds, unfused_seconds
 from ..plan.data import Plan
 from ..plan.devices import DEVICES, Device, describe_source, get_device
+from ..plan.library_cost import plan_library
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "rules": {"plan_search": "rules"},
@@ -92,9 +95,14 @@ def what_if(plans: list[Plan], device: str | None = None, devices: list[str] | N
         rows.append(PlanRow(f"{chosen_name}@{o.name}", sum(_priced(p, o) for p in chosen) * 1e6,
                             sum(len(p.kernels) for p in chosen), sum(p.num_kernels for p in chosen), o.name,
                             f"the chosen plan priced on {o.name} ({o.source})"))
+    prices = [lp for p in chosen for lp in plan_library(p, dev.replayed() if p.graph_replay else dev)]
+    library_us = sum(lp.seconds for lp in prices) * 1e6
+    unpriced = sorted({lp.op for lp in prices if lp.kind == "unpriced"})
     return {"device": dev.name, "source": describe_source(dev), "chosen": chosen_name,
             "plans": [r.as_dict() for r in rows],
-            "note": "memory-intensive part only: ops that run eagerly in every plan are not included"}
+            "library_us": round(library_us, 3), "library_ops": len(prices), "unpriced_ops": unpriced,
+            "step_us": round(rows[0].predicted_us + library_us, 3),
+            "note": "plans: the memory-intensive part; ops that run eagerly in every plan are library_us"}
 
 
 def format_table(table: dict[str, Any]) -> str:
@@ -107,6 +115,10 @@ def format_table(table: dict[str, Any]) -> str:
         mark = "*" if p["name"] == table["chosen"] else " "
         lines.append(f" {mark}{p['name']:18} {p['predicted_us']:10.1f}us {rel:9.2f}x {p['kernels']:8d} "
                      f"{p['launches']:9d}  {p['note']}")
+    lines.append(f"  library ops (the same in every plan: matrix products, attention, other eager ops): "
+                 f"{table['library_us']:.1f}us over {table['library_ops']} op(s)"
+                 + (f"; no price for {', '.join(table['unpriced_ops'])}" if table["unpriced_ops"] else ""))
+    lines.append(f"  step ({table['chosen']} + library ops): {table['step_us']:.1f}us")
     lines.append(f"  ({table['note']})")
     return "\n".join(lines)
 
