@@ -164,16 +164,28 @@ def scatter_winner(ctx: LowerCtx, lin: Ref, rows: int) -> Ref:
                          contiguous_strides((rows, 1)), (("padding_idx", None), ("combine", "max"))))
 
 
+def winner_rows(ctx: LowerCtx, winner: Ref, sh: tuple, skip_row: int | None = None) -> tuple[Ref, Ref]:
+    """Per element of a [rows, cols] destination: whether a source row won it (`winner`,
+    [rows, 1], position + 1 or 0; row `skip_row` never), and that source row (0 where
+    none did, so a gather stays in bounds)."""
+    w = ctx.broadcast_to(winner, sh)
+    hit = ctx.pointwise("gt", (w, 0), sh, torch.bool)
+    if skip_row is not None:
+        row = Ref(ctx.g.add(ir.POINTWISE, "iota", (), sh, torch.int32, contiguous_strides(sh), (("dim", 0),)))
+        hit = ctx.pointwise("logical_and", (hit, ctx.pointwise("ne", (row, skip_row), sh, torch.bool)), sh,
+                            torch.bool)
+    at = ctx.pointwise("where", (hit, ctx.pointwise("sub", (w, 1), sh, torch.int32), 0), sh, torch.int32)
+    return hit, at
+
+
 def scatter_written(ctx: LowerCtx, node, winner: Ref, src_rows, x_rows: Ref, dtype) -> Ref:
     """The scatter-write's second kernel: each destination row is the winning source
     row (gathered) where one wrote there, else x's row; `src_rows` may be a scalar
     (scatter.value).  Everything is per element of x, so it is one kernel."""
     rows, cols = ctx.shape(x_rows)
     sh = (rows, cols)
-    w = ctx.broadcast_to(winner, sh)
-    hit = ctx.pointwise("gt", (w, 0), sh, torch.bool)
+    hit, at = winner_rows(ctx, winner, sh)
     if isinstance(src_rows, Ref):
-        at = ctx.pointwise("where", (hit, ctx.pointwise("sub", (w, 1), sh, torch.int32), 0), sh, torch.int32)
         src = ctx.cast(src_rows, dtype)
         if ctx.shape(src)[1] != cols:
             src = ctx.broadcast_to(src, (ctx.shape(src)[0], cols))
@@ -343,13 +355,7 @@ def _embedding_backward_compact(ctx: LowerCtx, node, grad: Ref, indices: Ref, sh
     sums = Ref(ctx.g.add(ir.SCATTER_ADD, "embedding_backward", (values, rep), (tokens, width), torch.float32,
                          contiguous_strides((tokens, width)), (("padding_idx", None),)))
     sh = (rows, width)
-    win = ctx.broadcast_to(winner, sh)
-    hit = ctx.pointwise("gt", (win, 0), sh, torch.bool)
-    if padding_idx is not None and 0 <= padding_idx < rows:
-        row = Ref(ctx.g.add(ir.POINTWISE, "iota", (), sh, torch.int32, contiguous_strides(sh), (("dim", 0),)))
-        hit = ctx.pointwise("logical_and", (hit, ctx.pointwise("ne", (row, padding_idx), sh, torch.bool)), sh,
-                            torch.bool)
-    at = ctx.pointwise("where", (hit, ctx.pointwise("sub", (win, 1), sh, torch.int32), 0), sh, torch.int32)
+    hit, at = winner_rows(ctx, winner, sh, padding_idx if padding_idx is not None and 0 <= padding_idx < rows else None)
     got = Ref(ctx.g.add(ir.GATHER, "take_along", (sums, at), sh, torch.float32, contiguous_strides(sh),
                         (("dim", 0), ("bound", tokens))))
     out = ctx.pointwise("where", (hit, got, 0.0), sh, torch.float32)
