@@ -62,6 +62,32 @@ def test_attention_fit_reproduces_the_h200_measurements():
         attention_seconds(4, 16, 1024, 1024, 64, False, False, dev)
 
 
+def test_gemm_fit_reproduces_the_h200_measurements():
+    """cuBLAS products on the H200 (profiler tables of the models suite, bf16, bench/NOTES.md
+    twentieth session), device time per call: a small product waits on its K steps'
+    latency (BERT inference at batch 1: 128 tokens), a split-K one adds its reduction,
+    a large one runs at the sustained rate."""
+    dev = get_device("H200")
+    measured = {  # (M, N, K): µs per call
+        (128, 768, 768): 4.4,        # BERT b1: q/k/v/o projections (64x16 tiles)
+        (128, 3072, 768): 5.4,       # BERT b1: FFN up
+        (128, 768, 3072): 8.0,       # BERT b1: FFN down, split-K kernel + its reduction
+        (2048, 3072, 768): 17.2,     # BERT b16: FFN up
+    }
+    for (m, n, k), us in measured.items():
+        assert gemm_seconds(1, m, n, k, torch.bfloat16, dev) * 1e6 == pytest.approx(us, rel=0.25), (m, n, k)
+
+    def trio(m, n, k):    # a linear layer's product and its two gradients' products
+        return sum(gemm_seconds(1, *s, torch.bfloat16, dev) for s in ((m, n, k), (m, k, n), (n, k, m)))
+    # whole training steps' products: LLaMA-style (8 layers, 4096 tokens, GQA, SwiGLU 2816, head 32000)
+    # measured 4426 µs; BERT-base b16 s128's 12 layers (2048 tokens, the head apart) 2168 µs
+    t, h, kv, f = 4096, 1024, 256, 2816
+    llama = 8 * sum(trio(*s) for s in ((t, h, h), (t, kv, h), (t, kv, h), (t, h, h), (t, f, h), (t, f, h), (t, h, f)))
+    assert (llama + trio(t, 32000, h)) * 1e6 == pytest.approx(4426, rel=0.2)
+    bert = 12 * (4 * trio(2048, 768, 768) + trio(2048, 3072, 768) + trio(2048, 768, 3072)) + trio(2048, 768, 768)
+    assert bert * 1e6 == pytest.approx(2168, rel=0.2)
+
+
 def test_sdpa_in_a_plan_is_priced_as_attention_with_its_causal_flag():
     q, k, v = (torch.randn(2, 4, 256, 32) for _ in range(3))
     _, causal = _prices(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True) * 2, q, k, v)

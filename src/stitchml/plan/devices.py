@@ -54,11 +54,15 @@ class Device:
     # a large aligned cuBLAS product sustains, and that of the align-1/2 kernels an
     # unaligned leading dimension gets; fused attention's rate (flash/cuDNN, head dim 64)
     # and fixed cost per wave of 128-query tiles (forward, backward); convolutions and
-    # our Triton GEMM relative to a cuBLAS product.  Hopper figures fitted to the H200's
-    # profiler tables (bench/NOTES.md, twentieth session)
+    # our Triton GEMM relative to a cuBLAS product; a K step's latency (64 deep: what a
+    # product too small to fill the SMs waits on) and a tile's prologue and epilogue.
+    # Hopper figures fitted to the H200's profiler tables (bench/NOTES.md, twentieth
+    # session); the convolution and Triton-GEMM factors are guesses, never measured
     matmul_flops: tuple[tuple[str, float], ...] = (("bf16", 989e12), ("fp16", 989e12), ("tf32", 495e12),
                                                    ("fp32", 67e12), ("fp64", 67e12))
-    gemm_efficiency: float = 0.70
+    gemm_efficiency: float = 0.80
+    gemm_step_s: float = 0.33e-6
+    gemm_tile_s: float = 0.4e-6
     misaligned_gemm_efficiency: float = 0.13
     attention_flops: float = 166e12
     attention_tile_s: float = 3.7e-6

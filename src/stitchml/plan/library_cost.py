@@ -114,21 +114,39 @@ def _aligned(n: ir.Node | None) -> bool:
     return all(s * n.dtype.itemsize % 16 == 0 for s, d in zip(n.stride, n.shape) if s != 1 and d > 1)
 
 
+# output tiles a cuBLAS product may take (rows x columns of the result per SM): large
+# ones reuse operands best, small ones fill the SMs when the result is small
+_TILES = ((128, 256), (128, 128), (64, 128), (64, 64), (64, 32))
+
+
 def gemm_seconds(batch: int, m: int, n: int, k: int, dtype: torch.dtype | None, dev, aligned: bool = True,
                  nbytes: int = 0) -> float:
-    """One (batched) matrix product on `dev`, without its launch gap."""
+    """One (batched) matrix product on `dev`, without its launch gap: the best tile size
+    over whole waves of tiles, a tile walking K in steps of 64, each step as long as its
+    flops at the sustained per-SM rate or the step's latency (`Device.gemm_step_s`, what
+    a small product waits on), plus a tile's prologue and epilogue (`gemm_tile_s`); at
+    least its bytes at the copy bandwidth."""
     if batch * m * n * k == 0:
         return 0.0
     rate = dev.matmul_rate(dtype) * (dev.gemm_efficiency if aligned else dev.misaligned_gemm_efficiency)
     per_sm = rate / dev.sms
-    tiles128 = batch * -(-m // 128) * -(-n // 128)
-    t = 128 if tiles128 >= dev.sms else 64
-    tiles = batch * -(-m // t) * -(-n // t)
-    waves = -(-tiles // dev.sms)
-    # whole waves when there are few of them (the last one runs as long as a full one);
-    # many waves average out (the tile scheduler fills the tail with smaller tiles)
-    compute = (waves if waves <= 4 else tiles / dev.sms) * 2.0 * t * t * k / per_sm
-    return max(compute, nbytes / dev.bandwidth)
+    steps = -(-k // 64)
+    best = float("inf")
+    for tm, tn in _TILES:
+        step = max(dev.gemm_step_s, 2.0 * tm * tn * 64 / per_sm)
+        for split in (1, 2, 4):     # split-K: slices of K on more SMs, then a reduction kernel
+            if split > 1 and (steps < 4 * split or batch * -(-m // tm) * -(-n // tn) * split > 2 * dev.sms):
+                break
+            tiles = batch * -(-m // tm) * -(-n // tn) * split
+            # whole waves when there are few (the last runs as long as a full one); many
+            # average out (the tile scheduler evens the tail)
+            waves = -(-tiles // dev.sms) if tiles <= 4 * dev.sms else tiles / dev.sms
+            t = waves * (-(-steps // split) * step + dev.gemm_tile_s)
+            if split > 1:
+                # the reduction: one more kernel (its gap and a short run) over the float32 slices
+                t += 2 * dev.graph_launch_s + batch * m * n * 4 * (split + 1) / dev.bandwidth
+            best = min(best, t)
+    return max(best, nbytes / dev.bandwidth)
 
 
 def attention_seconds(b: int, h: int, sq: int, sk: int, d: int, causal: bool, backward: bool, dev) -> float:
