@@ -356,7 +356,7 @@ def predict_call(records: list[Any], snapshot: list[int]) -> dict[str, Any]:
             unpriced.append(f"{r.kind} graph runs eagerly ({(r.eager_reason or '?').splitlines()[0][:120]})")
             continue
         plan = r.plan
-        prices = plan_library(plan, dev.replayed() if plan.graph_replay else dev)
+        prices = plan_library(plan, dev)
         library_s = sum(p.seconds for p in prices)
         total += calls * (plan.predicted_s + library_s)
         graphs.append({"graph": r.kind, "calls": calls, "predicted_s": plan.predicted_s + library_s,

@@ -295,8 +295,12 @@ def price(g: ir.Graph, nid: int, dev, items: dict[int, list[ir.Node]] | None = N
 
 
 def plan_library(plan, dev) -> list[LibraryPrice]:
-    """A price for every eager step of `plan` (in launch order)."""
+    """A price for every eager step of `plan` (in launch order) on `dev`, each op's gap
+    that of a CUDA-graph replay where the plan was made for capture (as its kernels are
+    priced)."""
     from .data import EagerStep
+    if getattr(plan, "graph_replay", False) and not dev.replay:
+        dev = dev.replayed()
     items = _items(plan.graph)
     return [price(plan.graph, s.node, dev, items) for s in plan.steps if isinstance(s, EagerStep)]
 

@@ -16,6 +16,7 @@ from ..compiler import CompiledGraph
 from ..ir.nodes import Fallback
 from ..patterns.common import PatternRecord
 from ..plan.devices import current_device, describe_source
+from ..plan.library_cost import plan_library
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class Report:
         applied = sum(r.applied for r in self.patterns)
         lines = [f"pattern rewrites (Dynamo graph, before AOTAutograd): {applied} applied, "
                  f"{len(self.patterns) - applied} refused"] + self.pattern_lines()
+        library_us = 0.0   # the eager ops' predicted time (plan/library_cost.py), every graph
         for rec in self.graphs:
             lines.append(f"== {rec.kind} graph ==")
             if rec.dynamic is not None:  # buckets, templates, and why a size got its own kernels
@@ -138,7 +140,8 @@ class Report:
                 lines.append(f"  launches priced at a CUDA-graph replay's gap ({rec.plan.launch_s * 1e6:.1f} us a "
                              "kernel), not the host launch path: the graph is planned for capture")
             g = rec.graph
-            prices = {lp.node: lp for lp in _library_prices(rec.plan)}
+            prices = {lp.node: lp for lp in plan_library(rec.plan, current_device())}
+            library_us += sum(lp.seconds for lp in prices.values()) * 1e6
             for step in rec.plan.steps:
                 if hasattr(step, "members"):
                     ops = ", ".join(f"{g[m].op}" for m in step.members)
@@ -182,7 +185,6 @@ class Report:
                 lines.append(f"  not fused %{r.producer}({g[r.producer].op}) -> %{r.consumer}({g[r.consumer].op}): "
                              f"{r.reason}")
         dev = current_device()
-        library_us = sum(lp.seconds for r in self.graphs if r.plan is not None for lp in _library_prices(r.plan)) * 1e6
         lines.append(f"predicted on {dev.name}: {self.predicted_us:.1f} us of stitched kernels + {library_us:.1f} us of "
                      f"library ops = {self.predicted_us + library_us:.1f} us; cost-model figures: {describe_source(dev)}")
         lines.append(f"total: {self.num_kernels} kernels, {len(self.fallbacks)} eager ops; modelled "
@@ -191,14 +193,6 @@ class Report:
 
     def __repr__(self) -> str:
         return self.to_text()
-
-
-def _library_prices(plan) -> list:
-    """`plan`'s eager ops priced on the current device (`plan/library_cost.py`), at a
-    replay's gap where the plan was made for capture."""
-    from ..plan.library_cost import plan_library
-    dev = current_device()
-    return plan_library(plan, dev.replayed() if getattr(plan, "graph_replay", False) else dev)
 
 
 def explain(fn: Callable, *example_inputs: Any, backward: bool = False, **compile_options: Any) -> Report:

@@ -95,7 +95,7 @@ def what_if(plans: list[Plan], device: str | None = None, devices: list[str] | N
         rows.append(PlanRow(f"{chosen_name}@{o.name}", sum(_priced(p, o) for p in chosen) * 1e6,
                             sum(len(p.kernels) for p in chosen), sum(p.num_kernels for p in chosen), o.name,
                             f"the chosen plan priced on {o.name} ({o.source})"))
-    prices = [lp for p in chosen for lp in plan_library(p, dev.replayed() if p.graph_replay else dev)]
+    prices = [lp for p in chosen for lp in plan_library(p, dev)]
     library_us = sum(lp.seconds for lp in prices) * 1e6
     unpriced = sorted({lp.op for lp in prices if lp.kind == "unpriced"})
     return {"device": dev.name, "source": describe_source(dev), "chosen": chosen_name,
