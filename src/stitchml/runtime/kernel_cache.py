@@ -39,6 +39,7 @@ from .. import config
 from ..codegen.composite import BARRIER
 from ..codegen.kernel_source import KernelSource
 from ..codegen.triton_ops import PRELUDE
+from ..ir.nodes import Ref
 
 FORMAT = 2
 STATS = {"generated": 0, "disk_hits": 0, "memory_hits": 0, "rebuilt": 0, "modules": 0}
@@ -109,7 +110,6 @@ def _closure(g, k) -> list[int]:
 
 
 def _renumber(a: Any, ids: dict[int, int]) -> Any:
-    from ..ir.nodes import Ref
     if isinstance(a, Ref):
         return ("ref", ids.get(a.id, "ext"))
     if isinstance(a, (tuple, list)):
@@ -142,8 +142,10 @@ def canonical_kernel(g, k) -> tuple[str, list[int]]:
     return repr((parts, plan)), closure
 
 
-def kernel_key(g, k, device_kind: str) -> str:
-    text, _ = canonical_kernel(g, k)
+def kernel_key(g, k, device_kind: str, canonical: tuple[str, list[int]] | None = None) -> str:
+    """The cache key of kernel `k` (`canonical`: `canonical_kernel(g, k)`, when the
+    caller has it already)."""
+    text, _ = canonical if canonical is not None else canonical_kernel(g, k)
     payload = repr((FORMAT, compiler_version(), device_kind, text,
                     [(name, config.get(name)) for name in _CODE_KNOBS]))
     return hashlib.sha256(payload.encode()).hexdigest()[:40]
@@ -204,8 +206,9 @@ def cached_payload(key: str, generate: Callable[[], dict]) -> dict:
 
 def cached_kernel(g, k, device_kind: str, generate: Callable[[], KernelSource]) -> KernelSource:
     """Kernel `k`'s source, generated once per content (see the module doc)."""
-    key = kernel_key(g, k, device_kind)
-    _, closure = canonical_kernel(g, k)
+    canonical = canonical_kernel(g, k)   # (its text keys the cache; its closure numbers the payload)
+    key = kernel_key(g, k, device_kind, canonical)
+    closure = canonical[1]
     ids = {nid: i for i, nid in enumerate(closure)}
     payload = cached_payload(key, lambda: _to_payload(generate(), ids))
     return _from_payload(k.name, payload, closure)
