@@ -76,7 +76,8 @@ def test_report_is_one_self_contained_page(bert_report, tmp_path):
     # the parts: graph (inline SVG, one per graph), kernel table, roofline, refusals, eager ops, what-if
     assert page.count("<svg") >= 2 and 'class="cluster"' in page
     for needle in ('id="kernels"', "Roofline", "Refused fusions",
-                   "Eager ops", "What if", "no-global", "unfused", "12.5", "not measured", "H100"):
+                   "Eager ops", "What if", "no-global", "unfused", "12.5", "not measured", "H100",
+                   "library ops, the same in every plan", "the step (ilp + library ops)"):
         assert needle in page, needle
     # every kernel of both graphs has a row, with its bytes
     n = sum(len(r.plan.kernels) for r in bert_report.graphs)

@@ -386,6 +386,13 @@ def build_html(report, measured_us: dict[str, float] | None = None, title: str =
                             row_cls=cls))
         parts.append(f"<p class='note'>chosen: <b>{_esc(what_if['chosen'])}</b> on {_esc(what_if['device'])} "
                      f"({_esc(what_if.get('source', ''))}); {_esc(what_if.get('note', ''))}</p>")
+        if "library_us" in what_if:
+            unpriced = what_if.get("unpriced_ops") or []
+            parts.append(f"<p>library ops, the same in every plan (matrix products, attention, other eager ops): "
+                         f"{what_if['library_us']:.1f} us over {what_if['library_ops']} op(s)"
+                         + (f", no price for {_esc(', '.join(unpriced))}" if unpriced else "")
+                         + f"; the step ({_esc(what_if['chosen'])} + library ops): <b>{what_if['step_us']:.1f} us</b>"
+                         "</p>")
         png = whatif_png(what_if)
         if png:
             parts.append(f"<img alt='what-if chart' src='{png}'>")
