@@ -8,12 +8,14 @@ prediction of the measured median" could not be checked against a measurement.
 
 The model, per op (Daydream's way: each op priced from its shapes and a few device
 figures, nothing run):
-- a matrix product: its flops at the device's tensor-core (or, for float32 with TF32
-  off, CUDA-core) rate times a sustained efficiency, over whole waves of 128 x 128
-  output tiles (64 x 64 where 128-tiles would not fill the SMs), or its bytes at the
-  copy bandwidth if that is longer.  Operands whose leading dimension is not a
-  multiple of 16 bytes get cuBLAS's align-1/align-2 kernels: a much lower efficiency
-  (`capture/pad_gemm.py` pads them on CUDA; a plan made elsewhere is priced as it is);
+- a matrix product: the best of a few output-tile sizes over whole waves of tiles,
+  each tile walking K in steps as long as their flops at the device's tensor-core (or,
+  for float32 with TF32 off, CUDA-core) rate times a sustained efficiency, or a step's
+  latency where that is longer (small products); split-K with its reduction kernel
+  where the tiles leave SMs idle; at least its bytes at the copy bandwidth.  Operands
+  whose leading dimension is not a multiple of 16 bytes get cuBLAS's align-1/align-2
+  kernels: a much lower efficiency (`capture/pad_gemm.py` pads them on CUDA; a plan
+  made elsewhere is priced as it is);
 - fused attention: waves of 128-query tiles, each a fixed cost plus its flops (a
   causal tile sees half the keys on average) at the attention rate; the backward
   has 2.5x the forward's flops and its own fixed cost (it launches two helper kernels);
@@ -54,7 +56,7 @@ class LibraryPrice:
 
     node: int
     op: str
-    kind: str         # gemm | attention | conv | linear_ce | memory | unpriced
+    kind: str         # gemm | attention | conv | linear_ce | memory | view | unpriced
     seconds: float
     flops: float = 0.0
     bytes: int = 0
@@ -104,6 +106,11 @@ def _results(g: ir.Graph, nid: int, items: dict[int, list[ir.Node]] | None = Non
     if n.shape is not None:
         return [n]
     return (items if items is not None else _items(g)).get(nid, [])
+
+
+def _io_bytes(g: ir.Graph, args: Any, results: list[ir.Node]) -> int:
+    """Bytes of an op's tensor arguments (`args`: any iterable holding Refs) and results."""
+    return sum(_bytes(_node(g, r)) for r in args if isinstance(r, Ref)) + sum(_bytes(r) for r in results)
 
 
 def _aligned(n: ir.Node | None) -> bool:
@@ -192,8 +199,7 @@ def _price_attention(g: ir.Graph, nid: int, op: str, a: dict, dev) -> LibraryPri
     s = attention_seconds(b, h, sq, sk, d, causal, backward, dev)
     flops = 4.0 * b * h * sq * sk * d * (0.5 if causal else 1.0) * (2.5 if backward else 1.0)
     return LibraryPrice(nid, op, "attention", s + dev.graph_launch_s, flops,
-                        sum(_bytes(_node(g, r)) for r in a.values() if isinstance(r, Ref)),
-                        "causal" if causal else "")
+                        _io_bytes(g, a.values(), []), "causal" if causal else "")
 
 
 def _price_conv(g: ir.Graph, nid: int, op: str, a: dict, dev, items) -> LibraryPrice:
@@ -215,8 +221,7 @@ def _price_conv(g: ir.Graph, nid: int, op: str, a: dict, dev, items) -> LibraryP
     n = out[1]
     k = cin_per_group * prod(w[2:])
     dtype = _node(g, a.get("weight")).dtype
-    nbytes = sum(_bytes(_node(g, r)) for r in a.values() if isinstance(r, Ref)) + sum(
-        _bytes(r) for r in _results(g, nid, items))
+    nbytes = _io_bytes(g, a.values(), _results(g, nid, items))
     s = passes * gemm_seconds(1, m, n, k, dtype, dev, True) / max(dev.conv_efficiency, 0.05)
     s = max(s, nbytes / dev.bandwidth)
     return LibraryPrice(nid, op, "conv", s + passes * dev.graph_launch_s, 2.0 * passes * m * n * k, nbytes)
@@ -251,8 +256,7 @@ def _price_epilogue(g: ir.Graph, nid: int, op: str, a: dict, dev, items) -> Libr
     if xs is None or ws is None:
         return LibraryPrice(nid, op, "unpriced", 0.0, note="operand shapes unknown")
     m, k, n = xs[0], xs[1], ws[0]
-    nbytes = sum(_bytes(_node(g, r)) for r in a.values() if isinstance(r, Ref)) + sum(
-        _bytes(r) for r in _results(g, nid, items))
+    nbytes = _io_bytes(g, a.values(), _results(g, nid, items))
     s = gemm_seconds(1, m, n, k, _node(g, a.get("x")).dtype, dev, True, nbytes) / max(dev.triton_gemm_efficiency, 0.05)
     return LibraryPrice(nid, op, "gemm", s + dev.graph_launch_s, 2.0 * m * n * k, nbytes,
                         "Triton GEMM with a stitched epilogue")
@@ -289,7 +293,7 @@ def price(g: ir.Graph, nid: int, dev, items: dict[int, list[ir.Node]] | None = N
     results = _results(g, nid, items)
     if any(r.shape is None for r in results) or not results and n.shape is None:
         return LibraryPrice(nid, op, "unpriced", 0.0, note="result shapes unknown")
-    nbytes = sum(_bytes(_node(g, r)) for r in n.args if isinstance(r, Ref)) + sum(_bytes(r) for r in results)
+    nbytes = _io_bytes(g, n.args, results)
     return LibraryPrice(nid, op, "memory", nbytes / dev.bandwidth + dev.graph_launch_s, 0.0, nbytes,
                         "priced by its bytes at the copy bandwidth")
 
@@ -303,8 +307,3 @@ def plan_library(plan, dev) -> list[LibraryPrice]:
         dev = dev.replayed()
     items = _items(plan.graph)
     return [price(plan.graph, s.node, dev, items) for s in plan.steps if isinstance(s, EagerStep)]
-
-
-def library_seconds(plan, dev) -> float:
-    """The predicted device time of `plan`'s eager ops on `dev`."""
-    return sum(p.seconds for p in plan_library(plan, dev))
