@@ -29,4 +29,8 @@ def _register() -> None:
 
 _register()
 
+from .runtime import interpreter_tree  # noqa: E402
+
+interpreter_tree.install()   # under TRITON_INTERPRET only: vectorised custom reductions and scans
+
 __all__ = ["compile", "explain", "Report", "StitchBackend", "stitch_backend"]

@@ -127,6 +127,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "enough for two programs per SM; off = those column sums as kernels of their own."),
     Knob("fallback_on_error", "STITCHML_FALLBACK_ON_ERROR", True, _bool,
          "If planning or code generation fails, run the graph eagerly with a warning instead of raising."),
+    Knob("interpreter_tree", "STITCHML_INTERPRETER_TREE", True, _bool,
+         "Under Triton's interpreter (TRITON_INTERPRET=1), run `tl.reduce`/`tl.associative_scan` with a "
+         "custom combine as a vectorised tree (pairwise halving, Hillis-Steele) instead of Triton's "
+         "element-by-element Python loop: a GPU's combination order, log2(n) NumPy calls "
+         "(runtime/interpreter_tree.py). No effect on a GPU."),
     Knob("debug_dir", "STITCHML_DEBUG_DIR", "", str,
          "If set, write every generated kernel and wrapper source here."),
     Knob("cache_dir", "STITCHML_CACHE_DIR", str(Path.home() / ".cache" / "stitchml"), str,
