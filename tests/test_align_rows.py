@@ -139,6 +139,10 @@ def test_scans_keep_their_order_and_take_no_shift():
         compare_with_eager(lambda x: torch.cumsum(x, -1) * 2, [x], backward=False)
 
 
+# few rows (each program of the tiny device still walks more than one: row_blocks > 1 below)
+ROWS_WALKED = 12
+
+
 def test_persistent_row_walks_shift_each_row(monkeypatch):
     """The grid-stride walk over rows (`plan/mapping.py::persistent_looped`): each row's
     shift is computed from the row the program walks, not its program id.  Planned for
@@ -146,7 +150,7 @@ def test_persistent_row_walks_shift_each_row(monkeypatch):
     monkeypatch.setitem(DEVICES, "tiny", Device("tiny", 1e11, 4, 3e-6, 2e-6, l2_bytes=256 * 1024))
     cols = 12289
     f = lambda x, w: torch.softmax(x * w, -1)   # noqa: E731
-    x = torch.randn(24, cols, requires_grad=True)
+    x = torch.randn(ROWS_WALKED, cols, requires_grad=True)
     w = (torch.rand(cols) + 0.5).requires_grad_(True)
     with config.override(device="tiny"):
         plan = plan_of(f, x.detach(), w.detach())

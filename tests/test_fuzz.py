@@ -1,4 +1,4 @@
-"""The differential fuzzer's CI slice (`stitchml.fuzz`): 512 fixed seeds, forward and
+"""The differential fuzzer's CI slice (`stitchml.fuzz`): 384 fixed seeds, forward and
 backward, fp32/fp16/bf16, checked against eager with a float64 judge.  The long
 run is `make fuzz N=10000` (docs/FUZZ.md).
 
@@ -16,7 +16,7 @@ import stitchml.compiler
 import stitchml.pipeline
 from stitchml import fuzz
 
-CASES = 512
+CASES = 384   # the fewest whose programs still hold every form the generator test looks for
 CHUNK = 16
 
 def _chunks():
