@@ -102,3 +102,42 @@ def test_the_tree_calls_the_combine_log2_times():
     finally:
         _nanmax.fn = fn
     assert calls["n"] == 5   # (the element loop: 31 a row, 124)
+
+
+@triton.jit
+def _branchy_max(x, y):
+    # Python control flow on a value: legal on a GPU (one element at a time), but a block
+    # has no single truth value under the interpreter
+    if x > y:
+        return x
+    return y
+
+
+@triton.jit
+def _branchy_kernel(x_ptr, out_ptr, C: tl.constexpr):
+    c = tl.arange(0, C)
+    tl.store(out_ptr, tl.reduce(tl.load(x_ptr + c), 0, _branchy_max))
+
+
+def test_a_combine_with_control_flow_keeps_the_element_loop():
+    x = torch.randn(16, dtype=torch.float64)
+    out = torch.full((1,), 7.0, dtype=torch.float64)
+    assert interpreter_tree.install()
+    before = dict(interpreter_tree.STATS)
+    _branchy_kernel[(1,)](x, out, C=16)
+    assert interpreter_tree.STATS["loop"] == before["loop"] + 1 and interpreter_tree.STATS["tree"] == before["tree"]
+    assert out.item() == x.max().item()
+
+
+@pytest.mark.parametrize("op", ["amax", "argmax", "logcumsumexp"])
+def test_stitched_kernels_take_the_tree(op):
+    """The combines stitchml generates (a NaN-propagating max, an argmax, a log-add-exp
+    scan) are found straight-line: each kernel's custom reduction runs as a tree."""
+    from stitchml.testing import compare_with_eager
+    f = {"amax": lambda t: t.amax(-1), "argmax": lambda t: t.argmax(-1),
+         "logcumsumexp": lambda t: torch.logcumsumexp(t, -1)}[op]
+    x = torch.randn(8, 64)
+    x[2, 5] = float("nan")
+    before = dict(interpreter_tree.STATS)
+    compare_with_eager(f, [x], backward=False)
+    assert interpreter_tree.STATS["tree"] > before["tree"] and interpreter_tree.STATS["loop"] == before["loop"]

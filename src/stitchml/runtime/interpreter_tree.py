@@ -16,7 +16,8 @@ Left operands always come from lower indices, so any associative combine (Triton
 requires one) gives the same value as the sequential loop up to floating-point
 reassociation, which a GPU's tree does too.  An axis that is not a power of two (Triton's
 blocks always are), and any combine function that does not take arrays, go to Triton's
-own loop.
+own loop, and so does a combine with Python control flow on its values (the interpreter
+gives a block's truth value as True, so a tree would silently take one branch).
 
 Knob `interpreter_tree` (STITCHML_INTERPRETER_TREE) turns it off; `install` is called
 when stitchml is imported under the interpreter.
@@ -39,6 +40,29 @@ def _data(value: Any, like: np.ndarray) -> np.ndarray:
     return np.broadcast_to(np.asarray(data).astype(like.dtype, copy=False), like.shape)
 
 
+_ELEMENTWISE: dict[Any, bool] = {}
+
+
+def _elementwise(fn) -> bool:
+    """Whether a combine function is straight-line code that takes whole arrays as it
+    takes scalars.  Python control flow on values (`if a > b:`, `and`/`or`, `x if c
+    else y`) asks a tensor for its truth value, which the interpreter answers for one
+    element only (for a block it says True): such combines keep Triton's loop."""
+    known = _ELEMENTWISE.get(fn)
+    if known is None:
+        import ast
+        import inspect
+        import textwrap
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+            known = not any(isinstance(n, (ast.If, ast.While, ast.For, ast.IfExp, ast.BoolOp, ast.Assert))
+                            for n in ast.walk(tree.body[0]) if n is not tree.body[0])
+        except (OSError, TypeError, SyntaxError, IndexError):
+            known = False
+        _ELEMENTWISE[fn] = known
+    return known
+
+
 def _combine(op, left: list[np.ndarray], right: list[np.ndarray], dtypes: list) -> list[np.ndarray]:
     args = [op.to_tensor(a, t) for a, t in zip(left, dtypes)] + [op.to_tensor(a, t) for a, t in zip(right, dtypes)]
     out = op.combine_fn.fn(*args)
@@ -58,8 +82,8 @@ def _tree_reduce(self, input):
     arrays = [t.handle.data for t in flat]
     dtypes = [t.dtype for t in flat]
     n = arrays[0].shape[axis]
-    if n == 0 or n & (n - 1):   # (Triton's blocks are powers of two: the halves stay blocks)
-        return _loop("reduce", self, input)
+    if n == 0 or n & (n - 1) or not _elementwise(self.combine_fn.fn):
+        return _loop("reduce", self, input)   # (Triton's blocks are powers of two: the halves stay blocks)
     try:
         while n > 1:
             pairs = n // 2
@@ -92,7 +116,7 @@ def _tree_scan(self, input):
     dtypes = [t.dtype for t in input]
     axis = self.axis
     n = arrays[0].shape[axis]
-    if n == 0 or n & (n - 1):
+    if n == 0 or n & (n - 1) or not _elementwise(self.combine_fn.fn):
         return _loop("scan", self, input)
     lane = np.arange(n).reshape([n if i == axis else 1 for i in range(arrays[0].ndim)])
     try:
