@@ -24,7 +24,10 @@ when stitchml is imported under the interpreter.
 """
 from __future__ import annotations
 
+import ast
+import inspect
 import os
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -50,9 +53,6 @@ def _elementwise(fn) -> bool:
     element only (for a block it says True): such combines keep Triton's loop."""
     known = _ELEMENTWISE.get(fn)
     if known is None:
-        import ast
-        import inspect
-        import textwrap
         try:
             tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
             known = not any(isinstance(n, (ast.If, ast.While, ast.For, ast.IfExp, ast.BoolOp, ast.Assert))
@@ -118,11 +118,11 @@ def _tree_scan(self, input):
     n = arrays[0].shape[axis]
     if n == 0 or n & (n - 1) or not _elementwise(self.combine_fn.fn):
         return _loop("scan", self, input)
-    lane = np.arange(n).reshape([n if i == axis else 1 for i in range(arrays[0].ndim)])
+    at = np.arange(n)
+    lane = at.reshape([n if i == axis else 1 for i in range(arrays[0].ndim)])
     try:
         d = 1
         while d < n:
-            at = np.arange(n)
             left = [np.take(a, np.where(at >= d, at - d, at), axis=axis) for a in arrays]
             merged = _combine(self, left, arrays, dtypes)
             arrays = [np.where(lane >= d, m, a) for m, a in zip(merged, arrays)]

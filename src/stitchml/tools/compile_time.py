@@ -14,6 +14,9 @@ table entry `STITCHML_DEVICE`, H100 unless set), with one temporary cache folder
   captures, lowers every graph (lowering is deterministic and its result is the
   plan-cache key) and reads and unpickles each plan-cache entry; it skips planning
   and code generation.  Timed the same way;
+- in each, a fixed pure-Python workload is timed just before and just after the build
+  (`reference_cpu_s`): how fast the interpreter ran then, against this machine at its
+  fastest (`REFERENCE_CPU_S`), printed as a speed factor;
 - with `--aot`: two more processes, each with an empty Triton cache, compile the
   distinct kernels the wrappers launch (`Plan.launched`: members of a launch group
   run inside its composite kernel and are not compiled alone) for sm_90 with
@@ -50,8 +53,9 @@ import torch
 COLD_BOUND_S = 2.0   # issue 14, on the 2-core CPU machine: BERT-base training, planning + code generation
 WARM_BOUND_S = 0.5
 # CPU seconds of `reference_cpu_s`'s fixed workload on the machine the bounds were set on
-# (the 2-core CPU machine at its fastest: 0.023-0.025 s in most runs, 0.04-0.05 s in others).  A slower or busier machine (a CI runner)
-# stretches both figures alike: `speed_factor` scales a bound by their ratio, never below 1.
+# (the 2-core CPU machine at its fastest: 0.023-0.025 s in most runs, 0.04-0.05 s in
+# others).  A slower or busier machine (a CI runner) stretches both figures alike:
+# `speed_factor` scales a bound by their ratio, never below 1.
 REFERENCE_CPU_S = 0.024
 
 
@@ -312,7 +316,7 @@ def report(result: dict) -> list[str]:
         lines.append(f"  {name}: lower + plan + codegen {r['wall_s']:.2f} s wall, {r['cpu_s']:.2f} s CPU "
                      f"(bound {bound} s: wall {'within' if r['wall_s'] <= bound else 'OVER'}, "
                      f"CPU {'within' if r['cpu_s'] <= bound else 'OVER'}); reference workload "
-                     + " / ".join(f"{x * 1e3:.0f}" for x in r.get("reference_cpu_s", [])) + f" ms "
+                     + " / ".join(f"{x * 1e3:.0f}" for x in r.get("reference_cpu_s", [])) + " ms "
                      f"before / after (speed factor {speed_factor(r):.2f} against {REFERENCE_CPU_S * 1e3:.0f} ms)")
         for g in r["graphs"]:
             lines.append(f"    {g['kind']:8} {g['wall_s']:.3f} s: lower {g['lower_s']:.3f}, plan {g['plan_s']:.3f}, "
