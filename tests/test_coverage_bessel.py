@@ -38,7 +38,8 @@ FUNCS = {
                                   lambda x: mpmath.besselk(0, x) * mpmath.exp(x) if x > 0 else None, lambda x: 0.0),
     "scaled_modified_bessel_k1": (S.scaled_modified_bessel_k1,
                                   lambda x: mpmath.besselk(1, x) * mpmath.exp(x) if x > 0 else None, lambda x: 0.0),
-    "airy_ai": (S.airy_ai, mpmath.airyai, lambda x: 0.0 if x > 0 else min(0.6, abs(x) ** -0.25 / math.sqrt(math.pi))),
+    "airy_ai": (S.airy_ai, mpmath.airyai,
+                lambda x: 0.0 if x > 0 else min(0.6, abs(x) ** -0.25 / math.sqrt(math.pi)) if x < 0 else 0.6),
 }
 NAMES = list(FUNCS)
 
@@ -51,7 +52,7 @@ def _points(dtype: torch.dtype) -> torch.Tensor:
     fixed = torch.tensor(near + [-v for v in near] + [1e-300 if dtype == torch.float64 else 1e-30, 3e-8, 0.5, 5.5,
                                                       6.3, 7.1, 12.0, 30.0, 99.0, 600.0, 1e4, -30.0, -99.0],
                          dtype=torch.float64)
-    grid = torch.linspace(-40, 40, 481, dtype=torch.float64)   # steps of 1/6
+    grid = torch.linspace(-40, 40, 321, dtype=torch.float64)   # steps of 1/4
     return torch.cat([fixed, grid, torch.rand(200, dtype=torch.float64) * 24 - 12]).to(dtype)
 
 
