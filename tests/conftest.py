@@ -31,32 +31,6 @@ FALLBACK_TESTS = (
 )
 
 
-# The longest tests (over ~20 s each on the 2-core machine, `--durations` at 8eddd2f) run
-# first: collected last, one of them could start on one worker while the other has
-# nothing left, and the suite would wait for it alone (longest-first scheduling).
-LONGEST_FIRST = (
-    "test_models_torchvision.py::test_vision_model_trains_stitched",
-    "test_model_sweep.py::test_architecture_trains_stitched_at_two_sizes_against_float64",
-    "test_coverage_ops.py::test_this_sessions_kernel_forms_compile_for_sm90",
-    "test_scan.py::test_scan_and_index_kernels_compile_for_sm90",
-    "test_bench.py::test_simulator_100_steps_compile_to_one_triton_launch",
-    "test_coverage_bessel.py::test_float",
-    "test_coverage_search.py::test_search_kernels_compile_for_sm90",
-    "test_aot_gpu.py::test_column_loops_keep_their_reductions_within_warps_for_sm90",
-    "test_fuzz.py::test_cli_runs_cases_on_recycled_worker_pools",
-    "test_models_real.py::test_model_trains_stitched_through_a_size_change",
-    "test_layout_order.py::test_layer_norm_backward_over_few_tokens_matches_eager",
-    "test_compile_time.py::test_bert_base_training_plans_and_generates_within_the_bounds",
-    "test_coverage_igamma.py::test_igamma_and_bicubic_backward_compile_for_sm90",
-    "test_aot_cache.py::test_a_changed_knob_or_a_damaged_entry_compiles_cold",
-)
-
-
-def _rank(item) -> int:
-    name = f"{os.path.basename(str(item.fspath))}::{item.name}"
-    return next((i for i, f in enumerate(LONGEST_FIRST) if name.startswith(f)), len(LONGEST_FIRST))
-
-
 def pytest_configure(config):
     config.addinivalue_line("markers", "fallback: runs with fallback_on_error on (tests of the fallback itself)")
 
@@ -67,7 +41,6 @@ def _wants_fallback(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_rank)   # (stable: every other test keeps its place)
     for item in items:
         if _wants_fallback(item):
             item.add_marker(pytest.mark.fallback)
