@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-_INSTALLED = False
 STATS = {"tree": 0, "loop": 0}   # calls served by the tree forms, and sent to Triton's loop
+_ORIGINAL: dict[str, Any] = {}   # Triton's element loops, while the trees replace them
 
 
 def _data(value: Any, like: np.ndarray) -> np.ndarray:
@@ -133,14 +133,11 @@ def _tree_scan(self, input):
     return [self.to_tensor(a, t) for a, t in zip(arrays, dtypes)]
 
 
-_ORIGINAL: dict[str, Any] = {}
-
 
 def install() -> bool:
     """Replace the interpreter's element loops (once, and only under TRITON_INTERPRET
     with knob `interpreter_tree` on); whether the tree forms are in place."""
-    global _INSTALLED
-    if _INSTALLED:
+    if _ORIGINAL:   # (holds Triton's loops while the trees are in place)
         return True
     from .. import config
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") or not config.get("interpreter_tree"):
@@ -150,17 +147,14 @@ def install() -> bool:
     _ORIGINAL["scan"] = interpreter.ScanOps.generic_scan
     interpreter.ReduceOps.generic_reduce = _tree_reduce
     interpreter.ScanOps.generic_scan = _tree_scan
-    _INSTALLED = True
     return True
 
 
 def uninstall() -> None:
     """Triton's own element loops again (tests compare the two)."""
-    global _INSTALLED
-    if not _INSTALLED:
+    if not _ORIGINAL:
         return
     from triton.runtime import interpreter
     interpreter.ReduceOps.generic_reduce = _ORIGINAL["reduce"]
     interpreter.ScanOps.generic_scan = _ORIGINAL["scan"]
-    _INSTALLED = False
-STATS = {"tree": 0, "loop": 0}   # calls served by the tree forms, and sent to Triton's loop
+    _ORIGINAL.clear()
