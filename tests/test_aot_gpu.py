@@ -202,6 +202,53 @@ def test_sass_profile_counts_the_hot_loop_per_byte():
     assert prof.loops == 1 and prof.hot_bytes == 26 and prof.hot_instructions == len(body) + len(inner) + 1
 
 
+ONE_RUN_SCRIPT = textwrap.dedent("""
+    import json
+    import triton, triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from stitchml.runtime.kernel_cache import load_module
+    from stitchml.tools.aot_check import _sass, _text_sections, sass_profiles
+
+    # (@triton.jit wants its source in a file: the kernels go through the kernel cache's module)
+    m = load_module(['''
+    @triton.jit
+    def copy(x, y, n, B: tl.constexpr):
+        i = tl.program_id(0) * B + tl.arange(0, B)
+        tl.store(y + i, tl.load(x + i, mask=i < n) * 2, mask=i < n)
+    ''', '''
+    @triton.jit
+    def row_sums(x, y, cols, B: tl.constexpr):
+        acc = tl.zeros([B], tl.float32)
+        for c in range(0, cols, B):
+            i = c + tl.arange(0, B)
+            acc += tl.load(x + tl.program_id(0) * cols + i, mask=i < cols)
+        tl.store(y + tl.program_id(0), tl.sum(acc))
+    '''])
+    copy, row_sums = m.copy, m.row_sums
+
+    def cubin(fn, sig, consts):
+        return triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4}).asm["cubin"]
+    cubins = [cubin(copy, {"x": "*fp32", "y": "*fp32", "n": "i32", "B": "constexpr"}, {"B": 1024}),
+              cubin(row_sums, {"x": "*bf16", "y": "*fp32", "cols": "i32", "B": "constexpr"}, {"B": 512}),
+              cubin(copy, {"x": "*fp16", "y": "*fp16", "n": "i32", "B": "constexpr"}, {"B": 256})]
+    print(json.dumps({"batched": sass_profiles(cubins + [b"not a cubin"]), "alone": [_sass(c) for c in cubins],
+                      "sections": [len(_text_sections(c)) for c in cubins]}))
+""")
+
+
+def test_one_disassembler_run_reads_each_kernel_as_cuobjdump_does():
+    """`sass_profiles` disassembles all of a check's kernels in one nvdisasm run (its
+    start-up is ~0.5 s of CPU a call) and cuts the listing back at each kernel's
+    offset: each kernel's profile must be the one `cuobjdump -sass` gives it alone,
+    kernels with and without a loop; a blob that is not a cubin gets None."""
+    out = _run_outside_interpreter(ONE_RUN_SCRIPT)
+    assert out["sections"] == [1, 1, 1]
+    assert out["batched"][:3] == out["alone"] and out["batched"][3] is None
+    assert [p["loops"] for p in out["alone"]] == [0, 1, 0]
+    assert all(p["instructions"] > 10 for p in out["alone"])
+
 
 def test_issue_floor_counts_an_unrolled_column_loop_once_a_row_block():
     """`µs issue` of a looped row kernel: with its column loop in the SASS, the hot

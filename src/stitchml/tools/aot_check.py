@@ -7,7 +7,9 @@ process where Triton is NOT in interpreter mode.
 """
 from __future__ import annotations
 
+import bisect
 import re
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -297,6 +299,64 @@ def _sass(cubin: bytes) -> dict | None:
     return sass_profile(out).as_dict() if out else None
 
 
+def _text_sections(cubin: bytes) -> list[bytes]:
+    """The executable sections (`.text.<kernel>`) of a cubin, in file order: the ELF64
+    section table read directly (a cubin is a plain little-endian ELF)."""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        raise ValueError("not an ELF64 image")
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names_at = headers[shstrndx][4]
+
+    def name(h) -> bytes:
+        start = names_at + h[0]
+        return cubin[start:cubin.index(b"\0", start)]
+    return [cubin[h[4]:h[4] + h[5]] for h in headers if name(h).startswith(b".text.")]
+
+
+def sass_profiles(cubins: list[bytes], arch: int = 90) -> list[dict | None]:
+    """`SassProfile.as_dict` of each cubin, from ONE disassembler run.
+
+    Starting nvdisasm costs ~0.5 s of CPU for sm_90 whatever the input (its decoder
+    tables), against milliseconds for a kernel: one `cuobjdump -sass` a kernel made the
+    disassembly ~3/4 of an ahead-of-time check's time.  So the kernels' executable
+    sections are laid end to end as one raw instruction image (`nvdisasm --binary`),
+    disassembled once, and the listing cut back at the kernels' offsets.  The profile
+    only compares addresses with each other (loops: branches back), so the image's
+    addresses serve as well as each kernel's own.  A cubin whose sections cannot be read,
+    or a disassembler failure, falls back to `cuobjdump -sass` for that cubin."""
+    tool = _nvidia_tool("nvdisasm")
+    chunks: list[tuple[int, int] | None] = []
+    image = bytearray()
+    for cubin in cubins:
+        try:
+            body = b"".join(_text_sections(cubin)) if cubin else b""
+        except (ValueError, IndexError, struct.error):
+            body = b""
+        chunks.append((len(image), len(image) + len(body)) if body else None)
+        image += body
+    listing = ""
+    if tool is not None and image:
+        path = Path("/tmp") / f"stitchml_aot_{abs(hash(bytes(image)))}.sass.bin"
+        path.write_bytes(bytes(image))
+        try:
+            kind = f"SM{arch}a" if arch >= 90 else f"SM{arch}"
+            proc = subprocess.run([str(tool), "--binary", kind, str(path)], capture_output=True, text=True,
+                                  timeout=300)
+            listing = proc.stdout if proc.returncode == 0 else ""
+        finally:
+            path.unlink(missing_ok=True)
+    lines = [(int(m.group(1), 16), m.group(0)) for m in _SASS_LINE.finditer(listing)]   # (in address order)
+    starts = [addr for addr, _ in lines]
+    out: list[dict | None] = []
+    for cubin, chunk in zip(cubins, chunks):
+        mine = ([text for _, text in lines[bisect.bisect_left(starts, chunk[0]):bisect.bisect_left(starts, chunk[1])]]
+                if chunk else [])
+        out.append(sass_profile("\n".join(mine)).as_dict() if mine else _sass(cubin))
+    return out
+
+
 def check(fn, *inputs, arch: int = 90, device: str = "H100") -> list[AotResult]:
     """Plan `fn` for `device`, generate every kernel, compile each for sm_`arch`."""
     import os
@@ -332,7 +392,7 @@ def check_plan(plan, arch: int = 90) -> list[AotResult]:
     moved.update({grp.name: sum(moved.get(m, 0) for m in grp.members) for grp in plan.groups})
     mappings = {k.name: k for k in plan.kernels if k.mapping.form != "combine"}
     module = load_module([s.source for s in sources.values()])
-    results = []
+    results, cubins = [], []
     for name, ks in sources.items():
         try:
             sig = _signature(ks, g)
@@ -343,14 +403,21 @@ def check_plan(plan, arch: int = 90) -> list[AotResult]:
             regs, stack = _resources(cubin)
             ttgir = compiled.asm.get("ttgir", "")
             hist, strided = memory_accesses(compiled.asm.get("ptx", ""), ttgir)
-            sass = _sass(cubin)
             results.append(AotResult(name, True, registers=regs, spills=stack, accesses=hist,
                                      strided_scalar=strided, loop_conversions=loop_conversions(ttgir),
                                      loop_cross_warp_reductions=loop_cross_warp_reductions(ttgir),
-                                     sass=sass, bytes=moved.get(name),
-                                     warp_instructions=_warp_instructions(mappings.get(name), sass, g)))
+                                     bytes=moved.get(name)))
+            cubins.append(cubin)
         except Exception as e:  # report, do not stop: the caller wants every kernel's verdict
             results.append(AotResult(name, False, f"{type(e).__name__}: {str(e)[:500]}"))
+    # the SASS of all the plan's kernels in one disassembler run (`sass_profiles`)
+    compiled_ok = [r for r in results if r.ok]
+    for r, sass in zip(compiled_ok, sass_profiles(cubins, arch)):
+        r.sass = sass
+        try:
+            r.warp_instructions = _warp_instructions(mappings.get(r.kernel), sass, g)
+        except Exception as e:  # (as above: a verdict, not a stop)
+            r.ok, r.error = False, f"{type(e).__name__}: {str(e)[:500]}"
     return results
 
 
