@@ -26,6 +26,12 @@ class Group:
     dominant: tuple[int, ...] = ()
     rowwise: bool = False  # domain was chosen by a reduction or an expensive broadcast
     cross: set[int] = field(default_factory=set)  # column reductions: across rows, combined after
+    # kept up to date by `Grouper._merge`, so that a merge test costs the size of a group's
+    # boundary, not of the group: greedy merging grows one group over thousands of nodes
+    # (an unrolled 100-step simulation), and a test that walked every member was quadratic
+    scatter: bool = False                          # a member is a scatter-add
+    frontier: set[int] = field(default_factory=set)   # users of members, outside the group
+    top: int = -1                                  # the highest member id
 
 
 class Grouper:
@@ -65,8 +71,21 @@ class Grouper:
             grp = Group(self._next, {n.id}, Domain(src.shape, (len(src.shape) - 1,)), (n.id,), True)
         else:
             grp = Group(self._next, {n.id}, Domain(n.shape))
+        grp.scatter = n.kind == ir.SCATTER_ADD
+        grp.frontier = set(self.gv.users[n.id]) - {n.id}
+        grp.top = n.id
         self._next += 1
         return grp
+
+    def _merge(self, keep: Group, gone: Group) -> None:
+        """`gone`'s members into `keep`, with the cached fields (the caller sets the
+        domain, dominant ops and column reductions)."""
+        keep.members |= gone.members
+        keep.frontier = {u for u in keep.frontier | gone.frontier if u not in keep.members}
+        keep.scatter = keep.scatter or gone.scatter
+        keep.top = max(keep.top, gone.top)
+        for m in gone.members:
+            self.group_of[m] = keep
 
     def _column_reduce(self, n: ir.Node, src: ir.Node) -> bool:
         """A column reduction computed as per-program partials.  Over rows too long for
@@ -162,7 +181,7 @@ class Grouper:
         column reductions over the outputs of one multi-output op (`_one_origin`)."""
         readers: dict[int, list[Group]] = {}
         for grp in {id(g): g for g in self.group_of.values()}.values():
-            if any(self.g[m].kind == ir.SCATTER_ADD for m in grp.members):
+            if grp.scatter:
                 continue
             for s in self._reads(grp):
                 readers.setdefault(s, []).append(grp)
@@ -189,11 +208,9 @@ class Grouper:
                 keep, gone = (a, b) if len(a.members) >= len(b.members) else (b, a)
                 if (a.cross or b.cross) and not partials_fit(a.domain.rows, a.domain.cols, self.opts):
                     continue
-                keep.members |= gone.members
                 keep.dominant = tuple(sorted(set(a.dominant) | set(b.dominant)))
                 keep.cross = a.cross | b.cross
-                for m in gone.members:
-                    self.group_of[m] = keep
+                self._merge(keep, gone)
 
     def _one_origin(self, grp: Group) -> int | None:
         """The multi-output op all of a column-reduction kernel's reads are outputs of
@@ -235,16 +252,14 @@ class Grouper:
             self.refusals.append(Refusal(producer, consumer, reason))
             return
         keep, gone = (a, b) if len(a.members) >= len(b.members) else (b, a)
-        keep.members |= gone.members
         keep.domain = dom
         keep.dominant = tuple(sorted(set(a.dominant) | set(b.dominant)))
         keep.rowwise = a.rowwise or b.rowwise or not dom.is_flat
         keep.cross = a.cross | b.cross
-        for m in gone.members:
-            self.group_of[m] = keep
+        self._merge(keep, gone)
 
     def _has_scatter(self, grp: Group) -> bool:
-        return any(self.g[m].kind == ir.SCATTER_ADD for m in grp.members)
+        return grp.scatter
 
     def _feeds_only(self, small: Group, scatter: Group, consumer: int) -> bool:
         """`small` is element-wise work (an index's wrap and linearisation, a cast of
@@ -339,11 +354,11 @@ class Grouper:
         belongs to neither and is not a free index map (a real intermediate step).
         Another kernel runs as a unit: reaching one of its members reaches all of
         them (its outputs depend on all its inputs, as far as ordering goes)."""
-        inside = a.members | b.members
-        limit = max(inside)
+        def inside(nid: int) -> bool:
+            return nid in a.members or nid in b.members
+        limit = max(a.top, b.top)
         for start, target in ((a, b), (b, a)):
-            stack = [(u, not is_free(self.g[u])) for m in start.members for u in self.gv.users[m]
-                     if u not in inside]
+            stack = [(u, not is_free(self.g[u])) for u in start.frontier if not inside(u)]
             seen = set()
             while stack:
                 nid, crossed = stack.pop()
@@ -357,7 +372,7 @@ class Grouper:
                     if u in target.members:
                         if crossed:
                             return True
-                    elif u not in inside:
+                    elif not inside(u):
                         stack.append((u, crossed or not is_free(self.g[u])))
         return False
 
