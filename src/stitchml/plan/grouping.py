@@ -359,16 +359,22 @@ class Grouper:
         limit = max(a.top, b.top)
         for start, target in ((a, b), (b, a)):
             stack = [(u, not is_free(self.g[u])) for u in start.frontier if not inside(u)]
-            seen = set()
+            seen, entered = set(), set()
             while stack:
                 nid, crossed = stack.pop()
                 if (nid, crossed) in seen or nid > limit:
                     continue
                 seen.add((nid, crossed))
                 other = self.group_of.get(nid)
+                users = self.gv.users[nid]
                 if other is not None and other is not a and other is not b:
-                    stack.extend((m, True) for m in other.members if (m, True) not in seen)
-                for u in self.gv.users[nid]:
+                    # reaching a member reaches everything the kernel's members feed (its
+                    # frontier), across a real step; once a kernel, not once a member
+                    if id(other) in entered:
+                        continue
+                    entered.add(id(other))
+                    crossed, users = True, other.frontier
+                for u in users:
                     if u in target.members:
                         if crossed:
                             return True
