@@ -29,8 +29,9 @@ def _register() -> None:
 
 _register()
 
-from .runtime import interpreter_tree  # noqa: E402
+from .runtime import interpreter_calls, interpreter_tree  # noqa: E402
 
 interpreter_tree.install()   # under TRITON_INTERPRET only: vectorised custom reductions and scans
+interpreter_calls.install()  # under TRITON_INTERPRET only: helper calls without re-patching the language
 
 __all__ = ["compile", "explain", "Report", "StitchBackend", "stitch_backend"]
