@@ -54,8 +54,9 @@ browser-deps:
 			"(STITCHML_SKIP_BROWSER_TESTS=1 skips it)"; fi; \
 	fi
 
+# (--durations: the 30 slowest tests go to the log, to keep the suite within its 20 minutes)
 test: $(STAMP) browser-deps
-	TRITON_INTERPRET=1 STITCHML_VISION_PATH=$(VENV)/vision $(BIN)/python -m pytest -q -n $(JOBS) tests
+	TRITON_INTERPRET=1 STITCHML_VISION_PATH=$(VENV)/vision $(BIN)/python -m pytest -q -n $(JOBS) --durations=30 tests
 
 # the differential fuzzer outside pytest (docs/FUZZ.md): N random programs, seeds
 # START..START+N-1, compiled vs eager, on FUZZ_JOBS processes; prints each failing case
