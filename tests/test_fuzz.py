@@ -16,14 +16,18 @@ import stitchml.compiler
 import stitchml.pipeline
 from stitchml import fuzz
 
-CASES = 384   # the fewest whose programs still hold every form the generator test looks for
+# CI's seeds: 0-255, and the first two programs with a cumprod (368, a bfloat16 forward;
+# 538, a float16 forward and backward), the one form the generator test looks for that
+# seeds 0-255 lack (docs/FUZZ.md: seeds 256 on run outside CI)
+SEEDS = list(range(256)) + [368, 538]
 CHUNK = 16
+
 
 def _chunks():
     params = []
-    for start in range(0, CASES, CHUNK):
-        seeds = list(range(start, start + CHUNK))
-        params.append(pytest.param(seeds, id=f"seeds{start:04d}-{start + CHUNK - 1:04d}"))
+    for start in range(0, len(SEEDS), CHUNK):
+        seeds = SEEDS[start:start + CHUNK]
+        params.append(pytest.param(seeds, id=f"seeds{seeds[0]:04d}-{seeds[-1]:04d}"))
     return params
 
 
@@ -44,7 +48,7 @@ def test_fuzz_slice(seeds):
 # ----------------------------------------------------------------------------- the fuzzer itself
 
 def test_generator_is_deterministic_and_covers_the_space():
-    progs = [fuzz.generate(s, "ci") for s in range(CASES)]
+    progs = [fuzz.generate(s, "ci") for s in SEEDS]
     assert fuzz.generate(7, "ci").describe() == progs[7].describe()
     text = "\n".join(p.source() for p in progs)
     for needle in ["torch.softmax", "F.log_softmax", "F.layer_norm", "movedim", ".sum(", ".amax(", ".max(",
@@ -109,7 +113,7 @@ def test_a_wrong_kernel_fails_the_case(monkeypatch):
         return wrong
 
     monkeypatch.setattr(stitchml.pipeline, "build_callable", skewed)
-    seed = next(s for s in range(CASES) if fuzz.generate(s, "ci").dtype == "fp32")
+    seed = next(s for s in SEEDS if fuzz.generate(s, "ci").dtype == "fp32")
     r = fuzz.run_case(seed, "ci")
     assert r.status == "fail" and re.search(r"(output|grad) .*: compiled error", r.message), r.line()
 
