@@ -8,9 +8,11 @@ process where Triton is NOT in interpreter mode.
 from __future__ import annotations
 
 import bisect
+import os
 import re
 import struct
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -277,8 +279,10 @@ def _cubin_tool(cubin: bytes, *args: str) -> str | None:
     tool = _nvidia_tool("cuobjdump")
     if tool is None or not cubin:
         return None
-    path = Path("/tmp") / f"stitchml_aot_{abs(hash(cubin))}.cubin"
-    path.write_bytes(cubin)
+    fd, name = tempfile.mkstemp(suffix=".cubin", prefix="stitchml_aot_")
+    path = Path(name)
+    with os.fdopen(fd, "wb") as f:
+        f.write(cubin)
     try:
         return subprocess.run([str(tool), *args, str(path)], capture_output=True, text=True, timeout=60).stdout
     finally:
@@ -338,8 +342,10 @@ def sass_profiles(cubins: list[bytes], arch: int = 90) -> list[dict | None]:
         image += body
     listing = ""
     if tool is not None and image:
-        path = Path("/tmp") / f"stitchml_aot_{abs(hash(bytes(image)))}.sass.bin"
-        path.write_bytes(bytes(image))
+        fd, name = tempfile.mkstemp(suffix=".sass.bin", prefix="stitchml_aot_")
+        path = Path(name)
+        with os.fdopen(fd, "wb") as f:
+            f.write(bytes(image))
         try:
             kind = f"SM{arch}a" if arch >= 90 else f"SM{arch}"
             proc = subprocess.run([str(tool), "--binary", kind, str(path)], capture_output=True, text=True,
@@ -359,7 +365,6 @@ def sass_profiles(cubins: list[bytes], arch: int = 90) -> list[dict | None]:
 
 def check(fn, *inputs, arch: int = 90, device: str = "H100") -> list[AotResult]:
     """Plan `fn` for `device`, generate every kernel, compile each for sm_`arch`."""
-    import os
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("aot_check needs Triton out of interpreter mode (unset TRITON_INTERPRET)")
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -376,7 +381,6 @@ def check(fn, *inputs, arch: int = 90, device: str = "H100") -> list[AotResult]:
 
 def check_plan(plan, arch: int = 90) -> list[AotResult]:
     """Generate every kernel of `plan` and compile each for sm_`arch`."""
-    import os
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("aot_check needs Triton out of interpreter mode (unset TRITON_INTERPRET)")
     import triton
@@ -455,7 +459,6 @@ def check_dynamic(fn, *inputs, arch: int = 90, device: str = "H100") -> list[Aot
     inputs' mapping buckets the way the dynamic runner does (static pipeline at the
     probe sizes, `dynamic/template.py`), and compile every kernel it launches, with
     its size arguments as i32/fp32 scalars, for sm_`arch`."""
-    import os
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("aot_check needs Triton out of interpreter mode (unset TRITON_INTERPRET)")
     import triton
