@@ -124,3 +124,24 @@ def test_knob_off_leaves_triton_alone(monkeypatch):
     finally:
         if not was:
             interpreter_calls.uninstall()
+
+
+@triton.jit
+def _bad_shape(x):
+    return x + tl.zeros([4], tl.float32)    # a 64-wide block and a 4-wide one: no broadcast
+
+
+@triton.jit
+def _bad_kernel(x_ptr, B: tl.constexpr):
+    i = tl.arange(0, B)
+    tl.store(x_ptr + i, _bad_shape(tl.load(x_ptr + i)))
+
+
+def test_an_error_in_a_helper_is_reported_as_triton_reports_it(installed):
+    """As Triton's own helper call does: the helper's error wrapped in Triton's
+    InterpreterError (which the launch wraps once more)."""
+    from triton.runtime.errors import InterpreterError
+    before = interpreter_calls.STATS["direct"]
+    with pytest.raises(InterpreterError, match=r"InterpreterError\("):
+        _bad_kernel[(1,)](torch.randn(64), B=64)
+    assert interpreter_calls.STATS["direct"] == before + 1

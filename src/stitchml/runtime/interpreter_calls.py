@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 STATS = {"direct": 0, "patched": 0}   # helper calls run directly, and through Triton's re-patching
-_ORIGINAL: dict[str, Any] = {}        # Triton's two methods, while ours replace them
+_ORIGINAL: dict[str, Any] = {}        # Triton's two methods (and its error class), while ours replace them
 _ACTIVE: list[frozenset[int]] = []    # language modules patched by each running launch (innermost last)
 _LANGS: dict[Any, frozenset[int]] = {}
 
@@ -60,12 +60,11 @@ def _helper_call(self, *args: Any, **kwargs: Any) -> Any:
         STATS["patched"] += 1
         return _ORIGINAL["call"](self, *args, **kwargs)
     STATS["direct"] += 1
-    from triton.runtime.errors import InterpreterError
     fn = self.rewrite()
     try:
         return fn(*args, **kwargs)
     except Exception as e:   # (as Triton's own call reports it)
-        raise InterpreterError(repr(e)) from e
+        raise _ORIGINAL["error"](repr(e)) from e
 
 
 def install() -> bool:
@@ -82,7 +81,11 @@ def install() -> bool:
     func = getattr(interpreter, "InterpretedFunction", None)
     if grid is None or func is None or not hasattr(func, "rewrite") or not hasattr(interpreter, "_patch_lang"):
         return False
-    _ORIGINAL["launch"], _ORIGINAL["call"] = grid.__call__, func.__call__
+    try:
+        from triton.runtime.errors import InterpreterError
+    except ImportError:
+        return False
+    _ORIGINAL["launch"], _ORIGINAL["call"], _ORIGINAL["error"] = grid.__call__, func.__call__, InterpreterError
     grid.__call__, func.__call__ = _launch, _helper_call
     return True
 
