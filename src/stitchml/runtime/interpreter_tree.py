@@ -133,7 +133,6 @@ def _tree_scan(self, input):
     return [self.to_tensor(a, t) for a, t in zip(arrays, dtypes)]
 
 
-
 def install() -> bool:
     """Replace the interpreter's element loops (once, and only under TRITON_INTERPRET
     with knob `interpreter_tree` on); whether the tree forms are in place."""

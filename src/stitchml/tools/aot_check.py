@@ -279,12 +279,19 @@ def _cubin_tool(cubin: bytes, *args: str) -> str | None:
     tool = _nvidia_tool("cuobjdump")
     if tool is None or not cubin:
         return None
-    fd, name = tempfile.mkstemp(suffix=".cubin", prefix="stitchml_aot_")
+    return _tool_on_bytes(tool, list(args), cubin, ".cubin", 60).stdout
+
+
+def _tool_on_bytes(tool: Path, args: list[str], data: bytes, suffix: str,
+                   timeout: int) -> subprocess.CompletedProcess:
+    """`tool *args FILE` with `data` in a private temporary file (two test workers may
+    hold the same kernels at once), removed afterwards."""
+    fd, name = tempfile.mkstemp(suffix=suffix, prefix="stitchml_aot_")
     path = Path(name)
     with os.fdopen(fd, "wb") as f:
-        f.write(cubin)
+        f.write(data)
     try:
-        return subprocess.run([str(tool), *args, str(path)], capture_output=True, text=True, timeout=60).stdout
+        return subprocess.run([str(tool), *args, str(path)], capture_output=True, text=True, timeout=timeout)
     finally:
         path.unlink(missing_ok=True)
 
@@ -342,17 +349,9 @@ def sass_profiles(cubins: list[bytes], arch: int = 90) -> list[dict | None]:
         image += body
     listing = ""
     if tool is not None and image:
-        fd, name = tempfile.mkstemp(suffix=".sass.bin", prefix="stitchml_aot_")
-        path = Path(name)
-        with os.fdopen(fd, "wb") as f:
-            f.write(bytes(image))
-        try:
-            kind = f"SM{arch}a" if arch >= 90 else f"SM{arch}"
-            proc = subprocess.run([str(tool), "--binary", kind, str(path)], capture_output=True, text=True,
-                                  timeout=300)
-            listing = proc.stdout if proc.returncode == 0 else ""
-        finally:
-            path.unlink(missing_ok=True)
+        kind = f"SM{arch}a" if arch >= 90 else f"SM{arch}"
+        proc = _tool_on_bytes(tool, ["--binary", kind], bytes(image), ".sass.bin", 300)
+        listing = proc.stdout if proc.returncode == 0 else ""
     lines = [(int(m.group(1), 16), m.group(0)) for m in _SASS_LINE.finditer(listing)]   # (in address order)
     starts = [addr for addr, _ in lines]
     out: list[dict | None] = []
