@@ -2,7 +2,11 @@
 
 No kernel runs and no GPU is needed: each case's graphs (forward, and backward where
 the case times it) are traced on meta tensors, lowered and planned for the device,
-and the cost model's figures are printed beside the case's byte floor.  This is the
+and the cost model's figures are printed beside the case's byte floor.  A case that
+cannot be traced on meta (a few ATen ops lose their autograd formula there, `.to("meta")`
+unties tied weights, Hugging Face's KV cache makes real meta tensors) is traced on CPU
+tensors instead, with its compiled graphs returning empty results of the traced sizes:
+nothing of the step is computed, so a full-size model plans in seconds.  This is the
 "prediction" column of bench/NOTES.md, to be checked against `stitchml bench` on the
 device (whose rows carry the same `predicted_s`).
 
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 from functorch.compile import make_boxed_func
+from torch import fx
 from torch._dynamo.backends.common import aot_autograd
 
 from ..bench.micro import cases
@@ -56,8 +61,30 @@ def case_plans(spec, dtype: str, opts: PlanOptions) -> tuple[Prediction, list]:
     backward graphs), e.g. for `aot_check --micro` or a test that inspects the plans."""
     try:
         return _predict(spec, dtype, opts, META)
-    except RuntimeError:   # some backward formulas have no meta kernel (nll_loss): real CPU tensors
+    except RuntimeError:
+        # on meta, aten's where.self, nll_loss and prelu have a meta kernel but no autograd
+        # kernel (the gradient is cut there), `.to("meta")` unties tied weights (BERT's
+        # decoder bias) and Hugging Face's KV cache builds real meta tensors that Dynamo
+        # refuses: CPU tensors, graphs not run
         return _predict(spec, dtype, opts, torch.device("cpu"))
+
+
+def shape_only(gm: fx.GraphModule, device: torch.device):
+    """A boxed stand-in for a compiled AOT graph that computes nothing: it returns
+    empty tensors of the sizes, strides and dtypes the graph's outputs were traced with
+    (non-tensor outputs as traced), so planning a full-size step never runs it."""
+    outs = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0]
+    vals = [o.meta.get("val") if isinstance(o, fx.Node) else o for o in outs]
+    missing = [o.name for o, v in zip(outs, vals) if isinstance(o, fx.Node) and v is None]
+    if missing:
+        raise RuntimeError(f"shape-only graph: outputs without a traced value: {missing}")
+
+    def run(args: list) -> list:
+        args.clear()   # the boxed convention: the callee owns (and frees) its inputs
+        return [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device)
+                if isinstance(v, torch.Tensor) else v for v in vals]
+    run._boxed_call = True   # type: ignore[attr-defined]
+    return run
 
 
 def _predict(spec, dtype: str, opts: PlanOptions, device: torch.device) -> tuple[Prediction, list]:
@@ -67,7 +94,9 @@ def _predict(spec, dtype: str, opts: PlanOptions, device: torch.device) -> tuple
     def planner(kind: str):
         def compile_graph(gm, example_inputs):
             plans[kind].append(build_plan(lower(gm), opts))
-            return make_boxed_func(gm.forward)   # the graph itself runs eagerly (on meta tensors where it can)
+            if device.type == "meta":
+                return make_boxed_func(gm.forward)   # runs on meta: sizes only
+            return shape_only(gm, device)
         return compile_graph
 
     def backend(gm, example_inputs):   # what StitchBackend does, with planning in place of compiling
