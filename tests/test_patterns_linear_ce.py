@@ -34,6 +34,16 @@ def softcap_bias_nll(h, w, t, red, b):
     return F.nll_loss(F.log_softmax(z.float(), dim=-1).view(-1, V), t.view(-1), reduction=red)
 
 
+def flattened(h, w, t, red):
+    """The models suite's LLaMA loss: the token dims flattened (torch.flatten), then the upcast."""
+    return F.cross_entropy(torch.flatten(F.linear(h, w), 0, 1).float(), t.flatten(), reduction=red)
+
+
+def flattened_method(h, w, t, red):
+    """The same through the method, with a negative end dim, and the upcast first."""
+    return F.cross_entropy(F.linear(h, w).float().flatten(0, -2), t.flatten(), reduction=red)
+
+
 def _inputs(dtype, ignore):
     h = torch.randn(B, S, D, dtype=dtype, requires_grad=True)
     w = (torch.randn(V, D) / D ** 0.5).to(dtype).requires_grad_()
@@ -58,6 +68,8 @@ def _run(fn, args, diff):
     ("softcap_bias_nll", torch.float32, "mean", True), ("softcap_bias_nll", torch.bfloat16, "sum", True),
     # gradients recomputed in the backward instead (knob linear_ce_grads_in_forward=0)
     ("shifted_smoothed", torch.bfloat16, "mean", False), ("softcap_bias_nll", torch.float32, "sum", False),
+    ("flattened", torch.float32, "mean", True), ("flattened", torch.bfloat16, "mean", True),
+    ("flattened_method", torch.float32, "sum", True),
 ])
 def test_fused_loss_matches_eager(case, dtype, red, in_forward):
     torch.manual_seed(stable_seed(case, str(dtype), red))
@@ -67,7 +79,8 @@ def test_fused_loss_matches_eager(case, dtype, red, in_forward):
             return softcap_bias_nll(h, w, t, red, b)
         diff = (h, w, b)
     else:
-        model = plain if case == "plain" else shifted_smoothed
+        model = {"plain": plain, "shifted_smoothed": shifted_smoothed, "flattened": flattened,
+                 "flattened_method": flattened_method}[case]
 
         def fn(h, w, b):
             return model(h, w, t, red)
@@ -155,6 +168,7 @@ def test_refused_when_logits_escape():
     (lambda z, t: F.cross_entropy(z.view(-1, V), t.view(-1), reduction="none").sum(), "reduction='none'"),
     (lambda z, t: F.cross_entropy(z.view(-1, V), t.view(-1), weight=torch.ones(V)), "class weights"),
     (lambda z, t: F.cross_entropy(torch.relu(z).view(-1, V), t.view(-1)), "not part of the pattern"),
+    (lambda z, t: F.cross_entropy(z.flatten(1), t[:, 0]), "flatten regroups the class dim"),
 ])
 def test_refusals_have_reasons(body, reason):
     h, w, _, t = _inputs(torch.float32, -100)

@@ -8,6 +8,7 @@ import torch
 from functorch.compile import make_boxed_func
 
 from stitchml.bench import models
+from stitchml.plan.data import EagerStep
 from stitchml.plan.devices import get_device
 from stitchml.plan.options import PlanOptions
 from stitchml.tools import predict
@@ -23,17 +24,16 @@ def _summary(plans) -> list[tuple]:
 
 
 @pytest.mark.parametrize("name", ["llama8_train", "bert_train"])
-def test_training_steps_meta_cannot_trace_plan_without_running_a_graph(name, monkeypatch):
-    """LLaMA-style training loses its gradient on meta (nll_loss has a meta kernel and no
-    autograd one there), BERT's tied decoder bias is untied by `.to("meta")`: both went to
-    CPU tensors and ran every graph (a full-size LLaMA step ran for over 30 minutes on this
-    machine).  Now no graph runs, and the plans equal those of a real CPU run."""
+def test_models_plan_on_cpu_tensors_without_running_a_graph(name, monkeypatch):
+    """Whole models are traced on CPU tensors with no graph run (a full-size LLaMA-style
+    step ran for over 30 minutes on this machine when a failed meta trace sent it to a
+    real CPU run), and plan exactly as a real run of their graphs does.  On meta they
+    could not: LLaMA's loss gradient is cut (nll_loss has a meta kernel and no autograd
+    one there), BERT's tied decoder bias is untied by `.to("meta")`."""
     if name == "bert_train":
         pytest.importorskip("transformers")
     opts = PlanOptions.from_config(get_device("H200"))
     spec = _spec(name)
-    with pytest.raises(RuntimeError):            # the premise: meta cannot trace this step
-        predict._predict(spec, "bf16", opts, predict.META)
 
     def no_run(fn):
         raise AssertionError("a compiled graph was run")
@@ -47,6 +47,24 @@ def test_training_steps_meta_cannot_trace_plan_without_running_a_graph(name, mon
         m.setattr(predict, "shape_only", lambda gm, device: make_boxed_func(gm.forward))
         _, ran = predict._predict(spec, "bf16", opts, torch.device("cpu"))
     assert _summary(plans) == _summary(ran)
+
+
+def test_models_keep_attention_fused_as_a_gpu_does():
+    """On meta, scaled_dot_product_attention has no fused kernel and decomposes into math
+    attention: a plan would hold softmax kernels over [batch, heads, seq, seq] scores that
+    no GPU run has.  The models suite's plans keep the fused op, forward and backward."""
+    spec = _spec("llama_block_train")
+    opts = PlanOptions.from_config(get_device("H200"))
+
+    def eager_ops(plan) -> list[str]:
+        return [s.op for s in plan.steps if isinstance(s, EagerStep)]
+    _, plans = predict.case_plans(spec, "bf16", opts)
+    for p in plans:
+        assert any("scaled_dot_product" in op for op in eager_ops(p)), eager_ops(p)
+        assert not any("bmm" in op for op in eager_ops(p)), eager_ops(p)
+    _, on_meta = predict._predict(spec, "bf16", opts, predict.META)   # the premise
+    assert all(any("bmm" in op for op in eager_ops(p)) for p in on_meta)
+    assert not any("scaled_dot_product" in op for p in on_meta for op in eager_ops(p))
 
 
 def test_shape_only_returns_empty_tensors_of_the_traced_layout():

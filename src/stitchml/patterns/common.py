@@ -45,11 +45,11 @@ _FUNCTIONS: dict[Any, str] = {
     F.softmax: "softmax", torch.softmax: "softmax", F.dropout: "dropout", torch.dropout: "dropout",
     torch.tril: "tril", torch.ones: "ones", operator.invert: "invert", torch.logical_not: "invert",
     torch.masked_fill: "masked_fill", torch.where: "where", torch.transpose: "transpose",
-    torch.reshape: "reshape", torch.t: "t", torch.permute: "permute",
+    torch.reshape: "reshape", torch.flatten: "flatten", torch.t: "t", torch.permute: "permute",
     F.gelu: "gelu", F.silu: "silu", F.relu: "relu", torch.relu: "relu",
 }
 _METHODS = {"float": "float", "to": "to", "type_as": "to", "type": "to", "bfloat16": "to", "half": "to",
-            "view": "view", "reshape": "view", "contiguous": "contiguous", "transpose": "transpose",
+            "view": "view", "reshape": "view", "flatten": "flatten", "contiguous": "contiguous", "transpose": "transpose",
             "softmax": "softmax", "log_softmax": "log_softmax", "masked_fill": "masked_fill", "tanh": "tanh",
             "mul": "mul", "div": "div", "add": "add", "t": "t", "permute": "permute", "bool": "bool",
             "logical_not": "invert", "tril": "tril", "relu": "relu"}

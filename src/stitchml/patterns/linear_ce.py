@@ -5,7 +5,7 @@ product:
 
     logits = linear(h, W, b) | h @ Wᵀ (+ b)
              [softcap: tanh(logits / c) * c]
-             [row-preserving views, token slices (logits[..., :-1, :]), .contiguous(), casts]
+             [row-preserving views and flattens, token slices (logits[..., :-1, :]), .contiguous(), casts]
     loss   = cross_entropy(logits, target, ignore_index=, label_smoothing=, reduction=mean|sum)
            | nll_loss(log_softmax(logits, -1), target, ...)
 
@@ -28,7 +28,8 @@ from .common import (NoMatch, PatternRecord, Refused, arg, is_loss, is_number, k
                      same, same_shape, show, sizes, value)
 from .linear_ce_op import fused_linear_cross_entropy
 
-_TOKEN_OPS = ("view", "reshape", "contiguous", "getitem", "to", "float")
+_TOKEN_OPS = ("view", "reshape", "flatten", "contiguous", "getitem", "to", "float")
+_REGROUPS = ("view", "reshape", "flatten")   # token views, replayed on h as a reshape
 _FULL = slice(None, None, None)
 
 
@@ -130,12 +131,12 @@ def match(loss: fx.Node) -> Match:
                     raise Refused(f"{cur.name}: a cast to {getattr(v, 'dtype', '?')} is not a float upcast/downcast")
             elif ck == "getitem" and not _keeps_last_dim(cur.args[1], len(sizes(src))):
                 raise Refused(f"{cur.name} indexes the class dim or uses advanced indexing")
-            elif ck in ("view", "reshape") and not same(sizes(src)[-1], vocab):
+            elif ck in _REGROUPS and not same(sizes(src)[-1], vocab):
                 raise Refused(f"{cur.name} regroups the class dim")
-            elif ck in ("view", "reshape") and not _replayable(shape):
+            elif ck in _REGROUPS and not _replayable(shape):
                 raise Refused(f"{cur.name} regroups symbolic token dims ({show(shape)}): only a flattening to "
                               f"[tokens, classes] is replayed on h")
-            if ck in ("view", "reshape", "getitem"):
+            if ck in _REGROUPS + ("getitem",):
                 replay.append(cur)
             chain.append(cur)
             cur = src

@@ -2,11 +2,13 @@
 
 No kernel runs and no GPU is needed: each case's graphs (forward, and backward where
 the case times it) are traced on meta tensors, lowered and planned for the device,
-and the cost model's figures are printed beside the case's byte floor.  A case that
-cannot be traced on meta (a few ATen ops lose their autograd formula there, `.to("meta")`
-unties tied weights, Hugging Face's KV cache makes real meta tensors) is traced on CPU
-tensors instead, with its compiled graphs returning empty results of the traced sizes:
-nothing of the step is computed, so a full-size model plans in seconds.  This is the
+and the cost model's figures are printed beside the case's byte floor.  Whole models
+(the models suite), and a case that cannot be traced on meta, are traced on CPU tensors
+instead, with their compiled graphs returning empty results of the traced sizes:
+nothing of the step is computed, so a full-size model plans in seconds.  On meta,
+`scaled_dot_product_attention` has no fused kernel and decomposes into math attention
+(a plan no GPU runs), a few ATen ops lose their autograd formula, `.to("meta")` unties
+tied weights and Hugging Face's KV cache makes real meta tensors that Dynamo refuses.  This is the
 "prediction" column of bench/NOTES.md, to be checked against `stitchml bench` on the
 device (whose rows carry the same `predicted_s`).
 
@@ -59,6 +61,9 @@ def predict_case(spec, dtype: str, opts: PlanOptions) -> Prediction:
 def case_plans(spec, dtype: str, opts: PlanOptions) -> tuple[Prediction, list]:
     """The prediction of one micro case and every plan made for it (forward, then
     backward graphs), e.g. for `aot_check --micro` or a test that inspects the plans."""
+    cpu = torch.device("cpu")
+    if spec.suite == "models":   # attention must stay a fused op, as on a GPU (module doc)
+        return _predict(spec, dtype, opts, cpu)
     try:
         return _predict(spec, dtype, opts, META)
     except RuntimeError:
@@ -66,7 +71,7 @@ def case_plans(spec, dtype: str, opts: PlanOptions) -> tuple[Prediction, list]:
         # kernel (the gradient is cut there), `.to("meta")` unties tied weights (BERT's
         # decoder bias) and Hugging Face's KV cache builds real meta tensors that Dynamo
         # refuses: CPU tensors, graphs not run
-        return _predict(spec, dtype, opts, torch.device("cpu"))
+        return _predict(spec, dtype, opts, cpu)
 
 
 def shape_only(gm: fx.GraphModule, device: torch.device):
