@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from .emit_reduce import Reductions
 
 ROW, COL = "row", "col"
+# a concatenation of at least this many buffers read at one offset picks a base pointer
+# by position and loads once, instead of loading every part under a mask (`_cat_by_pointer`)
+CAT_POINTER_PARTS = 4
 
 
 @dataclass(frozen=True)
@@ -432,29 +435,87 @@ class KernelBuilder:
             expr = pointwise_expr(n.op, args, in_dtype, n.dtype)
         return self.emit(self.scope_for(axes), expr, axes, cd)
 
-    def _cat(self, n: ir.Node, index) -> Val:
+    def _part_indices(self, n: ir.Node, index, pos) -> list[tuple[int, int, tuple]]:
+        """(start, size, index of the part) for each part of concatenation `n`."""
         dim, sizes = n.attr("dim"), n.attr("sizes")
-        pos = index[dim]
-        start, axes = 0, set(ix.axes(pos))
-        parts = []
-        p = self.render_index(pos)
-        outer = self.cond
         # a position that is one domain variable has a known range inside each branch:
         # the branch's whole index is simplified with it (`ix.restrict`)
         var = pos.terms[0][0] if (len(pos.terms) == 1 and pos.terms[0][1] == 1 and not pos.const
                                   and isinstance(pos.terms[0][0], ix.Var)) else None
-        for ref, size in zip(n.args, sizes):
+        out, start = [], 0
+        for size in sizes:
             sub = list(index)
             if var is not None and size > 1:
                 sub = [ix.restrict(e, var, start, start + size) for e in index]
             # inside its branch a size-1 part is read at 0: say so, so that a per-row
             # value (e.g. a reduction) is not asked for at a column-dependent index
             sub[dim] = ix.const(0) if size == 1 else sub[dim] - start
+            out.append((start, size, tuple(sub)))
+            start += size
+        return out
+
+    def _cat_reads(self, n: ir.Node, subs) -> tuple[list[int], ix.Expr] | None:
+        """Where every part of concatenation `n` is a buffer read (through views) at one
+        and the same offset: the buffers' nodes and that offset; else None."""
+        nodes, offsets = [], set()
+        for ref, (_, _, sub) in zip(n.args, subs):
+            m = self.g[ref.id]
+            while m.kind == ir.VIEW and m.id not in self.members:
+                sub = view_index(self.g, m, sub)
+                m = self.g[m.refs[0]]
+            if m.id in self.members or is_free(m) or m.dtype != n.dtype:
+                return None
+            nodes.append(m.id)
+            offsets.add(ix.offset(sub, m.stride))
+        return (nodes, offsets.pop()) if len(offsets) == 1 else None
+
+    def _cat_by_pointer(self, n: ir.Node, pos, subs, reads) -> Val:
+        """A concatenation of many buffers read at one offset (a recurrence's per-step
+        gradients, stacked): the position picks the part's base pointer, in the
+        position's scope (per row where the position is a row's), and one load reads it.
+        As a select of values, each element loaded every part under its own mask (DIEN's
+        50 steps: 50 loads an element, and spills on sm_90)."""
+        nodes, off = reads
+        p = self.render_index(pos)
+        ptrs = [self.param("in", nid) for nid in nodes]
+        for nid in nodes:
+            self.loads.append((nid, off))
+        chosen = ptrs[-1]
+        for (s, size, _), ptr in reversed(list(zip(subs, ptrs))[:-1]):
+            chosen = f"tl.where({p} < {s + size}, {ptr}, {chosen})"
+        pos_axes = set(ix.axes(pos))
+        base = self.emit(self.scope_for(pos_axes), chosen, pos_axes, torch.int64, prefix="p")
+        axes = set(ix.axes(off)) | pos_axes
+        for _, cond_axes in self.cond:
+            axes |= cond_axes
+        mask = " & ".join([m for m in [self.mask(axes)] if m] + [c for c, _ in self.cond]) or None
+        address = self.offset(off, axes)
+        zeros = [z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes and a not in ix.axes(off) | pos_axes]
+        if zeros:
+            address = f"({' + '.join(zeros)} + {address})"
+        load = f"tl.load({base.name} + {address}{f', mask={mask}, other=0' if mask else ''})"
+        cd = compute_dtype(n.dtype)
+        if n.dtype == torch.bfloat16:
+            load = f"_from_bf16({load})"
+        elif cd != n.dtype:
+            load = f"{load}.to(tl.float32)"
+        return self.emit(self.scope_for(axes), load, axes, cd)
+
+    def _cat(self, n: ir.Node, index) -> Val:
+        dim = n.attr("dim")
+        pos = index[dim]
+        subs = self._part_indices(n, index, pos)
+        if len(subs) >= CAT_POINTER_PARTS and (reads := self._cat_reads(n, subs)) is not None:
+            return self._cat_by_pointer(n, pos, subs, reads)
+        axes = set(ix.axes(pos))
+        parts = []
+        p = self.render_index(pos)
+        outer = self.cond
+        for ref, (start, size, sub) in zip(n.args, subs):
             self.cond = outer + ((f"({p} >= {start}) & ({p} < {start + size})", frozenset(ix.axes(pos))),)
-            v = self.value(ref.id, tuple(sub))
+            v = self.value(ref.id, sub)
             axes |= v.axes
             parts.append((start, size, v))
-            start += size
         self.cond = outer
         result = parts[-1][2].name
         for s, size, v in reversed(parts[:-1]):

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from ..ir import index as ix
 from ..ir import nodes as ir
+from ..ir.cat_sums import fold_cat_sums
 from ..ir.dce import eliminate_dead, merge_duplicates
 from . import mapping as mapping_rules
 from .access import generates, layout_domain, may_reorder, row_run_reads, row_values_domain, transposed_reads
@@ -25,7 +26,7 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
     opts = options or PlanOptions.from_config()
     # (dead nodes dropped again after the split: a variance's d*d is unused once its sum
     # is taken from chunk statistics)
-    g = recompute_cheap(eliminate_dead(split_long_rows(eliminate_dead(merge_duplicates(g)), opts)))
+    g = recompute_cheap(eliminate_dead(split_long_rows(eliminate_dead(merge_duplicates(fold_cat_sums(g))), opts)))
     gv = GraphView(g)
     # What dry runs of code generation taught us: a pair {x, y} keeps the kernels of
     # dominant ops x and y apart; a singleton {d} keeps d's kernel from absorbing
