@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from .capture.backend import StitchBackend, stitch_backend
+from .capture.logging_breaks import ignore_once_logging
 from .tools.explain import Report, explain
 
 __version__ = "0.1.0"
@@ -15,6 +16,7 @@ __version__ = "0.1.0"
 def compile(model_or_fn: Any, *, backend: StitchBackend | None = None, **options: Any) -> Any:
     """`torch.compile` with the stitch backend; `options` go to `torch.compile`
     (e.g. `dynamic=False`, `fullgraph=True`)."""
+    ignore_once_logging()   # (transformers may have been imported after stitchml)
     return torch.compile(model_or_fn, backend=backend or stitch_backend, **options)
 
 
@@ -28,6 +30,7 @@ def _register() -> None:
 
 
 _register()
+ignore_once_logging()   # knob ignore_once_logging: Hugging Face's once-only warnings break no graph
 
 from .runtime import interpreter_calls, interpreter_tree  # noqa: E402
 

@@ -222,6 +222,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Fused linear + cross-entropy: compute grad_h and grad_W in the forward pass (one logits product per "
          "chunk; the gradients live until backward). Off: the forward keeps one float per token and the "
          "backward recomputes each chunk's logits (one more product; nothing of W's size held across the step)."),
+    Knob("ignore_once_logging", "STITCHML_IGNORE_ONCE_LOGGING", True, _bool,
+         "Let Dynamo trace through `logging.Logger.warning_once` / `info_once` (Hugging Face's once-only "
+         "messages) as no-ops instead of breaking the graph there (capture/logging_breaks.py): GPT-2's "
+         "training step warns about its loss type inside forward, which split its LM head from the loss (no "
+         "linear_ce). Set when stitchml is imported (if transformers is) and again by stitchml.compile; affects "
+         "every torch.compile backend of the process. The message is not printed from compiled code."),
     Knob("cross_entropy", "STITCHML_CROSS_ENTROPY", True, _bool,
          "Rewrite F.cross_entropy(x, t) / nll_loss(log_softmax(x, -1), t) on 2-D logits (that linear_ce left) into "
          "log-sum-exp form (patterns/cross_entropy.py): backward keeps the logits and one float per row instead of "

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..capture.logging_breaks import ignore_once_logging
 from . import environment
 from .compare import compare
 from .contenders import (CONTENDER_NAMES, Contender, Prepared, RunContext, build_step, default_contenders,
@@ -419,6 +420,7 @@ def run_case(spec: CaseSpec, dtype: str, contenders: list[Contender], ctx: RunCo
                            reason=f"needs {', '.join(missing)} (not installed)") for c in contenders]
     try:
         w = spec.build(dtype, ctx.device)
+        ignore_once_logging()   # (knob; transformers is imported now): every contender traces the same graphs
         torch.manual_seed(0)
         ref = reference(w)
         ref_variant = reference(w.check_variant) if w.check_variant is not None else None

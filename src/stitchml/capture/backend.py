@@ -15,6 +15,7 @@ from .. import config, fallback, patterns
 from ..compiler import CompiledGraph, compile_graph
 from ..patterns.common import PatternRecord
 from . import aot_cache
+from .logging_breaks import ignore_once_logging
 from .decomp import decomposition_table
 
 
@@ -23,6 +24,7 @@ class StitchBackend:
     pattern rewrites applied or refused on the Dynamo graphs it was given (for explain)."""
 
     def __init__(self) -> None:
+        ignore_once_logging()   # (transformers may have been imported after stitchml)
         self.records: list[CompiledGraph] = []
         self.patterns: list[PatternRecord] = []
         self.aot_cache_note: str | None = None   # why the last graph's AOTAutograd result is not cached

@@ -30,6 +30,7 @@ from ..bench.contenders import make_cotangents
 from ..bench.workload import DTYPES, floor_bytes
 from .. import patterns
 from ..capture.backend import partitioner
+from ..capture.logging_breaks import ignore_once_logging
 from ..capture.decomp import decomposition_table
 from ..lower.lower import lower
 from ..plan.devices import get_device
@@ -94,6 +95,7 @@ def shape_only(gm: fx.GraphModule, device: torch.device):
 
 def _predict(spec, dtype: str, opts: PlanOptions, device: torch.device) -> tuple[Prediction, list]:
     w = spec.build(dtype, device)
+    ignore_once_logging()   # as the bench does once the case is built
     plans: dict[str, list] = {"forward": [], "backward": []}
 
     def planner(kind: str):
