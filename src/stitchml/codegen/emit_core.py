@@ -362,22 +362,26 @@ class KernelBuilder:
             # tiles were converted to it (2 conversions per iteration, 76 registers
             # against 47 with a [1, C] load: a layer-norm weight gradient over 1024 tokens).
             axes = axes | {ROW}
-        ptr = self.param("in", nid)
+        return self._read(self.param("in", nid), frozenset(), off, axes, n.dtype,
+                          self.aligned_address(nid, off, axes))
+
+    def _read(self, ptr: str, ptr_axes, off: ix.Expr, axes, dtype: torch.dtype, address: str | None = None) -> Val:
+        """`tl.load(ptr + off)` over `axes` under the block mask and the branch conditions,
+        in the compute dtype; `ptr_axes`: the axes a pointer block already spans."""
         mask = " & ".join([m for m in [self.mask(axes)] if m] + [c for c, _ in self.cond]) or None
         m = f", mask={mask}, other=0" if mask else ""
-        cd = compute_dtype(n.dtype)
-        address = self.aligned_address(nid, off, axes)
+        cd = compute_dtype(dtype)
         if address is None:
             address = self.offset(off, axes)
             # a block's axes that the address lacks (a scalar read under a block mask, a row
             # vector read at a tile's shape): zeros of those axes make the pointer a block
-            zeros = [z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes and a not in ix.axes(off)]
+            zeros = [z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes and a not in ix.axes(off) | ptr_axes]
             if zeros:
                 address = f"({' + '.join(zeros)} + {address})"
         load = f"tl.load({ptr} + {address}{m})"
-        if n.dtype == torch.bfloat16:
+        if dtype == torch.bfloat16:
             load = f"_from_bf16({load})"
-        elif cd != n.dtype:
+        elif cd != dtype:
             load = f"{load}.to(tl.float32)"
         return self.emit(self.scope_for(axes), load, axes, cd)
 
@@ -483,23 +487,12 @@ class KernelBuilder:
         chosen = ptrs[-1]
         for (s, size, _), ptr in reversed(list(zip(subs, ptrs))[:-1]):
             chosen = f"tl.where({p} < {s + size}, {ptr}, {chosen})"
-        pos_axes = set(ix.axes(pos))
+        pos_axes = frozenset(ix.axes(pos))
         base = self.emit(self.scope_for(pos_axes), chosen, pos_axes, torch.int64, prefix="p")
         axes = set(ix.axes(off)) | pos_axes
         for _, cond_axes in self.cond:
             axes |= cond_axes
-        mask = " & ".join([m for m in [self.mask(axes)] if m] + [c for c, _ in self.cond]) or None
-        address = self.offset(off, axes)
-        zeros = [z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes and a not in ix.axes(off) | pos_axes]
-        if zeros:
-            address = f"({' + '.join(zeros)} + {address})"
-        load = f"tl.load({base.name} + {address}{f', mask={mask}, other=0' if mask else ''})"
-        cd = compute_dtype(n.dtype)
-        if n.dtype == torch.bfloat16:
-            load = f"_from_bf16({load})"
-        elif cd != n.dtype:
-            load = f"{load}.to(tl.float32)"
-        return self.emit(self.scope_for(axes), load, axes, cd)
+        return self._read(base.name, pos_axes, off, axes, n.dtype)
 
     def _cat(self, n: ir.Node, index) -> Val:
         dim = n.attr("dim")
