@@ -12,7 +12,6 @@ one and the cross-entropy in the other, and the chunked linear + cross-entropy r
 from __future__ import annotations
 
 import logging
-import sys
 
 import torch
 
@@ -22,9 +21,9 @@ ONCE_METHODS = ("warning_once", "info_once")
 
 
 def ignore_once_logging() -> list[str]:
-    """Add the `logging.Logger` once-only methods defined in this process (by Hugging Face,
-    if imported) to Dynamo's ignored logging functions; the names added."""
-    if not config.get("ignore_once_logging") or "transformers" not in sys.modules:
+    """Add the `logging.Logger` once-only methods defined in this process (Hugging Face adds
+    them when imported) to Dynamo's ignored logging functions; the names added."""
+    if not config.get("ignore_once_logging"):
         return []
     ignored = torch._dynamo.config.ignore_logging_functions
     added = []
