@@ -86,32 +86,59 @@ def test_overlapping_slices_keep_their_adds_and_match_eager():
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
-def test_fold_on_a_hand_built_graph():
-    """cat(0, a) + cat(b, 0) along dim 1 → cat(b, a); adding cat(a', 0) to that (a' over
-    the first piece too) does not fold; a graph with nothing to fold is returned as is."""
+def _padded_steps(g: ir.Graph, steps: list[int], length: int) -> list[int]:
+    """One zero-padded concatenation along dim 1 per step's [2, 1, 4] input."""
+    f32, cats = torch.float32, []
+    for t, x in enumerate(steps):
+        parts, sizes = [], []
+        for size, ref in ((t, None), (1, x), (length - t - 1, None)):
+            if size:
+                ref = ref if ref is not None else g.add(ir.POINTWISE, "full", (), (2, size, 4), f32,
+                                                        (size * 4, 4, 1), (("value", 0),))
+                parts.append(ir.Ref(ref))
+                sizes.append(size)
+        cats.append(g.add(ir.CAT, "cat", tuple(parts), (2, length, 4), f32, (length * 4, 4, 1),
+                          (("dim", 1), ("sizes", tuple(sizes)))))
+    return cats
+
+
+def _chain(g: ir.Graph, nodes: list[int]) -> int:
+    acc = nodes[0]
+    for c in nodes[1:]:
+        acc = g.add(ir.POINTWISE, "add", (ir.Ref(acc), ir.Ref(c)), g[c].shape, torch.float32, g[c].stride)
+    return acc
+
+
+def test_fold_on_hand_built_graphs():
+    """Four padded steps summed → one cat of the four inputs (the adds before it left to
+    dead-node elimination); a sum of two steps is left as it is (too few pieces to pay);
+    adding a step again overlaps: that add stays, over the folded four."""
     g = ir.Graph(inputs=[], outputs=[])
-    f32 = torch.float32
-    a = g.add(ir.INPUT, "input", (), (2, 3, 4), f32, (12, 4, 1))
-    b = g.add(ir.INPUT, "input", (), (2, 1, 4), f32, (4, 4, 1))
-    g.inputs = [a, b]
-    z1 = g.add(ir.POINTWISE, "full", (), (2, 1, 4), f32, (4, 4, 1), (("value", 0),))
-    z3 = g.add(ir.POINTWISE, "full", (), (2, 3, 4), f32, (12, 4, 1), (("value", 0),))
-    c1 = g.add(ir.CAT, "cat", (ir.Ref(z1), ir.Ref(a)), (2, 4, 4), f32, (16, 4, 1), (("dim", 1), ("sizes", (1, 3))))
-    c2 = g.add(ir.CAT, "cat", (ir.Ref(b), ir.Ref(z3)), (2, 4, 4), f32, (16, 4, 1), (("dim", 1), ("sizes", (1, 3))))
-    s = g.add(ir.POINTWISE, "add", (ir.Ref(c1), ir.Ref(c2)), (2, 4, 4), f32, (16, 4, 1))
-    c3 = g.add(ir.CAT, "cat", (ir.Ref(b), ir.Ref(z3)), (2, 4, 4), f32, (16, 4, 1), (("dim", 1), ("sizes", (1, 3))))
-    s2 = g.add(ir.POINTWISE, "add", (ir.Ref(s), ir.Ref(c3)), (2, 4, 4), f32, (16, 4, 1))
-    g.outputs = [ir.Ref(s), ir.Ref(s2)]
+    xs = [g.add(ir.INPUT, "input", (), (2, 1, 4), torch.float32, (4, 4, 1)) for _ in range(4)]
+    g.inputs = xs
+    g.outputs = [ir.Ref(_chain(g, _padded_steps(g, xs, 4)))]
     new = fold_cat_sums(g)
-    folded = new[new.outputs[0].id]
-    assert folded.kind == ir.CAT and folded.attr("sizes") == (1, 3) and folded.attr("dim") == 1
-    assert [new[r].kind for r in folded.refs] == [ir.INPUT, ir.INPUT]
-    assert [new.inputs.index(r) for r in folded.refs] == [1, 0]
-    second = new[new.outputs[1].id]
-    assert second.kind == ir.POINTWISE and second.op == "add" and second.refs[0] == folded.id
-    untouched = ir.Graph(inputs=[a, b], outputs=[ir.Ref(c1)])
-    untouched.nodes = g.nodes[:5]
-    assert fold_cat_sums(untouched) is untouched
+    out = new[new.outputs[0].id]
+    assert out.kind == ir.CAT and out.attr("sizes") == (1, 1, 1, 1) and out.attr("dim") == 1
+    assert [new.inputs.index(r) for r in out.refs] == [0, 1, 2, 3]
+
+    two = ir.Graph(inputs=[], outputs=[])
+    ys = [two.add(ir.INPUT, "input", (), (2, 1, 4), torch.float32, (4, 4, 1)) for _ in range(2)]
+    two.inputs = ys
+    two.outputs = [ir.Ref(_chain(two, _padded_steps(two, ys, 2)))]
+    assert fold_cat_sums(two) is two
+
+    over = ir.Graph(inputs=[], outputs=[])
+    zs = [over.add(ir.INPUT, "input", (), (2, 1, 4), torch.float32, (4, 4, 1)) for _ in range(4)]
+    over.inputs = zs
+    cats = _padded_steps(over, zs, 4)
+    over.outputs = [ir.Ref(_chain(over, cats + [cats[2]]))]   # step 2 added twice
+    folded = fold_cat_sums(over)
+    last = folded[folded.outputs[0].id]
+    assert last.kind == ir.POINTWISE and last.op == "add"      # the overlapping add stays
+    first, again = (folded[r] for r in last.refs)
+    assert first.kind == ir.CAT and first.attr("sizes") == (1, 1, 1, 1)
+    assert again.kind == ir.CAT and again.attr("sizes") == (2, 1, 1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -21,6 +21,11 @@ from .nodes import CAT, POINTWISE, Graph, Node, Ref, contiguous_strides
 from .rewrite import copy_node, finish_copy
 
 Piece = tuple[int, int, "Ref | None"]   # (start, size, value); None: zeros
+# a fold is made where the concatenation holds at least this many non-zero pieces: there a
+# kernel reads them with one load (`codegen/emit_core.py::_cat_by_pointer`); a short chain
+# costs a kernel little as it is, and a fold moves the kernel's place in the launch order
+# (kernels are scheduled by their first node), which changed a few models' launch groups
+MIN_PIECES = 4
 
 
 def _is_zero(n: Node) -> bool:
@@ -50,8 +55,10 @@ def _merged(a: list[Piece], b: list[Piece]) -> list[Piece] | None:
 
 
 def fold_cat_sums(g: Graph) -> Graph:
-    """`g` with each add of two concatenations whose non-zero pieces are disjoint
-    replaced by one concatenation (module doc), or `g` itself when none is."""
+    """`g` with each add of two concatenations whose non-zero pieces are disjoint, and
+    that holds `MIN_PIECES` or more of them, replaced by one concatenation (module doc);
+    the adds of its chain before it are left to dead-node elimination.  `g` itself when
+    there is none."""
     folds: dict[int, tuple[int, list[Piece]]] = {}
     cats: dict[int, tuple[int, list[Piece]]] = {}
     for n in g.nodes:   # which adds fold, in order: a folded add is a concatenation to later adds
@@ -67,7 +74,9 @@ def fold_cat_sums(g: Graph) -> Graph:
             continue
         merged = _merged(a[1], b[1])
         if merged is not None:
-            folds[n.id] = cats[n.id] = (a[0], _filled(merged, n.shape[a[0]]))
+            cats[n.id] = (a[0], _filled(merged, n.shape[a[0]]))
+            if len(merged) >= MIN_PIECES:
+                folds[n.id] = cats[n.id]
     if not folds:
         return g
     new = Graph(inputs=[], outputs=[], fallbacks=list(g.fallbacks))
