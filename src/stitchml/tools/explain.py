@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
+from torch._dynamo.utils import counters
 
 from ..capture.backend import StitchBackend
 from ..compiler import CompiledGraph
@@ -39,11 +40,15 @@ class Report:
     """What one backend compiled: its graphs (`CompiledGraph`) and the pattern rewrites
     it applied or refused on the Dynamo graphs before AOTAutograd (`PatternRecord`)."""
 
-    def __init__(self, graphs: list[CompiledGraph], patterns: Sequence[PatternRecord] | None = None):
+    def __init__(self, graphs: list[CompiledGraph], patterns: Sequence[PatternRecord] | None = None,
+                 graph_breaks: Sequence[tuple[str, int]] | None = None):
         self.graphs = graphs
         self.patterns = list(patterns or ())
         # None: built without the backend's capture (plan_report, records alone): not "none matched"
         self.patterns_recorded = patterns is not None
+        # Dynamo's graph breaks while this report's function was compiled, (reason, times);
+        # None: not recorded (a report built from records alone)
+        self.graph_breaks = None if graph_breaks is None else list(graph_breaks)
 
     def pattern_lines(self) -> list[str]:
         """One line per rewrite applied or refused, with what it produced or why not."""
@@ -119,6 +124,10 @@ class Report:
         applied = sum(r.applied for r in self.patterns)
         lines = [f"pattern rewrites (Dynamo graph, before AOTAutograd): {applied} applied, "
                  f"{len(self.patterns) - applied} refused"] + self.pattern_lines()
+        if self.graph_breaks:   # each break ends a graph: nothing is fused or rewritten across it
+            lines.append(f"Dynamo graph breaks: {sum(n for _, n in self.graph_breaks)} (nothing is fused or "
+                         f"rewritten across a break; the code between graphs runs eagerly)")
+            lines.extend(f"  {n}x {reason}" for reason, n in self.graph_breaks)
         library_us = 0.0   # the eager ops' predicted time (plan/library_cost.py), every graph
         for rec in self.graphs:
             lines.append(f"== {rec.kind} graph ==")
@@ -200,12 +209,23 @@ def explain(fn: Callable, *example_inputs: Any, backward: bool = False, **compil
     (and its backward, if `backward=True`), and report what was compiled."""
     backend = StitchBackend()
     compiled = torch.compile(fn, backend=backend, **compile_options)
+    breaks = counters["graph_break"]
+    before = dict(breaks)
     out = compiled(*example_inputs)
     if backward:
         outs = out if isinstance(out, (tuple, list)) else (out,)
         loss = sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad)
         loss.backward()
-    return Report(backend.records, backend.patterns)
+    new = [(_break_line(reason), n - before.get(reason, 0)) for reason, n in breaks.items()
+           if n > before.get(reason, 0)]
+    return Report(backend.records, backend.patterns, new)
+
+
+def _break_line(reason: str) -> str:
+    """Dynamo's graph-break text in one line: what broke, and its hint if it gives one."""
+    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
+    hint = next((ln for ln in lines if ln.startswith("Hint:")), None)
+    return lines[0] + (f" ({hint})" if hint else "") if lines else reason
 
 
 def plan_report(model: Callable, *example_inputs: Any, backward: bool = True) -> Report:

@@ -496,6 +496,11 @@ def build_html(report, measured_us: dict[str, float] | None = None, title: str =
                     erows[(rec.kind, st.op, st.reason)] += 1
     parts.append(_table(["graph", "op", "reason", "count"], [[a, b, c, n] for (a, b, c), n in sorted(erows.items())])
                  if erows else "<p class='note'>no eager ops</p>")
+    breaks = getattr(report, "graph_breaks", None)
+    if breaks:   # Dynamo's: each ends a graph, so nothing is fused across it
+        parts.append("<h2>Dynamo graph breaks</h2><p class='note'>nothing is fused or rewritten across a break; "
+                     "the code between graphs runs eagerly</p>")
+        parts.append(_table(["reason", "count"], [[r, n] for r, n in breaks]))
     parts.append(f"<script>{SCRIPT}</script></body></html>")
     return "\n".join(parts)
 
