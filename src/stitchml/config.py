@@ -226,7 +226,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Let Dynamo trace through `logging.Logger.warning_once` / `info_once` (Hugging Face's once-only "
          "messages) as no-ops instead of breaking the graph there (capture/logging_breaks.py): GPT-2's "
          "training step warns about its loss type inside forward, which split its LM head from the loss (no "
-         "linear_ce). Set when stitchml is imported (if transformers is) and again by stitchml.compile; affects "
+         "linear_ce). Set when stitchml is imported, by stitchml.compile, a new StitchBackend and the bench once a "
+         "case is built (wherever transformers is imported by then); affects "
          "every torch.compile backend of the process. The message is not printed from compiled code."),
     Knob("cross_entropy", "STITCHML_CROSS_ENTROPY", True, _bool,
          "Rewrite F.cross_entropy(x, t) / nll_loss(log_softmax(x, -1), t) on 2-D logits (that linear_ce left) into "

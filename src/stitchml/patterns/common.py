@@ -49,7 +49,8 @@ _FUNCTIONS: dict[Any, str] = {
     F.gelu: "gelu", F.silu: "silu", F.relu: "relu", torch.relu: "relu",
 }
 _METHODS = {"float": "float", "to": "to", "type_as": "to", "type": "to", "bfloat16": "to", "half": "to",
-            "view": "view", "reshape": "view", "flatten": "flatten", "contiguous": "contiguous", "transpose": "transpose",
+            "view": "view", "reshape": "view", "flatten": "flatten", "contiguous": "contiguous",
+            "transpose": "transpose",
             "softmax": "softmax", "log_softmax": "log_softmax", "masked_fill": "masked_fill", "tanh": "tanh",
             "mul": "mul", "div": "div", "add": "add", "t": "t", "permute": "permute", "bool": "bool",
             "logical_not": "invert", "tril": "tril", "relu": "relu"}

@@ -8,9 +8,10 @@ instead, with their compiled graphs returning empty results of the traced sizes:
 nothing of the step is computed, so a full-size model plans in seconds.  On meta,
 `scaled_dot_product_attention` has no fused kernel and decomposes into math attention
 (a plan no GPU runs), a few ATen ops lose their autograd formula, `.to("meta")` unties
-tied weights and Hugging Face's KV cache makes real meta tensors that Dynamo refuses.  This is the
-"prediction" column of bench/NOTES.md, to be checked against `stitchml bench` on the
-device (whose rows carry the same `predicted_s`).
+tied weights and Hugging Face's KV cache makes real meta tensors that Dynamo refuses.
+
+This is the "prediction" column of bench/NOTES.md, to be checked against `stitchml
+bench` on the device (whose rows carry the same `predicted_s`).
 
     python -m stitchml.tools.predict --device H100 [--dtype fp32 bf16] [--case softmax]
 """
