@@ -258,7 +258,7 @@ def test_compare_against_float64_with_stitch_and_a_wrong_result():
 
 def test_device_time_summary_and_timing_modes():
     """The profiler summary adds device-activity durations (kernels and copies; other
-    events ignored) and counts kernels apart from memsets/copies; micro fwd+bwd rows are
+    events ignored) and counts kernels apart from memsets/copies; micro rows (all modes) are
     graph-replayed for every contender, model rows never."""
     from types import SimpleNamespace
 
@@ -276,8 +276,8 @@ def test_device_time_summary_and_timing_modes():
 
     def w(suite, mode):
         return Workload("c", suite, "fp32", lambda x: x, [], mode=mode)
-    assert graph_mode(w("micro", "fwdbwd")) == graph_mode(w("micro", "bwd")) == "always"
-    assert graph_mode(w("micro", "fwd")) == "auto" and graph_mode(w("models", "fwdbwd")) == "never"
+    assert graph_mode(w("micro", "fwdbwd")) == graph_mode(w("micro", "bwd")) == graph_mode(w("micro", "fwd")) == "always"
+    assert graph_mode(w("models", "fwdbwd")) == "never" and graph_mode(w("simulator", "fwd")) == "auto"
 
 
 def test_stitch_compile_split_reads_what_the_records_carry():

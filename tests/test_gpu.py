@@ -186,8 +186,8 @@ def test_dynamic_sequence_lengths_on_gpu():
 
 def test_bench_rows_see_kernels_host_and_compile_time(tmp_path):
     """The measurement itself (issues 12.5, 13.2, 14.5) at --quick sizes on the GPU: a
-    backward micro row is replayed from a CUDA graph for every contender (or says why
-    not), every row has profiler device time and kernel counts, a model row has host
+    micro row (backward and forward) is replayed from a CUDA graph for every contender
+    (or says why not), every row has profiler device time and kernel counts, a model row has host
     time, GPU-busy fraction and a warm-cache fresh-process compile figure."""
     from stitchml.bench import BenchOptions, run_bench
     run = run_bench(BenchOptions(quick=True, cases=("layer_norm_bwd", "softmax_fwd", "bert_infer"), out=tmp_path,
@@ -200,13 +200,14 @@ def test_bench_rows_see_kernels_host_and_compile_time(tmp_path):
         assert dev and dev["kernels_per_step"] >= 1 and 0 < dev["median_s"], (case, who, dev)
         assert 0 < r.busy_fraction < 5, (case, who, r.busy_fraction)
     for who in ("eager", "inductor", "stitchml"):
-        t = by[("layer_norm_bwd", who)].timing
-        # eager's backward must capture (else the harness's capture is wrong); a compiler's
-        # refusal is reported in the row, with its reason
-        if who == "eager" or not t.get("graph_capture_failed"):
-            assert t["method"].startswith("cuda-graph replay"), (who, t["method"], *t["notes"])
-        else:
-            assert any("capture failed" in n for n in t["notes"]), (who, t)
+        for case in ("layer_norm_bwd", "softmax_fwd"):     # every micro row, forward ones too
+            t = by[(case, who)].timing
+            # eager must capture (else the harness's capture is wrong); a compiler's
+            # refusal is reported in the row, with its reason
+            if who == "eager" or not t.get("graph_capture_failed"):
+                assert t["method"].startswith("cuda-graph replay"), (case, who, t["method"], *t["notes"])
+            else:
+                assert any("capture failed" in n for n in t["notes"]), (case, who, t)
         m = by[("bert_infer", who)]
         assert m.host_time and m.host_time["median_s"] > 0 and m.host_time["meaningful"]
         assert m.compile and m.compile["cold_s"] > 0

@@ -240,10 +240,12 @@ def reference(w: Workload) -> list[torch.Tensor]:
 
 
 def graph_mode(w: Workload) -> str:
-    """How a GPU row is timed: micro forward+backward rows replayed from a CUDA graph for
-    every contender (autograd's host work would drown ~100 µs of kernels); model rows
-    never (host overhead is part of a training step); the rest: graphs below 10 µs."""
-    if w.suite == "micro" and w.mode != "fwd":
+    """How a GPU row is timed: micro rows replayed from a CUDA graph for every contender
+    (the suite compares kernels: autograd's host work drowned ~100 µs of backward kernels,
+    and on the H200 on 2026-11-27 host jitter alone doubled the medians of ~50-100 µs
+    forward rows for Inductor and stitch alike, IQRs up to 0.8 ms, device times unmoved);
+    model rows never (host overhead is part of a step); the rest: graphs below 10 µs."""
+    if w.suite == "micro":
         return "always"
     return "never" if w.suite == "models" else "auto"
 

@@ -375,7 +375,7 @@ def to_markdown(run: "BenchRun", plot_files: list[Path], plot_note: str) -> str:
                       "bounds), summed over the graphs of the cold call.", ""] + _models_table(rows) + [""]
         elif rows:
             lines += [f"## {suite}", "",
-                      "(g) = replayed from a CUDA graph (micro forward+backward rows: every contender); device time "
+                      "(g) = replayed from a CUDA graph (micro rows: every contender); device time "
                       "= kernel time per call from the profiler (GPU only); predicted, meas./pred.: stitchml's cost "
                       "model (section 'prediction check').", ""] + _suite_table(rows) + [""]
     lines += prediction_lines(results)
