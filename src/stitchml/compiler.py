@@ -50,6 +50,7 @@ class CompiledGraph:
     first_call_seconds: float = 0.0  # the first call (kernels compiled or loaded there) included
     gemm_pads: list[str] = field(default_factory=list)  # matrix products padded for cuBLAS (capture/pad_gemm.py)
     aot_cache: str = ""              # "hit": the ATen graph came from AOTAutograd's cache (capture/aot_cache.py)
+    graph_runner: object = None      # runtime.cuda_graphs.GraphRunner when replayed (its counts: explain)
 
 
 def _device_of(gm: fx.GraphModule, example_inputs) -> torch.device:
@@ -115,6 +116,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list |
 
     if graphs:  # captured at the second call, replayed after (runtime/cuda_graphs.py)
         call = cuda_graphs.wrap(call, rec)
+        if isinstance(call, cuda_graphs.GraphRunner):
+            rec.graph_runner = call
 
     state: dict = {}
 

@@ -259,6 +259,7 @@ class GraphRunner:
         self.captured = ""               # what the capture found (the note holds refusals only)
         self.misses = 0
         self.recaptures = 0
+        self.last_miss = ""              # why the last call ran without the graph
         # a runner that is collected leaves no stale addresses in the registry
         weakref.finalize(self, _unregister, id(self))
 
@@ -377,6 +378,7 @@ class GraphRunner:
     def _again(self, inputs: list, why: str, warm: bool) -> Any:
         """This call runs without the graph; the next one captures again."""
         self.misses += 1
+        self.last_miss = why
         self.graph, self.copies, self.out, self.base, self.expanded = None, {}, (), {}, {}
         _unregister(id(self))
         if self.recaptures >= MAX_RECAPTURES:
@@ -387,6 +389,18 @@ class GraphRunner:
         self.seen = 0 if warm else self.warmup
         self.ptrs = {i: x.data_ptr() for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)}
         return self.call(list(inputs))
+
+    def summary(self) -> str:
+        """One line for `explain`: what the capture reads in place and copies, how often
+        the graph replayed, and why calls ran without it."""
+        state = ("given up: plain calls" if self.dead else
+                 self.captured or "not captured yet (warm-up calls)")
+        line = f"{state}; {self.replays} replays"
+        if self.misses:
+            line += f", {self.misses} calls without the graph (last: {self.last_miss})"
+        if self.copies:
+            line += f"; {sum(_span(c).numel() * c.element_size() for c in self.copies.values())} bytes copied a replay"
+        return line
 
     def _outputs(self, inputs: list) -> tuple:
         res = []

@@ -145,6 +145,8 @@ class Report:
                 lines.append(f"  GEMM alignment: {note}")
             if rec.cuda_graph_note:  # why this graph is not replayed in a CUDA graph
                 lines.append(f"  CUDA graphs: {rec.cuda_graph_note}")
+            elif getattr(rec, "graph_runner", None) is not None:   # replayed: what each replay costs
+                lines.append(f"  CUDA graphs: {rec.graph_runner.summary()}")
             if getattr(rec.plan, "graph_replay", False):   # (plans cached before the field have none)
                 lines.append(f"  launches priced at a CUDA-graph replay's gap ({rec.plan.launch_s * 1e6:.1f} us a "
                              "kernel), not the host launch path: the graph is planned for capture")
