@@ -65,10 +65,10 @@ MICRO_CONTENDERS=(--contender eager --contender inductor --contender stitchml)
 # name | timeout (s) | what (for `list`)
 # models first (the headline), compile time in its own step and folder (a --resume would
 # otherwise keep the steady-state rows and skip the cold-compile measurement)
-STEP_ORDER=(env tests calibrate models-bf16 variants micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
+STEP_ORDER=(env tests calibrate models-bf16 trace variants micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
 declare -A LIMIT=([env]=120 [tests]=900 [calibrate]=900 [micro-bf16]=2400 [micro-fp32]=2400
                   [models-bf16]=3600 [models-fp32]=3600 [models-rest]=3600 [micro-extra]=3600
-                  [compile]=2400 [variants]=1200)
+                  [compile]=2400 [variants]=1200 [trace]=600)
 declare -A WHAT=(
     [env]="nvidia-smi, driver, torch/Triton versions, git commit -> env.txt"
     [tests]="pytest -m gpu tests (judged against float64) -> tests/"
@@ -77,6 +77,7 @@ declare -A WHAT=(
     [micro-fp32]="micro suite fp32: same"
     [models-bf16]="BERT train b16/infer b1,b16, GPT-2 train b8 s512, LLaMA-style 8L train b4 s1024, bf16: wall, GPU busy, host/step, launches; eager, inductor, inductor-ro, stitchml, stitchml-nograph"
     [compile]="cold compile (empty caches) and warm-cache compile in a fresh process: BERT and LLaMA-style training, bf16, inductor vs stitchml -> compile/"
+    [trace]="profiler traces (host + device) of BERT and LLaMA-style training steps, bf16, stitchml and inductor-ro: GPU idle gaps and the host work in them, CUDA-graph replay state -> trace/"
     [models-fp32]="the same rows in fp32"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
     [micro-extra]="micro suite, both dtypes: max-autotune and jax"
@@ -120,6 +121,8 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         "$PY" -m stitchml.cli bench --out "$R/compile" --resume --no-progress "${QUICK[@]}" \
             --suite models --dtype bf16 --case bert_train --case llama8_train \
             --contender inductor --contender stitchml ;;
+    trace) "$PY" -m stitchml.tools.step_trace --case bert_train --case llama8_train --dtype bf16 \
+               --contender stitchml --contender inductor-ro --out "$R/trace" "${QUICK[@]:0:1}" ;;
     models-rest) "${BENCH[@]}" --suite models --dtype both "${REST_MODELS[@]}" \
                      --contender eager --contender inductor --contender stitchml ;;
     micro-extra) "${BENCH[@]}" --suite micro --dtype both --contender max-autotune --contender jax ;;
