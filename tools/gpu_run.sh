@@ -65,10 +65,10 @@ MICRO_CONTENDERS=(--contender eager --contender inductor --contender stitchml)
 # name | timeout (s) | what (for `list`)
 # models first (the headline), compile time in its own step and folder (a --resume would
 # otherwise keep the steady-state rows and skip the cold-compile measurement)
-STEP_ORDER=(env tests calibrate models-bf16 trace variants micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
+STEP_ORDER=(env tests calibrate models-bf16 trace ncu small-cols variants micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
 declare -A LIMIT=([env]=120 [tests]=900 [calibrate]=900 [micro-bf16]=2400 [micro-fp32]=2400
                   [models-bf16]=3600 [models-fp32]=3600 [models-rest]=3600 [micro-extra]=3600
-                  [compile]=2400 [variants]=1200 [trace]=600)
+                  [compile]=2400 [variants]=1200 [trace]=600 [ncu]=600 [small-cols]=600)
 declare -A WHAT=(
     [env]="nvidia-smi, driver, torch/Triton versions, git commit -> env.txt"
     [tests]="pytest -m gpu tests (judged against float64) -> tests/"
@@ -78,6 +78,8 @@ declare -A WHAT=(
     [models-bf16]="BERT train b16/infer b1,b16, GPT-2 train b8 s512, LLaMA-style 8L train b4 s1024, bf16: wall, GPU busy, host/step, launches; eager, inductor, inductor-ro, stitchml, stitchml-nograph"
     [compile]="cold compile (empty caches) and warm-cache compile in a fresh process: BERT and LLaMA-style training, bf16, inductor vs stitchml -> compile/"
     [trace]="profiler traces (host + device) of BERT and LLaMA-style training steps, bf16, stitchml and inductor-ro: GPU idle gaps and the host work in them, CUDA-graph replay state -> trace/"
+    [ncu]="Nsight Compute counters (speed of light, occupancy, warp stalls, memory) of stitch's and Inductor's kernels on the BERT-shaped column reductions (2048 x 768, bf16) -> ncu.txt"
+    [small-cols]="the BERT-shaped column reductions (column_sum_tokens, layer_norm_bwd_tokens: 2048 x 768, bf16): eager, inductor, stitchml, then stitchml under mapping knob variants -> small-cols/"
     [models-fp32]="the same rows in fp32"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
     [micro-extra]="micro suite, both dtypes: max-autotune and jax"
@@ -123,6 +125,34 @@ print(calibration_path(current_device().name))" 2>/dev/null)
             --contender inductor --contender stitchml ;;
     trace) "$PY" -m stitchml.tools.step_trace --case bert_train --case llama8_train --dtype bf16 \
                --contender stitchml --contender inductor-ro --out "$R/trace" "${QUICK[@]:0:1}" ;;
+    ncu)
+        # why BERT's column-partial kernels took ~30 µs where ~4 were predicted (bench/NOTES.md,
+        # 2026-11-27): hardware counters of the same kernels in the micro cases of that shape
+        [ "${GPU_RUN_QUICK:-0}" = 1 ] && { echo "ncu: GPU only, skipped in a CPU rehearsal"; return 0; }
+        local NCU; NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+        "$NCU" --target-processes all -k 'regex:^(k_|triton_)' --launch-count 24 \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+            --section MemoryWorkloadAnalysis --section SchedulerStats \
+            "$PY" -m stitchml.cli bench --suite micro --case 'column_sum_tokens[2048x768]' --case 'layer_norm_bwd_tokens[2048x768]' \
+            --dtype bf16 --contender stitchml --contender inductor --reps 3 --no-plots --no-progress \
+            --out "$R/ncu-bench" > "$R/ncu.txt" 2>&1
+        local rc=$?; tail -5 "$R/ncu.txt"; return $rc ;;
+    small-cols)
+        local SMALL='column_sum_tokens[2048x768];layer_norm_bwd_tokens[2048x768]'
+        local CASES=(--case 'column_sum_tokens[2048x768]' --case 'layer_norm_bwd_tokens[2048x768]')
+        if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then   # (their --quick sizes)
+            SMALL='column_sum_tokens[40x24];layer_norm_bwd_tokens[16x24]'
+            CASES=(--case 'column_sum_tokens[40x24]' --case 'layer_norm_bwd_tokens[16x24]')
+        fi
+        "${BENCH[@]}" --suite micro --dtype bf16 "${CASES[@]}" "${MICRO_CONTENDERS[@]}" || return $?
+        "$PY" -m stitchml.tools.bench_variants --out "$R/small-cols" "${QUICK[@]:0:1}" \
+            --variant "default::$SMALL" \
+            --variant "pp1:partial_programs_per_sm=1:$SMALL" \
+            --variant "pp8:partial_programs_per_sm=8:$SMALL" \
+            --variant "blk1k:block_elems=1024:$SMALL" \
+            --variant "blk16k:block_elems=16384:$SMALL" \
+            --variant "pb16:partial_bytes_per_thread=0:$SMALL" \
+            --variant "nobarrier:global_barriers=0:$SMALL" ;;
     models-rest) "${BENCH[@]}" --suite models --dtype both "${REST_MODELS[@]}" \
                      --contender eager --contender inductor --contender stitchml ;;
     micro-extra) "${BENCH[@]}" --suite micro --dtype both --contender max-autotune --contender jax ;;

@@ -323,6 +323,22 @@ def cases(quick: bool) -> list[CaseSpec]:
     simple(row_sum, _jax_row_sum, (128, 32) if quick else (750000, 32), "row_sum_irregular")
     simple(softmax, _jax_softmax, (2, 3000) if quick else (64, 30000), "row_softmax_irregular")
     simple(column_sum, _jax_column_sum, (64, 64) if quick else (32768, 1024), "column_sum")
+    # BERT-base training's per-layer column reductions are over 2048 tokens x 768: on the
+    # H200 (2026-11-27) the step's column-partial kernels at that size took ~30-36 µs each,
+    # 5-7x their prediction and Inductor's kernels for the same work (bench/NOTES.md)
+    simple(column_sum, _jax_column_sum, (40, 24) if quick else (2048, 768), "column_sum_tokens")
+    bert_ln = (16, 24) if quick else (2048, 768)
+
+    def ln_tokens(dtype: str, device: torch.device, name: str) -> Workload:
+        g, dt = _gen(name), DTYPES[dtype]
+        rows, n = bert_ln
+        x = randn((rows, n), dt, device, g).requires_grad_(True)
+        w = randn((n,), dt, device, g, scale=0.1, shift=1.0).requires_grad_(True)
+        b = randn((n,), dt, device, g, scale=0.1).requires_grad_(True)
+        return Workload(name, "micro", dtype, layer_norm, [x, w, b], mode="bwd", grad_targets=[x, w, b],
+                        shape=f"x[{rows},{n}]", tol=tolerance("micro", dtype),
+                        jax=JaxSpec(_jax_layer_norm, (0, 1, 2)))
+    specs.append(_spec(f"layer_norm_bwd_tokens[{bert_ln[0]}x{bert_ln[1]}]", ln_tokens))
     # rows held whole (scan in registers) and rows walked in blocks with a carry
     simple(cumsum_rows, _jax_cumsum, (8, 300) if quick else (8192, 4096), "cumsum_rows")
     simple(cumsum_rows, _jax_cumsum, (2, 3000) if quick else (64, 131072), "cumsum_long_rows")
