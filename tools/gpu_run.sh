@@ -4,7 +4,8 @@
 #
 #   bash tools/gpu_run.sh [STEP ...]          run the steps (default: all, in priority order)
 #   bash tools/gpu_run.sh status              where the run stands (steps done, current step, log tail)
-#   bash tools/gpu_run.sh pack FILE.tgz       tar the results folder (compile caches left out)
+#   bash tools/gpu_run.sh pack FILE.tgz       tar the results folder (compile caches and, unless
+#                                             PACK_TRACES=1, Chrome traces left out)
 #   bash tools/gpu_run.sh list                the steps and what each runs
 #
 # On the lent machines (10 min per command, machine given back 30 s after a call):
@@ -65,10 +66,10 @@ MICRO_CONTENDERS=(--contender eager --contender inductor --contender stitchml)
 # name | timeout (s) | what (for `list`)
 # models first (the headline), compile time in its own step and folder (a --resume would
 # otherwise keep the steady-state rows and skip the cold-compile measurement)
-STEP_ORDER=(env tests calibrate models-bf16 trace ncu small-cols variants micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
+STEP_ORDER=(env models-check trace ncu small-cols tests calibrate models-bf16 variants micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
 declare -A LIMIT=([env]=120 [tests]=900 [calibrate]=900 [micro-bf16]=2400 [micro-fp32]=2400
                   [models-bf16]=3600 [models-fp32]=3600 [models-rest]=3600 [micro-extra]=3600
-                  [compile]=2400 [variants]=1200 [trace]=600 [ncu]=600 [small-cols]=600)
+                  [compile]=2400 [variants]=1200 [trace]=600 [ncu]=600 [small-cols]=600 [models-check]=900)
 declare -A WHAT=(
     [env]="nvidia-smi, driver, torch/Triton versions, git commit -> env.txt"
     [tests]="pytest -m gpu tests (judged against float64) -> tests/"
@@ -78,6 +79,7 @@ declare -A WHAT=(
     [models-bf16]="BERT train b16/infer b1,b16, GPT-2 train b8 s512, LLaMA-style 8L train b4 s1024, bf16: wall, GPU busy, host/step, launches; eager, inductor, inductor-ro, stitchml, stitchml-nograph"
     [compile]="cold compile (empty caches) and warm-cache compile in a fresh process: BERT and LLaMA-style training, bf16, inductor vs stitchml -> compile/"
     [trace]="profiler traces (host + device) of BERT and LLaMA-style training steps, bf16, stitchml and inductor-ro: GPU idle gaps and the host work in them, CUDA-graph replay state -> trace/"
+    [models-check]="the training rows against Inductor's CUDA graphs only (BERT, GPT-2, LLaMA-style; bf16; inductor-ro, stitchml): the short check of a runtime change -> models-check/"
     [ncu]="Nsight Compute counters (speed of light, occupancy, warp stalls, memory) of stitch's and Inductor's kernels on the BERT-shaped column reductions (2048 x 768, bf16) -> ncu.txt"
     [small-cols]="the BERT-shaped column reductions (column_sum_tokens, layer_norm_bwd_tokens: 2048 x 768, bf16): eager, inductor, stitchml, then stitchml under mapping knob variants -> small-cols/"
     [models-fp32]="the same rows in fp32"
@@ -125,6 +127,10 @@ print(calibration_path(current_device().name))" 2>/dev/null)
             --contender inductor --contender stitchml ;;
     trace) "$PY" -m stitchml.tools.step_trace --case bert_train --case llama8_train --dtype bf16 \
                --contender stitchml --contender inductor-ro --out "$R/trace" "${QUICK[@]:0:1}" ;;
+    models-check)
+        "$PY" -m stitchml.cli bench --out "$R/models-check" --resume --no-progress "${QUICK[@]}" ${GPU_RUN_BENCH_ARGS:-} \
+            --suite models --dtype bf16 --no-compile-time --case bert_train --case gpt2_train --case llama8_train \
+            --contender inductor-ro --contender stitchml ;;
     ncu)
         # why BERT's column-partial kernels took ~30 µs where ~4 were predicted (bench/NOTES.md,
         # 2026-11-27): hardware counters of the same kernels in the micro cases of that shape
@@ -215,7 +221,10 @@ case "${1:-}" in
     __step) run_step "$2"; exit $? ;;      # one step, in its own process (under `timeout`)
     pack)
         dest=${2:?pack FILE.tgz}
-        tar czf "$dest" --exclude=compile-caches -C "$(dirname "$R")" "$(basename "$R")" && ls -l "$dest"
+        # (Chrome traces can be tens of MB, over what a device call brings back in one file:
+        # left out unless PACK_TRACES=1; their summaries, trace/step_trace.md, always go)
+        EXTRA=(); [ "${PACK_TRACES:-0}" = 1 ] || EXTRA=(--exclude='*.json.gz')
+        tar czf "$dest" --exclude=compile-caches "${EXTRA[@]}" -C "$(dirname "$R")" "$(basename "$R")" && ls -l "$dest"
         exit $? ;;
     list)
         for s in "${STEP_ORDER[@]}"; do printf '%-12s %5ss  %s\n' "$s" "${LIMIT[$s]}" "${WHAT[$s]}"; done
