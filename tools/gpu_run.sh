@@ -81,7 +81,7 @@ declare -A WHAT=(
     [trace]="profiler traces (host + device) of BERT and LLaMA-style training steps, bf16, stitchml and inductor-ro: GPU idle gaps and the host work in them, CUDA-graph replay state -> trace/"
     [models-check]="the training rows against Inductor's CUDA graphs only (BERT, GPT-2, LLaMA-style; bf16; inductor-ro, stitchml): the short check of a runtime change -> models-check/"
     [ncu]="Nsight Compute counters (speed of light, occupancy, warp stalls, memory) of stitch's and Inductor's kernels on the BERT-shaped column reductions (2048 x 768, bf16) -> ncu.txt; of the slowest stitched kernels inside the BERT, LLaMA and GPT-2 training steps -> ncu-models.txt"
-    [small-cols]="the BERT-shaped column reductions (column_sum_tokens, layer_norm_bwd_tokens: 2048 x 768, bf16): eager, inductor, stitchml, then stitchml under mapping knob variants -> small-cols/"
+    [small-cols]="the BERT-shaped column reductions (column_sum_tokens, layer_norm_bwd_tokens: 2048 x 768, bf16): eager, inductor, stitchml, then stitchml under mapping knob variants (and tuple_reductions on these and layer_norm N=1024) -> small-cols/"
     [models-fp32]="the same rows in fp32"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
     [micro-extra]="micro suite, both dtypes: max-autotune and jax"
@@ -182,20 +182,22 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         return $rc ;;
     small-cols)
         local SMALL='column_sum_tokens[2048x768];layer_norm_bwd_tokens[2048x768]'
+        local LNF='layer_norm_fwd[N=1024];layer_norm_bwd[N=1024]'
         local CASES=(--case 'column_sum_tokens[2048x768]' --case 'layer_norm_bwd_tokens[2048x768]')
         if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then   # (their --quick sizes)
-            SMALL='column_sum_tokens[40x24];layer_norm_bwd_tokens[16x24]'
+            SMALL='column_sum_tokens[40x24];layer_norm_bwd_tokens[16x24]' LNF='layer_norm_fwd[N=1000]'
             CASES=(--case 'column_sum_tokens[40x24]' --case 'layer_norm_bwd_tokens[16x24]')
         fi
         "${BENCH[@]}" --suite micro --dtype bf16 "${CASES[@]}" "${MICRO_CONTENDERS[@]}" || return $?
         "$PY" -m stitchml.tools.bench_variants --out "$R/small-cols" "${QUICK[@]:0:1}" \
-            --variant "default::$SMALL" \
+            --variant "default::$SMALL;$LNF" \
             --variant "pp1:partial_programs_per_sm=1:$SMALL" \
             --variant "pp8:partial_programs_per_sm=8:$SMALL" \
             --variant "blk1k:block_elems=1024:$SMALL" \
             --variant "blk16k:block_elems=16384:$SMALL" \
             --variant "pb16:partial_bytes_per_thread=0:$SMALL" \
-            --variant "nobarrier:global_barriers=0:$SMALL" ;;
+            --variant "nobarrier:global_barriers=0:$SMALL" \
+            --variant "tuple:tuple_reductions=1:$SMALL;$LNF" ;;
     models-rest) "${BENCH[@]}" --suite models --dtype both "${REST_MODELS[@]}" \
                      --contender eager --contender inductor --contender stitchml ;;
     micro-extra) "${BENCH[@]}" --suite micro --dtype both --contender max-autotune --contender jax ;;
@@ -234,7 +236,8 @@ print(calibration_path(current_device().name))" 2>/dev/null)
             --variant "default::bert_train;gpt2_train" \
             --variant "nomos:multi_output_siblings=0:bert_train" \
             --variant "noalign:align_rows=0:gpt2_train" \
-            --variant "noemb:compact_embedding_grads=0:gpt2_train" ;;
+            --variant "noemb:compact_embedding_grads=0:gpt2_train" \
+            --variant "tuple:tuple_reductions=1:bert_train;gpt2_train" ;;
     *) echo "unknown step $1 (bash tools/gpu_run.sh list)"; return 2 ;;
     esac
 }

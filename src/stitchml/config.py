@@ -166,6 +166,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "three combines become one of each), though they read different buffers. Independent "
          "reductions of other origins stay apart (merging them could keep a buffer alive longer). "
          "Not yet measured on a GPU."),
+    Knob("tuple_reductions", "STITCHML_TUPLE_REDUCTIONS", False, _bool,
+         "Kernels holding whole rows on chip reduce sibling row sums (same axis, neither reading the "
+         "other: a layer norm's corrected variance sums d and d*d, its backward sums g*dy and "
+         "g*dy*xhat) in one `tl.reduce` of a tuple, one cross-warp round instead of one each. The same "
+         "additions in the same order as separate sums. Off until measured on a GPU (it renames the "
+         "kernels it changes: their content hashes are what the GPU runner's Nsight Compute step "
+         "selects); `tools/gpu_run.sh small-cols` measures it as a variant."),
     Knob("ilp", "STITCHML_ILP", True, _bool,
          "Choose launch-level stitching (global / horizontal / separate) by ILP (scipy HiGHS); off = rules."),
     Knob("ilp_time_limit", "STITCHML_ILP_TIME_LIMIT", 0.5, float,

@@ -14,6 +14,7 @@ import torch
 
 from ..ir import index as ix
 from ..ir import nodes as ir
+from ..plan.graph_view import is_free
 from ..plan.row_loops import loop_groups, online_partner
 from .emit_core import COL, ROW, KernelBuilder, Val
 from .triton_ops import REDUCE_COMBINE, TL_DTYPE, compute_dtype, pointwise_expr, reduce_identity
@@ -65,6 +66,9 @@ class Reductions:
             full, _, _ = self.input_index(n, index)
             v = b.value(n.refs[0], full)
             body = f"tl.where(rmask & cmask, {v.name}, {reduce_identity(n.op, cd)})"
+            sibs = self._sum_siblings(n, index, outer_cond, cd) if n.op == "sum" else []
+            if sibs:
+                return self._tuple_sum(n, body, sibs, index, outer_cond, cd)
             expr = f"tl.sum({body}, 1)" if n.op == "sum" else f"tl.reduce({body}, 1, {REDUCE_COMBINE[n.op]})"
             return b.emit(b.top, f"{expr}[:, None]", {ROW}, cd)
         group = [b.g[r] for r in self.loop_of[n.id]] if n.id in self.loop_of else [n]
@@ -81,6 +85,61 @@ class Reductions:
             if r.id != n.id:  # found by value() when they are requested
                 b.remember(r.id, index, outer_cond, val)
         return vals[[r.id for r in group].index(n.id)]
+
+    # -- sibling row sums in one tuple reduction (knob `tuple_reductions`)
+    def _sum_siblings(self, n: ir.Node, index, outer_cond, cd: torch.dtype) -> list[ir.Node]:
+        """Up to two other row sums of this kernel that can be reduced with `n` in one
+        pass: same reduced dims over an operand of the same shape, same result shape and
+        compute dtype, not computed yet at this index, and neither reading `n` nor each
+        other (their operands are then emitted before the reduction)."""
+        from .. import config
+        b = self.b
+        if not config.get("tuple_reductions"):
+            return []
+        src = b.g[n.refs[0]]
+        out: list[ir.Node] = []
+        for mid in b.k.members:
+            r = b.g[mid]
+            if (r.id == n.id or r.op != "sum" or mid in b.k.partials or r.shape != n.shape
+                    or r.attr("dims") != n.attr("dims") or b.g[r.refs[0]].shape != src.shape
+                    or compute_dtype(r.dtype) != cd or (r.id, index, outer_cond) in b.top.cache):
+                continue
+            if self._reads(r.refs[0], {n.id} | {x.id for x in out}) or any(
+                    self._reads(x.refs[0], {r.id}) for x in out) or self._reads(n.refs[0], {r.id}):
+                continue
+            out.append(r)
+            if len(out) == 2:
+                break
+        return out
+
+    def _reads(self, nid: int, targets: set[int]) -> bool:
+        """Whether the value of `nid` depends on any of `targets` inside this kernel."""
+        seen: set[int] = set()
+        stack = [nid]
+        while stack:
+            x = stack.pop()
+            if x in targets:
+                return True
+            # (free nodes, views and constants, are computed inline, not members: walk them too)
+            if x in seen or (x not in self.b.members and not is_free(self.b.g[x])):
+                continue
+            seen.add(x)
+            stack.extend(self.b.g[x].refs)
+        return False
+
+    def _tuple_sum(self, n: ir.Node, body: str, sibs: list[ir.Node], index, outer_cond, cd) -> Val:
+        b = self.b
+        bodies = [body]
+        for r in sibs:
+            full, _, _ = self.input_index(r, index)
+            v = b.value(r.refs[0], full)
+            bodies.append(f"tl.where(rmask & cmask, {v.name}, {reduce_identity('sum', cd)})")
+        names = [b.new("s") for _ in bodies]
+        b.top.lines.append(f"{', '.join(names)} = tl.reduce(({', '.join(bodies)}), 1, _add{len(bodies)})")
+        vals = [b.emit(b.top, f"{name}[:, None]", {ROW}, cd) for name in names]
+        for r, val in zip(sibs, vals[1:]):
+            b.remember(r.id, index, outer_cond, val)
+        return vals[0]
 
     def _loop(self, group: list[ir.Node], index) -> list[Val]:
         """One pass over the row: independent reductions accumulate side by side, and

@@ -89,6 +89,16 @@ def _xor(a, b):
 
 
 @triton.jit
+def _add2(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
+def _add3(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, a1 + b1, a2 + b2
+
+
+@triton.jit
 def _cummax(v1, i1, v2, i2):
     # cummax's combine of (value, index) pairs, the second one later: it wins when its
     # value is NaN, or when it is >= a non-NaN first (ties: the later index, as eager)

@@ -46,7 +46,7 @@ STATS = {"generated": 0, "disk_hits": 0, "memory_hits": 0, "rebuilt": 0, "module
 _MODULES: dict[str, ModuleType] = {}
 _SOURCES: dict[str, dict] = {}  # key -> payload (node ids canonical)
 # knobs that change generated code (the rest only change planning, which is in the key)
-_CODE_KNOBS = ("pointwise_block", "persistent_max_cols", "loop_block_cols", "block_elems")
+_CODE_KNOBS = ("pointwise_block", "persistent_max_cols", "loop_block_cols", "block_elems", "tuple_reductions")
 
 
 def source_key(source: str) -> str:
