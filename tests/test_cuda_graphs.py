@@ -132,6 +132,22 @@ class FakeGraphs:
         return True
 
 
+def _record_runners(monkeypatch) -> list:
+    """Every graph the compiler wraps from now on is planned for capture (as on a CUDA
+    device) and runs under a `GraphRunner` with the stand-in graph; returns the list the
+    runners are appended to, in creation order."""
+    runners = []
+
+    class Recorded(cg.GraphRunner):
+        def __init__(self, *a, **k):
+            super().__init__(*a, backend=FakeGraphs(), **{x: v for x, v in k.items() if x != "backend"})
+            runners.append(self)
+
+    monkeypatch.setattr(cg, "mode", lambda kind, device, dynamic=False: cg.Decision(not dynamic))
+    monkeypatch.setattr(cg, "GraphRunner", Recorded)
+    return runners
+
+
 def _model(w, x):
     return torch.tanh(x @ w) * 2.0, (x * 3.0).sum(0)
 
@@ -281,15 +297,7 @@ def test_model_training_steps_in_the_bench_order_copy_nothing_per_replay(monkeyp
     from stitchml.bench import models as bm
     from stitchml.bench.contenders import build_step
     from stitchml.bench.harness import _check, reference
-    runners = []
-
-    class Recorded(cg.GraphRunner):
-        def __init__(self, *a, **k):
-            super().__init__(*a, backend=FakeGraphs(), **{x: v for x, v in k.items() if x != "backend"})
-            runners.append(self)
-
-    monkeypatch.setattr(cg, "mode", lambda kind, device, dynamic=False: cg.Decision(not dynamic))
-    monkeypatch.setattr(cg, "GraphRunner", Recorded)
+    runners = _record_runners(monkeypatch)
     spec = next(c for c in bm.cases(quick=True) if c.name.startswith(case))
     w = spec.build("fp32", CPU, spec.name)
     ref = reference(w)
@@ -416,15 +424,7 @@ def test_training_forward_and_backward_are_replayed_without_copying_parameters(m
     forward and backward graphs are both captured and replayed, gradients equal to
     eager at every step, parameters never copied, the backward reading the forward's
     saved activations in place."""
-    runners = []
-
-    class Recorded(cg.GraphRunner):
-        def __init__(self, *a, **k):
-            super().__init__(*a, backend=FakeGraphs(), **{x: v for x, v in k.items() if x != "backend"})
-            runners.append(self)
-
-    monkeypatch.setattr(cg, "mode", lambda kind, device, dynamic=False: cg.Decision(not dynamic))
-    monkeypatch.setattr(cg, "GraphRunner", Recorded)
+    runners = _record_runners(monkeypatch)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.GELU(),
                                 torch.nn.Linear(32, 16))
