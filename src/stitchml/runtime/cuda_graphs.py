@@ -253,7 +253,7 @@ class GraphRunner:
         self.base: dict[int, int] = {}   # output position -> storage use count after capture
         self.clone: set[int] = set()    # outputs returned as copies (found held across calls)
         self.moving: set[int] = set()   # inputs that moved once: always copied
-        self.expanded: dict[int, tuple] = {}   # inputs copied by storage range -> their strides
+        self.by_range: dict[int, tuple] = {}   # inputs copied by storage range -> their strides
         self.version = -1                # the static-output registry's version last looked at
         self.replays = 0
         self.captured = ""               # what the capture found (the note holds refusals only)
@@ -306,7 +306,7 @@ class GraphRunner:
             else:   # the range it reads, viewed with its own strides
                 buf = _span(x).clone()
                 self.copies[i] = buf.as_strided(x.shape, x.stride(), 0)
-                self.expanded[i] = x.stride()
+                self.by_range[i] = x.stride()
         self.ptrs = {i: tensors[i].data_ptr() for i in self.static}
         graph_inputs = [self.copies.get(i, x) for i, x in enumerate(inputs)]
         try:
@@ -363,8 +363,8 @@ class GraphRunner:
                 return self._again(inputs, f"copied inputs became another graph's static outputs "
                                            f"(input {adopt[0]})", warm=False)
         for i, buf in self.copies.items():
-            if i in self.expanded:
-                if inputs[i].stride() != self.expanded[i]:   # another layout: another range
+            if i in self.by_range:
+                if inputs[i].stride() != self.by_range[i]:   # another layout: another range
                     self.moving.add(i)
                     return self._again(inputs, f"input {i} (copied by its storage range) changed its strides",
                                        warm=True)
@@ -379,7 +379,7 @@ class GraphRunner:
         """This call runs without the graph; the next one captures again."""
         self.misses += 1
         self.last_miss = why
-        self.graph, self.copies, self.out, self.base, self.expanded = None, {}, (), {}, {}
+        self.graph, self.copies, self.out, self.base, self.by_range = None, {}, (), {}, {}
         _unregister(id(self))
         if self.recaptures >= MAX_RECAPTURES:
             self.dead = True
