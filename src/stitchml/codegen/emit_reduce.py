@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import config
 from ..ir import index as ix
 from ..ir import nodes as ir
 from ..plan.graph_view import is_free
@@ -92,7 +93,6 @@ class Reductions:
         pass: same reduced dims over an operand of the same shape, same result shape and
         compute dtype, not computed yet at this index, and neither reading `n` nor each
         other (their operands are then emitted before the reduction)."""
-        from .. import config
         b = self.b
         if not config.get("tuple_reductions"):
             return []
