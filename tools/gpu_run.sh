@@ -168,11 +168,12 @@ print(calibration_path(current_device().name))" 2>/dev/null)
             --dtype bf16 --contender stitchml --contender inductor --reps 3 --no-plots --no-progress \
             --out "$R/ncu-bench" > "$R/ncu.txt" 2>&1
         local rc=$?; tail -5 "$R/ncu.txt"
-        # the same counters on the slowest stitched kernels of the training steps themselves,
-        # by the names they ran under on 2026-11-27 (content hashes: unchanged while their
-        # code is): BERT's bias-gradient partials and layer-norm backwards, its horizontal
-        # groups, LLaMA's GQA-gradient group (150 µs against 7.5 predicted), GPT-2's
-        local SLOW='k_29fa683c|k_e65cbaa1|k_3714b2f3|k_dff0e0f8|k_d2b90eff|k_dcad408c|k_4c767aaa|k_b9a111d2'
+        # the same counters on the stitched kernels of the training steps that lost most
+        # against their prediction in this run's models-check profile (names are content
+        # hashes: picked from the measurement, not typed in)
+        local SLOW; SLOW=$("$PY" -m stitchml.tools.worst_kernels "$R/models-check/results.json" --top 8 --regex 2>/dev/null)
+        [ -n "$SLOW" ] || { echo "ncu: no models-check profile in $R (run that step first): kernels of the steps skipped"; return $rc; }
+        echo "ncu: the steps' kernels $SLOW"
         "$NCU" --target-processes all -k "regex:$SLOW" --launch-count 16 \
             --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
             --section MemoryWorkloadAnalysis --section SchedulerStats \

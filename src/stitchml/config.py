@@ -170,9 +170,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Kernels holding whole rows on chip reduce sibling row sums (same axis, neither reading the "
          "other: a layer norm's corrected variance sums d and d*d, its backward sums g*dy and "
          "g*dy*xhat) in one `tl.reduce` of a tuple, one cross-warp round instead of one each. The same "
-         "additions in the same order as separate sums. Off until measured on a GPU (it renames the "
-         "kernels it changes: their content hashes are what the GPU runner's Nsight Compute step "
-         "selects); `tools/gpu_run.sh small-cols` measures it as a variant."),
+         "additions in the same order as separate sums. sm_90: one barrier fewer a row block. Off until "
+         "measured on a GPU (predicted a few percent on layer norms); `tools/gpu_run.sh small-cols` and "
+         "`variants` measure it."),
     Knob("ilp", "STITCHML_ILP", True, _bool,
          "Choose launch-level stitching (global / horizontal / separate) by ILP (scipy HiGHS); off = rules."),
     Knob("ilp_time_limit", "STITCHML_ILP_TIME_LIMIT", 0.5, float,
