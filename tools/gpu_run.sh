@@ -105,7 +105,7 @@ run_step() {
         [ "${GPU_RUN_QUICK:-0}" = 1 ] && return 0
         "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || return 1
         # a fresh machine has no calibration: seed the newest committed one of this device and
-        # these versions (plans, and so kernel names, then match the earlier runs'); the
+        # these versions (plans then match the earlier runs'); the
         # calibrate step, when run, replaces it
         "$PY" - <<'PYEOF' 2>&1 | tee -a "$R/env.txt"
 import json, shutil
