@@ -119,3 +119,28 @@ def test_per_row_values_walked_as_rows_match_eager(dtype, knobs):
     assert k.domain.col_dims == (1,) and k.mapping.form == ("row_looped" if knobs else "packed_rows")
     (kt,) = transposed.kernels   # walked in its memory order instead (layout_order), flat
     assert kt.domain.is_flat and kt.mapping.form == "pointwise"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_sum_over_few_strided_columns_keeps_its_warps_along_the_rows_and_its_own_launch(dtype):
+    """LLaMA's GQA K/V gradient: [b, kv, s, rep, d] summed over its `rep` query heads (4
+    columns 64 apart, rows contiguous).  Triton vectorises along the rows and put the
+    warps the rows did not fill across the 4 columns (sm_90 at 16 warps: warpsPerCTA
+    [4, 4], 3 layout conversions; H200: 150 µs a launch in a horizontal group against
+    7.5 predicted).  The mapping caps the warps to those the rows fill and the kernel is
+    kept out of launch groups, which run every body at the group's widest warp count."""
+    def gqa(x, y):
+        return x.sum(3) * 2.0, (y.float() * 3.0).sum(-1)      # an independent launch-bound neighbour
+    x = torch.randn(2, 2, 64, 4, 64).to(dtype)
+    y = torch.randn(64, 32).to(dtype)
+    plan = plan_of(gqa, x, y)
+    (k,) = [k for k in plan.kernels if k.mapping.block_c == 4]
+    vec = 16 // x.element_size()
+    assert k.own_warps and k.mapping.num_warps == max(1, k.mapping.block_r // (32 * vec)), k.mapping
+    assert all(k.name not in g.members for g in plan.groups), plan.groups
+    compare_with_eager(gqa, [x, y], backward=False, rtol=2e-2 if dtype == torch.bfloat16 else 1e-5,
+                       atol=2e-2 if dtype == torch.bfloat16 else 1e-5)
+    with config.override(transposed_tiles=False):    # the knob of the transposed-read family
+        off = plan_of(gqa, x, y)
+    (k_off,) = [k for k in off.kernels if k.mapping.block_c == 4]
+    assert not k_off.own_warps and k_off.mapping.num_warps > k.mapping.num_warps

@@ -77,6 +77,12 @@ class KernelPlan:
     predicted_s: float = 0.0          # cost-model time on the target device
     transposed: tuple[int, ...] = ()  # inputs read transposed: the mapping took taller tiles (plan/access.py)
     row_runs: bool = False            # a flat kernel reading row runs: one element a thread (plan/access.py)
+    # warps capped to lie along a rows-contiguous tile (`mapping.warps_along_rows`): in a
+    # horizontal group, which runs every body at the group's widest warp count, they would
+    # lie across the columns again (H200: LLaMA's GQA gradient, 150 µs a launch in one), so
+    # such a kernel joins none.  Global chains keep it (no measurement against them yet:
+    # there it runs at the chain's warps, as before)
+    own_warps: bool = False
     column_tail: bool = False         # a looped row's whole column blocks unmasked, the last block apart
     # rows whose count the row block divides need no row mask (static shapes; the code
     # generator checks the mapping it emits for: `codegen/triton_kernel.py::_row_mask`)

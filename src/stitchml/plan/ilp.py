@@ -259,7 +259,7 @@ def _join_value(region: list[KernelPlan], j: int, opts: PlanOptions) -> tuple[fl
     if not opts.horizontal_fusion:
         return 0.0, "none"
     launch_bound = all(predict_seconds(k, dev) - dev.launch_s <= 2 * dev.launch_s for k in (a, b))
-    if not launch_bound or a.partials or b.partials or a.combine_of or b.combine_of:
+    if not launch_bound or a.partials or b.partials or a.combine_of or b.combine_of or a.own_warps or b.own_warps:
         return 0.0, "none"
     return dev.launch_s, "horizontal"
 

@@ -77,7 +77,7 @@ def _horizontal(plan: Plan, dev: Device) -> None:
 
     def candidate(s) -> bool:
         return (isinstance(s, KernelPlan) and s.name not in grouped and not s.combine_of and not s.partials
-                and _mem_s(s, dev) <= 2 * dev.launch_s)
+                and not s.own_warps and _mem_s(s, dev) <= 2 * dev.launch_s)
 
     run: list[KernelPlan] = []
 

@@ -199,6 +199,22 @@ def spread_for_registers(mp: Mapping) -> Mapping:
     return replace(mp, num_warps=max(mp.num_warps, min(16, want)))
 
 
+ROWS_TILE_MAX_ELEMS = 32   # warps_along_rows: values a thread may hold (vec rows x all the columns)
+
+
+def warps_along_rows(mp: Mapping, vec: int) -> Mapping:
+    """At most the warps that a tile's rows fill when each thread holds `vec` consecutive
+    rows (a 16-byte vector along contiguous rows) and a warp's 32 lanes run down the
+    rows: no warp left over to lie across the columns.  Only where a thread then holds
+    at most ROWS_TILE_MAX_ELEMS values (4 columns in bfloat16, 8 in float32): wider
+    tiles keep their warps (a [256, 16] bfloat16 tile in one warp is 128 values a
+    thread)."""
+    cap = max(1, mp.block_r // (32 * vec))
+    if mp.num_warps <= cap or mp.block_c * vec > ROWS_TILE_MAX_ELEMS:
+        return mp
+    return replace(mp, num_warps=cap)
+
+
 def combine_mapping(rows: int, cols: int, opts: PlanOptions) -> Mapping:
     """The combine of column partials (rows = programs that wrote partials): narrow
     column tiles so several programs share the work, and tiles of partial rows so the

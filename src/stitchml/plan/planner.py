@@ -256,6 +256,19 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
             tall = replace(kp, mapping=tall_map, transposed=tuple(reads))
             if generates(g, tall):
                 kp = tall
+    if (kp.mapping.form in ("packed_rows", "row_persistent") and kp.mapping.block_c < 32 and not scatter
+            and opts.transposed_tiles and may_reorder(g, kp)):
+        # rows contiguous, few columns (a K/V gradient summed over its 4 query heads): Triton
+        # vectorises along the rows and puts the warps the rows do not fill across the
+        # columns, so the row reduction crossed warps through shared memory (sm_90 TTGIR of
+        # LLaMA's GQA gradient at 16 warps: warpsPerCTA [4, 4], 3 layout conversions; at 4:
+        # [4, 1], none; H200 2026-11-27: 150 µs a launch against 7.5 predicted)
+        reads = transposed_reads(g, kp)
+        if reads:
+            vec = 16 // min(g[r].dtype.itemsize for r in reads)
+            capped = mapping_rules.warps_along_rows(kp.mapping, vec)
+            kp.own_warps = capped != kp.mapping
+            kp.mapping = capped
     if (kp.mapping.form == "row_looped" and not partials and not scatter and opts.persistent_rows
             and not opts.fixed_row_blocks and kp.domain.rows > 2 * opts.device.sms
             and max(input_passes(g, kp).values(), default=1) > 1):

@@ -99,7 +99,7 @@ def step_dependencies(plan: Plan) -> list[set[int]]:
 
 
 def _movable(k, dev, in_global: set[str]) -> bool:
-    return (isinstance(k, KernelPlan) and k.name not in in_global and not k.partials
+    return (isinstance(k, KernelPlan) and k.name not in in_global and not k.partials and not k.own_warps
             and predict_seconds(k, dev) - dev.launch_s <= 2 * dev.launch_s)
 
 
