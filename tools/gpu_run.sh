@@ -238,7 +238,9 @@ print(calibration_path(current_device().name))" 2>/dev/null)
             --variant "nomos:multi_output_siblings=0:bert_train" \
             --variant "noalign:align_rows=0:gpt2_train" \
             --variant "noemb:compact_embedding_grads=0:gpt2_train" \
-            --variant "tuple:tuple_reductions=1:bert_train;gpt2_train" ;;
+            --variant "tuple:tuple_reductions=1:bert_train;gpt2_train" \
+            --variant "default::llama8_train" \
+            --variant "notall:transposed_tiles=0:llama8_train" ;;
     *) echo "unknown step $1 (bash tools/gpu_run.sh list)"; return 2 ;;
     esac
 }
