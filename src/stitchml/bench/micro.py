@@ -232,21 +232,25 @@ def _spec(name: str, build: Callable[[str, torch.device, str], Workload], **kw: 
     return CaseSpec(name, "micro", lambda dtype, device: build(dtype, device, name), **kw)
 
 
+def _layer_norm_case(dtype: str, device: torch.device, name: str, rows: int, n: int, bwd: bool) -> Workload:
+    g, dt = _gen(name), DTYPES[dtype]
+    x = randn((rows, n), dt, device, g)
+    w, b = randn((n,), dt, device, g, scale=0.1, shift=1.0), randn((n,), dt, device, g, scale=0.1)
+    if bwd:
+        for t in (x, w, b):
+            t.requires_grad_(True)
+    return Workload(name, "micro", dtype, layer_norm, [x, w, b], mode="bwd" if bwd else "fwd",
+                    grad_targets=[x, w, b] if bwd else [], shape=f"x[{rows},{n}]",
+                    tol=tolerance("micro", dtype), jax=JaxSpec(_jax_layer_norm, (0, 1, 2)))
+
+
 def _norm_softmax_cases(n_values: tuple[int, ...], quick: bool) -> list[CaseSpec]:
     out = []
     for n in n_values:
         rows = 4 if quick else ELEMS // n
 
         def ln(dtype: str, device: torch.device, name: str, n: int = n, rows: int = rows, bwd: bool = False):
-            g, dt = _gen(name), DTYPES[dtype]
-            x = randn((rows, n), dt, device, g)
-            w, b = randn((n,), dt, device, g, scale=0.1, shift=1.0), randn((n,), dt, device, g, scale=0.1)
-            if bwd:
-                for t in (x, w, b):
-                    t.requires_grad_(True)
-            return Workload(name, "micro", dtype, layer_norm, [x, w, b], mode="bwd" if bwd else "fwd",
-                            grad_targets=[x, w, b] if bwd else [], shape=f"x[{rows},{n}]",
-                            tol=tolerance("micro", dtype), jax=JaxSpec(_jax_layer_norm, (0, 1, 2)))
+            return _layer_norm_case(dtype, device, name, rows, n, bwd)
 
         def rms(dtype: str, device: torch.device, name: str, n: int = n, rows: int = rows, bwd: bool = False):
             g, dt = _gen(name), DTYPES[dtype]
@@ -328,17 +332,8 @@ def cases(quick: bool) -> list[CaseSpec]:
     # 5-7x their prediction and Inductor's kernels for the same work (bench/NOTES.md)
     simple(column_sum, _jax_column_sum, (40, 24) if quick else (2048, 768), "column_sum_tokens")
     bert_ln = (16, 24) if quick else (2048, 768)
-
-    def ln_tokens(dtype: str, device: torch.device, name: str) -> Workload:
-        g, dt = _gen(name), DTYPES[dtype]
-        rows, n = bert_ln
-        x = randn((rows, n), dt, device, g).requires_grad_(True)
-        w = randn((n,), dt, device, g, scale=0.1, shift=1.0).requires_grad_(True)
-        b = randn((n,), dt, device, g, scale=0.1).requires_grad_(True)
-        return Workload(name, "micro", dtype, layer_norm, [x, w, b], mode="bwd", grad_targets=[x, w, b],
-                        shape=f"x[{rows},{n}]", tol=tolerance("micro", dtype),
-                        jax=JaxSpec(_jax_layer_norm, (0, 1, 2)))
-    specs.append(_spec(f"layer_norm_bwd_tokens[{bert_ln[0]}x{bert_ln[1]}]", ln_tokens))
+    specs.append(_spec(f"layer_norm_bwd_tokens[{bert_ln[0]}x{bert_ln[1]}]",
+                       lambda dtype, device, name: _layer_norm_case(dtype, device, name, *bert_ln, bwd=True)))
     # rows held whole (scan in registers) and rows walked in blocks with a carry
     simple(cumsum_rows, _jax_cumsum, (8, 300) if quick else (8192, 4096), "cumsum_rows")
     simple(cumsum_rows, _jax_cumsum, (2, 3000) if quick else (64, 131072), "cumsum_long_rows")
