@@ -263,7 +263,7 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
         # columns, so the row reduction crossed warps through shared memory (sm_90 TTGIR of
         # LLaMA's GQA gradient at 16 warps: warpsPerCTA [4, 4], 3 layout conversions; at 4:
         # [4, 1], none; H200 2026-11-27: 150 µs a launch against 7.5 predicted)
-        reads = transposed_reads(g, kp)
+        reads = kp.transposed or transposed_reads(g, kp)   # (probed already when the tile was made taller)
         if reads:
             vec = 16 // min(g[r].dtype.itemsize for r in reads)
             capped = mapping_rules.warps_along_rows(kp.mapping, vec)

@@ -144,8 +144,8 @@ def trace_case(case: str, dtype: str, names: list[str], out: Path, steps: int = 
     from ..bench.harness import BenchOptions, make_context, pick_contenders, reference, select_cases
     from ..bench.timing import wall_call
     from ..capture.logging_breaks import ignore_once_logging
-    ctx = make_context(BenchOptions(cases=(case,), quick=quick, dtype=dtype))
-    specs = select_cases(BenchOptions(cases=(case,), quick=quick, dtype=dtype))
+    opts = BenchOptions(cases=(case,), quick=quick, dtype=dtype)
+    ctx, specs = make_context(opts), select_cases(opts)
     if not specs:
         raise SystemExit(f"no bench case {case!r} (stitchml bench --list)")
     spec = specs[0]
