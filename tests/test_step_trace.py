@@ -33,7 +33,7 @@ def test_step_trace_runs_a_bench_case_and_writes_a_trace(tmp_path):
     """On the CPU (no device activity to analyse): the harness's call order runs, a Chrome
     trace and the summary are written, and each compiled graph says whether it replays."""
     assert st.main(["--case", "bert_train", "--quick", "--dtype", "fp32", "--contender", "stitchml",
-                    "--steps", "2", "--out", str(tmp_path)]) == 0
+                    "--steps", "2", "--profile-steps", "2", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "step_trace.json").read_text())
     assert [r["contender"] for r in rows] == ["stitchml"]
     r = rows[0]
@@ -41,4 +41,25 @@ def test_step_trace_runs_a_bench_case_and_writes_a_trace(tmp_path):
     assert [g.split(" graph:")[0] for g in r["graphs"]] == ["forward", "backward"]
     trace = json.loads(gzip.open(tmp_path / r["trace"]).read())
     assert any("aten::" in e.get("name", "") for e in trace["traceEvents"])
-    assert "## bert_train" in (tmp_path / "step_trace.md").read_text()
+    md = (tmp_path / "step_trace.md").read_text()
+    assert "## bert_train" in md
+    assert r["host_profile_steps"] == 2 and r["host_profile"] and "Host time by function" in md
+    assert all(h["calls"] > 0 and h["cum_us"] >= h["own_us"] for h in r["host_profile"])
+
+
+def _leaf(n):
+    return sum(range(n))
+
+
+def test_host_profile_counts_calls_per_step_and_ranks_by_own_time():
+    def step():
+        for _ in range(3):
+            _leaf(20000)
+        _leaf(10)
+
+    rows = st.host_profile(step, steps=4, top=50)
+    leaf = [h for h in rows if h["function"].endswith("(_leaf)")]
+    assert len(leaf) == 1 and leaf[0]["calls"] == 4.0          # 4 calls a step, averaged over 4 steps
+    assert leaf[0]["cum_us"] >= leaf[0]["own_us"] > 0
+    assert [h["own_us"] for h in rows] == sorted((h["own_us"] for h in rows), reverse=True)
+    assert len(st.host_profile(step, steps=1, top=2)) == 2

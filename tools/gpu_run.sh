@@ -78,7 +78,7 @@ declare -A WHAT=(
     [micro-fp32]="micro suite fp32: same"
     [models-bf16]="BERT train b16/infer b1,b16, GPT-2 train b8 s512, LLaMA-style 8L train b4 s1024, bf16: wall, GPU busy, host/step, launches; eager, inductor, inductor-ro, stitchml, stitchml-nograph"
     [compile]="cold compile (empty caches) and warm-cache compile in a fresh process: BERT and LLaMA-style training, bf16, inductor vs stitchml -> compile/"
-    [trace]="profiler traces (host + device) of BERT and LLaMA-style training steps, bf16, stitchml and inductor-ro: GPU idle gaps and the host work in them, CUDA-graph replay state -> trace/"
+    [trace]="profiler traces (host + device) of BERT and LLaMA-style training steps, bf16, stitchml and inductor-ro: GPU idle gaps and the host work in them, CUDA-graph replay state, host time by function -> trace/; BERT inference b1 without CUDA graphs, stitchml-nograph and inductor: host time by function -> trace-host/"
     [models-check]="the training rows against Inductor's CUDA graphs only (BERT, GPT-2, LLaMA-style; bf16; inductor-ro, stitchml): the short check of a runtime change -> models-check/"
     [ncu]="Nsight Compute counters (speed of light, occupancy, warp stalls, memory) of stitch's and Inductor's kernels on the BERT-shaped column reductions (2048 x 768, bf16) -> ncu.txt; of the training steps' stitched kernels that lost most against their prediction in models-check (tools/worst_kernels.py) -> ncu-models.txt"
     [small-cols]="the BERT-shaped column reductions (column_sum_tokens, layer_norm_bwd_tokens: 2048 x 768, bf16): eager, inductor, stitchml, then stitchml under mapping knob variants (and tuple_reductions on these and layer_norm N=1024) -> small-cols/"
@@ -150,8 +150,15 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         "$PY" -m stitchml.cli bench --out "$R/compile" --resume --no-progress "${QUICK[@]}" \
             --suite models --dtype bf16 --case bert_train --case llama8_train \
             --contender inductor --contender stitchml ;;
-    trace) "$PY" -m stitchml.tools.step_trace --case bert_train --case llama8_train --dtype bf16 \
-               --contender stitchml --contender inductor-ro --out "$R/trace" "${QUICK[@]:0:1}" ;;
+    trace)
+        "$PY" -m stitchml.tools.step_trace --case bert_train --case llama8_train --dtype bf16 \
+            --contender stitchml --contender inductor-ro --out "$R/trace" "${QUICK[@]:0:1}" || return $?
+        # the host path without CUDA graphs (issue 12): BERT inference b1 is host-bound for
+        # every contender (2026-11-27: stitch 5.86 ms of host a step, Inductor 3.47, with
+        # fewer launches); its cProfile table says by what
+        local B1='bert_infer[b1,s128]'; [ "${GPU_RUN_QUICK:-0}" = 1 ] && B1='bert_infer[b1,s8]'
+        "$PY" -m stitchml.tools.step_trace --case "$B1" --dtype bf16 --steps 2 --profile-steps 50 \
+            --contender stitchml-nograph --contender inductor --out "$R/trace-host" "${QUICK[@]:0:1}" ;;
     models-check)
         "$PY" -m stitchml.cli bench --out "$R/models-check" --resume --no-progress "${QUICK[@]}" ${GPU_RUN_BENCH_ARGS:-} \
             --suite models --dtype bf16 --no-compile-time --case bert_train --case gpt2_train --case llama8_train \

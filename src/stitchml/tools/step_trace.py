@@ -13,7 +13,10 @@ chrome://tracing or ui.perfetto.dev) and adds to `DIR/step_trace.md` / `.json`:
 - host calls that wait for the device (`cuda*Synchronize`, device-to-host copies), with
   the operator they were made from;
 - for stitch, each compiled graph's CUDA-graph state (`GraphRunner.summary`): what a
-  replay reads in place and copies, and why calls ran without the graph.
+  replay reads in place and copies, and why calls ran without the graph;
+- the host's own time by Python function (`cProfile` over more steady-state steps, no
+  torch profiler then): per step, the functions with the most time of their own, with
+  their calls a step, so that a contender's host time can be split by what it calls.
 
 Why: on the H200 (2026-11-27) stitch's BERT training step with CUDA graphs measured
 10.05 ms wall against 6.15 ms of device activity while the host thread used 2.4 ms of
@@ -26,7 +29,9 @@ tested on the CPU with made-up events.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gzip
+import pstats
 import json
 import shutil
 import time
@@ -129,6 +134,26 @@ def _intervals(prof: Any) -> list[Interval]:
     return out
 
 
+def host_profile(step: Any, steps: int, top: int = 25) -> list[dict[str, Any]]:
+    """`steps` calls of `step` under cProfile: the `top` functions by their own time,
+    per step (µs), with calls a step and time including callees.  Why: the bench's host
+    time per step is one number; this splits it by what the host does (a wrapper line,
+    a library call, a launcher, autograd), for comparison between contenders."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    st = pstats.Stats(prof)
+    rows = []
+    for (file, line, fn), (_cc, ncalls, tt, ct, _callers) in st.stats.items():   # type: ignore[attr-defined]
+        where = fn if file == "~" else f"{Path(file).name}:{line}({fn})"
+        rows.append({"function": where, "calls": round(ncalls / steps, 1), "own_us": round(tt / steps * 1e6, 1),
+                     "cum_us": round(ct / steps * 1e6, 1)})
+    rows.sort(key=lambda r: -r["own_us"])
+    return rows[:top]
+
+
 def _runner_lines(contender: Any) -> list[str]:
     backend = getattr(contender, "backend", None)
     lines = []
@@ -140,7 +165,7 @@ def _runner_lines(contender: Any) -> list[str]:
 
 
 def trace_case(case: str, dtype: str, names: list[str], out: Path, steps: int = 3, quick: bool = False,
-               warm_steps: int = 4) -> list[dict[str, Any]]:
+               warm_steps: int = 4, profile_steps: int = 20) -> list[dict[str, Any]]:
     from ..bench.harness import BenchOptions, make_context, pick_contenders, reference, select_cases
     from ..bench.timing import wall_call
     from ..capture.logging_breaks import ignore_once_logging
@@ -170,6 +195,7 @@ def trace_case(case: str, dtype: str, names: list[str], out: Path, steps: int = 
         with torch.profiler.profile(activities=acts) as prof:
             for _ in range(steps):
                 walls.append(wall_call(p.step, ctx.device)[1])
+        host = host_profile(p.step, profile_steps) if profile_steps else []
         del first, held
         name = f"{spec.name}-{dtype}-{c.name}".replace("[", "_").replace("]", "").replace(",", "_")
         raw = out / f"{name}.json"
@@ -186,7 +212,8 @@ def trace_case(case: str, dtype: str, names: list[str], out: Path, steps: int = 
                "device_idle_ms_per_step": round(idle / 1e3 / steps, 3) if ctx.device.type == "cuda" else None,
                "gaps": [{"us": round(g.us, 1), "host": [(h, round(o, 1)) for h, o in g.host]} for g in gaps]
                if ctx.device.type == "cuda" else [],
-               "sync_calls": sync_calls(ev), "graphs": _runner_lines(c), "trace": f"{raw.name}.gz"}
+               "sync_calls": sync_calls(ev), "graphs": _runner_lines(c), "trace": f"{raw.name}.gz",
+               "host_profile": host, "host_profile_steps": profile_steps}
         rows.append(row)
         del p
         torch._dynamo.reset()
@@ -209,7 +236,13 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
         for g in r["gaps"]:
             host = "; ".join(f"{h} {o:.0f} µs" for h, o in g["host"]) or "no host activity"
             lines.append(f"- idle gap {g['us']:.0f} µs: {host}")
-        lines += [f"- trace: {r['trace']}", ""]
+        lines.append(f"- trace: {r['trace']}")
+        if r.get("host_profile"):
+            lines += ["", f"Host time by function (cProfile, {r['host_profile_steps']} steps, per step; "
+                      "cProfile's own overhead inflates many small calls):", "",
+                      "| function | calls | own µs | with callees µs |", "|---|---|---|---|"]
+            lines += [f"| `{h['function']}` | {h['calls']} | {h['own_us']} | {h['cum_us']} |" for h in r["host_profile"]]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -220,13 +253,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=("fp32", "bf16"))
     ap.add_argument("--steps", type=int, default=3, help="steady-state steps profiled")
     ap.add_argument("--quick", action="store_true", help="the bench's --quick sizes")
+    ap.add_argument("--profile-steps", type=int, default=20,
+                    help="steady-state steps under cProfile for the host table (0: none)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     rows = []
     t0 = time.perf_counter()
     for case in a.case:
-        rows += trace_case(case, a.dtype, a.contender or ["stitchml", "inductor-ro"], a.out, a.steps, a.quick)
+        rows += trace_case(case, a.dtype, a.contender or ["stitchml", "inductor-ro"], a.out, a.steps, a.quick,
+                           profile_steps=a.profile_steps)
     (a.out / "step_trace.json").write_text(json.dumps(rows, indent=1))
     (a.out / "step_trace.md").write_text(to_markdown(rows))
     print(to_markdown(rows))
