@@ -1,6 +1,8 @@
 """GEMM epilogue stitching (issue 15.1): linear + bias / GELU / tanh-GELU / SiLU /
 silu·mul / residual / cast as one Triton GEMM, forward and backward against eager
 on fresh random inputs (the interpreter runs tl.dot)."""
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,6 +10,7 @@ import torch.nn.functional as F
 from stitchml import config, patterns
 from stitchml.capture.backend import StitchBackend
 from stitchml.patterns.gemm_op import linear_epilogue
+from stitchml.plan.devices import DEVICES, get_device, save_calibration
 from launches import count_launches
 
 M, K, N = 13, 20, 37   # nothing a multiple of the 16 x 16 x 16 tiles
@@ -101,5 +104,109 @@ def test_kernel_against_fp32_math(dtype):
 def test_knob_off_leaves_the_graph():
     x, w, b, r, w3 = _inputs()
     seen = len(patterns.LOG)
-    torch.compile(gelu_bias, backend=StitchBackend())(x, w, b, r, w3)
+    with config.override(gemm_epilogue="off"):
+        torch.compile(gelu_bias, backend=StitchBackend())(x, w, b, r, w3)
     assert not [r for r in patterns.LOG[seen:] if r.pattern == "gemm_epilogue"]
+
+
+# --------------------------------------------------------------------------- the cost model's choice (auto)
+
+def _auto(fn, args, **knobs):
+    """Compile fn under gemm_epilogue=auto; (records, result, backend)."""
+    seen = len(patterns.LOG)
+    backend = StitchBackend()
+    with config.override(gemm_epilogue="auto", **knobs):
+        out = torch.compile(fn, backend=backend)(*args)
+    return [r for r in patterns.LOG[seen:] if r.pattern == "gemm_epilogue"], out, backend
+
+
+def _eager_ops(backend):
+    return {str(s.op) for rec in backend.records for s in rec.plan.steps if type(s).__name__ == "EagerStep"}
+
+
+def test_auto_keeps_cublas_while_the_template_is_unmeasured_and_says_why(tmp_path):
+    """The default: on a table value for our GEMM template's speed nothing is fused,
+    each product's record gives both predicted times and points at calibrate."""
+    torch.manual_seed(3)
+    args = _inputs()
+    with config.override(cache_dir=str(tmp_path)):
+        assert config.get("gemm_epilogue") == "auto" and get_device("H100").triton_gemm_source == "table"
+        recs, got, backend = _auto(gelu_bias, args, device="H100")
+    assert [r.applied for r in recs] == [False], recs
+    why = recs[0].detail
+    assert "not measured" in why and "stitchml calibrate" in why and "µs" in why and "on H100" in why
+    assert not any("linear_epilogue" in op for op in _eager_ops(backend))
+    torch.testing.assert_close(got, gelu_bias(*args), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("efficiency,fused", [(1.0, True), (0.1, False)])
+def test_auto_follows_a_measured_template_speed(tmp_path, efficiency, fused):
+    """With a calibration that measured the template, the cheaper way wins: at cuBLAS's
+    speed the fused form saves a pass over z and a launch; at a tenth of it the
+    product's time outweighs them."""
+    torch.manual_seed(4)
+    args = _inputs()
+    with config.override(cache_dir=str(tmp_path)):
+        save_calibration(DEVICES["H100"], {"triton_gemm": {"efficiency": efficiency, "shapes": []}})
+        dev = get_device("H100")
+        assert dev.triton_gemm_source == "calibrated" and dev.triton_gemm_efficiency == efficiency
+        recs, got, backend = _auto(swiglu, args, device="H100")
+    assert len(recs) == 1 and recs[0].applied is fused, recs
+    assert "cost model" in recs[0].detail and "µs" in recs[0].detail
+    assert any("linear_epilogue" in op for op in _eager_ops(backend)) is fused
+    want = swiglu(*args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    g = torch.randn_like(want)
+    got_g = torch.autograd.grad(got, args, g, allow_unused=True)
+    want_g = torch.autograd.grad(want, args, g, allow_unused=True)
+    for a, e in zip(got_g, want_g):
+        assert (a is None) == (e is None)
+        if a is not None:
+            torch.testing.assert_close(a, e, rtol=1e-3, atol=1e-4)
+
+
+def test_a_calibration_without_the_gemm_measurement_keeps_the_table_guess(tmp_path):
+    """A calibration file's top-level figure is only the table value it was written
+    with: the template counts as measured only where `measurements.triton_gemm` is."""
+    with config.override(cache_dir=str(tmp_path)):
+        save_calibration(replace(DEVICES["H200"], triton_gemm_efficiency=0.9), {})
+        dev = get_device("H200")
+        assert dev.source == "calibrated" and dev.triton_gemm_source == "table"
+
+
+def test_the_knob_reads_off_auto_on_and_booleans(monkeypatch):
+    assert [config.off_auto_on(v) for v in ("auto", " ON ", "1", "true", "0", "no", "", True, False)] == \
+        ["auto", "on", "on", "on", "off", "off", "off", "on", "off"]
+    monkeypatch.setenv("STITCHML_GEMM_EPILOGUE", "sometimes")
+    with pytest.raises(ValueError, match="STITCHML_GEMM_EPILOGUE='sometimes'.*off, auto, on"):
+        config.get("gemm_epilogue")
+    monkeypatch.setenv("STITCHML_GEMM_EPILOGUE", "0")
+    assert config.get("gemm_epilogue") == "off"
+
+
+def test_calibrate_times_the_template_against_addmm_and_keeps_the_median_ratio():
+    """`stitchml calibrate`'s Triton-GEMM figure, on the CPU: the interpreter runs the
+    template (checked against addmm first), a stand-in timer makes the ratios known."""
+    from stitchml.tools import calibrate
+    calls = []
+
+    def timer(fn, reps):
+        calls.append(fn)
+        fn()
+        return 1.0 if len(calls) % 2 else [2.0, 4.0, 0.5][len(calls) // 2 - 1]   # addmm 1 s; ours 2, 4, 0.5 s
+
+    shapes = ((13, 37, 20), (8, 16, 24), (5, 9, 7))
+    res = calibrate.measure_triton_gemm(reps=1, dtype=torch.float32, device="cpu", shapes=shapes, timer=timer)
+    assert [r["ratio"] for r in res["shapes"]] == [0.5, 0.25, 2.0]
+    assert res["efficiency"] == 0.5 and res["dtype"] == "float32" and len(calls) == 6
+
+
+@pytest.mark.gpu
+def test_gpu_calibrate_measures_the_template_against_cublas():
+    """On a GPU: the three transformer-sized bf16 products compile, match addmm, and give
+    a ratio in the range the cost model accepts."""
+    from stitchml.tools import calibrate
+    res = calibrate.measure_triton_gemm(reps=3)
+    assert len(res["shapes"]) == len(calibrate.GEMM_SHAPES)
+    assert all(r["cublas_s"] > 0 and r["triton_s"] > 0 for r in res["shapes"])
+    assert 0.05 <= res["efficiency"] <= 1.5

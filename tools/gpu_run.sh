@@ -85,7 +85,7 @@ declare -A WHAT=(
     [models-fp32]="the same rows in fp32"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
     [micro-extra]="micro suite, both dtypes: max-autotune and jax"
-    [variants]="knob variants on the norm-backward and column-sum micro rows, bf16, one process: defaults, no grid barriers, 8 partial programs per SM, 8192-element looped partials, no looped partials (persistent rows then), column partials at 16 bytes a thread (the old tiles), blocks not scaled by dtype, long rows without a persistent grid, no transposed tiles, 8192-column loop blocks -> variants/"
+    [variants]="knob variants on the norm-backward and column-sum micro rows, bf16, one process: defaults, no grid barriers, 8 partial programs per SM, 8192-element looped partials, no looped partials (persistent rows then), column partials at 16 bytes a thread (the old tiles), blocks not scaled by dtype, long rows without a persistent grid, no transposed tiles, 8192-column loop blocks -> variants/; BERT, GPT-2 and LLaMA-style training steps under model knobs (GEMM epilogues forced on and off among them) -> variants-models/"
 )
 
 run_step() {
@@ -246,8 +246,12 @@ print(calibration_path(current_device().name))" 2>/dev/null)
             --variant "noalign:align_rows=0:gpt2_train" \
             --variant "noemb:compact_embedding_grads=0:gpt2_train" \
             --variant "tuple:tuple_reductions=1:bert_train;gpt2_train" \
+            --variant "epi_on:gemm_epilogue=on:bert_train" \
+            --variant "epi_off:gemm_epilogue=off:bert_train" \
             --variant "default::llama8_train" \
-            --variant "notall:transposed_tiles=0:llama8_train" ;;
+            --variant "notall:transposed_tiles=0:llama8_train" \
+            --variant "epi_on:gemm_epilogue=on:llama8_train" \
+            --variant "epi_off:gemm_epilogue=off:llama8_train" ;;
     *) echo "unknown step $1 (bash tools/gpu_run.sh list)"; return 2 ;;
     esac
 }

@@ -25,6 +25,20 @@ def _bool(s: str) -> bool:
     return s.strip().lower() not in ("", "0", "false", "no", "off")
 
 
+def off_auto_on(s: str | bool) -> str:
+    """A three-way knob: `off`, `auto` or `on` (also a boolean: 1/true/yes and 0/false/no)."""
+    if isinstance(s, bool):
+        return "on" if s else "off"
+    v = str(s).strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return "on"
+    if v in ("", "0", "false", "no", "off"):
+        return "off"
+    if v == "auto":
+        return "auto"
+    raise ValueError(f"{s!r} is not one of off, auto, on")
+
+
 KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("pointwise_block", "STITCHML_POINTWISE_BLOCK", 1024, int,
          "Elements per program in flat point-wise kernels (power of two)."),
@@ -264,10 +278,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "position, e.g. a mask token) into y.copy_(where(mask, v, y)) on the Dynamo graph: one point-wise kernel, "
          "and v's gradient traces (index_put's own backward reads grad[mask], a data-dependent shape that breaks "
          "the graph)."),
-    Knob("gemm_epilogue", "STITCHML_GEMM_EPILOGUE", False, _bool,
-         "Rewrite linear + (bias, GELU, tanh-GELU, SiLU, relu, silu*mul, residual add, cast) into one Triton GEMM "
-         "with the element-wise work in its epilogue (stitchml::linear_epilogue). Off by default: the GEMM "
-         "template is untuned and not yet measured against cuBLAS on a GPU."),
+    Knob("gemm_epilogue", "STITCHML_GEMM_EPILOGUE", "auto", off_auto_on,
+         "Linear + (bias, GELU, tanh-GELU, SiLU, relu, silu*mul, residual add, cast) as one Triton GEMM with the "
+         "element-wise work in its epilogue (stitchml::linear_epilogue): `auto` lets the cost model choose "
+         "between that and cuBLAS + a stitched element-wise kernel per product, and fuses only where the "
+         "device's calibration measured our GEMM template against cuBLAS (`stitchml calibrate`; until then "
+         "every product stays with cuBLAS, the reason in `explain`); `on` fuses every match, `off` none "
+         "(1/0 read as on/off)."),
 ]}
 
 _overrides: list[dict[str, Any]] = []
@@ -279,7 +296,12 @@ def get(name: str) -> Any:
         if name in layer:
             return layer[name]
     raw = os.environ.get(knob.env)
-    return knob.default if raw is None else knob.parse(raw)
+    if raw is None:
+        return knob.default
+    try:
+        return knob.parse(raw)
+    except ValueError as e:   # name the variable: the parser only saw its value
+        raise ValueError(f"{knob.env}={raw!r}: {e}") from None
 
 
 @contextlib.contextmanager

@@ -11,8 +11,9 @@ of every call are also appended to `LOG` (bounded) so `explain` can show them.
   backward keeps the logits and one float per row, not the [R, V] log-probabilities;
 - `attention` (knob `attention_sdpa`): math attention (q·kᵀ, scale, mask, softmax,
   dropout, ·v) → `scaled_dot_product_attention`;
-- `gemm_epilogue` (knob `gemm_epilogue`, off by default): linear + bias / activation /
-  silu·mul / residual / cast → one Triton GEMM with the epilogue (`gemm_op`);
+- `gemm_epilogue` (knob `gemm_epilogue`, `auto` by default): linear + bias / activation /
+  silu·mul / residual / cast → one Triton GEMM with the epilogue (`gemm_op`) where the
+  cost model prices that below cuBLAS + a stitched element-wise kernel;
 - `masked_setitem` (knob `masked_setitem`): `y[mask] = v` with values that do not vary
   along the mask → `y.copy_(where(mask, v, y))`, so autograd of v traces (issue 18).
 """
@@ -36,7 +37,7 @@ def rewrite(gm: fx.GraphModule, example_inputs=None) -> list[PatternRecord]:
     # cross_entropy after linear_ce: a loss the fused LM head took is no longer there
     for knob, module in (("linear_ce", linear_ce), ("cross_entropy", cross_entropy), ("attention_sdpa", attention),
                          ("gemm_epilogue", gemm_epilogue), ("masked_setitem", masked_setitem)):
-        if not config.get(knob):
+        if config.get(knob) in (False, None, "off"):   # (gemm_epilogue is off / auto / on)
             continue
         try:
             records += module.rewrite(gm)

@@ -10,15 +10,30 @@ values with exactly one user, in this order (each step optional, at least one):
     + r            residual, same shape
     .to(dtype)     a float cast of the result
 
-The knob `gemm_epilogue` is off by default: the Triton GEMM template is untuned and
-whether it beats cuBLAS + a stitched element-wise kernel has not been measured on a
-GPU (the cost-model choice between the two is not built either).
+Whether a match is rewritten is the knob `gemm_epilogue`'s: `on` rewrites every match,
+`off` none, and `auto` (the default) prices both ways of running it on the device the
+plan is made for (`choose`):
+
+- separate: cuBLAS's product (with the bias in its epilogue when the layer has one) writes
+  z, then a stitched element-wise kernel reads z (and the residual / gate) and writes y;
+- fused: our Triton GEMM writes y (and z as well when autograd needs it), at the
+  device's `triton_gemm_efficiency` of cuBLAS's speed.
+
+The fused form saves a pass over z and a launch, and pays whatever our untuned template
+loses to cuBLAS on the product. That loss is only known where `stitchml calibrate`
+measured the template on the device (`Device.triton_gemm_source`); on a table value
+`auto` keeps every product with cuBLAS, and says so. The separate price is an upper
+bound: the planner may fuse the element-wise pass into a neighbour's kernel.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 
+from .. import config
+from ..ir.nodes import prod
 from .common import PatternRecord, Refused, arg, concrete_shape, kind, static_shape, value
 from .gemm_op import fused_linear
 from .linear_ce import _plain_transpose
@@ -106,9 +121,56 @@ def match(node: fx.Node):
     return x, weight, transposed, bias, steps, chain
 
 
+@dataclass(frozen=True)
+class Choice:
+    """The cost model's verdict on one match (plain data: tests read it)."""
+
+    fused: bool
+    fused_s: float        # Triton GEMM with the epilogue (0 where not priced)
+    separate_s: float     # cuBLAS + the element-wise pass
+    reason: str
+
+
+def choose(x: fx.Node, weight: fx.Node, transposed: bool, steps: dict, dev=None) -> Choice:
+    """Price a match both ways on `dev` (default: the device plans are made for)."""
+    from ..plan.devices import current_device
+    from ..plan.library_cost import gemm_seconds
+    dev = dev or current_device()
+    xs, ws = concrete_shape(value(x)), concrete_shape(value(weight))
+    if xs is None or ws is None:
+        return Choice(False, 0.0, 0.0, "sizes are symbolic: kept with cuBLAS (priced only at static sizes)")
+    m, k = prod(xs[:-1]), xs[-1]
+    n = ws[1] if transposed else ws[0]
+    dtype = value(x).dtype
+    item = dtype.itemsize
+    out_item = steps["cast"].itemsize if "cast" in steps else item
+    need_grad = bool(value(x).requires_grad or value(weight).requires_grad)
+    gap = dev.graph_launch_s if dev.replay else dev.launch_s
+    mn = m * n
+    operands = (m * k + n * k) * item
+    extra = mn * item * (("residual" in steps) + ("mul" in steps)) + (n * item if "bias" in steps else 0)
+    cublas = gemm_seconds(1, m, n, k, dtype, dev, True, operands + mn * item) + gap
+    # the element-wise kernel: z in, the residual / gate / bias in, y out
+    separate = cublas + (mn * item + extra + mn * out_item) / dev.bandwidth + gap
+    # the epilogue's own traffic (the residual / gate in, z out for autograd) added to the
+    # product's time: our template does not overlap its stores with other tiles' work
+    fused = (gemm_seconds(1, m, n, k, dtype, dev, True, operands + mn * out_item) / max(dev.triton_gemm_efficiency, 0.05)
+             + (extra + (mn * item if need_grad else 0)) / dev.bandwidth + gap)
+    figures = (f"[{m}x{k}]·[{k}x{n}] on {dev.name}: Triton GEMM + epilogue {fused * 1e6:.1f} µs, "
+               f"cuBLAS + element-wise kernel {separate * 1e6:.1f} µs")
+    if dev.triton_gemm_source != "calibrated":
+        return Choice(False, fused, separate,
+                      f"kept with cuBLAS: our GEMM template's speed on {dev.name} is a table guess "
+                      f"({dev.triton_gemm_efficiency:.2f} of cuBLAS), not measured (`stitchml calibrate`); {figures}")
+    if fused < separate:
+        return Choice(True, fused, separate, f"cost model: {figures}")
+    return Choice(False, fused, separate, f"kept with cuBLAS, cost model: {figures}")
+
+
 def rewrite(gm: fx.GraphModule) -> list[PatternRecord]:
     g = gm.graph
     records = []
+    mode = config.off_auto_on(config.get("gemm_epilogue"))
     for node in list(g.nodes):
         if node.graph is not g or kind(node) not in ("linear", "matmul"):
             continue
@@ -120,6 +182,13 @@ def rewrite(gm: fx.GraphModule) -> list[PatternRecord]:
         if m is None:
             continue
         x, weight, transposed, bias, steps, chain = m
+        why = "knob gemm_epilogue=on"
+        if mode == "auto":
+            c = choose(x, weight, transposed, steps)
+            if not c.fused:
+                records.append(PatternRecord("gemm_epilogue", False, node.name, c.reason))
+                continue
+            why = c.reason
         last = chain[-1]
         with g.inserting_before(last):
             w = g.call_function(torch.t, (weight,)) if transposed else weight
@@ -134,6 +203,6 @@ def rewrite(gm: fx.GraphModule) -> list[PatternRecord]:
                 g.erase_node(n)
         desc = " -> ".join(f"{s}={v}" if s in ("act", "cast") else s for s, v in steps.items())
         records.append(PatternRecord("gemm_epilogue", True, node.name,
-                                     f"{node.name} -> {desc}: one Triton GEMM with the epilogue in registers"))
+                                     f"{node.name} -> {desc}: one Triton GEMM with the epilogue in registers ({why})"))
     return records
 

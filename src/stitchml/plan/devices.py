@@ -69,6 +69,10 @@ class Device:
     attention_bwd_tile_s: float = 10.5e-6
     conv_efficiency: float = 0.6
     triton_gemm_efficiency: float = 0.7
+    # whether `triton_gemm_efficiency` was measured (`stitchml calibrate` times our GEMM
+    # template against cuBLAS) or is the table's guess: the GEMM-epilogue choice
+    # (`patterns/gemm_epilogue.py`, knob `gemm_epilogue=auto`) fuses only on a measured one
+    triton_gemm_source: str = "table"
 
     def matmul_rate(self, dtype) -> float:
         """Dense matrix-product flops/s for operands of `dtype` (datasheet)."""
@@ -178,6 +182,11 @@ def load_calibration(base: Device, versions: tuple[str, str] | None = None) -> D
                       atomic_s=float(data.get("atomic_s", base.atomic_s)), form_efficiency=eff,
                       graph_launch_s=float(data.get("graph_launch_s", base.graph_launch_s)),
                       source="calibrated", calibration_file=str(path))
+        # our Triton GEMM against cuBLAS, where this calibration measured it (a file's
+        # top-level `triton_gemm_efficiency` is only the table value it was written with)
+        tg = (data.get("measurements") or {}).get("triton_gemm") or {}
+        if "efficiency" in tg:
+            dev = replace(dev, triton_gemm_efficiency=float(tg["efficiency"]), triton_gemm_source="calibrated")
     except (ValueError, KeyError, TypeError, OSError):
         dev = base  # a broken calibration file is ignored; the table stands
     _cache[key] = dev

@@ -17,7 +17,11 @@ Measured (CUDA events, median of many runs, buffers far larger than L2):
   difference per element;
 - per-form efficiency: stitchml's own kernels of each form (pointwise, row_persistent,
   packed_rows, row_looped, combine) timed against their modelled bytes at the copy
-  bandwidth, and the global scheme against its separate-launch twin on two patterns.
+  bandwidth, and the global scheme against its separate-launch twin on two patterns;
+- our Triton GEMM template (`patterns/gemm_op.py`, what a GEMM epilogue runs in) against
+  cuBLAS's `addmm` on transformer-sized bf16 products: the median ratio of their times
+  is `Device.triton_gemm_efficiency`, which the `gemm_epilogue=auto` choice needs
+  measured before it fuses anything.
 
 Nothing here runs without a CUDA GPU: `calibrate()` returns None and the table stands.
 """
@@ -462,6 +466,37 @@ def measure_global(dev: Device) -> dict[str, dict[str, float]]:
     return out
 
 
+# M x N x K of the products timed for the Triton GEMM figure: a BERT-base FFN's up and
+# down projections at 4096 tokens, and a LLaMA-style square projection
+GEMM_SHAPES = ((4096, 3072, 768), (4096, 768, 3072), (4096, 4096, 4096))
+
+
+def measure_triton_gemm(reps: int = 20, dtype: torch.dtype = torch.bfloat16, device: str = "cuda",
+                        shapes: tuple = GEMM_SHAPES, timer: Callable[[Callable[[], Any], int], float] | None = None
+                        ) -> dict[str, Any]:
+    """Our GEMM template (bias, no activation) against `torch.addmm` on the same
+    operands: per shape both times and cuBLAS's over ours; `efficiency` is the median
+    ratio (what `library_cost._price_epilogue` divides cuBLAS's modelled time by).
+    `timer(fn, reps)` -> seconds (CUDA events by default)."""
+    from ..patterns import gemm_op   # registers stitchml::linear_epilogue
+    timer = timer or _events_median
+    name = str(dtype).replace("torch.", "")
+    rows = []
+    for m, n, k in shapes:
+        x = torch.randn(m, k, device=device, dtype=dtype)
+        w = torch.randn(n, k, device=device, dtype=dtype) / k ** 0.5
+        b = torch.randn(n, device=device, dtype=dtype)
+        wt = w.t()
+        y = gemm_op.linear_epilogue(x, w, b, None, None, "none", name, False)[0]
+        # (a template that computes something else must not be timed as if it were a GEMM)
+        torch.testing.assert_close(y.float(), torch.addmm(b, x, wt).float(), rtol=2e-2, atol=2e-2 * k ** 0.5)
+        t_lib = timer(lambda: torch.addmm(b, x, wt), reps)
+        t_ours = timer(lambda: gemm_op.linear_epilogue(x, w, b, None, None, "none", name, False), reps)
+        rows.append({"m": m, "n": n, "k": k, "cublas_s": t_lib, "triton_s": t_ours, "ratio": t_lib / t_ours})
+    eff = statistics.median(r["ratio"] for r in rows)
+    return {"dtype": name, "shapes": rows, "efficiency": min(max(eff, 0.05), 1.5)}
+
+
 def calibrate() -> Device | None:
     """Measure everything on the visible GPU, store it, return the calibrated device;
     None without a CUDA GPU."""
@@ -483,6 +518,11 @@ def calibrate() -> Device | None:
         graph_error = ""
     forms = measure_forms(dev)
     glob = measure_global(dev)
+    try:
+        gemm = measure_triton_gemm()
+        dev = replace(dev, triton_gemm_efficiency=gemm["efficiency"], triton_gemm_source="calibrated")
+    except Exception as e:   # the table value stands (and gemm_epilogue=auto fuses nothing), said below
+        gemm = {"error": f"{type(e).__name__}: {e}"}
     eff = {f: v["efficiency"] for f, v in forms.items()}
     eff["global"] = min(v["efficiency"] for v in glob.values())   # the worse pattern decides
     dev = replace(dev, form_efficiency=tuple(sorted(eff.items())))
@@ -490,7 +530,8 @@ def calibrate() -> Device | None:
                     "launch_s_from": "stitch_launcher" if "wall_us" in ours else "empty kernel, Triton JIT",
                     "launch_overhead": overheads,
                     "barrier_s": dev.barrier_s, "atomic_s": dev.atomic_s, "forms": forms, "global_scheme": glob,
-                    "graph_launch_s": dev.graph_launch_s, "graph_launch_error": graph_error}
+                    "graph_launch_s": dev.graph_launch_s, "graph_launch_error": graph_error,
+                    "triton_gemm": gemm}
     path = save_calibration(dev, measurements)
     return replace(dev, calibration_file=str(path))
 
@@ -517,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
           f"({dev.graph_launch_s * 1e6:.2f} us in a CUDA-graph replay), "
           f"grid barrier {dev.barrier_s * 1e6:.2f} us, atomic add {dev.atomic_s * 1e12:.2f} ps/element")
     print("form efficiency: " + ", ".join(f"{f} {e:.2f}" for f, e in dev.form_efficiency))
+    if dev.triton_gemm_source == "calibrated":
+        print(f"Triton GEMM template: {dev.triton_gemm_efficiency:.2f} of cuBLAS's speed (median of "
+              f"{len(GEMM_SHAPES)} bf16 products; gemm_epilogue=auto prices with it)")
+    else:
+        print("Triton GEMM template: not measured (gemm_epilogue=auto keeps products with cuBLAS)")
     import json
     from pathlib import Path
     stored = json.loads(Path(dev.calibration_file).read_text())
