@@ -20,7 +20,11 @@ def test_fused_kernels_compile_for_sm90_without_spills():
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 8
+    from stitchml.patterns import gemm_op
+    # per dtype: three cross-entropy row kernels and every candidate GEMM tile configuration
+    assert len(results) == 2 * (3 + len(gemm_op.CONFIGS))
+    assert {n for n in results if n.startswith("gemm_epilogue_bf16_")} == \
+        {f"gemm_epilogue_bf16_{c.name}" for c in gemm_op.CONFIGS}
     for name, r in results.items():
         assert r["ok"], (name, r)
         if r["registers"] is not None:

@@ -184,21 +184,44 @@ def test_the_knob_reads_off_auto_on_and_booleans(monkeypatch):
     assert config.get("gemm_epilogue") == "off"
 
 
-def test_calibrate_times_the_template_against_addmm_and_keeps_the_median_ratio():
-    """`stitchml calibrate`'s Triton-GEMM figure, on the CPU: the interpreter runs the
-    template (checked against addmm first), a stand-in timer makes the ratios known."""
+def test_calibrate_times_each_tile_configuration_against_addmm_and_keeps_the_best():
+    """`stitchml calibrate`'s Triton-GEMM figures, on the CPU: the interpreter runs the
+    template on each candidate configuration (checked against addmm first), a stand-in
+    timer makes the times known: the best configuration's median ratio is kept, and the
+    device loaded from that calibration launches with it."""
+    from stitchml.patterns import gemm_op
     from stitchml.tools import calibrate
-    calls = []
+    fast, slow = gemm_op.TileConfig(16, 16, 16, 4, 1), gemm_op.TileConfig(32, 16, 16, 4, 1)
+    seconds = {"addmm": 1.0, fast.name: [0.5, 4.0, 1.0], slow.name: [2.0, 2.0, 2.0]}
+    shape_of = {}
 
     def timer(fn, reps):
-        calls.append(fn)
         fn()
-        return 1.0 if len(calls) % 2 else [2.0, 4.0, 0.5][len(calls) // 2 - 1]   # addmm 1 s; ours 2, 4, 0.5 s
+        tile = getattr(fn, "__defaults__", None)
+        if not tile:
+            return seconds["addmm"]
+        i = shape_of.setdefault(tile[0].name, [0])
+        i[0] += 1
+        return seconds[tile[0].name][i[0] - 1]
 
     shapes = ((13, 37, 20), (8, 16, 24), (5, 9, 7))
-    res = calibrate.measure_triton_gemm(reps=1, dtype=torch.float32, device="cpu", shapes=shapes, timer=timer)
-    assert [r["ratio"] for r in res["shapes"]] == [0.5, 0.25, 2.0]
-    assert res["efficiency"] == 0.5 and res["dtype"] == "float32" and len(calls) == 6
+    res = calibrate.measure_triton_gemm(reps=1, dtype=torch.float32, device="cpu", shapes=shapes, timer=timer,
+                                        configs=(fast, slow))
+    assert res["by_config"] == {fast.name: 1.0, slow.name: 0.5}            # medians of 2, 0.25, 1 and of 0.5 x3
+    assert res["best"] == fast.name and res["efficiency"] == 1.0 and len(res["shapes"]) == 6
+
+
+def test_the_calibrated_tile_configuration_is_what_a_launch_uses(tmp_path):
+    from stitchml.patterns import gemm_op
+    big = gemm_op.CONFIGS[1]
+    with config.override(cache_dir=str(tmp_path), device="H100"):
+        assert gemm_op.cuda_config() == gemm_op.DEFAULT                      # no calibration: the default
+        save_calibration(DEVICES["H100"], {"triton_gemm": {"efficiency": 0.9, "best": big.name}})
+        assert get_device("H100").triton_gemm_config == big.name and gemm_op.cuda_config() == big
+        save_calibration(DEVICES["H100"], {"triton_gemm": {"efficiency": 0.9, "best": "3x3x3/w1/s1"}})
+        assert gemm_op.cuda_config() == gemm_op.DEFAULT                      # unknown to this version: the default
+    with pytest.raises(ValueError, match="candidates"):
+        gemm_op.config_named("nope")
 
 
 @pytest.mark.gpu
@@ -206,7 +229,8 @@ def test_gpu_calibrate_measures_the_template_against_cublas():
     """On a GPU: the three transformer-sized bf16 products compile, match addmm, and give
     a ratio in the range the cost model accepts."""
     from stitchml.tools import calibrate
+    from stitchml.patterns import gemm_op
     res = calibrate.measure_triton_gemm(reps=3)
-    assert len(res["shapes"]) == len(calibrate.GEMM_SHAPES)
+    assert len(res["shapes"]) == len(calibrate.GEMM_SHAPES) * len(gemm_op.CONFIGS)
     assert all(r["cublas_s"] > 0 and r["triton_s"] > 0 for r in res["shapes"])
-    assert 0.05 <= res["efficiency"] <= 1.5
+    assert 0.05 <= res["efficiency"] <= 1.5 and res["best"] in {c.name for c in gemm_op.CONFIGS}

@@ -15,16 +15,26 @@ _GEMM_PTRS = ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "m_ptr", "y_ptr", "z_ptr")
 _GEMM_INTS = ("M", "N", "K", "sxm", "sxk", "swn", "swk", "srm", "srn", "smm", "smn")
 
 
-def _compile(fn, sig: dict, consts: dict, warps: int, arch: int) -> dict[str, Any]:
+def _compile(fn, sig: dict, consts: dict, warps: int, arch: int, stages: int | None = None,
+             aligned: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Compile `fn` for sm_`arch`: `sig` types its runtime arguments, `consts` its
+    constexprs and the integers the JIT specialises at a launch (an argument equal to 1
+    is compiled as the constant 1), `aligned` the arguments the JIT marks divisible by 16
+    (pointers from the allocator, leading dimensions a multiple of 16)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from ..tools.aot_check import _resources
-    sig = dict(sig, **{k: "constexpr" for k in consts})
+    order = list(getattr(fn, "arg_names", ())) or list(sig) + list(consts)
+    full = {n: ("constexpr" if n in consts else sig[n]) for n in order}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(order) if n in aligned and n not in consts}
+    options: dict[str, Any] = {"num_warps": warps}
+    if stages is not None:
+        options["num_stages"] = stages
     try:
-        compiled = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", arch, 32),
-                                  options={"num_warps": warps})
+        compiled = triton.compile(ASTSource(fn, full, consts, attrs), target=GPUTarget("cuda", arch, 32),
+                                  options=options)
     except Exception as e:  # report every kernel's verdict
         return {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
     regs, spills = _resources(compiled.asm.get("cubin", b""))
@@ -43,11 +53,17 @@ def check(arch: int = 90) -> dict[str, dict[str, Any]]:
             consts = {"HAS_SOFTCAP": True, "WRITE_GRAD": True, "HAS_LSE": has_lse, "BLOCK": block, "HAS_SMOOTH": True}
             name = f"ce_rows_{dt}_block{block}" + ("_backward" if has_lse else "")
             out[name] = _compile(linear_ce_op._ce_rows_kernel, sig, consts, linear_ce_op.launch_warps(block), arch)
-        bm, bn, bk = gemm_op.CUDA_TILE
+        # every candidate tile configuration with every epilogue input, as a launch on
+        # contiguous operands compiles it: unit strides specialised, pointers and leading
+        # dimensions 16-byte aligned (unspecialised strides defeat the software pipeline:
+        # 64x64x32 then took 151 registers and one K step at a time, against 57 and 3)
         sig = {**{p: f"*{dt}" for p in _GEMM_PTRS}, **{i: "i32" for i in _GEMM_INTS}}
-        consts = dict(ACT=3, HAS_BIAS=True, HAS_RES=True, HAS_MUL=True, SAVE_PRE=True, UPCAST=False,
-                      BM=bm, BN=bn, BK=bk)
-        out[f"gemm_epilogue_{dt}"] = _compile(gemm_op._gemm_epilogue_kernel, sig, consts, gemm_op.CUDA_WARPS, arch)
+        for tile in gemm_op.CONFIGS:
+            consts = dict(sxk=1, swk=1, srn=1, smn=1, ACT=3, HAS_BIAS=True, HAS_RES=True, HAS_MUL=True,
+                          SAVE_PRE=True, UPCAST=False, BM=tile.bm, BN=tile.bn, BK=tile.bk)
+            out[f"gemm_epilogue_{dt}_{tile.name}"] = _compile(
+                gemm_op._gemm_epilogue_kernel, sig, consts, tile.warps, arch, tile.stages,
+                aligned=_GEMM_PTRS + ("N", "K", "sxm", "swn", "srm", "smm"))
     return out
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -24,11 +25,52 @@ import triton.language as tl
 Tensor = torch.Tensor
 ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
 _ACT_CODE = {a: i for i, a in enumerate(ACTIVATIONS)}
-# 64 x 64 x 32 bf16 with every epilogue input: 151 registers, no spills at 8 warps on
-# sm_90 (compiled ahead of time, patterns/aot.py; 4 warps spill). Untuned: no
-# autotuning, no grouped tile order.
-CUDA_TILE = (64, 64, 32)
-CUDA_WARPS = 8
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One launch configuration of the template: output tile BM x BN, K step BK,
+    warps, and the software pipeline's depth (K steps in flight through shared memory)."""
+
+    bm: int
+    bn: int
+    bk: int
+    warps: int
+    stages: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.bm}x{self.bn}x{self.bk}/w{self.warps}/s{self.stages}"
+
+
+# The candidates `stitchml calibrate` times on the device (the fastest becomes the
+# device's configuration: `Device.triton_gemm_config`); each compiles for sm_90 with
+# every epilogue input and no spill (`patterns/aot.py`, unit strides specialised as the
+# JIT does at a launch; bf16: 57 / 190 / 96 / 96 registers). Without a calibration the
+# first. Untuned beyond that: no grouped tile order, no persistent or warp-specialised
+# form.
+CONFIGS = (TileConfig(64, 64, 32, 8, 3), TileConfig(128, 128, 64, 8, 3), TileConfig(64, 64, 64, 4, 4),
+           TileConfig(128, 64, 64, 8, 3))
+DEFAULT = CONFIGS[0]
+
+
+def config_named(name: str) -> TileConfig:
+    """The candidate called `name` (`TileConfig.name`); ValueError for another."""
+    for c in CONFIGS:
+        if c.name == name:
+            return c
+    raise ValueError(f"no GEMM tile configuration {name!r}: the candidates are {[c.name for c in CONFIGS]}")
+
+
+def cuda_config() -> TileConfig:
+    """What the template launches with on a GPU: the device calibration's fastest
+    candidate, else `DEFAULT`."""
+    from ..plan.devices import current_device
+    name = current_device().triton_gemm_config
+    try:
+        return config_named(name) if name else DEFAULT
+    except ValueError:   # a calibration from a version with other candidates
+        return DEFAULT
 
 
 @triton.jit
@@ -132,23 +174,28 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def linear_epilogue(x: Tensor, w: Tensor, bias: Optional[Tensor], residual: Optional[Tensor], mul: Optional[Tensor],
                     act: str, out_dtype: str, save_pre: bool) -> tuple[Tensor, Tensor]:
     """(y [M, N] in out_dtype, z = x @ wᵀ + bias [M, N] in x's dtype when save_pre else [0])."""
-    m, k = x.shape
-    n = w.shape[0]
     dtype = _DTYPES[out_dtype]
     if not x.is_cuda and not _interpreting():
         return _reference(x, w, bias, residual, mul, act, dtype, save_pre)
+    return _launch(x, w, bias, residual, mul, act, dtype, save_pre,
+                   cuda_config() if x.is_cuda else TileConfig(16, 16, 16, 4, 1))
+
+
+def _launch(x, w, bias, residual, mul, act: str, dtype: torch.dtype, save_pre: bool, tile: TileConfig):
+    """The template on `tile` (calibrate times each candidate through this)."""
+    m, k = x.shape
+    n = w.shape[0]
     y = torch.empty(m, n, dtype=dtype, device=x.device)
     z = torch.empty(m, n, dtype=x.dtype, device=x.device) if save_pre else x.new_empty((0,))
-    bm, bn, bk = CUDA_TILE if x.is_cuda else (16, 16, 16)
     r = residual if residual is not None else y
     mu = mul if mul is not None else y
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    grid = (triton.cdiv(m, tile.bm), triton.cdiv(n, tile.bn))
     _gemm_epilogue_kernel[grid](
         x, w, bias if bias is not None else y, r, mu, y, z if save_pre else y, m, n, k,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), r.stride(0), r.stride(1), mu.stride(0), mu.stride(1),
         ACT=_ACT_CODE[act], HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_MUL=mul is not None,
-        SAVE_PRE=save_pre, UPCAST=not x.is_cuda and x.dtype == torch.bfloat16, BM=bm, BN=bn, BK=bk,
-        num_warps=CUDA_WARPS if x.is_cuda else 4)
+        SAVE_PRE=save_pre, UPCAST=not x.is_cuda and x.dtype == torch.bfloat16, BM=tile.bm, BN=tile.bn, BK=tile.bk,
+        num_warps=tile.warps, num_stages=tile.stages)
     return y, z
 
 

@@ -14,6 +14,7 @@ launch, barrier, atomics, per-form efficiency) and says it is `calibrated`.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import asdict, dataclass, replace
@@ -73,6 +74,9 @@ class Device:
     # template against cuBLAS) or is the table's guess: the GEMM-epilogue choice
     # (`patterns/gemm_epilogue.py`, knob `gemm_epilogue=auto`) fuses only on a measured one
     triton_gemm_source: str = "table"
+    # the template's fastest tile configuration measured there (`gemm_op.TileConfig.name`;
+    # "" = the template's default)
+    triton_gemm_config: str = ""
 
     def matmul_rate(self, dtype) -> float:
         """Dense matrix-product flops/s for operands of `dtype` (datasheet)."""
@@ -186,7 +190,8 @@ def load_calibration(base: Device, versions: tuple[str, str] | None = None) -> D
         # top-level `triton_gemm_efficiency` is only the table value it was written with)
         tg = (data.get("measurements") or {}).get("triton_gemm") or {}
         if "efficiency" in tg:
-            dev = replace(dev, triton_gemm_efficiency=float(tg["efficiency"]), triton_gemm_source="calibrated")
+            dev = replace(dev, triton_gemm_efficiency=float(tg["efficiency"]), triton_gemm_source="calibrated",
+                          triton_gemm_config=str(tg.get("best", "")))
     except (ValueError, KeyError, TypeError, OSError):
         dev = base  # a broken calibration file is ignored; the table stands
     _cache[key] = dev
@@ -205,17 +210,21 @@ def current_device() -> Device:
     GPU's name matched against the table, else the CPU entry; calibrated values
     (from `stitchml calibrate`) override the table's.  An unknown `device` knob is an
     error (UnknownDevice), not a silent guess."""
-    name = config.get("device")
-    if not name:
-        name = "cpu"
-        try:
-            import torch
-            if torch.cuda.is_available():
-                gpu = torch.cuda.get_device_name()
-                name = next((k for k in DEVICES if k in gpu), "H100")
-        except Exception:
-            pass
-    return load_calibration(table_device(name))
+    return load_calibration(table_device(config.get("device") or _visible_device()))
+
+
+@functools.lru_cache(maxsize=None)
+def _visible_device() -> str:
+    """The table entry of the visible GPU (looked up once a process: launches of the
+    fused ops ask for their device's calibration at every call), else "cpu"."""
+    try:
+        import torch
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name()
+            return next((k for k in DEVICES if k in gpu), "H100")
+    except Exception:
+        pass
+    return "cpu"
 
 
 def save_calibration(dev: Device, measurements: dict[str, Any] | None = None,

@@ -18,10 +18,11 @@ Measured (CUDA events, median of many runs, buffers far larger than L2):
 - per-form efficiency: stitchml's own kernels of each form (pointwise, row_persistent,
   packed_rows, row_looped, combine) timed against their modelled bytes at the copy
   bandwidth, and the global scheme against its separate-launch twin on two patterns;
-- our Triton GEMM template (`patterns/gemm_op.py`, what a GEMM epilogue runs in) against
-  cuBLAS's `addmm` on transformer-sized bf16 products: the median ratio of their times
-  is `Device.triton_gemm_efficiency`, which the `gemm_epilogue=auto` choice needs
-  measured before it fuses anything.
+- our Triton GEMM template (`patterns/gemm_op.py`, what a GEMM epilogue runs in) on each
+  candidate tile configuration against cuBLAS's `addmm` on transformer-sized bf16
+  products: the fastest configuration becomes the device's (`Device.triton_gemm_config`)
+  and its median ratio `Device.triton_gemm_efficiency`, which the `gemm_epilogue=auto`
+  choice needs measured before it fuses anything.
 
 Nothing here runs without a CUDA GPU: `calibrate()` returns None and the table stands.
 """
@@ -472,14 +473,17 @@ GEMM_SHAPES = ((4096, 3072, 768), (4096, 768, 3072), (4096, 4096, 4096))
 
 
 def measure_triton_gemm(reps: int = 20, dtype: torch.dtype = torch.bfloat16, device: str = "cuda",
-                        shapes: tuple = GEMM_SHAPES, timer: Callable[[Callable[[], Any], int], float] | None = None
-                        ) -> dict[str, Any]:
-    """Our GEMM template (bias, no activation) against `torch.addmm` on the same
-    operands: per shape both times and cuBLAS's over ours; `efficiency` is the median
-    ratio (what `library_cost._price_epilogue` divides cuBLAS's modelled time by).
+                        shapes: tuple = GEMM_SHAPES, timer: Callable[[Callable[[], Any], int], float] | None = None,
+                        configs: tuple | None = None) -> dict[str, Any]:
+    """Our GEMM template (bias, no activation) on each candidate tile configuration
+    (`gemm_op.CONFIGS`) against `torch.addmm` on the same operands: per shape and
+    configuration both times and cuBLAS's over ours. `best` is the configuration with
+    the highest median ratio over the shapes and `efficiency` that median (what
+    `library_cost._price_epilogue` divides cuBLAS's modelled time by).
     `timer(fn, reps)` -> seconds (CUDA events by default)."""
-    from ..patterns import gemm_op   # registers stitchml::linear_epilogue
+    from ..patterns import gemm_op
     timer = timer or _events_median
+    configs = tuple(configs or gemm_op.CONFIGS)
     name = str(dtype).replace("torch.", "")
     rows = []
     for m, n, k in shapes:
@@ -487,14 +491,20 @@ def measure_triton_gemm(reps: int = 20, dtype: torch.dtype = torch.bfloat16, dev
         w = torch.randn(n, k, device=device, dtype=dtype) / k ** 0.5
         b = torch.randn(n, device=device, dtype=dtype)
         wt = w.t()
-        y = gemm_op.linear_epilogue(x, w, b, None, None, "none", name, False)[0]
-        # (a template that computes something else must not be timed as if it were a GEMM)
-        torch.testing.assert_close(y.float(), torch.addmm(b, x, wt).float(), rtol=2e-2, atol=2e-2 * k ** 0.5)
+        want = torch.addmm(b, x, wt).float()
         t_lib = timer(lambda: torch.addmm(b, x, wt), reps)
-        t_ours = timer(lambda: gemm_op.linear_epilogue(x, w, b, None, None, "none", name, False), reps)
-        rows.append({"m": m, "n": n, "k": k, "cublas_s": t_lib, "triton_s": t_ours, "ratio": t_lib / t_ours})
-    eff = statistics.median(r["ratio"] for r in rows)
-    return {"dtype": name, "shapes": rows, "efficiency": min(max(eff, 0.05), 1.5)}
+        for tile in configs:
+            def ours(tile=tile):
+                return gemm_op._launch(x, w, b, None, None, "none", dtype, False, tile)
+            # (a configuration that computes something else must not be timed as a GEMM)
+            torch.testing.assert_close(ours()[0].float(), want, rtol=2e-2, atol=2e-2 * k ** 0.5)
+            t_ours = timer(ours, reps)
+            rows.append({"config": tile.name, "m": m, "n": n, "k": k, "cublas_s": t_lib, "triton_s": t_ours,
+                         "ratio": t_lib / t_ours})
+    by_config = {t.name: statistics.median(r["ratio"] for r in rows if r["config"] == t.name) for t in configs}
+    best = max(by_config, key=by_config.__getitem__)
+    return {"dtype": name, "shapes": rows, "by_config": by_config, "best": best,
+            "efficiency": min(max(by_config[best], 0.05), 1.5)}
 
 
 def calibrate() -> Device | None:
@@ -520,7 +530,8 @@ def calibrate() -> Device | None:
     glob = measure_global(dev)
     try:
         gemm = measure_triton_gemm()
-        dev = replace(dev, triton_gemm_efficiency=gemm["efficiency"], triton_gemm_source="calibrated")
+        dev = replace(dev, triton_gemm_efficiency=gemm["efficiency"], triton_gemm_source="calibrated",
+                      triton_gemm_config=gemm["best"])
     except Exception as e:   # the table value stands (and gemm_epilogue=auto fuses nothing), said below
         gemm = {"error": f"{type(e).__name__}: {e}"}
     eff = {f: v["efficiency"] for f, v in forms.items()}
@@ -559,8 +570,9 @@ def main(argv: list[str] | None = None) -> int:
           f"grid barrier {dev.barrier_s * 1e6:.2f} us, atomic add {dev.atomic_s * 1e12:.2f} ps/element")
     print("form efficiency: " + ", ".join(f"{f} {e:.2f}" for f, e in dev.form_efficiency))
     if dev.triton_gemm_source == "calibrated":
-        print(f"Triton GEMM template: {dev.triton_gemm_efficiency:.2f} of cuBLAS's speed (median of "
-              f"{len(GEMM_SHAPES)} bf16 products; gemm_epilogue=auto prices with it)")
+        print(f"Triton GEMM template: {dev.triton_gemm_efficiency:.2f} of cuBLAS's speed with tiles "
+              f"{dev.triton_gemm_config} (the best candidate, median of {len(GEMM_SHAPES)} bf16 products; "
+              f"gemm_epilogue=auto prices with it)")
     else:
         print("Triton GEMM template: not measured (gemm_epilogue=auto keeps products with cuBLAS)")
     import json
