@@ -131,8 +131,9 @@ class Choice:
     reason: str
 
 
-def choose(x: fx.Node, weight: fx.Node, transposed: bool, steps: dict, dev=None) -> Choice:
-    """Price a match both ways on `dev` (default: the device plans are made for)."""
+def choose(x: fx.Node, weight: fx.Node, transposed: bool, steps: dict, need_grad: bool, dev=None) -> Choice:
+    """Price a match both ways on `dev` (default: the device plans are made for);
+    `need_grad`: autograd will need the pre-activation z (the fused form writes it too)."""
     from ..plan.devices import current_device
     from ..plan.library_cost import gemm_seconds
     dev = dev or current_device()
@@ -144,7 +145,6 @@ def choose(x: fx.Node, weight: fx.Node, transposed: bool, steps: dict, dev=None)
     dtype = value(x).dtype
     item = dtype.itemsize
     out_item = steps["cast"].itemsize if "cast" in steps else item
-    need_grad = bool(value(x).requires_grad or value(weight).requires_grad)
     gap = dev.graph_launch_s if dev.replay else dev.launch_s
     mn = m * n
     operands = (m * k + n * k) * item
@@ -184,7 +184,8 @@ def rewrite(gm: fx.GraphModule) -> list[PatternRecord]:
         x, weight, transposed, bias, steps, chain = m
         why = "knob gemm_epilogue=on"
         if mode == "auto":
-            c = choose(x, weight, transposed, steps)
+            # (under no_grad the product's traced value does not require grad, whatever its weight does)
+            c = choose(x, weight, transposed, steps, bool(value(node).requires_grad))
             if not c.fused:
                 records.append(PatternRecord("gemm_epilogue", False, node.name, c.reason))
                 continue
