@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from stitchml import config, patterns
 from stitchml.capture.backend import StitchBackend
 from stitchml.patterns.gemm_op import linear_epilogue
-from stitchml.plan.devices import DEVICES, get_device, save_calibration
+from stitchml.plan.devices import DEVICES, describe_source, get_device, save_calibration
 from launches import count_launches
 
 M, K, N = 13, 20, 37   # nothing a multiple of the 16 x 16 x 16 tiles
@@ -171,6 +171,7 @@ def test_a_calibration_without_the_gemm_measurement_keeps_the_table_guess(tmp_pa
         save_calibration(replace(DEVICES["H200"], triton_gemm_efficiency=0.9), {})
         dev = get_device("H200")
         assert dev.source == "calibrated" and dev.triton_gemm_source == "table"
+        assert "our GEMM template not measured" in describe_source(dev)
 
 
 def test_the_knob_reads_off_auto_on_and_booleans(monkeypatch):
@@ -217,6 +218,7 @@ def test_the_calibrated_tile_configuration_is_what_a_launch_uses(tmp_path):
         assert gemm_op.cuda_config() == gemm_op.DEFAULT                      # no calibration: the default
         save_calibration(DEVICES["H100"], {"triton_gemm": {"efficiency": 0.9, "best": big.name}})
         assert get_device("H100").triton_gemm_config == big.name and gemm_op.cuda_config() == big
+        assert f"our GEMM template 0.90 of cuBLAS ({big.name})" in describe_source(get_device("H100"))
         save_calibration(DEVICES["H100"], {"triton_gemm": {"efficiency": 0.9, "best": "3x3x3/w1/s1"}})
         assert gemm_op.cuda_config() == gemm_op.DEFAULT                      # unknown to this version: the default
     with pytest.raises(ValueError, match="candidates"):

@@ -246,7 +246,9 @@ def save_calibration(dev: Device, measurements: dict[str, Any] | None = None,
 def describe_source(dev: Device) -> str:
     """One line for reports: where the device's figures come from."""
     if dev.source == "calibrated":
-        return f"calibrated ({dev.calibration_file})"
+        gemm = (f"our GEMM template {dev.triton_gemm_efficiency:.2f} of cuBLAS ({dev.triton_gemm_config})"
+                if dev.triton_gemm_source == "calibrated" else "our GEMM template not measured")
+        return f"calibrated ({dev.calibration_file}; {gemm})"
     return "table values (not calibrated: run `stitchml calibrate` on the GPU)"
 
 
