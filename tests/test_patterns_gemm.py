@@ -235,3 +235,26 @@ def test_gpu_calibrate_measures_the_template_against_cublas():
     assert len(res["shapes"]) == len(calibrate.GEMM_SHAPES) * len(gemm_op.CONFIGS)
     assert all(r["cublas_s"] > 0 and r["triton_s"] > 0 for r in res["shapes"])
     assert 0.05 <= res["efficiency"] <= 1.5 and res["best"] in {c.name for c in gemm_op.CONFIGS}
+
+
+@pytest.mark.parametrize("mode", ["on", "auto"])
+def test_a_product_with_a_plain_weight_matrix_input(mode):
+    """`x @ W` with W a graph input laid out [K, N] (no transpose in sight): matched and
+    fused under `on`, priced under `auto`; it used to crash the rewrite (a graph input
+    taken for a transpose), which every compile of such a product then met."""
+    torch.manual_seed(12)
+    x = torch.randn(2, M, K, requires_grad=True)
+    wkn = (torch.randn(K, N) / K ** 0.5).requires_grad_()
+    b = torch.randn(N, requires_grad=True)
+
+    def fn(x, wkn, b):
+        return torch.relu(x @ wkn + b)
+
+    seen = len(patterns.LOG)
+    with config.override(gemm_epilogue=mode):
+        got = torch.compile(fn, backend=StitchBackend())(x, wkn, b)
+    recs = [r for r in patterns.LOG[seen:] if r.pattern == "gemm_epilogue"]
+    assert [r.applied for r in recs] == [mode == "on"], recs
+    want = fn(x, wkn, b)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    _same_gradients(got, want, (x, wkn, b))

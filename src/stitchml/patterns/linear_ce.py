@@ -219,8 +219,11 @@ def _product_above(node, depth: int) -> bool:
 
 
 def _plain_transpose(node: fx.Node) -> bool:
+    """Whether `node` is the transpose of a matrix (`t`, `.T` / `.mT`, `transpose(0, 1)`);
+    False for anything else, a graph input among them."""
     k = kind(node)
-    if len(sizes(node.args[0])) != 2:
+    if k not in ("t", "getattr", "transpose") or not node.args or not isinstance(node.args[0], fx.Node) \
+            or len(sizes(node.args[0])) != 2:
         return False
     if k == "t":
         return True
