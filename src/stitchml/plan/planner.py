@@ -284,7 +284,12 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
         if (opts.align_rows and kp.mapping.block_r == 1 and kp.domain.cols >= kp.mapping.block_c + 16
                 and not any(g[m].kind == ir.SCAN for m in kp.members)):
             from ..codegen.triton_kernel import row_alignment   # (code generation builds on plan data)
-            kp.row_align = row_alignment(g, kp)   # whole blocks from a 16-byte boundary (codegen)
+            try:
+                kp.row_align = row_alignment(g, kp)   # whole blocks from a 16-byte boundary (codegen)
+            except ix.IndexMismatch:
+                # the probe generates the kernel, and this one's indices do not line up:
+                # no anchor; the plan's validity check (`_invalid_kernel`) splits it
+                kp.row_align = ()
     kp.exact_rows = opts.exact_rows and not opts.fixed_row_blocks
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp, opts.device)
     kp.predicted_s = predict_seconds(kp, opts.device)
