@@ -342,3 +342,32 @@ def test_an_empty_output_has_no_layout_to_refuse():
     out.meta["val"] = torch.empty_strided((2, 0, 3), (25, 5, 1))
     g = lower(gm)
     assert g.outputs and not g.fallbacks
+
+
+def test_a_transposed_layer_norm_in_looped_rows_plans_instead_of_crashing():
+    # fuzz seeds 6425 and 6515: a layer norm over a moved dim, rows longer than the on-chip
+    # limit; planning probed the row alignment of a looped backward kernel whose indices do
+    # not line up, and the probe's IndexMismatch escaped the planner (the graph then ran
+    # wholly eagerly, or failed with the fallback off)
+    from stitchml import config
+    from stitchml.testing import compare_with_eager
+
+    def fn(a1, a2):
+        v0 = torch.atan2(a1, a2.abs() + 0.5)
+        v1 = torch.where(a2 > 0, v0, v0 * 0.5)
+        return F.layer_norm(v1.movedim(0, -1), (63,)).movedim(-1, 0)
+
+    torch.manual_seed(6425)
+    a1, a2 = torch.randn(63, 13), torch.randn(1, 1)
+    with config.override(persistent_max_cols=16, loop_block_cols=16, fallback_on_error=False):
+        torch._dynamo.reset()
+        cmp = compare_with_eager(fn, [a1.requires_grad_(), a2.requires_grad_()])
+    assert [r.kind for r in cmp.backend.records] == ["forward", "backward"]
+    assert all(r.plan is not None and r.plan.num_kernels > 0 for r in cmp.backend.records)
+
+
+@pytest.mark.parametrize("seed", [6425, 6515])
+def test_long_profile_cases_whose_planning_crashed(seed):
+    # the two cases of the long run of seeds 6000-6599 (2026-11-27) that the test above reduces
+    r = fuzz.run_case(seed, "long")
+    assert r.status == "pass", r.line()
