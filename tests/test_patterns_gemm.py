@@ -258,3 +258,28 @@ def test_a_product_with_a_plain_weight_matrix_input(mode):
     want = fn(x, wkn, b)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     _same_gradients(got, want, (x, wkn, b))
+
+
+def test_dynamic_sizes_refuse_only_products_with_an_epilogue():
+    """In a graph with symbolic sizes a product with an epilogue is refused with that
+    reason; a bare product has nothing to fuse and leaves no record."""
+    torch.manual_seed(13)
+    w, b = torch.randn(N, K), torch.randn(N)
+
+    def bare(x):
+        return F.linear(x, w, b)
+
+    def fused(x):
+        return F.gelu(F.linear(x, w, b))
+
+    for fn, want in ((bare, []), (fused, [False])):
+        torch._dynamo.reset()
+        seen = len(patterns.LOG)
+        x = torch.randn(5, K)
+        torch._dynamo.mark_dynamic(x, 0)
+        with config.override(gemm_epilogue="on"):
+            got = torch.compile(fn, backend=StitchBackend())(x)
+        recs = [r for r in patterns.LOG[seen:] if r.pattern == "gemm_epilogue"]
+        assert [r.applied for r in recs] == want, recs
+        assert all("symbolic" in r.detail for r in recs)
+        torch.testing.assert_close(got, fn(x), rtol=1e-4, atol=1e-5)

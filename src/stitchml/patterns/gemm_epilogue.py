@@ -93,6 +93,9 @@ def match(node: fx.Node):
     if not isinstance(x, fx.Node) or not isinstance(weight, fx.Node) or value(weight) is None \
             or value(weight).dim() != 2 or value(x) is None or value(x).dim() < 2:
         return None  # not a linear layer (batched matmul, vector product)
+    first = _sole_user(node)
+    if first is None or kind(first) not in ("gelu", "silu", "relu", "add", "mul", "to", "float"):
+        return None   # no epilogue to fuse (a product in a dynamic graph is not refused for its sizes)
     out_shape = static_shape(node)
     dtype = value(node).dtype
     steps: dict[str, object] = {}
