@@ -557,6 +557,10 @@ def main(argv: list[str] | None = None) -> int:
     device = config.get("device") if config.get("device") not in ("", "auto", "cpu") else "H100"
     dev = get_device(device)
     budget = dev.issue_budget
+    import triton
+    # register counts and load forms differ between Triton versions (bench/NOTES.md, twenty-fifth
+    # session: 3.6 and 3.9 on BERT's norm backwards): say which one compiled these
+    print(f"compiled by Triton {triton.__version__} (a GPU's own Triton may differ: compare with its version)")
     print(f"device {device}: issue budget {budget:.1f} SASS instructions a byte (4 warp-instructions a cycle "
           f"per SM against the copy bandwidth); `!` marks a hot region above half of it. `µs copy`: the "
           f"kernel's bytes at the copy bandwidth; `µs issue`: the warp-instructions of its hot region over "
