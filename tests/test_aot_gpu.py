@@ -442,7 +442,8 @@ def test_survey_command_reports_sass_floors_for_the_device_knob():
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("device H200: issue budget 7.")
+    assert lines[0].startswith("compiled by Triton ")   # (register counts differ between versions)
+    assert lines[1].startswith("device H200: issue budget 7.")
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines if line.startswith("| rms_norm_fwd")]
     assert rows, proc.stdout
     for row in rows:
