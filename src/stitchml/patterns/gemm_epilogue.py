@@ -39,6 +39,11 @@ from .gemm_op import fused_linear
 from .linear_ce import _plain_transpose
 
 _STAGES = ("bias", "act", "mul", "residual", "cast")
+# the ops `_step` can take as an epilogue step, by kind
+_ACT_OPS = ("gelu", "silu", "relu")
+_BINARY = ("add", "mul")
+_CASTS = ("to", "float")
+_STEP_KINDS = _ACT_OPS + _BINARY + _CASTS
 
 
 def _sole_user(node: fx.Node) -> fx.Node | None:
@@ -54,14 +59,14 @@ def _other(node: fx.Node, cur: fx.Node):
 def _step(nxt: fx.Node, cur: fx.Node, out_shape, dtype, act: str | None):
     """(stage, payload) when nxt is an epilogue step over cur, else None."""
     k = kind(nxt)
-    if k in ("gelu", "silu", "relu") and nxt.args[0] is cur:
+    if k in _ACT_OPS and nxt.args[0] is cur:
         if k == "gelu":
             approx = arg(nxt, 1, "approximate", "none")
             return ("act", "gelu" if approx == "none" else "gelu_tanh" if approx == "tanh" else None)
         if arg(nxt, 1, "inplace", False):
             return None
         return ("act", k)
-    if k in ("add", "mul") and len(nxt.args) == 2 and not nxt.kwargs:
+    if k in _BINARY and len(nxt.args) == 2 and not nxt.kwargs:
         other = _other(nxt, cur)
         ov = value(other)
         if ov is None or ov.dtype != dtype:
@@ -76,7 +81,7 @@ def _step(nxt: fx.Node, cur: fx.Node, out_shape, dtype, act: str | None):
         if k == "mul":
             return ("mul", other) if act == "silu" else None
         return ("residual", other)
-    if k in ("to", "float"):
+    if k in _CASTS:
         v = value(nxt)
         if v is not None and v.dtype.is_floating_point and v.dtype != torch.float64 and v.device == value(cur).device:
             return ("cast", v.dtype)
@@ -94,7 +99,7 @@ def match(node: fx.Node):
             or value(weight).dim() != 2 or value(x) is None or value(x).dim() < 2:
         return None  # not a linear layer (batched matmul, vector product)
     first = _sole_user(node)
-    if first is None or kind(first) not in ("gelu", "silu", "relu", "add", "mul", "to", "float"):
+    if first is None or kind(first) not in _STEP_KINDS:
         return None   # no epilogue to fuse (a product in a dynamic graph is not refused for its sizes)
     out_shape = static_shape(node)
     dtype = value(node).dtype
