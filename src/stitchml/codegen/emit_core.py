@@ -24,6 +24,8 @@ from ..plan.data import KernelPlan
 from ..plan.graph_view import is_free
 from .triton_ops import TL_DTYPE, bitcast_expr, cast_expr, compute_dtype, literal, pointwise_expr
 
+_RANDOM_CALLS = ("tl.rand", "_rand4(", "_randn4(")   # expressions `emit` never shares
+
 if TYPE_CHECKING:
     from .emit_reduce import Reductions
 
@@ -125,7 +127,7 @@ class KernelBuilder:
         return self.pname[key]
 
     def emit(self, scope: Scope, expr: str, axes, dtype: torch.dtype, prefix: str = "t") -> Val:
-        if expr in scope.exprs and "tl.rand" not in expr:
+        if expr in scope.exprs and not any(r in expr for r in _RANDOM_CALLS):
             return scope.exprs[expr]
         name = self.new(prefix)
         scope.lines.append(f"{name} = {expr}")
@@ -403,7 +405,7 @@ class KernelBuilder:
             flat = ix.flatten(index, n.shape)
             axes = ix.axes(flat)
             seed = self.param("seed", n.id)
-            fn = "tl.randn" if n.op == "normal" else "tl.rand"
+            fn = "_randn4" if n.op == "normal" else "_rand4"   # (triton_ops: four words a Philox call)
             return self.emit(self.scope_for(axes), f"{fn}({seed}, {self.offset(flat, axes)})", axes,
                              torch.float32)
         raise TypeError(f"a {n.kind} node cannot be part of a kernel (planner bug)")

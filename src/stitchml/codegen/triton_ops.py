@@ -65,12 +65,51 @@ _INTERPRETED = tl.constexpr(bool(triton.knobs.runtime.interpret))
 
 @triton.jit
 def _nanmax(a, b):
-    return tl.where((a > b) | (a != a), a, b)
+    # NaN-propagating maximum (eager's `maximum`, `amax`, the max of a softmax).  As
+    # tl.maximum with propagate_nan it is one sm_80+ instruction an element (FMNMX.NAN)
+    # where the select it replaced, where((a > b) | (a != a), a, b), was three (two
+    # compares and a select); a bf16 softmax row's max was ~1/7 of its SASS.  The
+    # sign of a zero result differs: IEEE maximum orders -0 below +0, the select
+    # returned the second of two zeros, eager's the first (values compare equal).
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
 def _nanmin(a, b):
-    return tl.where((a < b) | (a != a), a, b)
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _philox_word(seed, offset):
+    # the random word of element `offset`: word (offset & 3) of the Philox block at
+    # (offset >> 2).  One Philox call (10 rounds, ~50 sm_90 instructions) yields four
+    # words; tl.rand / tl.randn called per element ran one call an element and kept
+    # one word.  Elements that share a block and sit in one thread's registers share
+    # the call once the compiler sees their block index is equal: a bf16 dropout +
+    # layer norm row kernel went 1343 -> 1048 SASS instructions (Triton 3.6, sm_90).
+    # A pure function of the element's index, so every kernel that computes the same
+    # random node (a recomputed dropout mask) gets the same values.
+    a, b, c, d = tl.randint4x(seed, offset >> 2)
+    k = offset & 3
+    return tl.where(k == 0, a, tl.where(k == 1, b, tl.where(k == 2, c, d)))
+
+
+@triton.jit
+def _rand4(seed, offset):
+    # uniform in [0, 1) (tl.rand's conversion of a word)
+    return tl.random.uint_to_uniform_float(_philox_word(seed, offset))
+
+
+@triton.jit
+def _randn4(seed, offset):
+    # standard normal: Box-Muller on the words of elements (2i, 2i+1), as tl.randn4x
+    # pairs a block's words, so element 2i takes the pair's first normal, 2i+1 the second
+    a, b, c, d = tl.randint4x(seed, offset >> 2)
+    k = offset & 3
+    u1 = tl.random.uint_to_uniform_float(tl.where(k < 2, a, c))
+    u2 = tl.random.uint_to_uniform_float(tl.where(k < 2, b, d))
+    n1, n2 = tl.random.pair_uniform_to_normal(u1, u2)
+    return tl.where((k & 1) == 0, n1, n2)
 
 
 @triton.jit

@@ -1,7 +1,8 @@
-"""Random numbers inside kernels: counter-based Philox (`tl.rand` / `tl.randn`) keyed
-by the element's linear index and a per-call seed drawn from torch's default
-generator, so `torch.manual_seed` makes runs reproducible (not bit-equal to eager's
-own generator, which no compiler can match)."""
+"""Random numbers inside kernels: counter-based Philox keyed by the element's linear
+index and a per-call seed drawn from torch's default generator, so `torch.manual_seed`
+makes runs reproducible (not bit-equal to eager's own generator, which no compiler can
+match).  Element i takes word i & 3 of the Philox block at i >> 2 (`codegen/triton_ops.py`:
+`_rand4`, `_randn4`), so one Philox call serves four neighbouring elements."""
 from __future__ import annotations
 
 import torch
