@@ -405,10 +405,68 @@ class KernelBuilder:
             flat = ix.flatten(index, n.shape)
             axes = ix.axes(flat)
             seed = self.param("seed", n.id)
+            if n.op != "normal":
+                tile = self._uniform_tile(seed, flat, axes)
+                if tile is not None:
+                    return tile
             fn = "_randn4" if n.op == "normal" else "_rand4"   # (triton_ops: four words a Philox call)
             return self.emit(self.scope_for(axes), f"{fn}({seed}, {self.offset(flat, axes)})", axes,
                              torch.float32)
         raise TypeError(f"a {n.kind} node cannot be part of a kernel (planner bug)")
+
+    def _uniform_tile(self, seed: str, flat: ix.Expr, axes) -> Val | None:
+        """Uniforms of a whole tile from a quarter as many Philox calls, or None.
+
+        `_rand4`, per element, gives element i word i & 3 of the Philox block at i >> 2;
+        the compiler shares a call only between the registers it proves to hold one
+        block.  Where the tile's lanes run along the element index (the point-wise form's
+        flat block, or a row form's columns: `flat` = 1 · lane index + the same multiple
+        of 4 across each row), the tile's blocks are exactly its aligned groups of 4
+        lanes: one `randint4x` over a tile a quarter as wide, its four words joined back
+        in lane order — the same values as `_rand4` element for element, so kernels of
+        either form agree (a mask recomputed in the backward).  A bf16 dropout + layer
+        norm row kernel: 1343 (per element) → 1048 (`_rand4`) → 777 sm_90 instructions
+        (Triton 3.6), no layout conversion (bench/NOTES.md, twenty-sixth session).
+        Row-looped kernels keep `_rand4` (their column blocks may start off a multiple of
+        4 once aligned)."""
+        if self.looped:
+            return None
+        e = self._as_flat(flat)
+        if self.flat:      # the point-wise form: lanes rflat = pid * B + arange(B)
+            lane_axis, width, lanes = ROW, self.m.block_r, "rflat"
+        elif COL in axes:  # a row form's columns: cflat = arange(BC)[None, :]
+            lane_axis, width, lanes = COL, self.m.block_c, "cflat"
+        else:
+            return None
+        single = self.flat_strides.get(lane_axis, {})
+        lane_terms = [(a, k) for a, k in e.terms if lane_axis in ix.axes(ix.Expr(((a, 1),), 0))]
+        if len(lane_terms) != 1 or width % 4:
+            return None
+        (atom, k), = lane_terms
+        if k != 1 or not isinstance(atom, ix.Var) or atom.lo or not (
+                atom.name == lanes or (len(single) == 1 and single.get(atom.name) == 1
+                                       and len(self.dom.col_dims if lane_axis == COL else self.dom.row_dims) == 1)):
+            return None
+        rest = ix.Expr(tuple(t for t in e.terms if t not in lane_terms), e.const)
+        if any(c % 4 for _, c in rest.terms) or rest.const % 4:
+            return None
+        quarter = f"tl.arange(0, {width // 4})"
+        if self.idx64:
+            quarter += ".to(tl.int64)"
+        if lane_axis == ROW:
+            if rest.terms:
+                return None
+            q = f"({self.row_pid} * {width} + {rest.const}) // 4 + {quarter}"
+            shape = f"[{width}]"
+        else:
+            q = f"({self.render_index(rest)}) // 4 + {quarter}[None, :]"
+            shape = f"[{self.m.block_r if rest.terms else 1}, {width}]"
+        scope = self.scope_for(axes)
+        w = [self.new("rw") for _ in range(4)]
+        scope.lines.append(f"{', '.join(w)} = tl.randint4x({seed}, {q})")
+        # join(join(w0, w2), join(w1, w3)) is [.., 2, 2] with word 2p + q at [p, q]: lane order
+        words = f"tl.reshape(tl.join(tl.join({w[0]}, {w[2]}), tl.join({w[1]}, {w[3]})), {shape})"
+        return self.emit(scope, f"tl.random.uint_to_uniform_float({words})", axes, torch.float32)
 
     def _pointwise(self, n: ir.Node, index) -> Val:
         cd = compute_dtype(n.dtype)
