@@ -160,6 +160,15 @@ def test_list_and_bad_case_name(capsys):
         assert name in listed, name
     with pytest.raises(ValueError, match="no case matches"):
         run_bench(BenchOptions(quick=True, cases=("no_such_case",), progress=False))
+    # issue 15's rows: selected by their families' glob, and not by the families of the rows
+    # the other gpu_run.sh steps name (those steps would grow)
+    assert main(["bench", "--quick", "--list", "--suite", "models", "--case", "issue15_*"]) == 0
+    rows = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("models")]
+    assert rows == ["bert_train[b4,s8]", "bert_infer[b4,s8]", "llama8_train[b2,s16,V256]"], rows
+    assert main(["bench", "--quick", "--list", "--suite", "models", "--case", "bert_train",
+                 "--case", "llama8_train"]) == 0
+    rows = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("models")]
+    assert rows == ["bert_train[b2,s8]", "llama8_train[b2,s16]"], rows
 
 
 # --------------------------------------------------------------------------- the float64 judge (issue 13.1)

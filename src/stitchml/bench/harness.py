@@ -165,7 +165,8 @@ def suite_cases(suite: str, quick: bool) -> list[CaseSpec]:
 
 
 def _matches(spec: CaseSpec, patterns: Iterable[str]) -> bool:
-    return any(p in (spec.name, spec.family) or fnmatch.fnmatchcase(spec.name, p) for p in patterns)
+    return any(p in (spec.name, spec.family) or fnmatch.fnmatchcase(spec.name, p)
+               or fnmatch.fnmatchcase(spec.family, p) for p in patterns)
 
 
 def select_cases(opts: BenchOptions) -> list[CaseSpec]:
