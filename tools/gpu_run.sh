@@ -66,10 +66,10 @@ MICRO_CONTENDERS=(--contender eager --contender inductor --contender stitchml)
 # name | timeout (s) | what (for `list`)
 # models first (the headline), compile time in its own step and folder (a --resume would
 # otherwise keep the steady-state rows and skip the cold-compile measurement)
-STEP_ORDER=(env models-check trace ncu small-cols tests calibrate models-bf16 variants models-15 micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
+STEP_ORDER=(env models-check trace ncu small-cols micro-check tests calibrate models-bf16 variants models-15 micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
 declare -A LIMIT=([env]=120 [tests]=900 [calibrate]=900 [micro-bf16]=2400 [micro-fp32]=2400
                   [models-bf16]=3600 [models-fp32]=3600 [models-rest]=3600 [micro-extra]=3600
-                  [compile]=2400 [variants]=1200 [models-15]=1800 [trace]=600 [ncu]=600 [small-cols]=600 [models-check]=900)
+                  [compile]=2400 [variants]=1200 [models-15]=1800 [trace]=600 [ncu]=600 [small-cols]=600 [models-check]=900 [micro-check]=600)
 declare -A WHAT=(
     [env]="nvidia-smi, driver, torch/Triton versions, git commit -> env.txt"
     [tests]="pytest -m gpu tests (judged against float64) -> tests/"
@@ -82,6 +82,7 @@ declare -A WHAT=(
     [models-check]="the training rows against Inductor's CUDA graphs only (BERT, GPT-2, LLaMA-style; bf16; inductor-ro, stitchml): the short check of a runtime change -> models-check/"
     [ncu]="Nsight Compute counters (speed of light, occupancy, warp stalls, memory) of stitch's and Inductor's kernels on the BERT-shaped column reductions (2048 x 768, bf16) -> ncu.txt; of the training steps' stitched kernels that lost most against their prediction in models-check (tools/worst_kernels.py) -> ncu-models.txt"
     [small-cols]="the BERT-shaped column reductions (column_sum_tokens, layer_norm_bwd_tokens: 2048 x 768, bf16): eager, inductor, stitchml, then stitchml under mapping knob variants (and tuple_reductions on these and layer_norm N=1024) -> small-cols/"
+    [micro-check]="the micro rows with open predictions (bench/NOTES.md, twenty-sixth session: the NaN-propagating max, four random words a Philox call), bf16: softmax_fwd N=1024/4096/5000, layer_norm_fwd N=1024, residual_dropout_layer_norm; eager, inductor, stitchml -> bench/"
     [models-15]="issue 15's rows, bf16: BERT-base train and infer at b32 s128, the LLaMA-style 8-layer step with vocabulary 128256 (peak memory of its loss); eager, inductor, inductor-ro, stitchml -> bench/"
     [models-fp32]="the same rows in fp32"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
@@ -147,6 +148,11 @@ print(calibration_path(current_device().name))" 2>/dev/null)
     micro-fp32) "${BENCH[@]}" --suite micro --dtype fp32 "${MICRO_CONTENDERS[@]}" ;;
     models-bf16) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time "${CORE_MODELS[@]}" "${MODEL_CONTENDERS[@]}" ;;
     models-fp32) "${BENCH[@]}" --suite models --dtype fp32 --no-compile-time "${CORE_MODELS[@]}" "${MODEL_CONTENDERS[@]}" ;;
+    micro-check)
+        local MC=(--case 'softmax_fwd[N=1024]' --case 'softmax_fwd[N=4096]' --case 'softmax_fwd[N=5000]'
+                  --case 'layer_norm_fwd[N=1024]' --case residual_dropout_layer_norm)
+        [ "${GPU_RUN_QUICK:-0}" = 1 ] && MC=(--case softmax_fwd --case residual_dropout_layer_norm)
+        "${BENCH[@]}" --suite micro --dtype bf16 "${MC[@]}" "${MICRO_CONTENDERS[@]}" ;;
     models-15) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time --case 'issue15_*' \
                    --contender eager --contender inductor --contender inductor-ro --contender stitchml ;;
     compile)
