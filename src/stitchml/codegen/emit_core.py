@@ -477,15 +477,17 @@ class KernelBuilder:
             e = index[n.attr("dim")]
             axes = ix.axes(e)
             return self.emit(self.scope_for(axes), f"({self.offset(e, axes)}).to(tl.int64)", axes, cd)
-        args, axes, in_dtype = [], set(), None
+        args, axes, in_dtype, vals = [], set(), None, []
         for a in n.args:
             if isinstance(a, ir.Ref):
                 v = self.value(a.id, index)
                 args.append(v.name)
                 axes |= v.axes
                 in_dtype = in_dtype or v.dtype
+                vals.append(v)
             else:
                 args.append(None)
+                vals.append(None)
         scalar_dtype = in_dtype if in_dtype is not None else cd
         if n.op == "where":
             scalar_dtype = cd
@@ -495,9 +497,41 @@ class KernelBuilder:
             expr = cast_expr(args[0], src, n.dtype)
         elif n.op == "bitcast":
             expr = bitcast_expr(args[0], self.g[n.refs[0]].dtype, n.dtype)
+        elif (n.op == "truediv" and cd in (torch.float32, torch.float64) and vals[1] is not None
+              and COL in axes and COL not in vals[1].axes and self._softmax_division(n)):
+            # e / sum(e) with e = exp(a - max(a)): one reciprocal a row and a multiply an
+            # element.  Division by a tensor is `div.full.f32` on a GPU, with range
+            # scaling for divisors beyond 2^126 or below 2^-126 (four sm_90 instructions
+            # an element where one multiply does); this divisor is NaN or at least 1 (the
+            # row's maximum contributes exp(0)), so neither scaling can apply, and
+            # x * (1 / s) is within 1.5 ulp of x / s, as div.full's 2 ulp.
+            inv = self.emit(self.scope_for(vals[1].axes), f"(1.0 / {args[1]})", vals[1].axes, cd)
+            expr = f"({args[0]} * {inv.name})"
         else:
             expr = pointwise_expr(n.op, args, in_dtype, n.dtype)
         return self.emit(self.scope_for(axes), expr, axes, cd)
+
+    def _softmax_division(self, n: ir.Node) -> bool:
+        """Whether `n` divides e = exp(a - amax(a)) by sum(e) over the same dims (a
+        softmax's normalisation, views between the nodes allowed)."""
+        g = self.g
+
+        def through_views(nid: int) -> int:
+            while g[nid].kind == ir.VIEW:
+                nid = g[nid].refs[0]
+            return nid
+        if len(n.args) != 2 or not all(isinstance(a, ir.Ref) for a in n.args):
+            return False
+        e_id, s_id = n.args[0].id, through_views(n.args[1].id)
+        s, e = g[s_id], g[e_id]
+        if s.kind != ir.REDUCE or s.op != "sum" or s.refs[0] != e_id or e.kind != ir.POINTWISE or e.op != "exp":
+            return False
+        d = g[e.refs[0]]
+        if d.kind != ir.POINTWISE or d.op != "sub" or len(d.refs) != 2:
+            return False
+        m = g[through_views(d.refs[1])]
+        return (m.kind == ir.REDUCE and m.op == "amax" and m.refs[0] == d.refs[0]
+                and m.attr("dims") == s.attr("dims"))
 
     def _part_indices(self, n: ir.Node, index, pos) -> list[tuple[int, int, tuple]]:
         """(start, size, index of the part) for each part of concatenation `n`."""
