@@ -89,38 +89,20 @@ def test_four_words_a_philox_call_on_gpu(monkeypatch):
     `randint4x` over a quarter-width tile) and in a row form (the same over a row block's
     columns), bit for bit against Triton's own `randint4x`; and a dropout's backward
     keeps exactly the elements its forward kept (the mask recomputed or saved)."""
-    import triton
-    import triton.language as tl
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from philox_ref import four_word_uniforms, recorded_seeds
 
-    from stitchml.runtime import wrapper
-
-    drawn: list[int] = []
-    real = wrapper._seeds
-    monkeypatch.setattr(wrapper, "_seeds", lambda k: (lambda out: (drawn.extend(out), out)[1])(real(k)))
-
-    @triton.jit
-    def four_words(seed, out, n, BLOCK: tl.constexpr):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        a, b, c, d = tl.randint4x(seed, i)
-        m = i * 4 < n
-        tl.store(out + i * 4, tl.random.uint_to_uniform_float(a), mask=m)
-        tl.store(out + i * 4 + 1, tl.random.uint_to_uniform_float(b), mask=m)
-        tl.store(out + i * 4 + 2, tl.random.uint_to_uniform_float(c), mask=m)
-        tl.store(out + i * 4 + 3, tl.random.uint_to_uniform_float(d), mask=m)
-
-    def reference(seed: int, n: int) -> torch.Tensor:
-        out = torch.full((-(-n // 4096) * 4096,), -1.0, device=DEV)
-        four_words[(-(-n // 4096),)](seed, out, n, BLOCK=1024)
-        return out[:n]
-
+    drawn = recorded_seeds(monkeypatch)
     n = 1 << 20
     u = torch.compile(lambda x: torch.rand_like(x) + x * 0, backend="stitch")(torch.zeros(n, device=DEV))
-    assert any(torch.equal(reference(s, n), u) for s in drawn), "point-wise form"
+    assert any(torch.equal(four_word_uniforms(s, n, DEV), u) for s in drawn), "point-wise form"
     drawn.clear()
     x = _randn(4096, 1000)
     keep, _ = torch.compile(lambda x: (lambda m: (m, (x * m).softmax(-1)))(torch.rand_like(x) < 0.5),
                             backend="stitch")(x)
-    assert any(torch.equal(keep, reference(s, x.numel()).view(4096, 1000) < 0.5) for s in drawn), "row form"
+    assert any(torch.equal(keep, four_word_uniforms(s, x.numel(), DEV).view(4096, 1000) < 0.5) for s in drawn), "row form"
     # the gradient reaches exactly the elements whose forward value survived dropout
     xg = (_randn(4096, 1024).abs() + 0.5).requires_grad_()   # (no input exactly 0)
     y = torch.compile(lambda x: F.dropout(x, 0.25, training=True) * 2, backend="stitch")(xg)

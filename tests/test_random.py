@@ -1,7 +1,13 @@
 """Random numbers generated inside kernels: distribution, seeding, independence."""
+import sys
+from pathlib import Path
+
 import torch
 
 import stitchml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from philox_ref import four_word_uniforms, recorded_seeds  # noqa: E402
 
 
 def _run(fn, *args):
@@ -93,42 +99,6 @@ def test_seeds_of_a_call_are_drawn_at_once_and_differ_per_kernel():
 
 
 
-def _recorded_seeds(monkeypatch) -> list[int]:
-    """The seeds the compiled calls draw (`wrapper._seeds`), in order."""
-    from stitchml.runtime import wrapper
-
-    drawn: list[int] = []
-    real = wrapper._seeds
-
-    def recording(k: int) -> list[int]:
-        out = real(k)
-        drawn.extend(out)
-        return out
-    monkeypatch.setattr(wrapper, "_seeds", recording)
-    return drawn
-
-
-def _four_word_uniforms(seed: int, n: int) -> torch.Tensor:
-    """Element i's uniform under the four-words scheme, from Triton's own `randint4x`:
-    word i & 3 of the Philox block at i >> 2, converted as `tl.rand` converts a word."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def four_words(seed, out, n, BLOCK: tl.constexpr):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        a, b, c, d = tl.randint4x(seed, i)
-        m = i * 4 < n
-        tl.store(out + i * 4, tl.random.uint_to_uniform_float(a), mask=m)
-        tl.store(out + i * 4 + 1, tl.random.uint_to_uniform_float(b), mask=m)
-        tl.store(out + i * 4 + 2, tl.random.uint_to_uniform_float(c), mask=m)
-        tl.store(out + i * 4 + 3, tl.random.uint_to_uniform_float(d), mask=m)
-
-    out = torch.full((-(-n // 4096) * 4096,), -1.0)   # (poisoned)
-    four_words[(-(-n // 4096),)](seed, out, n, BLOCK=1024)
-    return out[:n]
-
-
 def test_each_philox_call_serves_four_neighbouring_elements(monkeypatch):
     """Element i's uniform is word (i & 3) of the Philox block at i >> 2: one call serves
     four elements.  Every kernel form gives the same values — the point-wise and row forms
@@ -136,10 +106,10 @@ def test_each_philox_call_serves_four_neighbouring_elements(monkeypatch):
     row-looped kernel per element (`triton_ops._rand4`) — checked bit for bit against
     Triton's own `randint4x` on the seed the call drew.  Neighbours stay uncorrelated (a
     block's four words are independent) and normals keep their moments."""
-    drawn = _recorded_seeds(monkeypatch)
+    drawn = recorded_seeds(monkeypatch)
     n = 4 * 1031 + 3   # (a last, partial block)
     u, z = _run(lambda x: (torch.rand_like(x), torch.randn_like(x)), torch.empty(n))
-    assert any(torch.equal(_four_word_uniforms(s, n), u) for s in drawn), \
+    assert any(torch.equal(four_word_uniforms(s, n), u) for s in drawn), \
         "no seed of the call gives the kernel's uniforms as four words a Philox call"
     # a row form (the mask feeds a softmax of its rows: its tile is the row block's
     # columns) and a looped row (too long for registers: per element)
@@ -148,7 +118,7 @@ def test_each_philox_call_serves_four_neighbouring_elements(monkeypatch):
         x = torch.randn(shape)
         keep, _ = _run(lambda x: (lambda m: (m, (x * m).softmax(-1)))(torch.rand_like(x) < 0.5), x)
         assert 0.4 < keep.float().mean().item() < 0.6
-        assert any(torch.equal(keep, _four_word_uniforms(s, x.numel()).view(shape) < 0.5) for s in drawn), shape
+        assert any(torch.equal(keep, four_word_uniforms(s, x.numel()).view(shape) < 0.5) for s in drawn), shape
     assert abs(torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1].item()) < 0.05
     assert abs(z.mean().item()) < 0.06 and abs(z.std().item() - 1) < 0.05
     assert abs(torch.corrcoef(torch.stack([z[:-1], z[1:]]))[0, 1].item()) < 0.05
