@@ -500,13 +500,13 @@ class KernelBuilder:
         elif (n.op == "truediv" and cd in (torch.float32, torch.float64) and vals[1] is not None
               and COL in axes and COL not in vals[1].axes and self._softmax_division(n)):
             # e / sum(e) with e = exp(a - max(a)): one reciprocal a row and a multiply an
-            # element.  Division by a tensor is `div.full.f32` on a GPU, with range
-            # scaling for divisors beyond 2^126 or below 2^-126 (four sm_90 instructions
-            # an element where one multiply does); this divisor is NaN or at least 1 (the
-            # row's maximum contributes exp(0)), so neither scaling can apply, and
-            # x * (1 / s) is within 1.5 ulp of x / s, as div.full's 2 ulp.
-            inv = self.emit(self.scope_for(vals[1].axes), f"(1.0 / {args[1]})", vals[1].axes, cd)
-            expr = f"({args[0]} * {inv.name})"
+            # element (`triton_ops._mul_recip`, compiled).  Division by a tensor is
+            # `div.full.f32` on a GPU, with range scaling for divisors beyond 2^126 or
+            # below 2^-126 (four sm_90 instructions an element where one multiply does);
+            # this divisor is NaN or at least 1 (the row's maximum contributes exp(0)),
+            # so neither scaling can apply, and x * (1 / s) is within 1.5 ulp of x / s,
+            # as div.full's 2 ulp.
+            expr = f"_mul_recip({args[0]}, {args[1]})"
         else:
             expr = pointwise_expr(n.op, args, in_dtype, n.dtype)
         return self.emit(self.scope_for(axes), expr, axes, cd)

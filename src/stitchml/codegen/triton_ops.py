@@ -80,6 +80,20 @@ def _nanmin(a, b):
 
 
 @triton.jit
+def _mul_recip(x, s):
+    # x / s for a divisor that is NaN or at least 1 (a softmax's sum: `emit_core.
+    # _softmax_division`), s a row value: compiled, one reciprocal a row and a multiply
+    # an element (div.full.f32 range-scales numerator and divisor: four sm_90
+    # instructions an element).  The interpreter divides, as the kernels did before:
+    # numpy warns on a padded row's 1 / 0 (its sum is 0), and callers may run with
+    # warnings as errors.
+    if _INTERPRETED:
+        return x / s
+    else:
+        return x * (1.0 / s)
+
+
+@triton.jit
 def _philox_word(seed, offset):
     # the random word of element `offset`: word (offset & 3) of the Philox block at
     # (offset >> 2).  One Philox call (10 rounds, ~50 sm_90 instructions) yields four
