@@ -22,6 +22,7 @@ from ..ir import index as ix
 from ..ir import nodes as ir
 from ..plan.data import KernelPlan
 from ..plan.graph_view import is_free
+from ..plan.row_loops import online_partner, through_views
 from .triton_ops import TL_DTYPE, bitcast_expr, cast_expr, compute_dtype, literal, pointwise_expr
 
 _RANDOM_CALLS = ("tl.rand", "_rand4(", "_randn4(")   # expressions `emit` never shares
@@ -512,26 +513,12 @@ class KernelBuilder:
         return self.emit(self.scope_for(axes), expr, axes, cd)
 
     def _softmax_division(self, n: ir.Node) -> bool:
-        """Whether `n` divides e = exp(a - amax(a)) by sum(e) over the same dims (a
-        softmax's normalisation, views between the nodes allowed)."""
-        g = self.g
-
-        def through_views(nid: int) -> int:
-            while g[nid].kind == ir.VIEW:
-                nid = g[nid].refs[0]
-            return nid
+        """Whether `n` divides e by s = sum(e), e = exp(a - amax(a)) over the same dims
+        (a softmax's normalisation: s is an online pair's sum, `row_loops.online_partner`)."""
         if len(n.args) != 2 or not all(isinstance(a, ir.Ref) for a in n.args):
             return False
-        e_id, s_id = n.args[0].id, through_views(n.args[1].id)
-        s, e = g[s_id], g[e_id]
-        if s.kind != ir.REDUCE or s.op != "sum" or s.refs[0] != e_id or e.kind != ir.POINTWISE or e.op != "exp":
-            return False
-        d = g[e.refs[0]]
-        if d.kind != ir.POINTWISE or d.op != "sub" or len(d.refs) != 2:
-            return False
-        m = g[through_views(d.refs[1])]
-        return (m.kind == ir.REDUCE and m.op == "amax" and m.refs[0] == d.refs[0]
-                and m.attr("dims") == s.attr("dims"))
+        s = self.g[through_views(self.g, n.args[1].id)]
+        return s.kind == ir.REDUCE and s.refs[0] == n.args[0].id and online_partner(self.g, s) is not None
 
     def _part_indices(self, n: ir.Node, index, pos) -> list[tuple[int, int, tuple]]:
         """(start, size, index of the part) for each part of concatenation `n`."""
