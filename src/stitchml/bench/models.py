@@ -366,27 +366,25 @@ def cases(quick: bool) -> list[CaseSpec]:
     lb, ls = (2, 16) if quick else (2, 2048)
     mb, ms = (2, 16) if quick else (4, 1024)     # LLaMA-style 8 layers: the issue-12 baseline row
     db, dt_len = (8, 4) if quick else (2048, 50)
-    builders: list[tuple[str, Callable[[str, torch.device, str], Workload], tuple[str, ...]]] = [
-        (f"bert_train[b{bt},s{bs}]", _bert_train(bt, bs, quick), hf),
-        *[(f"bert_infer[b{b},s{bs}]", _bert_infer(b, bs, quick), hf) for b in bert_infer_batches],
-        (f"gpt2_train[b{gb},s{gs}]", _gpt2_train(gb, gs, quick), hf),
-        (f"gpt2_decode[b1,past{past}]", _gpt2_decode(past, quick), hf),
-        (f"llama8_train[b{mb},s{ms}]", _llama_model(mb, ms, quick), ()),
-        (f"llama_block_train[b{lb},s{ls}]", _llama(lb, ls, quick, True), ()),
-        (f"llama_block_infer[b{lb},s{ls}]", _llama(lb, ls, quick, False), ()),
-        (f"dien_train[b{db},T{dt_len}]", _dien(db, dt_len, quick, True), ()),
-        (f"dien_infer[b{db},T{dt_len}]", _dien(db, dt_len, quick, False), ()),
-    ]
-    specs = [CaseSpec(name, "models", lambda dtype, device, name=name, b=b: b(dtype, device, name), requires=req)
-             for name, b, req in builders]
     # issue 15's rows (its targets are stated for them): BERT-base at batch 32, and the
     # LLaMA-style step with LLaMA-3's vocabulary, whose loss memory the chunked linear +
     # cross-entropy must cut 4x.  Families of their own, so `--case bert_train` and the
-    # steps of tools/gpu_run.sh that name the rows above do not grow; `--case issue15_*`.
+    # steps of tools/gpu_run.sh that name the other rows do not grow; `--case issue15_*`.
     b32, v_big = (4, 256) if quick else (32, 128256)
-    extra = [(f"bert_train[b{b32},s{bs}]", "issue15_bert_train", _bert_train(b32, bs, quick), hf),
-             (f"bert_infer[b{b32},s{bs}]", "issue15_bert_infer", _bert_infer(b32, bs, quick), hf),
-             (f"llama8_train[b{mb},s{ms},V{v_big}]", "issue15_llama8_vocab", _llama_model(mb, ms, quick, v_big), ())]
-    specs += [CaseSpec(name, "models", lambda dtype, device, name=name, b=b: b(dtype, device, name), family=fam,
-                       requires=req) for name, fam, b, req in extra]
-    return specs
+    # (name, family ("": the name without its sizes), builder, modules it needs)
+    builders: list[tuple[str, str, Callable[[str, torch.device, str], Workload], tuple[str, ...]]] = [
+        (f"bert_train[b{bt},s{bs}]", "", _bert_train(bt, bs, quick), hf),
+        *[(f"bert_infer[b{b},s{bs}]", "", _bert_infer(b, bs, quick), hf) for b in bert_infer_batches],
+        (f"gpt2_train[b{gb},s{gs}]", "", _gpt2_train(gb, gs, quick), hf),
+        (f"gpt2_decode[b1,past{past}]", "", _gpt2_decode(past, quick), hf),
+        (f"llama8_train[b{mb},s{ms}]", "", _llama_model(mb, ms, quick), ()),
+        (f"llama_block_train[b{lb},s{ls}]", "", _llama(lb, ls, quick, True), ()),
+        (f"llama_block_infer[b{lb},s{ls}]", "", _llama(lb, ls, quick, False), ()),
+        (f"dien_train[b{db},T{dt_len}]", "", _dien(db, dt_len, quick, True), ()),
+        (f"dien_infer[b{db},T{dt_len}]", "", _dien(db, dt_len, quick, False), ()),
+        (f"bert_train[b{b32},s{bs}]", "issue15_bert_train", _bert_train(b32, bs, quick), hf),
+        (f"bert_infer[b{b32},s{bs}]", "issue15_bert_infer", _bert_infer(b32, bs, quick), hf),
+        (f"llama8_train[b{mb},s{ms},V{v_big}]", "issue15_llama8_vocab", _llama_model(mb, ms, quick, v_big), ()),
+    ]
+    return [CaseSpec(name, "models", lambda dtype, device, name=name, b=b: b(dtype, device, name), family=fam,
+                     requires=req) for name, fam, b, req in builders]
