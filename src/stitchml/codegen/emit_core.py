@@ -439,13 +439,13 @@ class KernelBuilder:
             lane_axis, width, lanes = COL, self.m.block_c, "cflat"
         else:
             return None
-        single = self.flat_strides.get(lane_axis, {})
+        strides = self.flat_strides.get(lane_axis, {})   # the axis' variables: their flat strides
         lane_terms = [(a, k) for a, k in e.terms if lane_axis in ix.axes(ix.Expr(((a, 1),), 0))]
         if len(lane_terms) != 1 or width % 4:
             return None
         (atom, k), = lane_terms
         if k != 1 or not isinstance(atom, ix.Var) or atom.lo or not (
-                atom.name == lanes or (len(single) == 1 and single.get(atom.name) == 1
+                atom.name == lanes or (len(strides) == 1 and strides.get(atom.name) == 1
                                        and len(self.dom.col_dims if lane_axis == COL else self.dom.row_dims) == 1)):
             return None
         rest = ix.Expr(tuple(t for t in e.terms if t not in lane_terms), e.const)
