@@ -138,6 +138,37 @@ def test_bf16_row_kernels_keep_their_instruction_diet_for_sm90():
     assert per_byte["residual_dropout_layer_norm"] < 5.5, per_byte
 
 
+WARP_ROWS_SCRIPT = textwrap.dedent("""
+    import json
+    from stitchml import config
+    from stitchml.tools.aot_check import survey
+    cases = r"layer_norm_fwd\\[N=1024\\]|softmax_fwd\\[N=5000\\]"
+    out = {}
+    for on in (True, False):
+        with config.override(warp_rows=on, trim_row_warps=on):
+            out[str(on)] = [(c, d, g, r.__dict__) for c, d, g, r in survey("micro", cases, ("bf16",), device="H200")]
+    print(json.dumps(out))
+""")
+
+
+def test_row_kernels_mapped_for_live_lanes_issue_less_for_sm90():
+    """A warp a row (`mapping.WARP_ROW_ELEMS`): layer norm over 1024-wide bf16 rows
+    reduces its three row statistics by warp shuffles, no barrier; fewer warps for a
+    5000-wide row (`mapping.live_lane_warps`): the 8192 tile's repeats past the row are
+    dropped.  Warp-instructions of the whole launch, with the knobs off and on: layer
+    norm -25 % (barriers 5 -> 0), softmax over 5000 -50 % under Triton 3.9 (3.6: -30 %,
+    barriers 8 -> 0, and -52 %; bench/NOTES.md, twenty-seventh session)."""
+    out = _run_outside_interpreter(WARP_ROWS_SCRIPT)
+    on = {c.split("[")[0]: r for c, _, g, r in out["True"] if g == "graph 0"}
+    off = {c.split("[")[0]: r for c, _, g, r in out["False"] if g == "graph 0"}
+    assert set(on) == set(off) == {"layer_norm_fwd", "softmax_fwd"}, out
+    assert all(r["ok"] and r["spills"] == 0 for r in on.values()), on
+    assert on["layer_norm_fwd"]["sass"]["hot_barriers"] == 0 < off["layer_norm_fwd"]["sass"]["hot_barriers"]
+    for case in on:
+        assert on[case]["warp_instructions"] < 0.8 * off[case]["warp_instructions"], (
+            case, on[case]["warp_instructions"], off[case]["warp_instructions"])
+
+
 COLUMN_LOOPS_SCRIPT = textwrap.dedent("""
     import json
     from stitchml.tools.aot_check import survey_micro

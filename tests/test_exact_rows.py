@@ -37,8 +37,9 @@ def test_divisible_rows_get_a_constant_mask_and_others_do_not():
     assert k.exact_rows and k.mapping.block_r and 64 % k.mapping.block_r == 0
     src = _sources(plan)[k.name]
     assert CONSTANT in src and "rmask = rflat <" not in src, src
-    # 7 rows: a row block of 8 does not divide them, the mask stays
-    plan = plan_of(lambda x: torch.softmax(x, -1) * 2, torch.randn(7, 300))
+    # 7 rows of 100 (packed: a warp holds several such rows): a row block of 8 does not
+    # divide them, the mask stays
+    plan = plan_of(lambda x: torch.softmax(x, -1) * 2, torch.randn(7, 100))
     (k,) = plan.kernels
     assert k.mapping.block_r == 8 and "rmask = rflat < 7" in _sources(plan)[k.name]
     # flat: 4096 elements in blocks that divide them; 4099 do not divide

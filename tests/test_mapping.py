@@ -13,8 +13,8 @@ from planning import plan_of
 H100 = DEVICES["H100"]
 
 
-def h100_plan(fn, *shapes):
-    with config.override(device="H100"):
+def h100_plan(fn, *shapes, **knobs):
+    with config.override(device="H100", **knobs):
         return plan_of(fn, *[torch.empty(*s) for s in shapes])
 
 
@@ -62,8 +62,15 @@ def test_layer_norm_of_few_long_rows_reads_its_input_twice():
 def test_layer_norm_4096x1000():
     plan = h100_plan(lambda x, w, b: F.layer_norm(x, (1000,), w, b), (4096, 1000), (1000,), (1000,))
     (k,) = plan.kernels
+    # a warp a row (`mapping.WARP_ROW_ELEMS`): 1000 float32 values, 32 a lane at most
+    assert k.mapping.form == "row_persistent" and (k.mapping.block_r, k.mapping.block_c) == (1, 1024)
+    assert (k.mapping.num_warps, k.mapping.grid) == (1, 4096)
+    # without it, tiles of 4 rows over 16 warps
+    plan = h100_plan(lambda x, w, b: F.layer_norm(x, (1000,), w, b), (4096, 1000), (1000,), (1000,),
+                     warp_rows=False)
+    (k,) = plan.kernels
     assert k.mapping.form == "packed_rows" and (k.mapping.block_r, k.mapping.block_c) == (4, 1024)
-    assert k.mapping.grid == 1024
+    assert (k.mapping.num_warps, k.mapping.grid) == (16, 1024)
 
 
 def test_column_sum_is_partials_plus_combine_within_one_wave():
@@ -168,11 +175,11 @@ def test_programs_of_two_byte_data_hold_twice_the_elements():
         return F.layer_norm(x, (1024,), w, b)
     shapes = [(32768, 1024), (1024,), (1024,)]
     tiles = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        (k,) = _h200_plan(ln, dtype, *shapes).kernels
+    for dtype in (torch.float32, torch.bfloat16):   # (rows of 1024 are a warp's each by default: `warp_rows`)
+        (k,) = _h200_plan(ln, dtype, *shapes, warp_rows=False).kernels
         tiles[dtype] = (k.mapping.block_r, k.mapping.block_c, k.mapping.grid)
     assert tiles == {torch.float32: (4, 1024, 8192), torch.bfloat16: (8, 1024, 4096)}
-    (k,) = _h200_plan(ln, torch.bfloat16, *shapes, dtype_scaled_blocks=False).kernels
+    (k,) = _h200_plan(ln, torch.bfloat16, *shapes, dtype_scaled_blocks=False, warp_rows=False).kernels
     assert (k.mapping.block_r, k.mapping.grid) == (4, 8192)
     (p,) = _h200_plan(lambda x: torch.sigmoid(x) * 2, torch.bfloat16, (1 << 24,)).kernels
     (q,) = _h200_plan(lambda x: torch.sigmoid(x) * 2, torch.float32, (1 << 24,)).kernels

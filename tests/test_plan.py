@@ -9,13 +9,14 @@ from stitchml.plan.data import EagerStep
 from planning import plan_of
 
 
-def test_layer_norm_plan_is_one_regional_packed_kernel():
+def test_layer_norm_plan_is_one_regional_kernel_a_warp_a_row():
     x, w, b = torch.randn(64, 130), torch.randn(130), torch.randn(130)
     plan = plan_of(lambda x, w, b: F.layer_norm(x, (130,), w, b), x, w, b)
     (k,) = plan.kernels
     assert k.scheme == "regional"
     assert (k.domain.rows, k.domain.cols) == (64, 130)
-    assert k.mapping.form == "packed_rows" and k.mapping.block_c == 256
+    # 130 float32 values: wider than a warp's 16-byte vectors (128), so one warp a row
+    assert (k.mapping.form, k.mapping.block_r, k.mapping.block_c, k.mapping.num_warps) == ("row_persistent", 1, 256, 1)
     assert k.mapping.block_r * k.mapping.grid >= 64
     reduces = [plan.graph[d] for d in k.dominant]
     assert [r.op for r in reduces] == ["sum", "sum", "sum"]  # mean; then sums of deviations and of their squares

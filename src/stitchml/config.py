@@ -112,6 +112,19 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "masked loop after them; the aligned start is told to Triton (`tl.multiple_of`), which then "
          "reads and stores 16 bytes a thread instead of 2 (sm_90 SASS: `tools/aot_check`). Needs "
          "column_tails. Not yet measured on a GPU."),
+    Knob("warp_rows", "STITCHML_WARP_ROWS", True, _bool,
+         "Row kernels (no column partials) over rows wider than one warp's 16-byte vectors and at most 32 "
+         "elements a lane (bfloat16 257-1024 wide, float32 129-1024) run one row a program on one warp: row "
+         "statistics are warp shuffles instead of shared-memory rounds, and a 768-wide row's dead lanes are "
+         "dropped by the compiler (plan/mapping.py::WARP_ROW_ELEMS). sm_90 layer norm forward, bfloat16: "
+         "warp-instructions a row -46 to -59 %, barriers 8 -> 0 (Triton 3.6). Static shapes only. Not yet "
+         "measured on a GPU."),
+    Knob("trim_row_warps", "STITCHML_TRIM_ROW_WARPS", True, _bool,
+         "A program of one whole row whose length is not a power of two runs at the warps that leave the "
+         "fewest masked lanes live (plan/mapping.py::live_lane_warps): repeats of Triton's layout wholly past "
+         "the row are dropped by the compiler, a repeat the row's end cuts is issued in full. softmax over "
+         "5000-wide bfloat16 rows: 16 -> 4 warps, sm_90 warp-instructions a row -52 % (Triton 3.6). Static "
+         "shapes only. Not yet measured on a GPU."),
     Knob("exact_rows", "STITCHML_EXACT_ROWS", True, _bool,
          "Kernels whose row count (element count, for flat kernels) the row block divides test no row "
          "mask: `rflat < rows` is then a constant, which Triton folds. Seen in sm_90 SASS: a masked "

@@ -96,7 +96,13 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: 
         form = "packed_rows" if br > 1 else "row_persistent"
         blocks = -(-rows // br)
         if not partials:
-            return Mapping(form, br, bc, _warps(br * bc), blocks)
+            vec = 16 // max(min(itemsize, 16), 1)
+            if opts.warp_rows and not fixed and 32 * vec < bc <= 32 * WARP_ROW_ELEMS:
+                return Mapping("row_persistent", 1, bc, 1, rows)   # a warp a row (`WARP_ROW_ELEMS`)
+            warps = _warps(br * bc)
+            if br == 1 and opts.trim_row_warps and not fixed:
+                warps = live_lane_warps(cols, warps, vec)
+            return Mapping(form, br, bc, warps, blocks)
         # column partials: each program walks several row blocks (grid-stride) so the
         # partial buffer (programs x cols) stays small; a few waves of programs suffice
         return Mapping(form, br, bc, _warps(br * bc), *_partial_walk(rows, br, opts))
@@ -106,6 +112,43 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: 
         return Mapping("row_looped", br, bc, _warps(br * bc), -(-rows // br))
     bc = opts.loop_block_cols
     return Mapping("row_looped", 1, bc, _warps(bc), rows)
+
+
+WARP_ROW_ELEMS = 32   # a row this many elements a lane or fewer (1024) is one warp's, when wider than a warp's vectors
+# Rows of 257-1024 bfloat16 (129-1024 float32) values were tiles of several rows over
+# 16 warps, Triton's layout putting up to 4 warps across each row: every row statistic
+# a shared-memory round with barriers, and a 768-wide row (BERT, GPT-2) in a 1024 tile
+# whose fourth warp of each row only masked.  One warp a program, one row a warp: the
+# statistics are warp shuffles, and the repeats past the row's end are dropped by the
+# compiler (`live_lane_warps`).  sm_90 (Triton 3.6), layer norm forward, bfloat16:
+# 768 wide 860 -> 356 warp-instructions a row, 1024 wide 868 -> ~466, barriers 8 -> 0
+# (bench/NOTES.md, twenty-seventh session).
+
+
+ROW_THREAD_ELEMS = 64   # live_lane_warps: most row elements a thread may hold after fewer warps
+
+
+def live_lane_warps(cols: int, warps: int, vec: int) -> int:
+    """The warps of a one-row program over a row of `cols` elements (a power-of-two tile)
+    that leave the fewest masked lanes live, at most `warps`.  Triton lays the tile out
+    as `warps` x 32 threads of `vec` consecutive elements, repeated along the row: a
+    repeat lying wholly past the row is masked for every thread, which LLVM proves and
+    drops; a repeat the row's end cuts is issued in full by every thread.  A 5000-wide
+    bfloat16 row in an 8192 tile at 16 warps (4096 lanes a repeat) computes 8192 lanes
+    for 5000 (39 % masked); at 4 warps (1024 a repeat) 5120: the softmax's sm_90
+    warp-instructions a row fell from 16 x 286 to 4 x 544 (-52 %; Triton 3.6,
+    bench/NOTES.md, twenty-seventh session).  Fewer warps only while a thread holds at
+    most ROW_THREAD_ELEMS of the row (registers), and only where the span shrinks."""
+    def span(w: int) -> int:
+        lanes = w * 32 * vec
+        return -(-cols // lanes) * lanes
+
+    best, w = warps, warps // 2
+    while w >= 1 and span(w) // (w * 32) <= ROW_THREAD_ELEMS:
+        if span(w) < span(best):
+            best = w
+        w //= 2
+    return best
 
 
 PARTIAL_LANE_WARPS = 8          # warps of a looped partial kernel's program, side by side along the columns
