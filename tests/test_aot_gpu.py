@@ -144,9 +144,10 @@ WARP_ROWS_SCRIPT = textwrap.dedent("""
     from stitchml.tools.aot_check import survey
     cases = r"layer_norm_fwd\\[N=1024\\]|softmax_fwd\\[N=5000\\]"
     out = {}
-    for on in (True, False):
-        with config.override(warp_rows=on, trim_row_warps=on):
-            out[str(on)] = [(c, d, g, r.__dict__) for c, d, g, r in survey("micro", cases, ("bf16",), device="H200")]
+    for name, knobs in (("True", dict(warp_rows=True, trim_row_warps=True)),
+                        ("False", dict(warp_rows=False, trim_row_warps=False)), ("segments", dict(warp_row_warps=16))):
+        with config.override(**knobs):
+            out[name] = [(c, d, g, r.__dict__) for c, d, g, r in survey("micro", cases, ("bf16",), device="H200")]
     print(json.dumps(out))
 """)
 
@@ -155,7 +156,8 @@ def test_row_kernels_mapped_for_live_lanes_issue_less_for_sm90():
     """A warp a row (`mapping.WARP_ROW_ELEMS`): layer norm over 1024-wide bf16 rows
     reduces its three row statistics by warp shuffles, no barrier; fewer warps for a
     5000-wide row (`mapping.live_lane_warps`): the 8192 tile's repeats past the row are
-    dropped.  Warp-instructions of the whole launch, with the knobs off and on: layer
+    dropped; the same rows in 16-warp programs, a row a warp held as segments
+    (`warp_row_warps`).  Warp-instructions of the whole launch, with the knobs off and on: layer
     norm -25 % (barriers 5 -> 0), softmax over 5000 -50 % under Triton 3.9 (3.6: -30 %,
     barriers 8 -> 0, and -52 %; bench/NOTES.md, twenty-seventh session)."""
     out = _run_outside_interpreter(WARP_ROWS_SCRIPT)
@@ -167,6 +169,11 @@ def test_row_kernels_mapped_for_live_lanes_issue_less_for_sm90():
     for case in on:
         assert on[case]["warp_instructions"] < 0.8 * off[case]["warp_instructions"], (
             case, on[case]["warp_instructions"], off[case]["warp_instructions"])
+    # the same rows a warp inside 16-warp programs (`warp_row_warps`, each row as segments
+    # of one warp's width): no barrier either, about the same instructions
+    seg = [r for c, _, g, r in out["segments"] if c.startswith("layer_norm_fwd") and g == "graph 0"]
+    assert len(seg) == 1 and seg[0]["ok"] and seg[0]["spills"] == 0 and seg[0]["sass"]["hot_barriers"] == 0, seg
+    assert seg[0]["warp_instructions"] < 1.1 * on["layer_norm_fwd"]["warp_instructions"], seg
 
 
 COLUMN_LOOPS_SCRIPT = textwrap.dedent("""

@@ -131,3 +131,74 @@ def test_trimmed_warps_match_eager_on_rows_that_are_not_a_power_of_two():
     c = compare_with_eager(_ln, [x, w, b], rtol=2e-2, atol=2e-2, grad_rtol=5e-2, grad_atol=2e-1)
     assert any(k.mapping.form == "row_persistent" and k.mapping.num_warps == 4 for k in _kernels(c)), \
         [k.mapping for k in _kernels(c)]
+
+
+# -- programs of several warps, a row a warp, the row as segments (knob warp_row_warps)
+
+@pytest.mark.parametrize("dtype,cols,width,segments", [
+    (torch.bfloat16, 768, 256, 3),    # 32 lanes x 8 bf16 values a segment: BERT's rows in three
+    (torch.float32, 1000, 128, 8),    # 32 x 4 float32 values; the last segment's tail masked
+])
+def test_several_warp_rows_a_program_hold_each_row_as_segments(dtype, cols, width, segments):
+    (k,) = _plan(_ln, dtype, (4096, cols), (cols,), (cols,), warp_row_warps=4).kernels
+    m = k.mapping
+    assert (m.form, m.block_r, m.block_c, m.segments, m.num_warps, m.grid) == (
+        "packed_rows", 4, width, segments, 4, 1024), m
+    assert "x%d segments" % segments in m.describe()
+
+
+def test_scans_and_arg_reductions_keep_one_warp_programs_under_segments():
+    for fn in (lambda x: torch.cumsum(x, -1) * 2, lambda x: x.argmax(-1) + 1):
+        (k,) = _plan(fn, torch.float32, (512, 700), warp_row_warps=4).kernels
+        assert (k.mapping.segments, k.mapping.num_warps, k.mapping.block_r) == (1, 1, 1), k.mapping
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_row_segments_match_eager_forward_and_backward(dtype):
+    """Layer norm, softmax, RMS norm with a row-level output and an embedding-style
+    scatter over rows of 300 (the last segment masked) and 768 (whole segments),
+    forward and backward, each row held as segments in programs of 4 warps."""
+    from stitchml.codegen import generate_all
+    tol = {} if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2, grad_rtol=5e-2, grad_atol=2e-1)
+    with config.override(warp_row_warps=4):
+        for cols in (300, 768):
+            torch._dynamo.reset()
+            x = torch.randn(24, cols).to(dtype).requires_grad_()
+            w = torch.randn(cols).to(dtype).requires_grad_()
+            b = torch.randn(cols).to(dtype).requires_grad_()
+            c = compare_with_eager(_ln, [x, w, b], **tol)
+            seg = [(r, k) for r in c.backend.records for k in r.plan.kernels if k.mapping.segments > 1]
+            assert seg, [k.mapping for k in _kernels(c)]
+            r, k = seg[0]
+            src = generate_all(r.plan.graph, r.plan)[k.name].source
+            assert "cflat_s%d = " % (k.mapping.segments - 1) in src and "cflat = " not in src, src
+            torch._dynamo.reset()
+            s = torch.randn(24, cols).to(dtype).requires_grad_()
+            c = compare_with_eager(lambda s: (torch.softmax(s * 3, -1), torch.logsumexp(s, -1)), [s], **tol)
+            assert any(k.mapping.segments > 1 for k in _kernels(c))
+            torch._dynamo.reset()
+            c = compare_with_eager(lambda s: s * torch.rsqrt(s.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(
+                s.dtype), [s], **tol)
+            assert any(k.mapping.segments > 1 for k in _kernels(c))
+
+
+def test_dropout_over_row_segments_draws_each_segment_its_own_words():
+    """Each segment's uniforms are the words of its own columns: the same mask as the
+    one-warp form draws (both give element i word i & 3 of Philox block i >> 2)."""
+    from stitchml import StitchBackend
+    x = torch.randn(16, 768) + 3.0
+    outs = {}
+    for warps in (1, 4):
+        torch._dynamo.reset()
+        torch.manual_seed(7)
+        with config.override(warp_row_warps=warps):
+            backend = StitchBackend()
+            y, s = torch.compile(lambda x: (lambda y: (y, y.sum(-1)))(F.dropout(x, 0.5, training=True)),
+                                 backend=backend)(x)
+        (k,) = [k for r in backend.records for k in r.plan.kernels if k.mapping.form != "pointwise"]
+        assert k.mapping.segments == (6 if warps == 4 else 1), k.mapping   # (float32: 128 columns a segment)
+        torch.testing.assert_close(s, y.sum(-1), rtol=1e-5, atol=1e-4)
+        outs[warps] = y
+    assert torch.equal(outs[1], outs[4])
+    kept = outs[4] != 0
+    assert 0.45 < kept.float().mean().item() < 0.55

@@ -82,7 +82,7 @@ declare -A WHAT=(
     [models-check]="the training rows against Inductor's CUDA graphs only (BERT, GPT-2, LLaMA-style; bf16; inductor-ro, stitchml): the short check of a runtime change -> models-check/"
     [ncu]="Nsight Compute counters (speed of light, occupancy, warp stalls, memory) of stitch's and Inductor's kernels on the BERT-shaped column reductions (2048 x 768, bf16) -> ncu.txt; of the training steps' stitched kernels that lost most against their prediction in models-check (tools/worst_kernels.py) -> ncu-models.txt"
     [small-cols]="the BERT-shaped column reductions (column_sum_tokens, layer_norm_bwd_tokens: 2048 x 768, bf16): eager, inductor, stitchml, then stitchml under mapping knob variants (and tuple_reductions on these and layer_norm N=1024) -> small-cols/"
-    [micro-check]="the micro rows with open predictions (bench/NOTES.md, twenty-sixth session: the NaN-propagating max, four random words a Philox call), bf16: softmax_fwd N=1024/4096/5000, layer_norm_fwd N=1024, residual_dropout_layer_norm; eager, inductor, stitchml -> bench/; then (twenty-seventh: a warp a row, trimmed warps) stitchml on the norm/softmax rows N=1024/5000 and BERT's 768-wide layer-norm backward with the new mappings and the old -> micro-check/"
+    [micro-check]="the micro rows with open predictions (bench/NOTES.md, twenty-sixth session: the NaN-propagating max, four random words a Philox call), bf16: softmax_fwd N=1024/4096/5000, layer_norm_fwd N=1024, residual_dropout_layer_norm; eager, inductor, stitchml -> bench/; then (twenty-seventh: a warp a row, trimmed warps) stitchml on the norm/softmax rows N=1024/5000 and BERT's 768-wide layer-norm backward with the new mappings (one-warp programs; 4- and 16-warp programs of row segments) and the old -> micro-check/"
     [models-15]="issue 15's rows, bf16: BERT-base train and infer at b32 s128, the LLaMA-style 8-layer step with vocabulary 128256 (peak memory of its loss); eager, inductor, inductor-ro, stitchml -> bench/"
     [models-fp32]="the same rows in fp32"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
@@ -159,7 +159,8 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         "${BENCH[@]}" --suite micro --dtype bf16 "${MC[@]}" "${MICRO_CONTENDERS[@]}" || return $?
         # a warp a row and trimmed warps (twenty-seventh session) against the old mappings, one process
         "$PY" -m stitchml.tools.bench_variants --out "$R/micro-check" "${QUICK[@]:0:1}" \
-            --variant "default::$ROWS" --variant "oldmap:warp_rows=0,trim_row_warps=0:$ROWS" ;;
+            --variant "default::$ROWS" --variant "oldmap:warp_rows=0,trim_row_warps=0:$ROWS" \
+            --variant "seg4:warp_row_warps=4:$ROWS" --variant "seg16:warp_row_warps=16:$ROWS" ;;
     models-15) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time --case 'issue15_*' \
                    --contender eager --contender inductor --contender inductor-ro --contender stitchml ;;
     compile)

@@ -119,6 +119,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "dropped by the compiler (plan/mapping.py::WARP_ROW_ELEMS). sm_90 issue floors, bfloat16 (Triton 3.6): "
          "BERT's 768-wide layer norms -60 %, barriers 12 -> 0; a 1024-wide layer norm -30 %, barriers 8 -> 0. "
          "Static shapes only. Not yet measured on a GPU."),
+    Knob("warp_row_warps", "STITCHML_WARP_ROW_WARPS", 1, int,
+         "Warps (rows) a program of a warp-row kernel (`warp_rows`): 1 gives programs of one warp and one row; "
+         "more gives programs of that many rows, one a warp, each row held as segments one warp's 16-byte "
+         "vectors wide side by side (plan/mapping.py::warp_row_mapping; not for kernels with scans or "
+         "arg-reductions, which keep one-warp programs). The same instructions a row; fewer, larger programs "
+         "for the block scheduler. Not yet measured on a GPU."),
     Knob("trim_row_warps", "STITCHML_TRIM_ROW_WARPS", True, _bool,
          "A program of one whole row whose length is not a power of two runs at the warps that leave the "
          "fewest masked lanes live (plan/mapping.py::live_lane_warps): repeats of Triton's layout wholly past "

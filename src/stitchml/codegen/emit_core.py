@@ -13,8 +13,10 @@ drivers per kernel form are in `triton_kernel.py`.
 """
 from __future__ import annotations
 
+import contextlib
+import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
@@ -55,6 +57,32 @@ class Scope:
     aligned: bool = False   # some access in this column loop is addressed from an aligned row start
 
 
+# the names a column scope defines (`define_vars`, the drivers): renamed per row segment
+_COL_NAMES = re.compile(r"\b(cflat|cmask|zc|c\d+)\b")
+
+
+class SegmentLines(list):
+    """The lines of one row segment (`Mapping.segments`): appended to the kernel's
+    straight-line body, each with the segment's own column names (`cflat` → `cflat_s1`,
+    `c1` → `c1_s1`), so that the segments' code can interleave with the row-level code
+    that combines them while each keeps its own lanes."""
+
+    def __init__(self, body: list[str], index: int):
+        super().__init__()
+        self.body, self.suffix = body, f"_s{index}"
+
+    def append(self, line: str) -> None:
+        self.body.append(_COL_NAMES.sub(lambda m: m.group(0) + self.suffix, line))
+
+    def extend(self, lines) -> None:
+        for line in lines:
+            self.append(line)
+
+    def __iadd__(self, lines):
+        self.extend(lines)
+        return self
+
+
 def _reach(n: ir.Node) -> int:
     """How many elements from its first one a buffer's last element lies (its numel when
     dense; more for a strided view)."""
@@ -83,8 +111,13 @@ class KernelBuilder:
         self.m = k.mapping
         self.looped = self.m.form == "row_looped"
         self.flat = self.dom.is_flat
-        self.top = Scope(has_col=not self.looped)
+        # rows held as segments side by side (`Mapping.segments`): the top scope holds the
+        # row values, one scope a segment its columns (`open_segments`, `in_segment`)
+        segmented = self.m.segments > 1 and self.m.form in ("row_persistent", "packed_rows")
+        self.top = Scope(has_col=not self.looped and not segmented)
         self.scopes = [self.top]
+        self.segs: list[Scope] = []
+        self.seg_base = 0   # the first column of the segment being emitted
         self.tmp = 0
         self.params: list[tuple[str, int]] = []
         self.pname: dict[tuple[str, int], str] = {}
@@ -137,7 +170,35 @@ class KernelBuilder:
         return val
 
     def scope_for(self, axes) -> Scope:
+        if COL in axes and self.segs and self.scopes[-1] is self.top:
+            raise AssertionError("a column value pulled outside the row segments (emitter bug)")
         return self.scopes[-1] if COL in axes else self.top
+
+    # -- row segments (Mapping.segments) --------------------------------------
+    def open_segments(self) -> None:
+        """The column scopes of a row held as `segments` tiles of `block_c` columns: each
+        defines its lanes (`cflat_s<i>` from column i x block_c; a segment wholly inside the
+        row has a constant mask, which Triton folds) and the column variables."""
+        cols, bc = self.dom.cols, self.m.block_c
+        for i in range(self.m.segments):
+            scope = Scope(has_col=True, lines=SegmentLines(self.top.lines, i))
+            whole = (i + 1) * bc <= cols
+            scope.lines += [f"cflat = {i * bc} + {self.col_arange()}",
+                            f"cmask = tl.full([1, {bc}], True, tl.int1)" if whole else f"cmask = cflat < {cols}",
+                            "zc = cflat * 0"]
+            self.vars.update(self.define_vars(scope, COL))   # (the same symbols: renamed per segment)
+            self.segs.append(scope)
+
+    @contextlib.contextmanager
+    def in_segment(self, i: int) -> Iterator[Scope]:
+        """Emit into row segment `i`: column values are pulled, cached and named there."""
+        self.scopes.append(self.segs[i])
+        outer, self.seg_base = self.seg_base, i * self.m.block_c
+        try:
+            yield self.segs[i]
+        finally:
+            self.scopes.pop()
+            self.seg_base = outer
 
     # -- domain variables ---------------------------------------------------
     def define_vars(self, scope: Scope, axis: str) -> dict[int, ix.Expr]:
@@ -459,8 +520,8 @@ class KernelBuilder:
                 return None
             q = f"({self.row_pid} * {width} + {rest.const}) // 4 + {quarter}"
             shape = f"[{width}]"
-        else:
-            q = f"({self.render_index(rest)}) // 4 + {quarter}[None, :]"
+        else:   # (a row segment's lanes start at its first column)
+            q = f"({self.render_index(rest + self.seg_base)}) // 4 + {quarter}[None, :]"
             shape = f"[{self.m.block_r if rest.terms else 1}, {width}]"
         scope = self.scope_for(axes)
         w = [self.new("rw") for _ in range(4)]

@@ -63,6 +63,8 @@ class Reductions:
         if n.op in ("argmax", "argmin"):
             return self._argreduce(n, index)
         cd = compute_dtype(n.dtype)
+        if b.segs:
+            return self._segmented(n, index, cd)
         if not b.looped:
             full, _, _ = self.input_index(n, index)
             v = b.value(n.refs[0], full)
@@ -87,6 +89,25 @@ class Reductions:
                 b.remember(r.id, index, outer_cond, val)
         return vals[[r.id for r in group].index(n.id)]
 
+    def _segmented(self, n: ir.Node, index, cd: torch.dtype) -> Val:
+        """A row held as segments (`Mapping.segments`): each segment's lanes masked to the
+        identity, combined element-wise in registers (the segments share their layout:
+        no data moves), then one reduction over the lanes: within a warp when the
+        segment is one warp wide."""
+        b = self.b
+        full, _, _ = self.input_index(n, index)
+        ident = reduce_identity(n.op, cd)
+        acc = None
+        for i in range(len(b.segs)):
+            with b.in_segment(i) as seg:
+                v = b.value(n.refs[0], full)
+                part = b.emit(seg, f"tl.where(rmask & cmask, {v.name}, {ident})", {ROW, COL}, cd).name
+            acc = part if acc is None else (f"({acc} + {part})" if n.op == "sum"
+                                              else f"{REDUCE_COMBINE[n.op]}({acc}, {part})")
+        acc_val = b.emit(b.top, acc, {ROW, COL}, cd)   # (segment lanes, no column names: the top scope)
+        expr = f"tl.sum({acc_val.name}, 1)" if n.op == "sum" else f"tl.reduce({acc_val.name}, 1, {REDUCE_COMBINE[n.op]})"
+        return b.emit(b.top, f"{expr}[:, None]", {ROW}, cd)
+
     # -- sibling row sums in one tuple reduction (knob `tuple_reductions`)
     def _sum_siblings(self, n: ir.Node, index, outer_cond, cd: torch.dtype) -> list[ir.Node]:
         """Up to two other row sums of this kernel that can be reduced with `n` in one
@@ -94,7 +115,7 @@ class Reductions:
         compute dtype, not computed yet at this index, and neither reading `n` nor each
         other (their operands are then emitted before the reduction)."""
         b = self.b
-        if not config.get("tuple_reductions"):
+        if not config.get("tuple_reductions") or b.segs:
             return []
         src = b.g[n.refs[0]]
         out: list[ir.Node] = []

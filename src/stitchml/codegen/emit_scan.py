@@ -60,6 +60,8 @@ def _direction(b: KernelBuilder, n: ir.Node, index) -> bool:
 
 
 def scan(b: KernelBuilder, n: ir.Node, index) -> Val:
+    # (a segment would scan its own columns only: the planner gives scans whole-row tiles)
+    assert not b.segs, "a scan in a kernel of row segments (planner bug)"
     reverse = _direction(b, n, index)
     outer, b.cond = b.cond, tuple(c for c in b.cond if COL not in c[1])  # the whole prefix is needed
     try:

@@ -80,15 +80,27 @@ def emit_rows(b: KernelBuilder, stores: Stores) -> list[str]:
     blocks = -(-b.dom.rows // b.m.block_r)
     _rows(b, "rblk.to(tl.int64)" if b.k.partials and b.idx64 else "rblk" if b.k.partials else _pid(b),
           blocks if b.k.partials else None)
-    b.top.lines += [f"cflat = {b.col_arange()}", f"cmask = cflat < {b.dom.cols}",
-                    "zc = cflat * 0"]
-    b.vars.update(b.define_vars(b.top, COL))
+    segmented = not b.top.has_col
+    if segmented:   # a row as segments side by side (`Mapping.segments`)
+        assert not b.k.partials, "row segments with column partials (planner bug)"
+        b.open_segments()
+    else:
+        b.top.lines += [f"cflat = {b.col_arange()}", f"cmask = cflat < {b.dom.cols}",
+                        "zc = cflat * 0"]
+        b.vars.update(b.define_vars(b.top, COL))
     _flat_index(b)
     for o in b.k.partials:
         stores.partial(o)
     row_level, full_level = _outputs(b, stores)
-    for o in row_level + full_level:
+    for o in row_level:
         stores.store(o)
+    for o in full_level:
+        if not segmented:
+            stores.store(o)
+            continue
+        for i in range(b.m.segments):
+            with b.in_segment(i):
+                stores.store(o)
     if not b.k.partials:
         return b.top.lines
     return (stores.before + [f"for rblk in range(tl.program_id(0), {blocks}, {b.m.grid}):"]

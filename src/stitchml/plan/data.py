@@ -49,12 +49,16 @@ class Mapping:
     num_warps: int
     grid: int
     row_blocks: int = 1  # row blocks each program walks (kernels with column partials)
+    # on-chip rows held as this many tiles of `block_c` columns side by side (a warp a
+    # row inside a program of several warps: `plan/mapping.py::WARP_ROW_ELEMS`)
+    segments: int = 1
 
     def describe(self) -> str:
         if self.form == "pointwise":
             return f"pointwise BLOCK={self.block_r} warps={self.num_warps} grid={self.grid}"
         loop = f" x{self.row_blocks} row blocks" if self.row_blocks > 1 else ""
-        return (f"{self.form} BLOCK_R={self.block_r} BLOCK_C={self.block_c}{loop} warps={self.num_warps} "
+        seg = f" x{self.segments} segments" if self.segments > 1 else ""
+        return (f"{self.form} BLOCK_R={self.block_r} BLOCK_C={self.block_c}{seg}{loop} warps={self.num_warps} "
                 f"grid={self.grid}")
 
 

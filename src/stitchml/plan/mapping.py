@@ -98,7 +98,7 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: 
         if not partials:
             vec = 16 // max(min(itemsize, 16), 1)
             if opts.warp_rows and not fixed and 32 * vec < bc <= 32 * WARP_ROW_ELEMS:
-                return Mapping("row_persistent", 1, bc, 1, rows)   # a warp a row (`WARP_ROW_ELEMS`)
+                return warp_row_mapping(rows, cols, vec, opts.warp_row_warps)   # a warp a row
             warps = _warps(br * bc)
             if br == 1 and opts.trim_row_warps and not fixed:
                 warps = live_lane_warps(cols, warps, vec)
@@ -124,6 +124,21 @@ WARP_ROW_ELEMS = 32   # a row this many elements a lane or fewer (1024) is one w
 # the H200), bfloat16: BERT's 768-wide residual + layer norm 2.0 -> 0.8 µs, barriers
 # 12 -> 0; layer norm forward over 32768 x 1024 20.4 -> 14.3 µs, barriers 8 -> 0
 # (bench/NOTES.md, twenty-seventh session).
+
+
+def warp_row_mapping(rows: int, cols: int, vec: int, warps: int) -> Mapping:
+    """A warp a row (`WARP_ROW_ELEMS`): with `warps` 1, programs of one warp and one row,
+    the tile the row's next power of two; with more, programs of `warps` rows, one a
+    warp, each row held as segments one warp's vectors wide (32 x `vec` columns) side by
+    side: a [warps, 32 x vec] tile a segment, so Triton's layout puts the warps along the
+    rows (`emit_core.KernelBuilder` emits each segment's code in turn and combines the
+    segments' partial reductions in registers before one warp reduction)."""
+    if warps <= 1:
+        return Mapping("row_persistent", 1, next_pow2(cols), 1, rows)
+    width = 32 * vec
+    segments = -(-cols // width)
+    br = min(warps, next_pow2(rows))
+    return Mapping("packed_rows" if br > 1 else "row_persistent", br, width, br, -(-rows // br), segments=segments)
 
 
 ROW_THREAD_ELEMS = 64   # live_lane_warps: most row elements a thread may hold after fewer warps

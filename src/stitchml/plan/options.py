@@ -38,6 +38,7 @@ class PlanOptions:
     layout_order: bool = True      # kernels without reductions walk memory order; transposes in tiles
     column_tails: bool = True      # looped rows: whole column blocks unmasked, the partial block apart
     warp_rows: bool = True         # rows of up to 32 elements a lane: one warp a row, one row a program
+    warp_row_warps: int = 1        # ... or programs of this many rows, a warp each, held as row segments
     trim_row_warps: bool = True    # one-row programs: the warps that leave the fewest masked lanes live
     exact_rows: bool = True        # row counts the row block divides: no row mask
     align_rows: bool = True        # looped odd-stride rows: whole column blocks from a 16-byte boundary
