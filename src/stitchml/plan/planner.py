@@ -184,8 +184,9 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     mp = mapping_rules.choose(grp.domain, opts, partials=bool(partials), itemsize=max(sizes, default=4))
     if mp.segments > 1 and any(g[m].kind == ir.SCAN or g[m].op in ("argmax", "argmin")
                                or g[m].op in mapping_rules.REGISTER_HEAVY for m in members):
-        # row segments are combined by element-wise reductions; a scan carries along the row
-        # and an arg-reduction's first index is not that: one-warp programs instead
+        # row segments combine reductions element-wise; a scan carries along the row, an
+        # arg-reduction wants the first index, and register-heavy kernels are spread over
+        # warps (`spread_for_registers`): one-warp programs instead
         mp = mapping_rules.warp_row_mapping(grp.domain.rows, grp.domain.cols, 1, 1)
     if any(g[m].op in mapping_rules.REGISTER_HEAVY for m in members):
         mp = mapping_rules.spread_for_registers(mp)
