@@ -371,3 +371,30 @@ def test_long_profile_cases_whose_planning_crashed(seed):
     # the two cases of the long run of seeds 6000-6599 (2026-11-27) that the test above reduces
     r = fuzz.run_case(seed, "long")
     assert r.status == "pass", r.line()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_comparisons_see_values_rounded_as_eager_stores_them(dtype):
+    # amin over size-1 dims: its backward compares the saved half minimum with 2 - a
+    # recomputed in float32, unrounded: no element matched, the count of matches was 0
+    # and the gradient 0/0 (fuzz seed 8476, long profile, 2026-11-28)
+    from stitchml.testing import compare_with_eager
+
+    def f(a0, a1):
+        return (2.0 - a0).amin((0, 1), keepdim=True) * (a1 < 0.3)
+
+    torch.manual_seed(0)
+    a0 = (torch.rand(1, 1, 11) * 4 - 2).to(dtype).requires_grad_()
+    a1 = (torch.rand(1, 1, 11) * 4 - 2).to(dtype)
+    cmp = compare_with_eager(f, [a0, a1])
+    assert all(r.eager_reason is None for r in cmp.backend.records), [r.eager_reason for r in cmp.backend.records]
+    # a computed value past float16's range is inf, as eager's stored one; a floor of a
+    # product that rounds up to an integer is that integer
+    x = torch.tensor([300.0, 1.0 / 3, -700.0, 2.5]).to(dtype)
+    cmp = compare_with_eager(lambda x: (torch.isinf(x * x), torch.floor(x * 3), (x * 3) == 1.0), [x], backward=False)
+    assert all(r.eager_reason is None for r in cmp.backend.records)
+
+
+def test_long_profile_case_with_a_half_comparison():
+    r = fuzz.run_case(8476, "long")
+    assert r.status == "pass", r.line()

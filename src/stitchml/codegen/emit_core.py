@@ -25,7 +25,8 @@ from ..ir import nodes as ir
 from ..plan.data import KernelPlan
 from ..plan.graph_view import is_free
 from ..plan.row_loops import online_partner, through_views
-from .triton_ops import TL_DTYPE, bitcast_expr, cast_expr, compute_dtype, literal, pointwise_expr
+from .triton_ops import (HALF_EXACT_OPS, TL_DTYPE, bitcast_expr, cast_expr, compute_dtype, literal, pointwise_expr,
+                         round_half)
 
 _RANDOM_CALLS = ("tl.rand", "_rand4(", "_randn4(")   # expressions `emit` never shares
 
@@ -554,6 +555,13 @@ class KernelBuilder:
         if n.op == "where":
             scalar_dtype = cd
         args = [x if x is not None else literal(a, scalar_dtype) for x, a in zip(args, n.args)]
+        if n.op in HALF_EXACT_OPS:
+            # half values are held in float32 between ops, more precise than eager's stored
+            # ones; a comparison (floor, isinf, ...) sees them rounded, as eager does: amin's
+            # backward compared the saved float16 minimum with 2 - a recomputed unrounded,
+            # found no element equal and divided by a count of 0 (fuzz seed 8476, long).
+            # A Python scalar operand stays as it is: eager compares it unrounded too.
+            args = [round_half(x, self.g[a.id].dtype) if isinstance(a, ir.Ref) else x for x, a in zip(args, n.args)]
         if n.op == "cast":
             src = self.g[n.refs[0]].dtype
             expr = cast_expr(args[0], src, n.dtype)

@@ -1388,6 +1388,24 @@ def bitcast_expr(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     return f"{x}.to(tl.float32)" if compute_dtype(dst) != dst else x
 
 
+# ops whose answer jumps with their operand: they see half operands rounded to their type
+# (`round_half`), as eager's stored values are
+HALF_EXACT_OPS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "floor", "ceil", "trunc", "round", "isinf",
+                            "sign", "floordiv"})
+
+
+def round_half(x: str, dtype: torch.dtype) -> str:
+    """`x`, a value of `dtype` held in its compute type, rounded to `dtype` where that is a
+    half type (float32 carries more precision than eager's stored value: 2 - a in float16
+    recomputed by a backward is not the saved minimum it equals in eager, and 70000 is
+    finite in float32 but float16's inf); else `x`."""
+    if dtype == torch.bfloat16:
+        return f"_round_bf16({x})"
+    if dtype == torch.float16:
+        return f"{x}.to(tl.float16).to(tl.float32)"
+    return x
+
+
 def cast_expr(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     """Cast between compute types, rounding through half types like eager does.  A
     half-precision value is held in float32 between ops without rounding (more accurate
