@@ -122,8 +122,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("warp_row_warps", "STITCHML_WARP_ROW_WARPS", 1, int,
          "Warps (rows) a program of a warp-row kernel (`warp_rows`): 1 gives programs of one warp and one row; "
          "more gives programs of that many rows, one a warp, each row held as segments one warp's 16-byte "
-         "vectors wide side by side (plan/mapping.py::warp_row_mapping; not for kernels with scans or "
-         "arg-reductions, which keep one-warp programs). The same instructions a row; fewer, larger programs "
+         "vectors wide side by side (plan/mapping.py::warp_row_mapping; kernels with scans, arg-reductions or "
+         "register-heavy ops keep one-warp programs). The same instructions a row; fewer, larger programs "
          "for the block scheduler. Not yet measured on a GPU."),
     Knob("trim_row_warps", "STITCHML_TRIM_ROW_WARPS", True, _bool,
          "A program of one whole row whose length is not a power of two runs at the warps that leave the "

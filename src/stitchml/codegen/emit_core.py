@@ -557,7 +557,7 @@ class KernelBuilder:
         args = [x if x is not None else literal(a, scalar_dtype) for x, a in zip(args, n.args)]
         if n.op in HALF_EXACT_OPS:
             # half values are held in float32 between ops, more precise than eager's stored
-            # ones; a comparison (floor, isinf, ...) sees them rounded, as eager does: amin's
+            # ones; a comparison sees them rounded, as eager does (`HALF_EXACT_OPS`): amin's
             # backward compared the saved float16 minimum with 2 - a recomputed unrounded,
             # found no element equal and divided by a count of 0 (fuzz seed 8476, long).
             # A Python scalar operand stays as it is: eager compares it unrounded too.

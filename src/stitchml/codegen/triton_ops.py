@@ -1388,10 +1388,11 @@ def bitcast_expr(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     return f"{x}.to(tl.float32)" if compute_dtype(dst) != dst else x
 
 
-# ops whose answer jumps with their operand: they see half operands rounded to their type
-# (`round_half`), as eager's stored values are
-HALF_EXACT_OPS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "floor", "ceil", "trunc", "round", "isinf",
-                            "sign", "floordiv"})
+# comparisons see half operands rounded to their type (`round_half`), as eager compares its
+# stored values.  Not floor/trunc/floordiv: there the operand is often an intermediate of one
+# eager kernel split by its decomposition (`div(a, b, rounding_mode="trunc")` is trunc(a / b),
+# the quotient never rounded to bfloat16 in eager: rounding it made 15.97 trunc to 16)
+HALF_EXACT_OPS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 
 
 def round_half(x: str, dtype: torch.dtype) -> str:
@@ -1412,8 +1413,8 @@ def cast_expr(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     than eager); a cast out of its type rounds it first, as eager's value was rounded, so
     that what the program asked for in float32 (x.float() - mean, a rematerialised
     activation against a saved statistic) matches eager's bit for bit."""
-    if src in (torch.float16, torch.bfloat16) and dst != src:
-        x = f"_round_bf16({x})" if src == torch.bfloat16 else f"{x}.to(tl.float16).to(tl.float32)"
+    if dst != src:
+        x = round_half(x, src)
     if dst == torch.bool:
         return f"({x} != 0)"
     if src == torch.bool:

@@ -187,7 +187,7 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
         # row segments combine reductions element-wise; a scan carries along the row, an
         # arg-reduction wants the first index, and register-heavy kernels are spread over
         # warps (`spread_for_registers`): one-warp programs instead
-        mp = mapping_rules.warp_row_mapping(grp.domain.rows, grp.domain.cols, 1, 1)
+        mp = mapping_rules.warp_row_mapping(grp.domain.rows, grp.domain.cols, vec=1, warps=1)
     if any(g[m].op in mapping_rules.REGISTER_HEAVY for m in members):
         mp = mapping_rules.spread_for_registers(mp)
     scheme = "scatter" if scatter else ("regional" if any(s[2] == "regional" for s in stitches) else "local")
