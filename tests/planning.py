@@ -14,3 +14,10 @@ def graph_of(fn, *inputs):
 
 def plan_of(fn, *inputs):
     return build_plan(graph_of(fn, *inputs))
+
+
+def plan_on(device: str, fn, *shapes, dtype=torch.float32, **knobs):
+    """The plan of `fn` over empty inputs of `shapes` for `device`, knobs overridden."""
+    from stitchml import config
+    with config.override(device=device, **knobs):
+        return plan_of(fn, *[torch.empty(*s, dtype=dtype) for s in shapes])

@@ -8,14 +8,13 @@ from stitchml import config
 from stitchml.plan.devices import DEVICES
 from stitchml.plan.launches import wave_capacity
 from stitchml.testing import compare_with_eager
-from planning import plan_of
+from planning import plan_of, plan_on
 
 H100 = DEVICES["H100"]
 
 
 def h100_plan(fn, *shapes, **knobs):
-    with config.override(device="H100", **knobs):
-        return plan_of(fn, *[torch.empty(*s) for s in shapes])
+    return plan_on("H100", fn, *shapes, **knobs)
 
 
 def assert_barriers_fit_one_wave(plan):
@@ -117,8 +116,7 @@ def test_scaled_down_shapes_match_eager(name):
 
 
 def _h200_plan(fn, dtype, *shapes, **knobs):
-    with config.override(device="H200", **knobs):
-        return plan_of(fn, *[torch.empty(*s, dtype=dtype) for s in shapes])
+    return plan_on("H200", fn, *shapes, dtype=dtype, **knobs)
 
 
 @pytest.mark.parametrize("dtype,rows", [(torch.bfloat16, 16), (torch.float32, 8)])

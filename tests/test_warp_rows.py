@@ -17,12 +17,11 @@ from stitchml.plan.options import PlanOptions
 from stitchml.testing import compare_with_eager
 
 sys.path.insert(0, "tests")
-from planning import plan_of  # noqa: E402
+from planning import plan_on  # noqa: E402
 
 
 def _plan(fn, dtype, *shapes, **knobs):
-    with config.override(device="H200", **knobs):
-        return plan_of(fn, *[torch.empty(*s, dtype=dtype) for s in shapes])
+    return plan_on("H200", fn, *shapes, dtype=dtype, **knobs)
 
 
 def _ln(x, w, b):
