@@ -4,18 +4,45 @@ i >> 2, computed here with Triton's own `randint4x`, and the seeds a compiled ca
 import torch
 
 
-def recorded_seeds(monkeypatch) -> list[int]:
-    """The seeds the compiled calls draw from now on (`wrapper._seeds`), in order."""
-    from stitchml.runtime import wrapper
+class RecordedSeeds:
+    """The seeds compiled calls drew: host draws (`wrapper._seeds`) as they happen, and the
+    device seed buffers of CUDA-graph mode (`SeedBuffer`, redrawn on the device per call,
+    also inside a replay) read when iterated, after the call: each holds its last call's."""
 
-    drawn: list[int] = []
+    def __init__(self) -> None:
+        self.host: list[int] = []
+        self.buffers: list = []
+
+    def __iter__(self):
+        yield from self.host
+        for b in self.buffers:
+            if b.buf is not None:
+                yield from b.buf.tolist()
+
+    def clear(self) -> None:
+        self.host.clear()
+        self.buffers.clear()
+
+
+def recorded_seeds(monkeypatch) -> RecordedSeeds:
+    """The seeds the compiled calls draw from now on, host-drawn or device-drawn."""
+    from stitchml.runtime import cuda_graphs, wrapper
+
+    drawn = RecordedSeeds()
     real = wrapper._seeds
 
     def recording(k: int) -> list[int]:
         out = real(k)
-        drawn.extend(out)
+        drawn.host.extend(out)
         return out
     monkeypatch.setattr(wrapper, "_seeds", recording)
+    real_draw = cuda_graphs.SeedBuffer.draw
+
+    def draw_recorded(buffer) -> tuple:
+        if buffer not in drawn.buffers:
+            drawn.buffers.append(buffer)
+        return real_draw(buffer)
+    monkeypatch.setattr(cuda_graphs.SeedBuffer, "draw", draw_recorded)
     return drawn
 
 

@@ -192,6 +192,31 @@ def test_judge_accepts_reordered_long_sums_and_rejects_a_small_real_error():
         wrong.assert_ok("column sum")
 
 
+def test_compare_skips_unused_inputs_and_judges_relu_mask_flips_by_eager():
+    """An input that requires grad but that the function does not use has no gradient in
+    any run: no row, not an error.  A bf16 ReLU whose mask flips on near-zero
+    pre-activations (each flip a whole row of the input gradient off by g * W: element-wise
+    tests fail eager itself) is judged by eager bf16's own error; a run whose gradient is
+    really wrong (15 % too large: the judge's floor in bf16 is 16 units of roundoff of the
+    norm, ~6 %) is not accepted."""
+    from stitchml.testing import compare_against_float64
+    torch.manual_seed(0)
+    fn = lambda x, w, unused: torch.relu(x @ w.t())   # noqa: E731
+    xs = [torch.randn(64, 96, dtype=torch.bfloat16), (torch.randn(72, 96) / 96 ** 0.5).bfloat16(),
+          torch.randn(5, dtype=torch.bfloat16)]
+    inputs = [t.requires_grad_() for t in xs]
+    _, ok = compare_against_float64(fn, inputs, backward=True, backend="eager")
+    assert ok.ok, ok.report()
+    assert [r.name for r in ok.rows] == ["output 0", "grad of input 0", "grad of input 1"]
+
+    def off(gm, example_inputs):
+        def run(*args):
+            return [o * 1.15 for o in gm(*args)]
+        return run
+    _, bad = compare_against_float64(fn, inputs, backward=True, backend=off)
+    assert not bad.ok and [r.name for r in bad.rows if not r.ok] == ["output 0", "grad of input 1"], bad.report()
+
+
 def test_judge_zero_quantity_is_judged_at_the_groups_scale():
     """d/dc softmax(x + c[:, None]) is zero in exact arithmetic (the BERT key-bias case):
     eager's gradient is rounding noise, and another noise of the same size is right even

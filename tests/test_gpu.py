@@ -47,6 +47,11 @@ CASES = {
     "bias_gelu_8192x3072": (lambda x, b: F.gelu(x + b), [(8192, 3072), (3072,)]),
     "row_sum_750000x32_packed": (lambda x: x.sum(-1), [(750000, 32)]),
 }
+# stitched kernels of each case's forward: one, but the looped softmax's rows are split into
+# chunks (their statistics, the statistics' combine, the normalise), launched as one global
+# group or, where the plan prices CUDA-graph replay's launches (1.5 µs) below the grid
+# barrier and the global scheme's slowdown, as three
+KERNELS = {"softmax_64x30000_looped": 3}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -61,7 +66,9 @@ def test_patterns_at_real_sizes(name, dtype):
     cmp, judgement = compare_against_float64(fn, inputs, backward=True)
     judgement.assert_ok(f"{name} {dtype}")
     fwd = cmp.backend.records[0]
-    assert fwd.plan is not None and fwd.plan.num_kernels == 1, fwd.eager_reason
+    assert fwd.plan is not None and len(fwd.plan.kernels) == KERNELS.get(name, 1), fwd.eager_reason
+    assert fwd.plan.num_kernels in {1, len(fwd.plan.kernels)}
+    assert fwd.plan.num_kernels == 1 or fwd.plan.graph_replay, "separate launches priced at the host's launch cost"
 
 
 def test_residual_dropout_layer_norm_one_kernel_on_gpu():

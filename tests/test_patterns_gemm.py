@@ -287,24 +287,20 @@ def test_dynamic_sizes_refuse_only_products_with_an_epilogue():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("form", sorted(FORMS))
-def test_gpu_epilogue_forms_match_float32_math(form):
+def test_gpu_epilogue_forms_judged_against_float64(form):
     """On a GPU (the template's real Triton code, the default tile configuration), bf16:
-    each form's output and gradients against the same function in float32."""
+    each form's output and gradients judged against float64 with eager bf16's own error as
+    the yardstick (`judge_against_float64`).  Not element-wise against float32: the ReLU's
+    mask flips where bf16 rounds a near-zero pre-activation across zero (46 of 54400 here),
+    and each flip moves a whole row of the input gradient by g * W — eager bf16 fails an
+    element-wise 5 % test as well (350 of 38400 elements on the CPU)."""
+    from stitchml.testing import compare_against_float64
     torch.manual_seed(len(form) + 100)
     fn, _ = FORMS[form]
     m, k, n = 200, 96, 136
     full = [torch.randn(2, m, k), torch.randn(n, k) / k ** 0.5, torch.randn(n), torch.randn(2, m, n),
             torch.randn(n, k) / k ** 0.5]
     half = [t.cuda().bfloat16().requires_grad_() for t in full]
-    ref = [t.cuda().requires_grad_() for t in full]
     with config.override(gemm_epilogue="on"):
-        got = torch.compile(fn, backend=StitchBackend())(*half)
-    want = fn(*ref)
-    torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
-    g = torch.randn_like(want.float())
-    got_g = torch.autograd.grad(got, half, g.to(got.dtype), allow_unused=True)
-    want_g = torch.autograd.grad(want, ref, g.to(want.dtype), allow_unused=True)
-    for a, e in zip(got_g, want_g):
-        assert (a is None) == (e is None)
-        if a is not None:
-            torch.testing.assert_close(a.float(), e.float(), rtol=5e-2, atol=5e-2 * max(1.0, e.abs().max().item()))
+        cmp, judgement = compare_against_float64(fn, half, backward=True, backend=StitchBackend())
+    judgement.assert_ok(f"epilogue form {form}")

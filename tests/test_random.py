@@ -99,6 +99,29 @@ def test_seeds_of_a_call_are_drawn_at_once_and_differ_per_kernel():
 
 
 
+def test_device_seeds_give_the_four_word_uniforms(monkeypatch):
+    """CUDA-graph mode (kernels read their seed from a device buffer redrawn per call):
+    the same four-words-a-Philox-call values as the host-seeded form, bit for bit, on the
+    seed the buffer held for that call (the recorder reads the buffer back, as the GPU
+    twin in tests/test_gpu.py does under a real replay)."""
+    from planning import plan_of
+    from stitchml.codegen import generate_all
+    from stitchml.runtime import wrapper as wr
+
+    drawn = recorded_seeds(monkeypatch)
+    n = 4 * 1031 + 3
+    x = torch.randn(n)
+    fn = lambda x: torch.rand_like(x) + x * 0   # noqa: E731
+    plan = plan_of(fn, x)
+    call, code = wr.build_callable(plan, generate_all(plan.graph, plan), torch.device("cpu"), device_seeds=True)
+    assert "SEEDS.draw()" in code
+    for _ in range(2):   # (the buffer is redrawn: the second call's seed is read back)
+        u = call([x])[0]
+        seeds = list(drawn)
+        assert len(seeds) == 1 and not drawn.host
+        assert torch.equal(four_word_uniforms(seeds[0], n), u)
+
+
 def test_each_philox_call_serves_four_neighbouring_elements(monkeypatch):
     """Element i's uniform is word (i & 3) of the Philox block at i >> 2: one call serves
     four elements.  Every kernel form gives the same values — the point-wise and row forms

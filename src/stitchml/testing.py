@@ -237,7 +237,10 @@ def compare_against_float64(fn: Callable, inputs: Sequence[Any], *, backward: bo
             torch.autograd.backward([o for o, _ in pairs], [c for _, c in pairs])
         for i, (a, e, r) in enumerate(zip(comp_in, eager_in, ref_in)):
             if isinstance(e, torch.Tensor) and e.requires_grad:
-                assert a.grad is not None and e.grad is not None and r.grad is not None, f"input {i}: no gradient"
+                got = [t.grad is not None for t in (a, e, r)]
+                if not any(got):   # (an input the function does not use: no gradient anywhere)
+                    continue
+                assert all(got), f"input {i}: a gradient in {['stitch', 'eager', 'float64'][got.index(True)]} only"
                 acts.append(a.grad)
                 eags.append(e.grad)
                 refs.append(r.grad)
