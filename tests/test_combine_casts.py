@@ -30,8 +30,8 @@ def test_half_weight_gradients_are_cast_by_their_combine():
     c, judgement = compare_against_float64(_norm, _inputs())
     judgement.assert_ok()
     bwd = c.backend.records[-1].plan
-    forms = [k.mapping.form for k in bwd.kernels]
-    assert forms == ["packed_rows", "combine"], forms
+    forms = [k.mapping.form for k in bwd.kernels]   # (rows of one program: column lanes, plan/mapping.py)
+    assert forms[1:] == ["combine"] and forms[0] in ("packed_rows", "row_persistent"), forms
     (comb,) = [k for k in bwd.kernels if k.combine_of]
     g = bwd.graph
     assert len(comb.combine_casts) == 2 and all(g[o].dtype == torch.bfloat16 for o in comb.outputs)

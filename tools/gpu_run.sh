@@ -82,7 +82,7 @@ declare -A WHAT=(
     [models-check]="the training rows against Inductor's CUDA graphs only (BERT, GPT-2, LLaMA-style; bf16; inductor-ro, stitchml): the short check of a runtime change -> models-check/"
     [ncu]="Nsight Compute counters (speed of light, occupancy, warp stalls, memory) of stitch's and Inductor's kernels on the BERT-shaped column reductions (2048 x 768, bf16) -> ncu.txt; of the training steps' stitched kernels that lost most against their prediction in models-check (tools/worst_kernels.py) -> ncu-models.txt"
     [small-cols]="the BERT-shaped column reductions (column_sum_tokens, layer_norm_bwd_tokens: 2048 x 768, bf16): eager, inductor, stitchml, then stitchml under mapping knob variants (and tuple_reductions on these and layer_norm N=1024) -> small-cols/"
-    [micro-check]="the micro rows with open predictions (bench/NOTES.md, twenty-sixth session: the NaN-propagating max, four random words a Philox call), bf16: softmax_fwd N=1024/4096/5000, layer_norm_fwd N=1024, residual_dropout_layer_norm; eager, inductor, stitchml -> bench/; then (twenty-seventh: a warp a row, trimmed warps) stitchml on the norm/softmax rows N=1024/5000 and BERT's 768-wide layer-norm backward with the new mappings (one-warp programs; 4- and 16-warp programs of row segments) and the old -> micro-check/"
+    [micro-check]="the micro rows with open predictions (bench/NOTES.md, twenty-eighth session: column lanes), bf16: column_sum_tokens and layer_norm_bwd_tokens (2048 x 768); eager, inductor, stitchml -> bench/; then stitchml on those, layer_norm_bwd N=1024 and column_sum 32768 x 1024 with partial_column_warps on and off -> micro-check/"
     [models-15]="issue 15's rows, bf16: BERT-base train and infer at b32 s128, the LLaMA-style 8-layer step with vocabulary 128256 (peak memory of its loss); eager, inductor, inductor-ro, stitchml -> bench/"
     [models-fp32]="the same rows in fp32"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
@@ -149,18 +149,18 @@ print(calibration_path(current_device().name))" 2>/dev/null)
     models-bf16) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time "${CORE_MODELS[@]}" "${MODEL_CONTENDERS[@]}" ;;
     models-fp32) "${BENCH[@]}" --suite models --dtype fp32 --no-compile-time "${CORE_MODELS[@]}" "${MODEL_CONTENDERS[@]}" ;;
     micro-check)
-        local MC=(--case 'softmax_fwd[N=1024]' --case 'softmax_fwd[N=4096]' --case 'softmax_fwd[N=5000]'
-                  --case 'layer_norm_fwd[N=1024]' --case residual_dropout_layer_norm)
-        local ROWS='softmax_fwd[N=1024];softmax_fwd[N=5000];layer_norm_fwd[N=1024];layer_norm_fwd[N=5000];rms_norm_fwd[N=1024];layer_norm_bwd[N=1024];residual_dropout_layer_norm[32768x1024];layer_norm_bwd_tokens[2048x768]'
+        # the rows with open predictions (bench/NOTES.md, twenty-eighth session: column lanes
+        # on BERT-shaped column partials), eager, inductor, stitchml; then stitchml with the
+        # knob off in the same process
+        local MC=(--case 'column_sum_tokens[2048x768]' --case 'layer_norm_bwd_tokens[2048x768]')
+        local ROWS='column_sum_tokens[2048x768];layer_norm_bwd_tokens[2048x768];layer_norm_bwd[N=1024];column_sum[32768x1024]'
         if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then   # (their --quick sizes)
-            MC=(--case softmax_fwd --case residual_dropout_layer_norm)
-            ROWS='softmax_fwd[N=1000];layer_norm_fwd[N=1000];layer_norm_bwd_tokens[16x24]'
+            MC=(--case 'column_sum_tokens[40x24]' --case 'layer_norm_bwd_tokens[16x24]')
+            ROWS='column_sum_tokens[40x24];layer_norm_bwd_tokens[16x24]'
         fi
         "${BENCH[@]}" --suite micro --dtype bf16 "${MC[@]}" "${MICRO_CONTENDERS[@]}" || return $?
-        # a warp a row and trimmed warps (twenty-seventh session) against the old mappings, one process
         "$PY" -m stitchml.tools.bench_variants --out "$R/micro-check" "${QUICK[@]:0:1}" \
-            --variant "default::$ROWS" --variant "oldmap:warp_rows=0,trim_row_warps=0:$ROWS" \
-            --variant "seg4:warp_row_warps=4:$ROWS" --variant "seg16:warp_row_warps=16:$ROWS" ;;
+            --variant "default::$ROWS" --variant "nocolwarps:partial_column_warps=0:$ROWS" ;;
     models-15) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time --case 'issue15_*' \
                    --contender eager --contender inductor --contender inductor-ro --contender stitchml ;;
     compile)
@@ -185,12 +185,17 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         # 2026-11-27): hardware counters of the same kernels in the micro cases of that shape
         [ "${GPU_RUN_QUICK:-0}" = 1 ] && { echo "ncu: GPU only, skipped in a CPU rehearsal"; return 0; }
         local NCU; NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-        "$NCU" --target-processes all -k 'regex:^(k_|triton_)' --launch-count 24 \
-            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-            --section MemoryWorkloadAnalysis --section SchedulerStats \
-            "$PY" -m stitchml.cli bench --suite micro --case 'column_sum_tokens[2048x768]' --case 'layer_norm_bwd_tokens[2048x768]' \
-            --dtype bf16 --contender stitchml --contender inductor --reps 3 --no-plots --no-progress \
-            --out "$R/ncu-bench" > "$R/ncu.txt" 2>&1
+        # (one run per contender: Inductor's launches came first and took all 24 of one
+        # run on 2026-11-28)
+        local c; : > "$R/ncu.txt"
+        for c in stitchml inductor; do
+            "$NCU" --target-processes all -k 'regex:^(k_|triton_)' --launch-count 12 \
+                --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+                --section MemoryWorkloadAnalysis --section SchedulerStats \
+                "$PY" -m stitchml.cli bench --suite micro --case 'column_sum_tokens[2048x768]' --case 'layer_norm_bwd_tokens[2048x768]' \
+                --dtype bf16 --contender "$c" --reps 3 --no-plots --no-progress \
+                --out "$R/ncu-bench-$c" >> "$R/ncu.txt" 2>&1
+        done
         local rc=$?; tail -5 "$R/ncu.txt"
         # the same counters on the stitched kernels of the training steps that lost most
         # against their prediction in this run's models-check profile (names are content
@@ -259,6 +264,7 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         # in one process
         "$PY" -m stitchml.tools.bench_variants --out "$R/variants-models" --suite models "${Q[@]}" \
             --variant "default::bert_train;gpt2_train" \
+            --variant "nocolwarps:partial_column_warps=0:bert_train;gpt2_train" \
             --variant "nomos:multi_output_siblings=0:bert_train" \
             --variant "noalign:align_rows=0:gpt2_train" \
             --variant "noemb:compact_embedding_grads=0:gpt2_train" \

@@ -52,12 +52,17 @@ class Mapping:
     # on-chip rows held as this many tiles of `block_c` columns side by side (a warp a
     # row inside a program of several warps: `plan/mapping.py::WARP_ROW_ELEMS`)
     segments: int = 1
+    # column partials whose programs' warps lie along the columns only, the row block
+    # shrunk alike (`plan/mapping.py::column_lane_partials`); their combine is tiled for
+    # as few warps
+    column_lanes: bool = False
 
     def describe(self) -> str:
         if self.form == "pointwise":
             return f"pointwise BLOCK={self.block_r} warps={self.num_warps} grid={self.grid}"
         loop = f" x{self.row_blocks} row blocks" if self.row_blocks > 1 else ""
         seg = f" x{self.segments} segments" if self.segments > 1 else ""
+        seg += " column lanes" if self.column_lanes else ""
         return (f"{self.form} BLOCK_R={self.block_r} BLOCK_C={self.block_c}{seg}{loop} warps={self.num_warps} "
                 f"grid={self.grid}")
 

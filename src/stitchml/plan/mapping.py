@@ -105,13 +105,45 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: 
             return Mapping(form, br, bc, warps, blocks)
         # column partials: each program walks several row blocks (grid-stride) so the
         # partial buffer (programs x cols) stays small; a few waves of programs suffice
-        return Mapping(form, br, bc, _warps(br * bc), *_partial_walk(rows, br, opts))
+        mp = Mapping(form, br, bc, _warps(br * bc), *_partial_walk(rows, br, opts))
+        if opts.partial_column_warps and not fixed:
+            mp = column_lane_partials(mp, rows, itemsize, opts)
+        return mp
     if partials:   # several rows per program: one partial row per program and column block
         br = looped_rows(rows, opts)
         bc = min(next_pow2(cols), max(min(32, opts.looped_partial_elems), opts.looped_partial_elems // br))
         return Mapping("row_looped", br, bc, _warps(br * bc), -(-rows // br))
     bc = opts.loop_block_cols
     return Mapping("row_looped", 1, bc, _warps(bc), rows)
+
+
+COLUMN_LANE_MAX_WALK = 4   # column_lane_partials: only where a program walks at most this many row blocks
+COLUMN_LANE_MIN_WARPS = 4  # ... and the columns fill this many warps (narrower rows: unmeasured, unchanged)
+
+
+def column_lane_partials(mp: Mapping, rows: int, itemsize: int, opts: PlanOptions) -> Mapping:
+    """Column partials beside rows held on chip, over few rows (each program of the
+    16-warp tile walking at most COLUMN_LANE_MAX_WALK row blocks): programs whose warps
+    lie side by side along the columns only, as many as the row's next power of two
+    fills with 32 lanes of 16-byte vectors (768-1024 bfloat16 columns: 4), the row
+    block shrunk by the same factor so that a thread holds as many values as before.
+    A [4, 1024] tile over 16 warps puts 4 warps across the rows (Triton fills the
+    columns first), and BERT's [2048 x 768] norm backward and bias-gradient kernels in
+    that form took 30-36 µs a launch on the H200 (2026-11-27/28) where 4-3 were
+    predicted; the same plans at 4 warps (through `block_elems=1024`) took the column
+    sum 14.8 -> 5.2 µs of device time and the layer-norm backward 28.3 -> 11.7 µs
+    (Inductor 5.1 and 15.3).  Why 16-warp programs lose that much there is not known
+    (sm_90 code of both has the same instructions a byte and no barriers in the
+    loop); long walks (32768 rows) and rows that fill fewer than COLUMN_LANE_MIN_WARPS
+    warps keep their tiles until measured.  `itemsize`: the
+    largest element size of the kernel's full-size accesses (narrowest vector)."""
+    vec = 16 // max(min(itemsize, 16), 1)
+    warps = max(1, min(mp.num_warps, mp.block_c // (32 * vec)))
+    if warps >= mp.num_warps or warps < COLUMN_LANE_MIN_WARPS or mp.row_blocks > COLUMN_LANE_MAX_WALK:
+        return mp
+    br = max(1, mp.block_r * warps // mp.num_warps)
+    return Mapping("packed_rows" if br > 1 else "row_persistent", br, mp.block_c, warps,
+                   *_partial_walk(rows, br, opts), column_lanes=True)
 
 
 WARP_ROW_ELEMS = 32   # a row this many elements a lane or fewer (1024) is one warp's, when wider than a warp's vectors
@@ -274,12 +306,17 @@ def warps_along_rows(mp: Mapping, vec: int) -> Mapping:
     return replace(mp, num_warps=cap)
 
 
-def combine_mapping(rows: int, cols: int, opts: PlanOptions) -> Mapping:
+def combine_mapping(rows: int, cols: int, opts: PlanOptions, warps: int = 16) -> Mapping:
     """The combine of column partials (rows = programs that wrote partials): narrow
     column tiles so several programs share the work, and tiles of partial rows so the
-    rows are reduced in a few wide steps instead of a chain of dependent loads."""
+    rows are reduced in a few wide steps instead of a chain of dependent loads.
+    `warps` < 16: the partial kernel's programs were given fewer warps
+    (`column_lane_partials`): the tile shrinks alike, so a global launch of the two
+    keeps the fewer warps."""
     bc = min(next_pow2(cols), 32 if next_pow2(cols) >= 512 else 128)   # (a function of the size bucket)
     cap = max(1, opts.block_elems // bc)
+    if warps < 16:   # (still 8 rows a step at least: not a chain of dependent loads)
+        cap = max(min(8, cap), opts.block_elems * max(warps, 1) // 16 // bc)
     br = cap if opts.fixed_row_blocks else min(next_pow2(rows), cap)   # rows follow the sizes: not a block shape then
     return Mapping("combine", br, bc, _warps(br * bc), -(-cols // bc))
 

@@ -310,7 +310,9 @@ def _combine(name: str, k: KernelPlan, g: ir.Graph, opts: PlanOptions) -> Kernel
     reductions (sum, max, min or prod over the programs axis)."""
     cols = max(g[n].numel for n in k.partials)
     rows = k.mapping.grid
-    mp = mapping_rules.combine_mapping(rows, cols, opts)
+    # (programs of fewer warps, column lanes: the combine tiled for as few, so that a
+    # global launch of the two keeps them)
+    mp = mapping_rules.combine_mapping(rows, cols, opts, k.mapping.num_warps if k.mapping.column_lanes else 16)
     kp = KernelPlan(name, k.partials, k.partials, (), Domain((rows, cols), (1,)), mp, "combine", k.partials, (),
                     combine_of=k.name)
     kp.bytes_read = sum(rows * g[n].numel * 4 for n in k.partials)

@@ -1,0 +1,90 @@
+"""Column partials beside rows held on chip, over few rows (`plan/mapping.py::
+column_lane_partials`, knob `partial_column_warps`): programs whose warps lie along the
+columns only, the row block shrunk alike, the combine tiled for as few warps.  The plans
+as plain data for the H200, then the kernels against eager on fresh random inputs,
+outputs poisoned (tests/conftest.py)."""
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stitchml import config
+
+sys.path.insert(0, "tests")
+from planning import graph_of, plan_on  # noqa: E402
+
+
+def _ln_backward(x, w, b, g):
+    x, w, b = (t.detach().requires_grad_() for t in (x, w, b))
+    return torch.autograd.grad(F.layer_norm(x, (x.shape[-1],), w, b), (x, w, b), g)
+
+
+def _ln_backward_plan(rows, cols, dtype, **knobs):
+    from stitchml.plan.planner import build_plan
+    with config.override(device="H200", **knobs):
+        e = [torch.empty(rows, cols, dtype=dtype), torch.empty(cols, dtype=dtype), torch.empty(cols, dtype=dtype),
+             torch.empty(rows, cols, dtype=dtype)]
+        return build_plan(graph_of(_ln_backward, *e))
+
+
+def _partial_and_combine(plan):
+    (comb,) = [k for k in plan.kernels if k.mapping.form == "combine"]
+    (part,) = [k for k in plan.kernels if k.name == comb.combine_of]
+    return part.mapping, comb.mapping
+
+
+@pytest.mark.parametrize("dtype,warps,vec", [(torch.bfloat16, 4, 8), (torch.float32, 8, 4)])
+def test_bert_shaped_column_partials_lay_their_warps_along_the_columns(dtype, warps, vec):
+    """[2048 tokens x 768] (BERT-base's bias and norm-weight gradients): the warps a
+    1024-column tile's 16-byte vectors fill, no more (none across the rows), the combine
+    at as many warps."""
+    colsum = plan_on("H200", lambda x: x.sum(0), (2048, 768), dtype=dtype)
+    for plan in (colsum, _ln_backward_plan(2048, 768, dtype)):
+        part, comb = _partial_and_combine(plan)
+        assert part.column_lanes and part.num_warps == warps and part.block_c == 32 * vec * warps, part
+        assert part.row_blocks <= 8 and part.grid == 264, part
+        assert comb.num_warps <= warps and comb.block_r >= 8, comb
+        assert "column lanes" in part.describe()
+    # the column sum (nothing full-size written) takes taller row blocks; the norm
+    # backward (dx written) keeps a thread's values: the 16-warp tile's 4 rows scaled down
+    assert _partial_and_combine(colsum)[0].block_r > 1
+    assert _partial_and_combine(_ln_backward_plan(2048, 768, dtype))[0].block_r == 4 * warps // 16
+
+
+def test_long_walks_and_the_knob_off_keep_sixteen_warp_tiles():
+    """32768 rows (each program walking 31 row blocks): unchanged until measured; the
+    knob off: the tiles of rows over 16 warps, 4 of them across the rows."""
+    for plan in (plan_on("H200", lambda x: x.sum(0), (32768, 1024), dtype=torch.bfloat16),
+                 plan_on("H200", lambda x: x.sum(0), (2048, 768), dtype=torch.bfloat16, partial_column_warps=False),
+                 _ln_backward_plan(2048, 768, torch.bfloat16, partial_column_warps=False)):
+        part, comb = _partial_and_combine(plan)
+        assert not part.column_lanes and part.num_warps == 16 and part.block_r >= 4, part
+        assert comb.num_warps == 16, comb
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_column_lane_kernels_match_float64(dtype):
+    """Planned for the H200 (600 rows: column lanes, each program walking a few rows),
+    run under the interpreter: a bias-gradient-like column sum beside a point-wise
+    output, and a layer norm's forward and backward (dx, the weight and bias gradients
+    from the partials and their combine), judged against float64 with eager's error as
+    the yardstick (eager bf16 rounds the weight gradient's products: 7x stitch's error)."""
+    from stitchml.testing import compare_against_float64
+
+    def lanes(cmp):
+        return [k.mapping for r in cmp.backend.records if r.plan for k in r.plan.kernels if k.mapping.column_lanes]
+
+    with config.override(device="H200"):
+        torch._dynamo.reset()
+        x = torch.randn(600, 768).to(dtype).requires_grad_()
+        cmp, judgement = compare_against_float64(lambda x: (torch.relu(x) * 2, (x * x).sum(0)), [x])
+        judgement.assert_ok("column sum beside a point-wise output")
+        assert lanes(cmp)
+        torch._dynamo.reset()
+        x = torch.randn(600, 768).to(dtype).requires_grad_()
+        w = (torch.rand(768) + 0.5).to(dtype).requires_grad_()
+        b = torch.randn(768).to(dtype).requires_grad_()
+        cmp, judgement = compare_against_float64(lambda x, w, b: F.layer_norm(x, (768,), w, b), [x, w, b])
+        judgement.assert_ok("layer norm forward and backward")
+        assert lanes(cmp) and all(m.num_warps == (4 if dtype == torch.bfloat16 else 8) for m in lanes(cmp))
