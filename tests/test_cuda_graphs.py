@@ -215,6 +215,42 @@ def test_an_input_read_in_place_that_moves_is_not_trusted():
     assert backend.captures == 2 and runner.misses == 1
 
 
+def test_replay_checks_addresses_in_one_call_where_torch_has_it(monkeypatch):
+    """CUDA builds of torch compare the static inputs' addresses in one C++ call
+    (`_tensors_data_ptrs_at_indices_equal`); the CPU build has none and the runner loops.
+    A stand-in with the same contract: used every replay, and a moved input is still
+    caught."""
+    calls = []
+
+    def ptrs_equal(tensors, ptrs, idxs):
+        calls.append(len(idxs))
+        return all(tensors[i].data_ptr() == p for i, p in zip(idxs, ptrs))
+    monkeypatch.setattr(cg, "_PTRS_EQUAL", ptrs_equal)
+    w = torch.randn(8, 8)
+    runner, backend = _runner(_model, w, torch.randn(4, 8))
+    x = torch.randn(4, 8)
+    for _ in range(3):
+        runner([w, x])
+    assert calls == [2] and runner.replays == 2 and backend.captures == 1   # (capture, then one replay)
+    x2 = torch.randn(4, 8)
+    torch.testing.assert_close(runner([w, x2])[0], _model(w, x2)[0])
+    assert runner.misses == 1 and runner.graph is None and calls == [2, 2]
+
+
+def test_an_output_held_only_through_a_view_is_never_overwritten():
+    """The replay's held check reads each output storage's use count (cached at capture):
+    a slice of an output, the output itself let go, still holds its storage."""
+    w = torch.randn(8, 8)
+    runner, backend = _runner(_model, w, torch.randn(4, 8))
+    kept = []
+    for _ in range(5):
+        x = torch.randn(4, 8)
+        kept.append((runner([w, x])[0][1:], _model(w, x)[0][1:]))   # a view; the tuple dropped
+    for got, ref in kept:
+        torch.testing.assert_close(got, ref)
+    assert runner.misses == 1 and runner.policy[0] == ("clone",)
+
+
 def _train(steps: int, keep_last: bool):
     """A forward graph and a backward graph reading its outputs, replayed `steps` times
     against eager; `keep_last`: the loop holds last step's second output into the next
@@ -473,3 +509,12 @@ def test_a_view_of_a_parameter_held_by_the_caller_does_not_stop_replays():
         del out
     assert torch.equal(held[-1], w.detach().t())
     assert runner.policy[1] == ("view",) and runner.misses == 0 and runner.replays == 4
+
+
+def test_host_time_tool_times_a_replay_without_misses():
+    """`python -m stitchml.tools.host_time --graph-runner IN OUT`: every timed call is a
+    replay (no recapture: the outputs are let go), and the figure is a time."""
+    from stitchml.tools.host_time import graph_runner_replay, main
+    r = graph_runner_replay(12, 7, rounds=3, per_round=4)
+    assert r["replays"] == 3 * 4 + 3 - 1 and r["replay_us"] > 0 and (r["inputs"], r["outputs"]) == (12, 7)
+    assert main(["--graph-runner", "3", "2", "--rounds", "2"]) == 0

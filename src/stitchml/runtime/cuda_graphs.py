@@ -228,6 +228,10 @@ def _use_count(t: torch.Tensor) -> int:
     return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
+# (CUDA builds of torch: one C++ call compares many inputs' addresses; the CPU build has none)
+_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+
+
 try:
     from torch._C._dynamo.guards import _reinterpret_tensor as _alias
 except ImportError:  # pragma: no cover
@@ -251,6 +255,13 @@ class GraphRunner:
         self.out: tuple = ()
         self.policy: list = []           # per output: alias | view (of a parameter) | clone | (input, j) | value
         self.base: dict[int, int] = {}   # output position -> storage use count after capture
+        # per replay, the host work is per input and output (BERT's backward: 330 inputs,
+        # ~215 outputs), so what can be is worked out once at capture: the static inputs'
+        # addresses as a list, the held outputs' storages (`_cdata`: stable while
+        # `self.out` holds them) with their counts, each output's rebuild
+        self.static_ptrs: list[int] = []
+        self.held_check: list[tuple[int, int, int]] = []   # (output, storage _cdata, use count)
+        self.rebuild: list[tuple] = []   # per output: (kind, tensor or input position, shape, stride)
         self.clone: set[int] = set()    # outputs returned as copies (found held across calls)
         self.moving: set[int] = set()   # inputs that moved once: always copied
         self.by_range: dict[int, tuple] = {}   # inputs copied by storage range -> their strides
@@ -332,6 +343,12 @@ class GraphRunner:
             else:
                 self.policy.append(("alias",))
         self.base = {k: _use_count(o) for k, o in enumerate(self.out) if self.policy[k][0] == "alias"}
+        self.static_ptrs = [self.ptrs[i] for i in self.static]
+        self.held_check = [(k, self.out[k].untyped_storage()._cdata, n) for k, n in self.base.items()]
+        self.rebuild = [(p[0], p[1] if p[0] == "input" else o,
+                         tuple(o.shape) if isinstance(o, torch.Tensor) else None,
+                         o.stride() if isinstance(o, torch.Tensor) else None)
+                        for o, p in zip(self.out, self.policy)]
         _register(id(self), frozenset(self.out[k].untyped_storage().data_ptr() for k in self.base))
         self.version = _VERSION[0]
         self.captured = (f"captured: {len(self.static)} inputs read in place (parameters, buffers, stable "
@@ -342,11 +359,13 @@ class GraphRunner:
 
     # -- replay
     def _replay(self, inputs: list) -> Any:
-        moved = [i for i in self.static if inputs[i].data_ptr() != self.ptrs[i]]
-        if moved:  # warm up and capture again: these inputs are copied then
-            self.moving |= set(moved)
-            return self._again(inputs, f"inputs read in place moved (input {moved[0]})", warm=True)
-        held = [k for k, n in self.base.items() if _use_count(self.out[k]) != n]
+        if _PTRS_EQUAL is None or not _PTRS_EQUAL(inputs, self.static_ptrs, self.static):
+            moved = [i for i, p in zip(self.static, self.static_ptrs) if inputs[i].data_ptr() != p]
+            if moved:  # warm up and capture again: these inputs are copied then
+                self.moving |= set(moved)
+                return self._again(inputs, f"inputs read in place moved (input {moved[0]})", warm=True)
+        use_count = torch._C._storage_Use_Count
+        held = [k for k, c, n in self.held_check if use_count(c) != n]
         if held:
             # last call's outputs are still in use: their memory stays theirs (the graph
             # is captured again, with fresh outputs) and such outputs are copied from now on
@@ -380,6 +399,7 @@ class GraphRunner:
         self.misses += 1
         self.last_miss = why
         self.graph, self.copies, self.out, self.base, self.by_range = None, {}, (), {}, {}
+        self.static_ptrs, self.held_check, self.rebuild = [], [], []
         _unregister(id(self))
         if self.recaptures >= MAX_RECAPTURES:
             self.dead = True
@@ -404,16 +424,17 @@ class GraphRunner:
 
     def _outputs(self, inputs: list) -> tuple:
         res = []
-        for o, p in zip(self.out, self.policy):
-            kind = p[0]
-            if kind == "value":
+        for kind, o, shape, stride in self.rebuild:
+            if kind == "alias" or kind == "view":
+                # a fresh tensor on the static output's memory: whoever holds it raises the
+                # storage's use count, which the next replay checks (`held_check`)
+                res.append(_alias(o, shape, stride, 0))
+            elif kind == "value":
                 res.append(o)
             elif kind == "input":
-                res.append(inputs[p[1]])
-            elif kind == "clone":
+                res.append(inputs[o])
+            else:  # clone
                 res.append(o.clone())
-            else:  # alias, view
-                res.append(_alias(o, o.shape, o.stride(), 0))
         return tuple(res)
 
 
