@@ -138,10 +138,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Column partials beside rows held on chip (a norm backward's weight gradient, a bias gradient) over "
          "few rows, each program walking at most 4 row blocks of the 16-warp tile (BERT's 2048 tokens, GPT-2's "
          "4096) and rows that fill 4 warps of 16-byte vectors at least: programs with their warps side by side "
-         "along the columns only (768-1024 bfloat16 columns: 4 warps), the row block shrunk to keep a thread's values, the combine's warps and tile scaled alike "
-         "(plan/mapping.py::column_lane_partials). Static shapes only. H200, 2026-11-28 (bf16, [2048 x 768], "
-         "the same plans through `block_elems=1024`): column sum 14.8 -> 5.2 us of device time, layer norm "
-         "backward 28.3 -> 11.7 us (Inductor 5.1, 15.3); BERT's 36 such launches a step took 30-36 us each."),
+         "along the columns only (768-1024 bfloat16 columns: 4 warps), the row block shrunk to keep a thread's "
+         "values, the combine's warps and tile scaled alike (plan/mapping.py::column_lane_partials). Static "
+         "shapes only. H200, 2026-11-28 (bf16, [2048 x 768], the same plans through `block_elems=1024`): column "
+         "sum 14.8 -> 5.2 us of device time, layer norm backward 28.3 -> 11.7 us (Inductor 5.1, 15.3); BERT's "
+         "36 such launches a step took 30-36 us each."),
     Knob("exact_rows", "STITCHML_EXACT_ROWS", True, _bool,
          "Kernels whose row count (element count, for flat kernels) the row block divides test no row "
          "mask: `rflat < rows` is then a constant, which Triton folds. Seen in sm_90 SASS: a masked "

@@ -129,14 +129,14 @@ def column_lane_partials(mp: Mapping, rows: int, itemsize: int, opts: PlanOption
     block shrunk by the same factor so that a thread holds as many values as before.
     A [4, 1024] tile over 16 warps puts 4 warps across the rows (Triton fills the
     columns first), and BERT's [2048 x 768] norm backward and bias-gradient kernels in
-    that form took 30-36 µs a launch on the H200 (2026-11-27/28) where 4-3 were
+    that form took 30-36 µs a launch on the H200 (2026-11-27/28) where 3-5 were
     predicted; the same plans at 4 warps (through `block_elems=1024`) took the column
     sum 14.8 -> 5.2 µs of device time and the layer-norm backward 28.3 -> 11.7 µs
     (Inductor 5.1 and 15.3).  Why 16-warp programs lose that much there is not known
     (sm_90 code of both has the same instructions a byte and no barriers in the
     loop); long walks (32768 rows) and rows that fill fewer than COLUMN_LANE_MIN_WARPS
-    warps keep their tiles until measured.  `itemsize`: the
-    largest element size of the kernel's full-size accesses (narrowest vector)."""
+    warps keep their tiles until measured.  `itemsize`: the largest element size of
+    the kernel's full-size accesses (narrowest vector)."""
     vec = 16 // max(min(itemsize, 16), 1)
     warps = max(1, min(mp.num_warps, mp.block_c // (32 * vec)))
     if warps >= mp.num_warps or warps < COLUMN_LANE_MIN_WARPS or mp.row_blocks > COLUMN_LANE_MAX_WALK:

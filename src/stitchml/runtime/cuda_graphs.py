@@ -254,11 +254,10 @@ class GraphRunner:
         self.copies: dict[int, torch.Tensor] = {}   # input position -> its buffer in the graph
         self.out: tuple = ()
         self.policy: list = []           # per output: alias | view (of a parameter) | clone | (input, j) | value
-        self.base: dict[int, int] = {}   # output position -> storage use count after capture
         # per replay, the host work is per input and output (BERT's backward: 330 inputs,
         # ~215 outputs), so what can be is worked out once at capture: the static inputs'
-        # addresses as a list, the held outputs' storages (`_cdata`: stable while
-        # `self.out` holds them) with their counts, each output's rebuild
+        # addresses as a list, the aliased outputs' storages (`_cdata`: stable while
+        # `self.out` holds them) with their use counts after capture, each output's rebuild
         self.static_ptrs: list[int] = []
         self.held_check: list[tuple[int, int, int]] = []   # (output, storage _cdata, use count)
         self.rebuild: list[tuple] = []   # per output: (kind, tensor or input position, shape, stride)
@@ -342,14 +341,14 @@ class GraphRunner:
                 self.policy.append(("view",))
             else:
                 self.policy.append(("alias",))
-        self.base = {k: _use_count(o) for k, o in enumerate(self.out) if self.policy[k][0] == "alias"}
         self.static_ptrs = [self.ptrs[i] for i in self.static]
-        self.held_check = [(k, self.out[k].untyped_storage()._cdata, n) for k, n in self.base.items()]
+        self.held_check = [(k, o.untyped_storage()._cdata, _use_count(o)) for k, o in enumerate(self.out)
+                           if self.policy[k][0] == "alias"]
         self.rebuild = [(p[0], p[1] if p[0] == "input" else o,
                          tuple(o.shape) if isinstance(o, torch.Tensor) else None,
                          o.stride() if isinstance(o, torch.Tensor) else None)
                         for o, p in zip(self.out, self.policy)]
-        _register(id(self), frozenset(self.out[k].untyped_storage().data_ptr() for k in self.base))
+        _register(id(self), frozenset(self.out[k].untyped_storage().data_ptr() for k, _, _ in self.held_check))
         self.version = _VERSION[0]
         self.captured = (f"captured: {len(self.static)} inputs read in place (parameters, buffers, stable "
                          f"addresses), {len(copied)} copied per replay")
@@ -398,7 +397,7 @@ class GraphRunner:
         """This call runs without the graph; the next one captures again."""
         self.misses += 1
         self.last_miss = why
-        self.graph, self.copies, self.out, self.base, self.by_range = None, {}, (), {}, {}
+        self.graph, self.copies, self.out, self.by_range = None, {}, (), {}
         self.static_ptrs, self.held_check, self.rebuild = [], [], []
         _unregister(id(self))
         if self.recaptures >= MAX_RECAPTURES:
