@@ -37,16 +37,22 @@ def _ids(shape, rows, padding):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("padding", [None, 3], ids=["nopad", "pad3"])
 def test_compact_sums_match_eager(small_tables, dtype, padding):
+    """Judged against float64 with eager's error as the yardstick: a bf16 row read by five
+    tokens is summed in float32 by the kernel and rounded once; eager's bf16 sum can be
+    off by more than an element-wise 2 % (a fresh-clone run: 1 of 1164 elements at 6.7 %)."""
+    from stitchml.testing import compare_against_float64
     w = torch.randn(97, 12, dtype=dtype, requires_grad=True)
     ids = _ids((3, 7), 97, padding)          # 21 tokens over indices of two dims
-    c = compare_with_eager(lambda w, i: F.embedding(i, w, padding_idx=padding) * 3, [w, ids])
+    c, judgement = compare_against_float64(lambda w, i: F.embedding(i, w, padding_idx=padding) * 3, [w, ids])
+    judgement.assert_ok(f"embedding backward, {dtype}, padding {padding}")
     assert _scatters(c) == [0, 2], _scatters(c)     # the backward: representatives, then the sums
     # each token's representative is gathered inside the kernel that adds its row
     bwd = c.backend.records[-1].plan
     assert any({bwd.graph[m].op for m in k.members} >= {"index_select", "embedding_backward"} for k in bwd.kernels)
     with config.override(compact_embedding_grads=False):
         torch._dynamo.reset()
-        plain = compare_with_eager(lambda w, i: F.embedding(i, w, padding_idx=padding) * 3, [w, ids])
+        plain, judgement = compare_against_float64(lambda w, i: F.embedding(i, w, padding_idx=padding) * 3, [w, ids])
+    judgement.assert_ok(f"embedding backward, plain form, {dtype}, padding {padding}")
     assert _scatters(plain) == [0, 1]
 
 

@@ -53,8 +53,8 @@ class Mapping:
     # row inside a program of several warps: `plan/mapping.py::WARP_ROW_ELEMS`)
     segments: int = 1
     # column partials whose programs' warps lie along the columns only, the row block
-    # shrunk alike (`plan/mapping.py::column_lane_partials`); their combine is tiled for
-    # as few warps
+    # shrunk alike (`plan/mapping.py::column_lane_partials`), and their combine, tiled for
+    # as few warps; the cost model prices both at the 16-warp tiles' occupancy
     column_lanes: bool = False
 
     def describe(self) -> str:

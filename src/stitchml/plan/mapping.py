@@ -318,7 +318,7 @@ def combine_mapping(rows: int, cols: int, opts: PlanOptions, warps: int = 16) ->
     if warps < 16:   # (still 8 rows a step at least: not a chain of dependent loads)
         cap = max(min(8, cap), opts.block_elems * max(warps, 1) // 16 // bc)
     br = cap if opts.fixed_row_blocks else min(next_pow2(rows), cap)   # rows follow the sizes: not a block shape then
-    return Mapping("combine", br, bc, _warps(br * bc), -(-cols // bc))
+    return Mapping("combine", br, bc, _warps(br * bc), -(-cols // bc), column_lanes=warps < 16)
 
 
 def one_per_thread(mp: Mapping) -> Mapping:
