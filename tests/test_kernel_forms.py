@@ -253,6 +253,36 @@ def test_split_layer_norm_backward_matches_eager():
     assert c.num_kernels >= 2
 
 
+def test_long_variance_rows_take_chunk_statistics_with_many_rows_under_the_knob():
+    """Knob `split_long_variance`: a layer norm over rows too long for registers takes the
+    chunk statistics (one walk of the row for the mean and the variance) however many
+    rows there are; off (the default), many rows keep the looped kernel.  Training
+    through it: the output and the gradients against float64."""
+    knobs = dict(split_min_cols=64, persistent_max_cols=128, loop_block_cols=32)
+    shapes = [(24, 512), (512,), (512,)]            # 24 rows: more than a wave of the cpu entry
+
+    def fn(x, w, b):
+        return F.layer_norm(x, (512,), w, b)
+
+    def m2(plan):
+        g = plan.graph
+        return [n for n in g.nodes if n.kind == "reduce" and n.attr("split_of") is not None
+                and g[n.refs[0]].op == "mul"]
+    with config.override(**knobs):
+        assert not m2(plan_of(fn, *[torch.empty(*s) for s in shapes]))
+        with config.override(split_long_variance=True):
+            plan = plan_of(fn, *[torch.empty(*s) for s in shapes])
+            chunk_m2 = {n.id for n in m2(plan)}
+            stats = [k for k in plan.kernels if set(k.members) & chunk_m2]
+            assert chunk_m2 and stats and all(k.mapping.form != "row_looped" for k in stats), \
+                [(k.name, k.mapping.form) for k in plan.kernels]   # chunks held on chip
+            x = (torch.randn(24, 512) * 3 + 5).requires_grad_()
+            w, b = torch.randn(512).requires_grad_(), torch.randn(512).requires_grad_()
+            c, verdict = compare_against_float64(fn, [x, w, b])
+            verdict.assert_ok("layer norm over chunk statistics, many rows")
+            assert any(n.attr("split_chunks") for r in c.backend.records for n in r.plan.graph.nodes)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("special", ["none", "chunk_all_-inf", "row_all_-inf", "nan", "+inf"])
 def test_split_rows_keep_the_online_pair_per_chunk(dtype, special):

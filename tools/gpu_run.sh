@@ -87,7 +87,7 @@ declare -A WHAT=(
     [models-fp32]="the same rows in fp32"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
     [micro-extra]="micro suite, both dtypes: max-autotune and jax"
-    [variants]="knob variants on the norm-backward and column-sum micro rows, bf16, one process: defaults, no grid barriers, 8 partial programs per SM, 8192-element looped partials, no looped partials (persistent rows then), column partials at 16 bytes a thread (the old tiles), blocks not scaled by dtype, long rows without a persistent grid, no transposed tiles, 8192-column loop blocks -> variants/; BERT, GPT-2 and LLaMA-style training steps under model knobs (GEMM epilogues forced on and off among them) -> variants-models/"
+    [variants]="knob variants on the norm-backward and column-sum micro rows, bf16, one process: defaults, no grid barriers, 8 partial programs per SM, 8192-element looped partials, no looped partials (persistent rows then), column partials at 16 bytes a thread (the old tiles), blocks not scaled by dtype, long rows without a persistent grid, no transposed tiles, 8192-column loop blocks, chunk statistics for long layer-norm rows -> variants/; BERT, GPT-2 and LLaMA-style training steps under model knobs (GEMM epilogues forced on and off among them) -> variants-models/"
 )
 
 run_step() {
@@ -240,9 +240,10 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         local ROWS='softmax_fwd[N=32768];softmax_bwd[N=32768];cross_entropy_fwdbwd[V=32000];cross_entropy_fwdbwd[V=50257]'
         local FWD='layer_norm_fwd[N=1024];rms_norm_fwd[N=1024];softmax_fwd[N=1024];layer_norm_fwd[N=4096];bias_gelu[8192x4096]'
         local LONGROWS='layer_norm_fwd[N=32768];rms_norm_fwd[N=32768];softmax_fwd[N=32768];softmax_bwd[N=32768]'
+        local LV='layer_norm_fwd[N=32768];layer_norm_bwd[N=32768]'
         if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then   # (quick sizes have other names: whole families)
             NORMS='layer_norm_bwd;rms_norm_bwd' SOME=$NORMS LONG='rms_norm_bwd' COLS='column_sum' TR='layer_norm_bwd' CE='cross_entropy_fwdbwd'
-            ROWS='softmax_fwd;cross_entropy_fwdbwd' FWD='layer_norm_fwd;bias_gelu' LONGROWS='softmax_bwd' Q=(--quick)
+            ROWS='softmax_fwd;cross_entropy_fwdbwd' FWD='layer_norm_fwd;bias_gelu' LONGROWS='softmax_bwd' LV='layer_norm_fwd' Q=(--quick)
         fi
         "$PY" -m stitchml.tools.bench_variants --out "$R/variants" "${Q[@]}" \
             --variant "default::$NORMS;$COLS;$ROWS;$FWD;$LONGROWS" \
@@ -258,7 +259,8 @@ print(calibration_path(current_device().name))" 2>/dev/null)
             --variant "lbc8k:loop_block_cols=8192:$ROWS" \
             --variant "flatrows:row_values=0:$CE" \
             --variant "rowmasks:exact_rows=0:$ROWS;$FWD" \
-            --variant "noalign:align_rows=0:$CE"
+            --variant "noalign:align_rows=0:$CE" \
+            --variant "chunkvar:split_long_variance=1:$LV"
         # model steps: the default against knobs off (bert: the attention bias gradients'
         # merge; gpt2: the aligned loss rows, the compact embedding gradient), stitchml only,
         # in one process

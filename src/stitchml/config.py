@@ -164,6 +164,14 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Task splitting: rows split into chunks of at least this many elements, only when there are fewer "
          "rows than two programs per SM (AStitch's rule: split when rows < programs per wave and a row "
          "has > 1024 elements). Not yet tuned on a GPU."),
+    Knob("split_long_variance", "STITCHML_SPLIT_LONG_VARIANCE", False, _bool,
+         "A variance (layer norm) over rows longer than `persistent_max_cols` takes the chunk statistics of "
+         "task splitting (chunks held on chip, their sums and M2 combined by Chan's formula) with any number "
+         "of rows, instead of a looped kernel that walks each row three times (mean, variance, output). "
+         "H200, 2026-11-27: layer_norm_fwd [1024 x 32768] bf16 ran 111 us (Inductor 68.5) where the cost "
+         "model, counting the re-reads as L2 hits, predicted 34 and RMSNorm of that shape (two walks) took "
+         "43.4; split, it reads the input twice from DRAM (predicted 57 us). Off until measured "
+         "(`gpu_run.sh variants`)."),
     Knob("looped_partials", "STITCHML_LOOPED_PARTIALS", True, _bool,
          "Column reductions (a norm's weight and bias gradients) beside rows too long to hold on chip are "
          "computed in the row-looped kernel itself: each program walks a few rows together and writes one "

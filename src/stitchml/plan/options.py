@@ -25,6 +25,7 @@ class PlanOptions:
     loop_block_cols: int = 2048    # columns per iteration of row-looped kernels
     block_elems: int = 4096        # target elements per program of row kernels
     split_min_cols: int = 1024     # task splitting: smallest chunk of a split row
+    split_long_variance: bool = False   # variances over rows too long for registers: chunk statistics, any rows
     partial_programs_per_sm: int = 2   # column partials beside on-chip rows: programs per SM
     looped_partial_elems: int = 2048   # column partials beside looped rows: elements per iteration
     partial_lanes: bool = True   # looped column partials: a tile's rows in each thread, warps along the columns

@@ -35,7 +35,10 @@ def _chunks(rows: int, cols: int, opts: PlanOptions, persistent: bool = False) -
     `persistent_max_cols` (held in registers), if there is such a divisor."""
     min_cols = opts.split_min_cols
     wave = 2 * opts.device.sms
-    if rows >= wave or cols < 2 * min_cols:
+    # (knob split_long_variance: a variance over rows too long for registers takes
+    # chunk statistics whatever the row count: one walk of the row instead of three)
+    long_variance = persistent and opts.split_long_variance and cols > opts.persistent_max_cols
+    if (rows >= wave and not long_variance) or cols < 2 * min_cols:
         return None
     want = -(-wave // rows)
     if persistent:
