@@ -102,3 +102,86 @@ def test_column_lane_kernels_match_float64(dtype):
         cmp, judgement = compare_against_float64(lambda x, w, b: F.layer_norm(x, (768,), w, b), [x, w, b])
         judgement.assert_ok("layer norm forward and backward")
         assert lanes(cmp) and all(m.num_warps == (4 if dtype == torch.bfloat16 else 8) for m in lanes(cmp))
+
+
+def _gelu_backward(x, g):
+    """BERT's GELU backward beside its bias gradient (erf form, in float32 as eager's
+    decomposition computes it): dx full-size, and dx summed over the tokens."""
+    xf = x.float()
+    cdf = 0.5 * (1 + torch.erf(xf * 0.7071067811865476))
+    pdf = torch.exp(-0.5 * xf * xf) * 0.3989422804014327
+    dx = (g.float() * (cdf + xf * pdf)).to(x.dtype)
+    return dx, dx.sum(0)
+
+
+@pytest.mark.parametrize("cols,warps", [(3072, 4), (2304, 4), (4096, 16)])
+def test_one_row_tiles_take_the_warps_that_leave_fewest_lanes_masked(cols, warps):
+    """Rows of 4096 columns or more (a tile of one row: BERT's and GPT-2's 3072-wide FFN
+    gradients, GPT-2's 2304-wide QKV bias gradient) in bfloat16: the warps whose
+    1024-lane repeats cover the row with the fewest masked lanes, never below 4 (2304
+    would take 2 warps by masked lanes alone), the walk unchanged, the combine tiled for
+    as few; 4096 columns fill 16 warps exactly and keep them.  The knob off, or
+    `trim_row_warps` off: 16 warps."""
+    on = plan_on("H200", _gelu_backward, (2048, cols), (2048, cols), dtype=torch.bfloat16)
+    part, comb = _partial_and_combine(on)
+    assert part.block_r == 1 and part.num_warps == warps and part.column_lanes == (warps < 16), part
+    assert part.grid == 264 and part.row_blocks == 8, part
+    assert comb.num_warps <= warps and comb.column_lanes == (warps < 16), comb
+    for knobs in ({"partial_column_warps": False}, {"trim_row_warps": False}):
+        off = plan_on("H200", _gelu_backward, (2048, cols), (2048, cols), dtype=torch.bfloat16, **knobs)
+        p_off, c_off = _partial_and_combine(off)
+        assert p_off.num_warps == 16 and not p_off.column_lanes and (p_off.grid, p_off.row_blocks) == (264, 8)
+        assert c_off.num_warps == 16
+        # priced at the 16-warp tile's occupancy: the same prediction, the same launches
+        assert on.predicted_s == pytest.approx(off.predicted_s, rel=0.01) and on.num_kernels == off.num_kernels
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_row_column_lane_kernels_match_float64(dtype):
+    """Planned for the H200 (300 rows of 3072: a tile of one row at fewer warps, each
+    program walking two rows), run under the interpreter against float64."""
+    from stitchml.testing import compare_against_float64
+    with config.override(device="H200"):
+        torch._dynamo.reset()
+        x = torch.randn(300, 3072).to(dtype)
+        g = torch.randn(300, 3072).to(dtype)
+        cmp, judgement = compare_against_float64(_gelu_backward, [x, g], backward=False)
+        judgement.assert_ok("GELU backward and its bias gradient")
+        lanes = [k.mapping for r in cmp.backend.records if r.plan for k in r.plan.kernels
+                 if k.mapping.column_lanes and k.mapping.form != "combine"]
+        assert lanes and all(m.block_r == 1 and m.num_warps < 16 for m in lanes), lanes
+
+
+@pytest.mark.parametrize("cols,programs", [(768, 96), (1024, 128), (3072, 96)])
+def test_combines_take_programs_for_half_the_sms(cols, programs):
+    """Knob `combine_spread`: a combine's column tiles narrow (to 8 float32 columns at
+    least) until there are programs for half the H200's 132 SMs, the partial rows then
+    taken in few tall steps; off: 32-column tiles (768 columns: 24 programs)."""
+    from stitchml.plan.mapping import COMBINE_MIN_COLS
+    on = plan_on("H200", lambda x: x.sum(0), (2048, cols), dtype=torch.bfloat16)
+    part, comb = _partial_and_combine(on)
+    assert comb.grid == programs and comb.grid >= 66 and comb.block_c >= COMBINE_MIN_COLS, comb
+    assert comb.block_c * comb.grid >= cols and comb.block_r >= 32, comb
+    off = plan_on("H200", lambda x: x.sum(0), (2048, cols), dtype=torch.bfloat16, combine_spread=False)
+    assert _partial_and_combine(off)[1].block_c == 32 and _partial_and_combine(off)[1].grid == -(-cols // 32)
+    # the cpu device (2 cores) keeps the 32-column tiles
+    assert _partial_and_combine(plan_on("cpu", lambda x: x.sum(0), (2048, cols)))[1].block_c >= 32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_narrow_combines_match_float64(dtype):
+    """Planned for the H200 (column sums and a layer norm's weight and bias gradients
+    over 600 x 768: 8-column combine tiles, a masked tail of partial rows), run under the
+    interpreter against float64."""
+    from stitchml.testing import compare_against_float64
+    with config.override(device="H200"):
+        torch._dynamo.reset()
+        x = torch.randn(600, 768).to(dtype).requires_grad_()
+        w = (torch.rand(768) + 0.5).to(dtype).requires_grad_()
+        b = torch.randn(768).to(dtype).requires_grad_()
+        cmp, judgement = compare_against_float64(lambda x, w, b: (F.layer_norm(x, (768,), w, b), (x * w).sum(0)),
+                                                 [x, w, b])
+        judgement.assert_ok("layer norm and a column sum, forward and backward")
+        combines = [k.mapping for r in cmp.backend.records if r.plan for k in r.plan.kernels
+                    if k.mapping.form == "combine"]
+        assert combines and all(m.block_c == 8 for m in combines), combines

@@ -82,7 +82,7 @@ declare -A WHAT=(
     [models-check]="the training rows against Inductor's CUDA graphs only (BERT, GPT-2, LLaMA-style; bf16; inductor-ro, stitchml): the short check of a runtime change -> models-check/"
     [ncu]="Nsight Compute counters (speed of light, occupancy, warp stalls, memory) of stitch's and Inductor's kernels on the BERT-shaped column reductions (2048 x 768, bf16) -> ncu.txt; of the training steps' stitched kernels that lost most against their prediction in models-check (tools/worst_kernels.py) -> ncu-models.txt"
     [small-cols]="the BERT-shaped column reductions (column_sum_tokens, layer_norm_bwd_tokens: 2048 x 768, bf16): eager, inductor, stitchml, then stitchml under mapping knob variants (and tuple_reductions on these and layer_norm N=1024) -> small-cols/"
-    [micro-check]="the micro rows with open predictions (bench/NOTES.md, twenty-eighth session: column lanes), bf16: column_sum_tokens and layer_norm_bwd_tokens (2048 x 768); eager, inductor, stitchml -> bench/; then stitchml on those, layer_norm_bwd N=1024 and column_sum 32768 x 1024 with partial_column_warps on and off -> micro-check/"
+    [micro-check]="the micro rows with open predictions (bench/NOTES.md, twenty-eighth session: column lanes), bf16: column_sum_tokens and layer_norm_bwd_tokens (2048 x 768); eager, inductor, stitchml -> bench/; then stitchml on those, layer_norm_bwd N=1024 and column_sum 32768 x 1024 with partial_column_warps on and off, combine_spread off -> micro-check/"
     [models-15]="issue 15's rows, bf16: BERT-base train and infer at b32 s128, the LLaMA-style 8-layer step with vocabulary 128256 (peak memory of its loss); eager, inductor, inductor-ro, stitchml -> bench/"
     [models-fp32]="the same rows in fp32"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
@@ -160,7 +160,8 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         fi
         "${BENCH[@]}" --suite micro --dtype bf16 "${MC[@]}" "${MICRO_CONTENDERS[@]}" || return $?
         "$PY" -m stitchml.tools.bench_variants --out "$R/micro-check" "${QUICK[@]:0:1}" \
-            --variant "default::$ROWS" --variant "nocolwarps:partial_column_warps=0:$ROWS" ;;
+            --variant "default::$ROWS" --variant "nocolwarps:partial_column_warps=0:$ROWS" \
+            --variant "nospread:combine_spread=0:$ROWS" ;;
     models-15) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time --case 'issue15_*' \
                    --contender eager --contender inductor --contender inductor-ro --contender stitchml ;;
     compile)
@@ -267,6 +268,7 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         "$PY" -m stitchml.tools.bench_variants --out "$R/variants-models" --suite models "${Q[@]}" \
             --variant "default::bert_train;gpt2_train" \
             --variant "nocolwarps:partial_column_warps=0:bert_train;gpt2_train" \
+            --variant "nospread:combine_spread=0:bert_train;gpt2_train" \
             --variant "nomos:multi_output_siblings=0:bert_train" \
             --variant "noalign:align_rows=0:gpt2_train" \
             --variant "noemb:compact_embedding_grads=0:gpt2_train" \

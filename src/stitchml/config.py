@@ -142,7 +142,16 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "values, the combine's warps and tile scaled alike (plan/mapping.py::column_lane_partials). Static "
          "shapes only. H200, 2026-11-28 (bf16, [2048 x 768], the same plans through `block_elems=1024`): column "
          "sum 14.8 -> 5.2 us of device time, layer norm backward 28.3 -> 11.7 us (Inductor 5.1, 15.3); BERT's "
-         "36 such launches a step took 30-36 us each."),
+         "36 such launches a step took 30-36 us each. Rows of 4096 columns or more (a tile of one row) take the "
+         "warps that leave the fewest lanes masked, at least 4 (BERT's 3072-wide GELU backward: 16 -> 4 warps, "
+         "sm_90 issue floor 12.8 -> 9.2 us, Triton 3.6; not yet measured on a GPU)."),
+    Knob("combine_spread", "STITCHML_COMBINE_SPREAD", True, _bool,
+         "The combine of column partials takes column tiles narrower than 32 (down to 8 float32 columns, one "
+         "32-byte sector a partial row) until the columns give programs for half the SMs "
+         "(plan/mapping.py::combine_mapping): each program walks the partial rows in a chain of loads, so "
+         "its latency sets these small kernels' time. H200, 2026-11-28 (BERT-base training): the 3072-wide "
+         "combine, 96 programs, 2.3 us; the 768-wide ones, 24 programs, 4.8-4.9 us. A 768-wide combine gets "
+         "96 programs of 8 columns. Not yet measured on a GPU."),
     Knob("exact_rows", "STITCHML_EXACT_ROWS", True, _bool,
          "Kernels whose row count (element count, for flat kernels) the row block divides test no row "
          "mask: `rflat < rows` is then a constant, which Triton folds. Seen in sm_90 SASS: a masked "

@@ -107,7 +107,7 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: 
         # partial buffer (programs x cols) stays small; a few waves of programs suffice
         mp = Mapping(form, br, bc, _warps(br * bc), *_partial_walk(rows, br, opts))
         if opts.partial_column_warps and not fixed:
-            mp = column_lane_partials(mp, rows, itemsize, opts)
+            mp = column_lane_partials(mp, rows, cols, itemsize, opts)
         return mp
     if partials:   # several rows per program: one partial row per program and column block
         br = looped_rows(rows, opts)
@@ -121,7 +121,7 @@ COLUMN_LANE_MAX_WALK = 4   # column_lane_partials: only where a program walks at
 COLUMN_LANE_MIN_WARPS = 4  # ... and the columns fill this many warps (narrower rows: unmeasured, unchanged)
 
 
-def column_lane_partials(mp: Mapping, rows: int, itemsize: int, opts: PlanOptions) -> Mapping:
+def column_lane_partials(mp: Mapping, rows: int, cols: int, itemsize: int, opts: PlanOptions) -> Mapping:
     """Column partials beside rows held on chip, over few rows (each program of the
     16-warp tile walking at most COLUMN_LANE_MAX_WALK row blocks): programs whose warps
     lie side by side along the columns only, as many as the row's next power of two
@@ -136,8 +136,21 @@ def column_lane_partials(mp: Mapping, rows: int, itemsize: int, opts: PlanOption
     (sm_90 code of both has the same instructions a byte and no barriers in the
     loop); long walks (32768 rows) and rows that fill fewer than COLUMN_LANE_MIN_WARPS
     warps keep their tiles until measured.  `itemsize`: the largest element size of
-    the kernel's full-size accesses (narrowest vector)."""
+    the kernel's full-size accesses (narrowest vector).
+
+    A tile of one row (rows of 4096 columns or more) cannot shrink its row block: its
+    warps become the fewest that cover the row with the fewest masked lanes
+    (`live_lane_warps`, knob `trim_row_warps`, as for rows without partials; at least
+    COLUMN_LANE_MIN_WARPS), the walk unchanged.  BERT's GELU backward with its bias gradient, [2048 x 3072] bf16 in a
+    4096 tile of 16 warps, computed a quarter of its lanes masked: 20.7 µs a launch on
+    the H200 (2026-11-28) against 9.7 at copy bandwidth, its sm_90 issue floor 12.8 µs;
+    at 4 warps (three whole repeats of 1024) that floor is 9.2 (`tools/aot_check`,
+    Triton 3.6; bench/NOTES.md, twenty-ninth session)."""
     vec = 16 // max(min(itemsize, 16), 1)
+    if mp.block_r == 1:
+        live = (live_lane_warps(cols, mp.num_warps, vec, COLUMN_LANE_MIN_WARPS) if opts.trim_row_warps
+                else mp.num_warps)
+        return replace(mp, num_warps=live, column_lanes=True) if live < mp.num_warps else mp
     warps = max(1, min(mp.num_warps, mp.block_c // (32 * vec)))
     if warps >= mp.num_warps or warps < COLUMN_LANE_MIN_WARPS or mp.row_blocks > COLUMN_LANE_MAX_WALK:
         return mp
@@ -176,7 +189,7 @@ def warp_row_mapping(rows: int, cols: int, vec: int, warps: int) -> Mapping:
 ROW_THREAD_ELEMS = 64   # live_lane_warps: most row elements a thread may hold after fewer warps
 
 
-def live_lane_warps(cols: int, warps: int, vec: int) -> int:
+def live_lane_warps(cols: int, warps: int, vec: int, least: int = 1) -> int:
     """The warps of a one-row program over a row of `cols` elements (a power-of-two tile)
     that leave the fewest masked lanes live, at most `warps`.  Triton lays the tile out
     as `warps` x 32 threads of `vec` consecutive elements, repeated along the row: a
@@ -186,13 +199,14 @@ def live_lane_warps(cols: int, warps: int, vec: int) -> int:
     for 5000 (39 % masked); at 4 warps (1024 a repeat) 5120: the softmax's sm_90
     warp-instructions a row fell from 16 x 286 to 4 x 544 (-52 %; Triton 3.6,
     bench/NOTES.md, twenty-seventh session).  Fewer warps only while a thread holds at
-    most ROW_THREAD_ELEMS of the row (registers), and only where the span shrinks."""
+    most ROW_THREAD_ELEMS of the row (registers), only where the span shrinks, and
+    never below `least` warps."""
     def span(w: int) -> int:
         lanes = w * 32 * vec
         return -(-cols // lanes) * lanes
 
     best, w = warps, warps // 2
-    while w >= 1 and span(w) // (w * 32) <= ROW_THREAD_ELEMS:
+    while w >= max(least, 1) and span(w) // (w * 32) <= ROW_THREAD_ELEMS:
         if span(w) < span(best):
             best = w
         w //= 2
@@ -306,14 +320,27 @@ def warps_along_rows(mp: Mapping, vec: int) -> Mapping:
     return replace(mp, num_warps=cap)
 
 
+COMBINE_MIN_COLS = 8   # combine_mapping: the narrowest column tile (32 bytes of float32 partials a row)
+
+
 def combine_mapping(rows: int, cols: int, opts: PlanOptions, warps: int = 16) -> Mapping:
     """The combine of column partials (rows = programs that wrote partials): narrow
     column tiles so several programs share the work, and tiles of partial rows so the
     rows are reduced in a few wide steps instead of a chain of dependent loads.
     `warps` < 16: the partial kernel's programs were given fewer warps
     (`column_lane_partials`): the tile shrinks alike, so a global launch of the two
-    keeps the fewer warps."""
-    bc = min(next_pow2(cols), 32 if next_pow2(cols) >= 512 else 128)   # (a function of the size bucket)
+    keeps the fewer warps.
+
+    Knob `combine_spread`: narrower column tiles (down to COMBINE_MIN_COLS, one 32-byte
+    sector of float32 partials a row) until the columns give programs for half the SMs: each program
+    walks the partial rows in a chain of loads, so its latency, not the bytes, sets
+    the time of these small kernels.  The H200 (2026-11-28, BERT-base training) ran
+    the 3072-wide combine, 96 programs, in 2.3 µs, and the 768-wide ones, 24 programs
+    of 32 columns over fewer bytes each, in 4.8-4.9 µs."""
+    npc = next_pow2(cols)
+    bc = min(npc, 32 if npc >= 512 else 128)   # (a function of the size bucket)
+    while opts.combine_spread and bc > COMBINE_MIN_COLS and npc // bc < opts.device.sms // 2:
+        bc //= 2
     cap = max(1, opts.block_elems // bc)
     if warps < 16:   # (still 8 rows a step at least: not a chain of dependent loads)
         cap = max(min(8, cap), opts.block_elems * max(warps, 1) // 16 // bc)
