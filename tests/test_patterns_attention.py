@@ -35,6 +35,22 @@ def causal_buffer_where(q, k, v, m):
     return F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype) @ v
 
 
+def _positions_mask(q, q_offset=0, strict=False, ge=False):
+    """Hugging Face's eager causal mask, built in the graph (masking_utils): query and key
+    positions from aranges, kv <= q, expanded over the batch, 0 where kept and finfo.min
+    where masked."""
+    n = q.shape[-2]
+    qi = (torch.arange(n) + q_offset)[None, None, :, None]
+    ki = (torch.arange(n) + 0)[None, None, None, :]
+    keep = (ki < qi) if strict else (qi >= ki) if ge else (ki <= qi)
+    keep = keep.expand(q.shape[0], -1, n, n)
+    return torch.where(keep, torch.zeros((), dtype=q.dtype), torch.finfo(q.dtype).min)
+
+
+def hf_causal(q, k, v):
+    return F.softmax(q @ k.mT * 0.3 + _positions_mask(q), dim=-1) @ v
+
+
 def _qkv(dtype=torch.float32):
     return [torch.randn(B, H, L, E, dtype=dtype, requires_grad=True) for _ in range(3)]
 
@@ -54,7 +70,8 @@ def _masks(kind):
 
 
 CASES = {"additive": (additive, "additive"), "bool": (bool_masked_fill, "inverted-bool"),
-         "causal": (causal_in_graph, "causal"), "buffer": (causal_buffer_where, "fill")}
+         "causal": (causal_in_graph, "causal"), "buffer": (causal_buffer_where, "fill"),
+         "hf_causal": (hf_causal, "causal")}
 
 
 @pytest.mark.parametrize("training", [True, False])
@@ -82,6 +99,39 @@ def test_attention_becomes_sdpa(case, training):
     # the only library calls left are the fused attention kernels (no bmm, no score tensor)
     library = [n.op for rec in backend.records for n in rec.graph.nodes if n.kind == "opaque"]
     assert library and all("scaled_dot_product" in op for op in library), library
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("variant,mask_kind", [
+    ({}, "causal"), ({"ge": True}, "causal"),
+    ({"q_offset": 1}, "additive"),                  # keeps j <= i + 1: not the diagonal
+    ({"strict": True, "q_offset": 1}, "additive"),  # kv < q + 1 is j <= i, but not read as such
+])
+def test_in_graph_position_masks(variant, mask_kind, dtype):
+    """An additive mask built from query and key positions is `is_causal=True` only when
+    it keeps exactly j <= i: the same positions along both axes, `<=` (or `>=` the other
+    way round); a shifted or strict one stays a mask tensor (no row here is fully
+    masked: SDPA's backward and eager's differ on such a row of finite fills, the
+    module's known limit).  Forward and backward against eager."""
+    torch.manual_seed(3)
+    q, k, v = _qkv(dtype)
+
+    def fn(q, k, v):
+        return F.softmax(q @ k.mT * 0.3 + _positions_mask(q, **variant), dim=-1) @ v
+    seen = len(patterns.LOG)
+    backend = StitchBackend()
+    got = torch.compile(fn, backend=backend)(q, k, v)
+    want = fn(q, k, v)
+    recs = [r for r in patterns.LOG[seen:] if r.pattern == "attention"]
+    assert [r.applied for r in recs] == [True] and f"mask={mask_kind}," in recs[0].detail, recs
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got, want, **tol)
+    g = torch.randn_like(want)
+    torch.testing.assert_close(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g),
+                               **(tol if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-2)))
+    if mask_kind == "causal":   # the mask's construction is gone from the graph
+        ops = [n.op for rec in backend.records for n in rec.graph.nodes]
+        assert not any("where" in op or "arange" in op for op in ops), ops
 
 
 def _dynamo_graph(fn, *args):

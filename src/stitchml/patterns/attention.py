@@ -14,6 +14,10 @@ Matched on the Dynamo graph from the second matrix product back:
 becomes `scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)`.
 A boolean mask built in the graph as `tril(ones(L, S, dtype=bool))` becomes
 `is_causal=True` (no mask tensor at all); any other boolean mask is passed as one.
+So does an additive mask built in the graph from query and key positions that keeps
+exactly key j <= query i (`where(kv_idx <= q_idx, 0, finfo.min)` over two equal
+aranges: Hugging Face's eager causal mask, `_causal_additive`); a shifted, strict or
+padding-combined one stays a mask tensor.
 A fill value that is a very large finite negative number (finfo.min, as Hugging
 Face writes masks) is passed as an additive mask of that value, which gives the same
 probabilities (the masked scores round to the fill value either way).  Every
@@ -27,6 +31,7 @@ compile time).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -73,6 +78,85 @@ def _causal(node) -> bool:
     return kind(node) == "tril" and arg(node, 1, "diagonal", 0) == 0 and kind(node.args[0]) == "ones"
 
 
+def _size(x: Any) -> Any:
+    """A size argument as an int or SymInt (a symbolic size is a graph node in Dynamo's graph)."""
+    if isinstance(x, fx.Node):
+        v = x.meta.get("example_value", x.meta.get("val"))
+        return v if isinstance(v, (int, torch.SymInt)) else None
+    return x if isinstance(x, int) else None
+
+
+def _positions(node: Any, ndim: int, axis: int) -> tuple[Any, Any] | None:
+    """(length, first value) when node is `arange(n)` or `arange(a, b)` (step 1, integer),
+    optionally plus an integer constant, indexed with Nones into `ndim` dims with the
+    positions along `axis` (`x[None, None, :, None]`: Hugging Face's q_indices at -2,
+    kv_indices at -1); None for anything else."""
+    if kind(node) != "getitem" or not isinstance(node.args[1], tuple) or len(node.args[1]) != ndim:
+        return None
+    idx = node.args[1]
+    full = slice(None, None, None)
+    if any(not (i is None or i == full) for i in idx) or [i for i, x in enumerate(idx) if x == full] != [axis]:
+        return None
+    node, offset = node.args[0], 0
+    if kind(node) == "add":
+        a, b = node.args[:2]
+        node, offset = (a, b) if kind(a) == "arange" else (b, a)
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            return None
+    if kind(node) != "arange" or node.kwargs.get("step", 1) != 1 or len(node.args) > 2:
+        return None
+    v = value(node)
+    if v is None or v.dtype.is_floating_point or v.dtype == torch.bool:
+        return None
+    start, end = (0, node.args[0]) if len(node.args) == 1 else node.args
+    end = _size(end)
+    if not isinstance(start, int) or end is None:
+        return None
+    return end - start, start + offset
+
+
+def _causal_additive(mask: fx.Node, ndim: int) -> list[fx.Node] | None:
+    """The construction nodes of an additive mask that is exactly causal, or None:
+    `where(kv_idx <= q_idx, 0, fill)` (fill -inf or a huge negative), the condition
+    possibly expanded over batch and heads, q_idx / kv_idx the same positions
+    (`arange(L) + c`, the same c) along the query and key axes, as Hugging Face's masking
+    utilities build an eager causal mask in the graph (GPT-2, LLaMA, ... under
+    `attn_implementation="eager"`).  Key j of query i is kept iff j <= i: SDPA's
+    `is_causal=True`, whose flash and cuDNN kernels skip the key tiles past the diagonal
+    where a mask tensor makes them compute every tile (H200: GPT-2's masked attention,
+    cuDNN, 35.3 µs forward a layer for 320 of 512 keys a query on average).  Only with
+    as many queries as keys (then top-left and bottom-right alignment agree) and a mask
+    of the scores' rank; any other mask (padding combined in, a cache offset, `<`) stays
+    a mask tensor."""
+    if kind(mask) != "where" or len(mask.args) != 3:
+        return None
+    cond, keep, fill = mask.args
+    if not (is_number(fill) and (fill == float("-inf") or fill <= _NEG_FILL)):
+        return None
+    keep_zero = (is_number(keep) and keep == 0) or (kind(keep) == "zeros" and keep.args[:1] == ((),)
+                                                     and not keep.args[1:])
+    if not keep_zero:
+        return None
+    nodes = [mask] + ([keep] if isinstance(keep, fx.Node) else [])
+    if kind(cond) == "expand":
+        nodes.append(cond)
+        cond = cond.args[0]
+    if kind(cond) not in ("le", "ge") or len(cond.args) != 2:
+        return None
+    kv, q = cond.args if kind(cond) == "le" else cond.args[::-1]
+    pq, pk = _positions(q, ndim, ndim - 2), _positions(kv, ndim, ndim - 1)
+    if pq is None or pk is None or not same(pq[0], pk[0]) or not (isinstance(pq[1], int) and pq[1] == pk[1]):
+        return None
+    nodes.append(cond)
+    for idx in (q, kv):   # the indexing, the offset add, the arange
+        n = idx
+        while isinstance(n, fx.Node) and kind(n) in ("getitem", "add", "arange"):
+            nodes.append(n)
+            n = n.args[0] if kind(n) == "getitem" else next((a for a in n.args[:2] if kind(a) == "arange"), None) \
+                if kind(n) == "add" else None
+    return nodes
+
+
 def _scores_operand(node: fx.Node) -> fx.Node:
     """The operand of a scale or mask step that carries the scores."""
     k = kind(node)
@@ -110,6 +194,11 @@ def _mask(m: Match, node: fx.Node, scores: fx.Node) -> None:
             raise Refused(f"{node.name}: the additive mask is not a float tensor")
         if mv.dtype != value(m.q).dtype:
             raise Refused(f"{node.name}: mask dtype {mv.dtype} differs from the query's {value(m.q).dtype}")
+        causal = _causal_additive(mask, len(sizes(scores)))
+        if causal is not None:
+            m.mask_kind = "causal"
+            m.dead += causal
+            return
         m.mask, m.mask_kind = mask, "additive"
         return
     if k == "masked_fill":

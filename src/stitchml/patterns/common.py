@@ -47,13 +47,15 @@ _FUNCTIONS: dict[Any, str] = {
     torch.masked_fill: "masked_fill", torch.where: "where", torch.transpose: "transpose",
     torch.reshape: "reshape", torch.flatten: "flatten", torch.t: "t", torch.permute: "permute",
     F.gelu: "gelu", F.silu: "silu", F.relu: "relu", torch.relu: "relu",
+    torch.arange: "arange", torch.zeros: "zeros", operator.le: "le", torch.le: "le", operator.ge: "ge",
+    torch.ge: "ge",
 }
 _METHODS = {"float": "float", "to": "to", "type_as": "to", "type": "to", "bfloat16": "to", "half": "to",
             "view": "view", "reshape": "view", "flatten": "flatten", "contiguous": "contiguous",
             "transpose": "transpose",
             "softmax": "softmax", "log_softmax": "log_softmax", "masked_fill": "masked_fill", "tanh": "tanh",
             "mul": "mul", "div": "div", "add": "add", "t": "t", "permute": "permute", "bool": "bool",
-            "logical_not": "invert", "tril": "tril", "relu": "relu"}
+            "logical_not": "invert", "tril": "tril", "relu": "relu", "expand": "expand", "le": "le", "ge": "ge"}
 
 
 def kind(node: Any) -> str | None:

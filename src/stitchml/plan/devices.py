@@ -58,16 +58,18 @@ class Device:
     # our Triton GEMM relative to a cuBLAS product; a K step's latency (64 deep: what a
     # product too small to fill the SMs waits on) and a tile's prologue and epilogue.
     # Hopper figures fitted to the H200's profiler tables (bench/NOTES.md, twentieth
-    # session); the convolution and Triton-GEMM factors are guesses, never measured
+    # session; attention refitted in the twenty-ninth to 2026-11-28's table with the
+    # calls' real key counts: the causal masks were tensors, every key tile computed);
+    # the convolution and Triton-GEMM factors are guesses, never measured
     matmul_flops: tuple[tuple[str, float], ...] = (("bf16", 989e12), ("fp16", 989e12), ("tf32", 495e12),
                                                    ("fp32", 67e12), ("fp64", 67e12))
     gemm_efficiency: float = 0.80
     gemm_step_s: float = 0.33e-6
     gemm_tile_s: float = 0.4e-6
     misaligned_gemm_efficiency: float = 0.13
-    attention_flops: float = 166e12
-    attention_tile_s: float = 3.7e-6
-    attention_bwd_tile_s: float = 10.5e-6
+    attention_flops: float = 306e12
+    attention_tile_s: float = 5.3e-6
+    attention_bwd_tile_s: float = 13.9e-6
     conv_efficiency: float = 0.6
     triton_gemm_efficiency: float = 0.7
     # whether `triton_gemm_efficiency` was measured (`stitchml calibrate` times our GEMM
@@ -121,7 +123,7 @@ DEVICES: dict[str, Device] = {
     "A100": Device("A100", 1.6e12, 108, 3.5e-6, 2.5e-6, smem_per_sm=164 * 1024, l2_bytes=40 * 2**20,
                    clock_hz=1.41e9, matmul_flops=(("bf16", 312e12), ("fp16", 312e12), ("tf32", 156e12),
                                                   ("fp32", 19.5e12), ("fp64", 19.5e12)),
-                   attention_flops=52e12),
+                   attention_flops=96e12),
     "cpu": Device("cpu", 2.0e10, 2, 5.0e-6, 1.0e-6, regs_per_sm=2**20, smem_per_sm=2**20, max_warps_per_sm=1,
                   l2_bytes=32 * 2**20, matmul_flops=(("bf16", 2e10), ("fp16", 2e10), ("tf32", 1e11),
                                                      ("fp32", 1e11), ("fp64", 5e10)),

@@ -17,7 +17,8 @@ figures, nothing run):
   kernels: a much lower efficiency (`capture/pad_gemm.py` pads them on CUDA; a plan
   made elsewhere is priced as it is);
 - fused attention: waves of 128-query tiles, each a fixed cost plus its flops (a
-  causal tile sees half the keys on average) at the attention rate; the backward
+  causal call's tile sees half the keys on average; a causal mask passed as a tensor
+  computes them all) at the attention rate; the backward
   has 2.5x the forward's flops and its own fixed cost (it launches two helper kernels);
 - a convolution: its flops like a matrix product's (the backward: one product for
   each gradient its mask asks for);
@@ -30,7 +31,8 @@ kernels; see `bench/contenders.predict_call`).
 
 The device figures (`Device.matmul_flops`, `gemm_efficiency`, `attention_flops`, ...) were
 fitted to the H200's profiler tables of the models suite (bench/NOTES.md, twentieth
-session); other devices scale them by their datasheet tensor-core rates.
+session; attention refitted in the twenty-ninth); other devices scale them by their
+datasheet tensor-core rates.
 """
 from __future__ import annotations
 
