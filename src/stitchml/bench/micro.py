@@ -322,7 +322,7 @@ def cases(quick: bool) -> list[CaseSpec]:
             x = randn(shape, dt, device, g)
             return Workload(name, "micro", dtype, fn, [x], shape=f"x{list(shape)}",
                             tol=tolerance("micro", dtype), jax=JaxSpec(jfn))
-        specs.append(_spec(f"{label}[{shape[0]}x{shape[1]}]", build))
+        specs.append(_spec(f"{label}[{'x'.join(map(str, shape))}]", build))
 
     simple(row_sum, _jax_row_sum, (128, 32) if quick else (750000, 32), "row_sum_irregular")
     simple(softmax, _jax_softmax, (2, 3000) if quick else (64, 30000), "row_softmax_irregular")
@@ -331,6 +331,10 @@ def cases(quick: bool) -> list[CaseSpec]:
     # H200 (2026-11-27) the step's column-partial kernels at that size took ~30-36 µs each,
     # 5-7x their prediction and Inductor's kernels for the same work (bench/NOTES.md)
     simple(column_sum, _jax_column_sum, (40, 24) if quick else (2048, 768), "column_sum_tokens")
+    # GPT-2's position-embedding gradient, the token gradients summed over the batch (a
+    # reduction over the outermost axis, rows contiguous): its one-launch group with two
+    # combines took 31 µs on the H200 (2026-11-28) where 5 were predicted
+    simple(column_sum, _jax_column_sum, (2, 8, 24) if quick else (8, 512, 768), "batch_sum")
     bert_ln = (16, 24) if quick else (2048, 768)
     specs.append(_spec(f"layer_norm_bwd_tokens[{bert_ln[0]}x{bert_ln[1]}]",
                        lambda dtype, device, name: _layer_norm_case(dtype, device, name, *bert_ln, bwd=True)))
