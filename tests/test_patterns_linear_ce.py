@@ -208,6 +208,28 @@ def test_row_kernel_loops_over_column_blocks():
 
 
 
+@pytest.mark.parametrize("v", [64, 10, 16, 17])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_kernel_whole_blocks_and_the_tail(v, dtype):
+    """The kernel walks a row's whole column blocks unmasked and the partial one apart
+    (block 16): rows of whole blocks only (64, 16), of a tail only (10) and of one block
+    and one column (17), with smoothing and an ignored row, logits in fp32 and bf16
+    (the gradient written back in the logits' dtype), against torch in float32."""
+    torch.manual_seed(v)
+    n = 4
+    z = (torch.randn(n, v) * 3).to(dtype)
+    t = torch.randint(0, v, (n,))
+    t[1] = -100
+    count = torch.tensor([float((t != -100).sum())])
+    ref_z = z.float().clone().requires_grad_()
+    ref = F.cross_entropy(ref_z, t, reduction="none", label_smoothing=0.1)
+    ref.sum().div(count[0]).backward()
+    got = ce_rows(z, t, count, -100, 0.1, 0.0, True, block=16)
+    torch.testing.assert_close(got, ref.detach(), rtol=1e-5, atol=1e-5)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(z.float(), ref_z.grad, **tol)
+
+
 def test_row_kernel_lanes_on_rising_falling_and_huge_rows():
     """One exp a value per lane (the term or the rescale): rows whose maximum moves in
     every block (rising), never after the first (falling), spreads of 2e4 (a rescale by

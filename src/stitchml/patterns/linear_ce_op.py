@@ -38,37 +38,68 @@ def _ce_rows_kernel(z_ptr, z_stride, tgt_ptr, loss_ptr, lse_ptr, count_ptr, V, i
     """One program per row of the chunk's logits z (row stride z_stride, V columns).
     Writes the row's loss and log-sum-exp (fp32), or with HAS_LSE reads the latter
     (the backward's second pass); with WRITE_GRAD, overwrites z with d loss/d z
-    (divided by count_ptr's value: the token count for a mean, over the incoming grad)."""
+    (divided by count_ptr's value: the token count for a mean, over the incoming grad).
+
+    Both passes walk the row's whole column blocks unmasked and its last, partial block
+    apart: a mask `cols < V` with V not a multiple of 16 (GPT-2's 50257 words, BERT's
+    30522) is no wider than one element, so Triton could not vectorise a single load or
+    store of the row (sm_90, Triton 3.6: 8 two-byte loads a thread an iteration for
+    GPT-2's bfloat16 logits; the H200 ran the kernel at 45 % of copy bandwidth, 2026-11-28)."""
     row = tl.program_id(0)
     base = z_ptr + row.to(tl.int64) * z_stride
     t = tl.load(tgt_ptr + row).to(tl.int32)
     cols0 = tl.arange(0, BLOCK)
     valid = t != ignore_index
+    whole = V - V % BLOCK   # columns in whole blocks
     if HAS_LSE:
         lse = tl.load(lse_ptr + row)
     else:
-        lse = _row_loss(base, t, valid, loss_ptr + row, lse_ptr + row, V, smooth, softcap, cols0, HAS_SOFTCAP, BLOCK,
-                        HAS_SMOOTH)
+        lse = _row_loss(base, t, valid, loss_ptr + row, lse_ptr + row, V, whole, smooth, softcap, cols0,
+                        HAS_SOFTCAP, BLOCK, HAS_SMOOTH)
     if WRITE_GRAD:
         scale = tl.where(valid, 1.0 / tl.load(count_ptr), 0.0)
-        for start in range(0, V, BLOCK):
+        for start in range(0, whole, BLOCK):
             cols = start + cols0
+            z = tl.load(base + cols).to(tl.float32)
+            d = _grad(z, cols, t, lse, scale, V, smooth, softcap, HAS_SOFTCAP)
+            tl.store(base + cols, d.to(z_ptr.dtype.element_ty))
+        if whole < V:
+            cols = whole + cols0
             mask = cols < V
             z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
-            if HAS_SOFTCAP:
-                th = _tanh(z / softcap)
-                z = softcap * th
-            d = tl.exp(z - lse) - tl.where(cols == t, 1.0 - smooth, 0.0) - smooth / V
-            d = d * scale
-            if HAS_SOFTCAP:
-                d = d * (1.0 - th * th)
+            d = _grad(z, cols, t, lse, scale, V, smooth, softcap, HAS_SOFTCAP)
             tl.store(base + cols, d.to(z_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _row_loss(base, t, valid, loss_out, lse_out, V, smooth, softcap, cols0, HAS_SOFTCAP: tl.constexpr,
+def _grad(z, cols, t, lse, scale, V, smooth, softcap, HAS_SOFTCAP: tl.constexpr):
+    """d loss / d z of one block of a row (z the raw logits, in float32)."""
+    if HAS_SOFTCAP:
+        th = _tanh(z / softcap)
+        z = softcap * th
+    d = tl.exp(z - lse) - tl.where(cols == t, 1.0 - smooth, 0.0) - smooth / V
+    d = d * scale
+    if HAS_SOFTCAP:
+        d = d * (1.0 - th * th)
+    return d
+
+
+@triton.jit
+def _online(zm, m_lane, s_lane):
+    """One block into the per-lane online log-sum-exp: one exp a value, exp(-|z - m|),
+    the new term (z <= m) or the rescale of the lane's sum to a new maximum z (s * e + 1);
+    ex2.approx.ftz (codegen/triton_fast.py)."""
+    d = zm - m_lane
+    e = _exp_ftz(-tl.abs(d))
+    s_lane = tl.where(d > 0, s_lane * e + 1.0, s_lane + e)
+    return tl.maximum(m_lane, zm), s_lane
+
+
+@triton.jit
+def _row_loss(base, t, valid, loss_out, lse_out, V, whole, smooth, softcap, cols0, HAS_SOFTCAP: tl.constexpr,
               BLOCK: tl.constexpr, HAS_SMOOTH: tl.constexpr):
-    """Online log-sum-exp pass over one row: stores the loss and lse, returns lse."""
+    """Online log-sum-exp pass over one row (its `whole` columns in unmasked blocks, then
+    the rest): stores the loss and lse, returns lse."""
     # per-lane online log-sum-exp, lanes combined once at the end; lanes start at a
     # finite floor, and a column past the row's end is -inf: d = -inf, e = 0, it adds
     # nothing without a test (from -inf, -inf - -inf would be NaN)
@@ -76,19 +107,20 @@ def _row_loss(base, t, valid, loss_out, lse_out, V, smooth, softcap, cols0, HAS_
     m_lane = tl.full([BLOCK], floor, tl.float32)
     s_lane = tl.zeros([BLOCK], tl.float32)
     zsum = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, V, BLOCK):
-        cols = start + cols0
+    for start in range(0, whole, BLOCK):
+        z = tl.load(base + start + cols0).to(tl.float32)
+        if HAS_SOFTCAP:
+            z = softcap * _tanh(z / softcap)
+        m_lane, s_lane = _online(z, m_lane, s_lane)
+        if HAS_SMOOTH:
+            zsum += z
+    if whole < V:
+        cols = whole + cols0
         mask = cols < V
         z = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_SOFTCAP:
             z = softcap * _tanh(z / softcap)
-        zm = tl.where(mask, z, -float("inf"))
-        # one exp a value: exp(-|z - m|) is the new term (z <= m) or the rescale of the
-        # lane's sum to a new maximum z (s * e + 1); ex2.approx.ftz (codegen/triton_fast.py)
-        d = zm - m_lane
-        e = _exp_ftz(-tl.abs(d))
-        s_lane = tl.where(d > 0, s_lane * e + 1.0, s_lane + e)
-        m_lane = tl.maximum(m_lane, zm)
+        m_lane, s_lane = _online(tl.where(mask, z, -float("inf")), m_lane, s_lane)
         if HAS_SMOOTH:
             zsum += tl.where(mask, z, 0.0)
     m = tl.max(m_lane, 0)
