@@ -518,3 +518,82 @@ def test_host_time_tool_times_a_replay_without_misses():
     r = graph_runner_replay(12, 7, rounds=3, per_round=4)
     assert r["replays"] == 3 * 4 + 3 - 1 and r["replay_us"] > 0 and (r["inputs"], r["outputs"]) == (12, 7)
     assert main(["--graph-runner", "3", "2", "--rounds", "2"]) == 0
+
+
+# ----------------------------------------------------------------------------- outputs handed out again (knob reuse_outputs)
+
+def test_outputs_nobody_kept_are_handed_out_again():
+    """A replay hands out last replay's output tensors again (the same objects: no new
+    alias a replay) while the caller lets go of them; values follow the inputs. Knob
+    off: a fresh alias of each output every replay."""
+    w = torch.randn(8, 8)
+    for reuse in (True, False):
+        with config.override(reuse_outputs=reuse):
+            runner, backend = _runner(_model, w, torch.randn(4, 8))
+        ids = []
+        for _ in range(6):
+            x = torch.randn(4, 8)
+            out = runner([w, x])
+            for o, r in zip(out, _model(w, x)):
+                torch.testing.assert_close(o, r)
+            ids.append(tuple(id(o) for o in out))
+            del out, o
+        assert runner.misses == 0 and runner.replays == 5 and backend.captures == 1
+        assert (len(set(ids[2:])) == 1) == reuse, ids   # (ids of dead objects may repeat: from the second replay on)
+
+
+def test_an_output_kept_only_by_autograd_is_never_overwritten():
+    """The caller drops its Python reference to an output but an autograd node saved it
+    (C++ holds the tensor: its TensorImpl's use count, not its Python reference count,
+    says so): the next call must not replay over it. The gradient computed after later
+    calls uses the values of the call that produced it."""
+    w = torch.randn(8, 8)
+    runner, backend = _runner(_model, w, torch.randn(4, 8))
+    for _ in range(3):
+        out = runner([w, torch.randn(4, 8)])
+        del out
+    a = torch.randn(4, 8, requires_grad=True)
+    x = torch.randn(4, 8)
+    y = runner([w, x])[0] * a                 # mul saves the output for a's gradient
+    want = _model(w, x)[0]
+    for _ in range(3):
+        runner([w, torch.randn(4, 8)])        # later calls
+    (ga,) = torch.autograd.grad(y.sum(), a)
+    torch.testing.assert_close(ga, want)
+    assert runner.misses == 1 and runner.policy[0] == ("clone",)
+
+
+def test_an_output_changed_in_place_and_dropped_is_not_handed_out_again():
+    """The caller transposes an output in place (`t_()`: its shape changes, its version
+    counter moves) and drops it: the next replay hands out a fresh alias of the right
+    shape, with the new values."""
+    w = torch.randn(8, 8)
+    runner, backend = _runner(_model, w, torch.randn(4, 8))
+    for _ in range(3):
+        out = runner([w, torch.randn(4, 8)])
+        del out
+    out = runner([w, torch.randn(4, 8)])
+    first = id(out[0])
+    out[0].t_()
+    del out
+    x = torch.randn(4, 8)
+    out = runner([w, x])
+    assert out[0].shape == (4, 8) and id(out[0]) != first
+    torch.testing.assert_close(out[0], _model(w, x)[0])
+    assert runner.misses == 0
+
+
+def test_outputs_sharing_a_storage_are_handed_out_again_without_a_miss():
+    """Two outputs on one storage (an output and a view of it): each handed-out alias
+    alive is one more use of the storage, which the held check expects."""
+    def f(x):
+        y = x * 2.0
+        return y, y[1:]
+    runner, backend = _runner(f, torch.randn(4, 8))
+    for _ in range(6):
+        x = torch.randn(4, 8)
+        a, b = runner([x])
+        torch.testing.assert_close(a, x * 2.0)
+        torch.testing.assert_close(b, (x * 2.0)[1:])
+        del a, b
+    assert runner.misses == 0 and runner.replays == 5, runner.summary()

@@ -15,12 +15,16 @@ replayed, which removes the host cost of its launches and eager calls:
   captures) is read in place once the producer's new static outputs exist: the runner
   captures again.  An input that is not dense (a table broadcast over the batch, q sliced
   out of a fused qkv projection) is copied by the storage range it reads.
-- **outputs**: returned as fresh aliases of the graph's static outputs (one C++ call
-  each, no copy).  Before a replay overwrites them, their storage's use count must be
-  back to what it was after capture (nobody holds last call's outputs any more: the
-  backward consumed the saved activations).  An output still held (the user's loss
-  or logits kept across steps) makes that call run without the graph and is cloned
-  on return from then on.
+- **outputs**: returned as aliases of the graph's static outputs (one C++ call each,
+  no copy), and the alias handed out by the last replay is handed out again when
+  nobody kept it: its Python reference count is the runner's alone, its TensorImpl's
+  use count 1 (no autograd node saved it, no `.grad` took it) and its version counter
+  unchanged (no in-place op wrote it or changed its shape), so a BERT-base step makes
+  ~430 fewer tensors (knob `reuse_outputs`).  Before a replay overwrites them, their
+  storage's use count must be back to what it was after capture (nobody holds last
+  call's outputs, or a view of them, any more: the backward consumed the saved
+  activations).  An output still held (the user's loss or logits kept across steps)
+  makes that call run without the graph and is cloned on return from then on.
 - **RNG**: a graph-mode kernel reads its seed from a device buffer
   (`device_seed_source`) that the wrapper refreshes with `random_` at the start of
   every call; captured, that `random_` draws from CUDA's graph-safe generator, whose
@@ -39,6 +43,7 @@ CUDA graph in tests) run on the CPU; capture itself needs CUDA.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -261,6 +266,15 @@ class GraphRunner:
         self.static_ptrs: list[int] = []
         self.held_check: list[tuple[int, int, int]] = []   # (output, storage _cdata, use count)
         self.rebuild: list[tuple] = []   # per output: (kind, tensor or input position, shape, stride)
+        # per output: the alias the last replay handed out and its version then (None: none
+        # to reuse); the held check expects one more use of the storage for each
+        self.handed: list = []
+        self.handed_version: list[int] = []
+        # per aliased output: the outputs on its storage (several outputs may share one),
+        # and how many of them have a handed-out alias alive (each one more storage use)
+        self.share: list = []
+        self.extra: list[int] = []
+        self.reuse = bool(config.get("reuse_outputs"))
         self.clone: set[int] = set()    # outputs returned as copies (found held across calls)
         self.moving: set[int] = set()   # inputs that moved once: always copied
         self.by_range: dict[int, tuple] = {}   # inputs copied by storage range -> their strides
@@ -344,10 +358,19 @@ class GraphRunner:
         self.static_ptrs = [self.ptrs[i] for i in self.static]
         self.held_check = [(k, o.untyped_storage()._cdata, _use_count(o)) for k, o in enumerate(self.out)
                            if self.policy[k][0] == "alias"]
+        self.handed = [None] * len(self.out)
+        self.handed_version = [0] * len(self.out)
+        self.share, self.extra = [None] * len(self.out), [0] * len(self.out)
         self.rebuild = [(p[0], p[1] if p[0] == "input" else o,
                          tuple(o.shape) if isinstance(o, torch.Tensor) else None,
                          o.stride() if isinstance(o, torch.Tensor) else None)
                         for o, p in zip(self.out, self.policy)]
+        on_storage: dict[int, list[int]] = {}
+        for k, c, _ in self.held_check:
+            on_storage.setdefault(c, []).append(k)
+        for ks in on_storage.values():
+            for k in ks:
+                self.share[k] = ks
         _register(id(self), frozenset(self.out[k].untyped_storage().data_ptr() for k, _, _ in self.held_check))
         self.version = _VERSION[0]
         self.captured = (f"captured: {len(self.static)} inputs read in place (parameters, buffers, stable "
@@ -364,7 +387,12 @@ class GraphRunner:
                 self.moving |= set(moved)
                 return self._again(inputs, f"inputs read in place moved (input {moved[0]})", warm=True)
         use_count = torch._C._storage_Use_Count
-        held = [k for k, c, n in self.held_check if use_count(c) != n]
+        handed, extra, refcount = self.handed, self.extra, sys.getrefcount
+        # (each handed-out alias alive raises its storage's count by one; whoever still
+        # holds one raises its Python reference count (2: the list's and the argument's)
+        # or, from C++ (an autograd node's saved tensor, a `.grad`), its TensorImpl's use count)
+        held = [k for k, c, n in self.held_check if use_count(c) != n + extra[k]
+                or handed[k] is not None and (refcount(handed[k]) != 2 or handed[k]._use_count() != 1)]
         if held:
             # last call's outputs are still in use: their memory stays theirs (the graph
             # is captured again, with fresh outputs) and such outputs are copied from now on
@@ -399,6 +427,7 @@ class GraphRunner:
         self.last_miss = why
         self.graph, self.copies, self.out, self.by_range = None, {}, (), {}
         self.static_ptrs, self.held_check, self.rebuild = [], [], []
+        self.handed, self.handed_version, self.share, self.extra = [], [], [], []
         _unregister(id(self))
         if self.recaptures >= MAX_RECAPTURES:
             self.dead = True
@@ -423,11 +452,24 @@ class GraphRunner:
 
     def _outputs(self, inputs: list) -> tuple:
         res = []
-        for kind, o, shape, stride in self.rebuild:
+        handed, versions, reuse, refcount = self.handed, self.handed_version, self.reuse, sys.getrefcount
+        for k, (kind, o, shape, stride) in enumerate(self.rebuild):
             if kind == "alias" or kind == "view":
-                # a fresh tensor on the static output's memory: whoever holds it raises the
-                # storage's use count, which the next replay checks (`held_check`)
-                res.append(_alias(o, shape, stride, 0))
+                # a tensor on the static output's memory: whoever holds it is seen by the
+                # next replay's held check.  Last replay's again (nobody holds it: checked
+                # before this replay), unless something wrote it or changed its metadata in
+                # place since (its version: `t_()`, `resize_`, an in-place op); else a fresh one
+                t = handed[k]
+                if t is None or t._version != versions[k] or kind == "view" and (
+                        refcount(t) != 3 or t._use_count() != 1):   # (held: the replay's check covers aliases only)
+                    t = _alias(o, shape, stride, 0)
+                    if reuse:
+                        if handed[k] is None and self.share[k]:   # one more alias alive on the storage
+                            for j in self.share[k]:
+                                self.extra[j] += 1
+                        handed[k] = t
+                        versions[k] = t._version
+                res.append(t)
             elif kind == "value":
                 res.append(o)
             elif kind == "input":
