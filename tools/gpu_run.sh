@@ -270,6 +270,7 @@ print(calibration_path(current_device().name))" 2>/dev/null)
             --variant "default::bert_train;gpt2_train" \
             --variant "nocolwarps:partial_column_warps=0:bert_train;gpt2_train" \
             --variant "nospread:combine_spread=0:bert_train;gpt2_train" \
+            --variant "noreuse:reuse_outputs=0:bert_train" \
             --variant "nomos:multi_output_siblings=0:bert_train" \
             --variant "noalign:align_rows=0:gpt2_train" \
             --variant "noemb:compact_embedding_grads=0:gpt2_train" \
