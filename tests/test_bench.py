@@ -372,7 +372,7 @@ def test_low_precision_forward_judged_against_float64_when_eager_is_the_inaccura
     from stitchml.bench.workload import CheckOutcome
     torch.manual_seed(21)
     x = torch.randn(16, 4096).bfloat16()
-    w = SimpleNamespace(mode="fwd", inputs=[x], checker=None, tol=2e-2, fn=lambda t: torch.cumsum(t, -1))
+    w = SimpleNamespace(mode="fwd", inputs=[x], checker=None, tol=2e-2, fn=lambda t: torch.cumsum(t, -1), truth=None)
     exact = torch.cumsum(x.double(), -1)
     good = exact.bfloat16()                                       # float32/64 accumulation, one rounding
     eager_like = torch.zeros_like(x)                              # rounding every partial sum (bf16 accumulation)
@@ -422,3 +422,58 @@ def test_bench_variants_run_each_variant_under_its_knobs_in_the_suite_asked(monk
     assert seen == [(("models",), ("bert_train",), "default", True),
                     (("models",), ("bert_train", "gpt2_train"), "nomos", False)]
     assert config.get("multi_output_siblings") is True
+
+
+# --------------------------------------------------------------------------- training rows judged against float64
+
+def _bn_net():
+    torch.manual_seed(4)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def test_float64_step_runs_the_model_in_float64_and_gives_its_tensors_back():
+    """`models.float64_step`: outputs and every parameter's gradient of the step in
+    float64, equal to a float64 copy of the model run eagerly; afterwards the model's
+    parameters and buffers are the same objects, at the same addresses, in their dtype."""
+    import copy
+    from stitchml.bench.models import float64_step
+    net = _bn_net()
+    ref = copy.deepcopy(net).double()
+    x = torch.randn(5, 6)
+    params = list(net.parameters())
+    before = [(id(t), t.data_ptr(), t.dtype) for t in [*params, *net.buffers()]]
+    cot = [torch.ones(())]
+    got = float64_step(net, lambda x: net(x).square().mean(), [x], params, cot)
+    out = ref(x.double()).square().mean()
+    want = [out.detach()] + list(torch.autograd.grad(out, list(ref.parameters())))
+    assert all(g.dtype == torch.float64 for g in got) and len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    assert [(id(t), t.data_ptr(), t.dtype) for t in [*params, *net.buffers()]] == before
+
+
+def test_training_row_off_eager_but_on_float64_passes_and_a_wrong_one_fails():
+    """A models-suite training row that misses its tolerance against eager is judged
+    against the float64 step: a result closer to float64 than eager passes, one far from
+    both fails, with the failing tensor named."""
+    from stitchml.bench.compare import CheckOutcome
+    from stitchml.bench.harness import _judge_by_truth
+    from stitchml.bench.workload import Workload
+    from stitchml.bench.models import float64_step
+    net = _bn_net()
+    x = torch.randn(5, 6)
+    params = list(net.parameters())
+    fn = lambda x: net(x).square().mean()   # noqa: E731
+    w = Workload("toy", "models", "fp32", fn, [x], mode="fwdbwd", grad_targets=params,
+                 grad_names=[n for n, _ in net.named_parameters()], tol=1e-3,
+                 truth=lambda cots: float64_step(net, fn, [x], params, cots))
+    w.cotangents = [torch.ones(())]
+    truth = w.truth(w.cotangents)
+    eager = [t + 1e-3 * torch.randn_like(t) * t.abs().max() for t in (t.float() for t in truth)]  # an inaccurate eager
+    close = [t.float() for t in truth]
+    failed = CheckOutcome(False, 1e-2, "max rel err 1e-2 (toy), tolerance 0.001")
+    assert _judge_by_truth(w, close, eager, failed).ok
+    far = [t.clone() for t in close]
+    far[-1] = far[-1] + 0.5                       # the last bias gradient wrong
+    verdict = _judge_by_truth(w, far, eager, failed)
+    assert not verdict.ok and "3.bias" in verdict.detail, verdict.detail

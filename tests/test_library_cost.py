@@ -147,3 +147,28 @@ def test_bench_matches_library_kinds_to_profiler_names():
     assert rows["library:gemm"]["device_error_pct"] == pytest.approx(25.0)
     # a kind the profiler saw and no priced op has is listed apart, not an error of 100 %
     assert "library:memory" not in rows and out["library_unpredicted"] == {"memory": pytest.approx(4e-6)}
+
+
+def test_grouped_products_are_library_calls_priced_by_their_flops():
+    """`torch._grouped_mm` (an MoE's experts over tokens sorted by expert: transformers'
+    bfloat16 path) is a vendor-library product, not an op without a lowering rule: it runs
+    under STITCHML_STRICT=1 beside stitched kernels, matches eager, and is priced as one
+    product of all its rows."""
+    import stitchml
+    x = torch.randn(12, 16).to(torch.bfloat16)
+    w = torch.randn(3, 16, 8).to(torch.bfloat16)
+    offs = torch.tensor([4, 8, 12], dtype=torch.int32)
+
+    def f(x, w, offs):
+        return torch.relu(torch._grouped_mm(x * 2, w, offs)) + 1.0
+    backend = stitchml.StitchBackend()
+    with config.override(strict=True):
+        got = torch.compile(f, backend=backend)(x, w, offs)
+    torch.testing.assert_close(got, f(x, w, offs))
+    (rec,) = backend.records
+    reasons = {s.op: s.reason for s in rec.plan.steps if hasattr(s, "reason")}
+    assert reasons.get("aten._grouped_mm.default") == "compute-intensive: vendor library", reasons
+    assert rec.plan.num_kernels >= 1
+    _, prices = _prices(f, x, w, offs)
+    (p,) = [p for p in prices if p.op == "aten._grouped_mm.default"]
+    assert p.kind == "gemm" and p.flops == 2.0 * 12 * 16 * 8 and p.seconds > 0

@@ -7,7 +7,11 @@ BERT-base (training batch 16 x 128; inference batch 1 and 16) and GPT-2 small
 with its LM head and loss), a LLaMA-style 7B-sized decoder block (RMSNorm, rotary
 embeddings, SwiGLU) and a DIEN-like recommender block
 (embeddings, GRU interest extractor, attention over the behaviour sequence, AUGRU,
-MLP) written here.
+MLP) written here.  Issue 18's rows (families `issue18_*`): ResNet-50 training in
+channels-last memory format (batch 32, 224 px) and Swin-T training from torchvision, and
+a small Mixtral-style MoE decoder's training step from `transformers`.  A training row
+that misses its tolerance against eager is judged against the same step in float64
+(`float64_step`; eager's own BatchNorm gradients can be the inaccurate ones).
 
 Dropout is 0 everywhere so that every contender can be checked value for value
 against eager (dropout kernels are measured by the micro suite).  Attention is plain
@@ -26,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .compare import tolerance
-from .workload import DTYPES, CaseSpec, Workload
+from .workload import DTYPES, CaseSpec, Workload, flat_tensors
 
 # --------------------------------------------------------------------------- LLaMA-style block
 
@@ -194,10 +198,37 @@ def _training(name: str, dtype: str, model: nn.Module, fn: Callable[..., Any], i
               extra_targets: list[torch.Tensor] | None = None, extra_names: list[str] | None = None) -> Workload:
     model.train()
     params, names = _params(model)
+    targets = (extra_targets or []) + params
     return Workload(name, "models", dtype, fn, inputs, mode="fwdbwd",
-                    grad_targets=(extra_targets or []) + params, grad_names=(extra_names or []) + names,
+                    grad_targets=targets, grad_names=(extra_names or []) + names,
                     shape=shape, min_bytes=0, tol=tolerance("models", dtype),
-                    notes="dropout 0; attention = matmul + softmax")
+                    notes="dropout 0; attention = matmul + softmax",
+                    truth=lambda cots: float64_step(model, fn, inputs, targets, cots))
+
+
+def float64_step(model: nn.Module, fn: Callable[..., Any], inputs: list[Any], targets: list[torch.Tensor],
+                 cotangents: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`fn`'s training step in float64: the outputs, then the gradient of every target
+    for the given cotangents (as `harness.reference` lists them).  The model's floating
+    parameters and buffers (and the float targets) hold float64 copies while it runs and
+    their own tensors again after (`.data` swapped: the same Parameter objects, so every
+    contender's compiled graph and CUDA-graph addresses are untouched)."""
+    swapped = [(t, t.data) for t in {id(t): t for t in [*model.parameters(), *model.buffers(), *targets]}.values()
+               if t.is_floating_point()]
+    try:
+        for t, d in swapped:
+            t.data = d.double()
+        args = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+        with torch.enable_grad():
+            outs = flat_tensors(fn(*args))
+            diff = [o for o in outs if o.requires_grad]
+            grads = torch.autograd.grad(diff, targets, [c.double() for c in cotangents], allow_unused=True)
+        return [o.detach() for o in outs] + [torch.zeros_like(t) if g is None else g.detach()
+                                             for g, t in zip(grads, targets)]
+    finally:
+        for t, d in swapped:
+            t.data = d
+
 
 
 def _inference(name: str, dtype: str, model: nn.Module, fn: Callable[..., Any], inputs: list[Any],
@@ -261,6 +292,62 @@ def _gpt2_train(b: int, s: int, quick: bool) -> Callable[[str, torch.device, str
         ids = _ids((b, s), cfg.vocab_size, device, 5)
         return _training(name, dtype, model, lambda i: model(input_ids=i, labels=i).loss, [ids],
                          f"batch {b} x seq {s}, hidden {cfg.n_embd}, {cfg.n_layer} layers")
+    return build
+
+
+# --------------------------------------------------------------------------- issue 18's rows
+
+
+def _vision_train(arch: str, b: int, px: int, quick: bool) -> Callable[[str, torch.device, str], Workload]:
+    """A torchvision classifier's training step (random init, random labels, cross-entropy
+    over 1000 classes): ResNet-50 in channels-last memory format, or Swin-T.  --quick: the
+    same families at toy sizes (a one-block-a-stage ResNet, a 16-wide Swin of one block a
+    stage with 2 x 2 windows) at 64 px."""
+    def build(dtype: str, device: torch.device, name: str) -> Workload:
+        from .vision import import_torchvision
+        tv = import_torchvision()
+        if tv is None:
+            raise RuntimeError("torchvision is not installed (make venv puts it in .venv/vision)")
+        torch.manual_seed(8)
+        classes = 10 if quick else 1000
+        if arch == "resnet50":
+            model = (tv.models.resnet.ResNet(tv.models.resnet.Bottleneck, [1, 1, 1, 1], num_classes=classes) if quick
+                     else tv.models.resnet50(num_classes=classes))
+            fmt = torch.channels_last
+        else:
+            model = (tv.models.SwinTransformer([4, 4], 16, [1, 1, 1, 1], [1, 1, 2, 2], [2, 2],
+                                               stochastic_depth_prob=0.0, num_classes=classes) if quick
+                     else tv.models.swin_t(num_classes=classes, stochastic_depth_prob=0.0))
+            fmt = torch.contiguous_format
+        model = model.to(device=device, dtype=DTYPES[dtype], memory_format=fmt)
+        gen = torch.Generator().manual_seed(9)
+        x = torch.randn((b, 3, px, px), generator=gen).to(device=device, dtype=DTYPES[dtype]).contiguous(
+            memory_format=fmt)
+        labels = torch.randint(0, classes, (b,), generator=gen).to(device)
+        return _training(name, dtype, model, lambda x, y: F.cross_entropy(model(x), y), [x, labels],
+                         f"batch {b} x 3 x {px} x {px}" + (", channels_last" if fmt is torch.channels_last else ""))
+    return build
+
+
+def _moe_train(b: int, s: int, quick: bool) -> Callable[[str, torch.device, str], Workload]:
+    """A small Mixtral-style MoE decoder's training step (Hugging Face `transformers`,
+    random weights): 4 layers, hidden 512, 8 experts of 1408 with 2 routed a token, GQA
+    8/2 heads, vocabulary 32000, with its LM head and loss."""
+    def build(dtype: str, device: torch.device, name: str) -> Workload:
+        import transformers
+        size = (dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=1, num_local_experts=4, vocab_size=128, max_position_embeddings=64)
+                if quick else
+                dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
+                     num_key_value_heads=2, num_local_experts=8, vocab_size=32000, max_position_embeddings=s))
+        cfg = transformers.MixtralConfig(num_experts_per_tok=2, attention_dropout=0.0, router_aux_loss_coef=0.0,
+                                         attn_implementation="eager", **size)
+        torch.manual_seed(10)
+        model = transformers.MixtralForCausalLM(cfg).to(device=device, dtype=DTYPES[dtype])
+        ids = _ids((b, s), cfg.vocab_size, device, 11)
+        return _training(name, dtype, model, lambda i: model(input_ids=i, labels=i).loss, [ids],
+                         f"batch {b} x seq {s}, hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, "
+                         f"{cfg.num_local_experts} experts (top {cfg.num_experts_per_tok})")
     return build
 
 
@@ -371,6 +458,10 @@ def cases(quick: bool) -> list[CaseSpec]:
     # cross-entropy must cut 4x.  Families of their own, so `--case bert_train` and the
     # steps of tools/gpu_run.sh that name the other rows do not grow; `--case issue15_*`.
     b32, v_big = (4, 256) if quick else (32, 128256)
+    # issue 18's rows: ResNet-50 training (channels_last, b32), Swin-T training, a small MoE
+    # decoder's training step; families `issue18_*` (torchvision from `.vision`)
+    vb, vpx = (4, 64) if quick else (32, 224)   # (--quick: BatchNorm over 2 x 2 values at 32 px is ill-conditioned)
+    eb, es = (2, 16) if quick else (8, 512)
     # (name, family ("": the name without its sizes), builder, modules it needs)
     builders: list[tuple[str, str, Callable[[str, torch.device, str], Workload], tuple[str, ...]]] = [
         (f"bert_train[b{bt},s{bs}]", "", _bert_train(bt, bs, quick), hf),
@@ -385,6 +476,10 @@ def cases(quick: bool) -> list[CaseSpec]:
         (f"bert_train[b{b32},s{bs}]", "issue15_bert_train", _bert_train(b32, bs, quick), hf),
         (f"bert_infer[b{b32},s{bs}]", "issue15_bert_infer", _bert_infer(b32, bs, quick), hf),
         (f"llama8_train[b{mb},s{ms},V{v_big}]", "issue15_llama8_vocab", _llama_model(mb, ms, quick, v_big), ()),
+        (f"resnet50_train[b{vb},{vpx}px,cl]", "issue18_resnet50", _vision_train("resnet50", vb, vpx, quick),
+         ("torchvision",)),
+        (f"swin_t_train[b{vb},{vpx}px]", "issue18_swin_t", _vision_train("swin_t", vb, vpx, quick), ("torchvision",)),
+        (f"moe_train[b{eb},s{es}]", "issue18_moe", _moe_train(eb, es, quick), hf),
     ]
     return [CaseSpec(name, "models", lambda dtype, device, name=name, b=b: b(dtype, device, name), family=fam,
                      requires=req) for name, fam, b, req in builders]

@@ -73,6 +73,11 @@ class Workload:
     notes: str = ""
     # cotangents for bwd / fwdbwd, made once from eager's outputs and shared
     cotangents: list[torch.Tensor] | None = None
+    # the same step in float64 (outputs, then gradients, as `harness.reference` lists them),
+    # given the shared cotangents: a row that misses its tolerance against eager is judged
+    # against it instead (eager can be the inaccurate one: BatchNorm's CPU backward)
+    truth: "Callable[[list[torch.Tensor]], list[torch.Tensor]] | None" = None
+    truth_values: list[torch.Tensor] | None = None   # (computed once, when first needed)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

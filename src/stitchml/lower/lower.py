@@ -33,6 +33,8 @@ aten = torch.ops.aten
 COMPUTE_INTENSIVE = {
     aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
     aten.convolution.default, aten.convolution_backward.default, aten.matmul.default,
+    # grouped products (an MoE's experts over tokens sorted by expert: transformers' bf16 path)
+    *[getattr(aten, n).default for n in ("_grouped_mm", "_scaled_grouped_mm") if hasattr(aten, n)],
     aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_flash_attention.default,
     aten._scaled_dot_product_cudnn_attention.default,
     aten._scaled_dot_product_flash_attention_for_cpu.default,

@@ -46,6 +46,7 @@ from ..ir.nodes import Ref, prod
 
 _MM = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
        "aten.matmul.default"}
+_GROUPED_MM = {"aten._grouped_mm.default", "aten._scaled_grouped_mm.default"}
 _CONV = {"aten.convolution.default", "aten.convolution_backward.default"}
 _LINEAR_CE = {"stitchml.linear_cross_entropy.default", "stitchml.linear_ce_loss.default",
               "stitchml.linear_ce_grads.default"}
@@ -190,6 +191,21 @@ def _price_mm(g: ir.Graph, nid: int, op: str, a: dict, dev) -> LibraryPrice:
                         "" if aligned else "a leading dimension not a multiple of 16 bytes: align-1/2 kernels")
 
 
+def _price_grouped_mm(g: ir.Graph, nid: int, op: str, a: dict, dev) -> LibraryPrice:
+    """A grouped product (`_grouped_mm`: an MoE's experts, each over its slice of the
+    tokens): priced as one product of all its rows, m = the rows of `self` (every group's
+    together), k its last extent, n the last extent of `mat2`; the flops are the sum over
+    the groups whatever their sizes (per-group tile rounding is not modelled)."""
+    xs, ys = _shape(g, a.get("self")), _shape(g, a.get("mat2"))
+    out = g[nid]
+    if xs is None or ys is None or len(xs) < 2 or len(ys) < 2:
+        return LibraryPrice(nid, op, "unpriced", 0.0, note="operand shapes unknown")
+    m, k, n = prod(xs[:-1]), xs[-1], ys[-1]
+    nbytes = _bytes(_node(g, a.get("self"))) + _bytes(_node(g, a.get("mat2"))) + _bytes(out)
+    s = gemm_seconds(1, m, n, k, _node(g, a.get("self")).dtype, dev, True, nbytes)
+    return LibraryPrice(nid, op, "gemm", s + dev.graph_launch_s, 2.0 * m * n * k, nbytes, "grouped product")
+
+
 def _price_attention(g: ir.Graph, nid: int, op: str, a: dict, dev) -> LibraryPrice:
     q, k = _shape(g, a.get("query")), _shape(g, a.get("key"))
     if q is None or k is None or len(q) != 4 or len(k) != 4:
@@ -282,6 +298,8 @@ def price(g: ir.Graph, nid: int, dev, items: dict[int, list[ir.Node]] | None = N
     try:
         if op in _MM:
             return _price_mm(g, nid, op, a, dev)
+        if op in _GROUPED_MM:
+            return _price_grouped_mm(g, nid, op, a, dev)
         if "scaled_dot_product" in op:
             return _price_attention(g, nid, op, a, dev)
         if op in _CONV:
