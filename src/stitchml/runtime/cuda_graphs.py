@@ -233,6 +233,21 @@ def _use_count(t: torch.Tensor) -> int:
     return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
+def _held_by_runner_only() -> tuple[int, int]:
+    """What `sys.getrefcount` reads for an object only a list refers to, in the two forms
+    the runner uses: `lst[k]` inside a comprehension (the replay's held check) and a local
+    bound to `lst[k]` (`_outputs`).  Taken from this interpreter in those very forms: a
+    different Python counts its temporaries differently, and a wrong baseline would call
+    every output held."""
+    lst = [object()]
+    in_comprehension = [sys.getrefcount(lst[k]) for k in range(1)][0]
+    t = lst[0]
+    return in_comprehension, sys.getrefcount(t)
+
+
+_ONLY_RUNNER, _ONLY_RUNNER_LOCAL = _held_by_runner_only()
+
+
 # (CUDA builds of torch: one C++ call compares many inputs' addresses; the CPU build has none)
 _PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 
@@ -389,10 +404,12 @@ class GraphRunner:
         use_count = torch._C._storage_Use_Count
         handed, extra, refcount = self.handed, self.extra, sys.getrefcount
         # (each handed-out alias alive raises its storage's count by one; whoever still
-        # holds one raises its Python reference count (2: the list's and the argument's)
-        # or, from C++ (an autograd node's saved tensor, a `.grad`), its TensorImpl's use count)
+        # holds one raises its Python reference count (`_ONLY_RUNNER` when only the list
+        # refers to it) or, from C++ (an autograd node's saved tensor, a `.grad`), its
+        # TensorImpl's use count)
+        only = _ONLY_RUNNER
         held = [k for k, c, n in self.held_check if use_count(c) != n + extra[k]
-                or handed[k] is not None and (refcount(handed[k]) != 2 or handed[k]._use_count() != 1)]
+                or handed[k] is not None and (refcount(handed[k]) != only or handed[k]._use_count() != 1)]
         if held:
             # last call's outputs are still in use: their memory stays theirs (the graph
             # is captured again, with fresh outputs) and such outputs are copied from now on
@@ -461,7 +478,8 @@ class GraphRunner:
                 # place since (its version: `t_()`, `resize_`, an in-place op); else a fresh one
                 t = handed[k]
                 if t is None or t._version != versions[k] or kind == "view" and (
-                        refcount(t) != 3 or t._use_count() != 1):   # (held: the replay's check covers aliases only)
+                        refcount(t) != _ONLY_RUNNER_LOCAL or t._use_count() != 1):   # (held: the replay's
+                    # check covers aliases only)
                     t = _alias(o, shape, stride, 0)
                     if reuse:
                         if handed[k] is None and self.share[k]:   # one more alias alive on the storage
