@@ -477,3 +477,21 @@ def test_training_row_off_eager_but_on_float64_passes_and_a_wrong_one_fails():
     far[-1] = far[-1] + 0.5                       # the last bias gradient wrong
     verdict = _judge_by_truth(w, far, eager, failed)
     assert not verdict.ok and "3.bias" in verdict.detail, verdict.detail
+
+
+def test_float64_step_of_the_moe_row_runs_its_experts_per_expert():
+    """The MoE row's float64 step: transformers runs bfloat16 experts as grouped products,
+    which take no float64, so the step switches the model to its per-expert loop while it
+    runs (and back after); its results agree with eager's bf16 ones to bf16 accuracy."""
+    from stitchml.bench import models as bm
+    from stitchml.bench.harness import reference
+    spec = next(s for s in bm.cases(quick=True) if s.name.startswith("moe_train"))
+    w = spec.build("bf16", torch.device("cpu"), spec.name)
+    ref = reference(w)
+    model_cfg = next(c.cell_contents for c in w.fn.__closure__ if hasattr(c.cell_contents, "config")).config
+    before = model_cfg._experts_implementation
+    truth = w.truth(w.cotangents)
+    assert model_cfg._experts_implementation == before
+    assert len(truth) == len(ref) and all(t.dtype in (torch.float64, torch.float32) for t in truth)
+    assert abs(float(truth[0]) - float(ref[0])) < 2e-2 * abs(float(truth[0]))
+    assert all(p.dtype == torch.bfloat16 for p in w.grad_targets)

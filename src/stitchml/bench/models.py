@@ -215,7 +215,13 @@ def float64_step(model: nn.Module, fn: Callable[..., Any], inputs: list[Any], ta
     contender's compiled graph and CUDA-graph addresses are untouched)."""
     swapped = [(t, t.data) for t in {id(t): t for t in [*model.parameters(), *model.buffers(), *targets]}.values()
                if t.is_floating_point()]
+    # transformers' MoE experts run as grouped products, which take no float64: its
+    # per-expert loop for this run (as tools/model_sweep.py does for its float64 copies)
+    cfg = getattr(model, "config", None)
+    experts = getattr(cfg, "_experts_implementation", None) if cfg is not None else None
     try:
+        if experts is not None:
+            cfg._experts_implementation = "eager"
         for t, d in swapped:
             t.data = d.double()
         args = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
@@ -228,6 +234,8 @@ def float64_step(model: nn.Module, fn: Callable[..., Any], inputs: list[Any], ta
     finally:
         for t, d in swapped:
             t.data = d
+        if experts is not None:
+            cfg._experts_implementation = experts
 
 
 
