@@ -133,9 +133,8 @@ def _causal_additive(mask: fx.Node, ndim: int) -> list[fx.Node] | None:
     cond, keep, fill = mask.args
     if not (is_number(fill) and (fill == float("-inf") or fill <= _NEG_FILL)):
         return None
-    keep_zero = (is_number(keep) and keep == 0) or (kind(keep) == "zeros" and keep.args[:1] == ((),)
-                                                     and not keep.args[1:])
-    if not keep_zero:
+    zero_tensor = kind(keep) == "zeros" and tuple(keep.args) == ((),)   # torch.zeros((), dtype=...)
+    if not (zero_tensor or is_number(keep) and keep == 0):
         return None
     nodes = [mask] + ([keep] if isinstance(keep, fx.Node) else [])
     if kind(cond) == "expand":
@@ -148,12 +147,15 @@ def _causal_additive(mask: fx.Node, ndim: int) -> list[fx.Node] | None:
     if pq is None or pk is None or not same(pq[0], pk[0]) or not (isinstance(pq[1], int) and pq[1] == pk[1]):
         return None
     nodes.append(cond)
-    for idx in (q, kv):   # the indexing, the offset add, the arange
-        n = idx
-        while isinstance(n, fx.Node) and kind(n) in ("getitem", "add", "arange"):
+    for n in (q, kv):   # the indexing, the offset add, the arange
+        while n is not None:
             nodes.append(n)
-            n = n.args[0] if kind(n) == "getitem" else next((a for a in n.args[:2] if kind(a) == "arange"), None) \
-                if kind(n) == "add" else None
+            if kind(n) == "getitem":
+                n = n.args[0]
+            elif kind(n) == "add":
+                n = next(a for a in n.args[:2] if kind(a) == "arange")   # (`_positions` found one)
+            else:
+                n = None
     return nodes
 
 

@@ -141,11 +141,12 @@ def column_lane_partials(mp: Mapping, rows: int, cols: int, itemsize: int, opts:
     A tile of one row (rows of 4096 columns or more) cannot shrink its row block: its
     warps become the fewest that cover the row with the fewest masked lanes
     (`live_lane_warps`, knob `trim_row_warps`, as for rows without partials; at least
-    COLUMN_LANE_MIN_WARPS), the walk unchanged.  BERT's GELU backward with its bias gradient, [2048 x 3072] bf16 in a
-    4096 tile of 16 warps, computed a quarter of its lanes masked: 20.7 µs a launch on
-    the H200 (2026-11-28) against 9.7 at copy bandwidth, its sm_90 issue floor 12.8 µs;
-    at 4 warps (three whole repeats of 1024) that floor is 9.2 (`tools/aot_check`,
-    Triton 3.6; bench/NOTES.md, twenty-ninth session)."""
+    COLUMN_LANE_MIN_WARPS), the walk unchanged.  BERT's GELU backward with its bias
+    gradient, [2048 x 3072] bf16 in a 4096 tile of 16 warps, computed a quarter of its
+    lanes masked: 20.7 µs a launch on the H200 (2026-11-28) against 9.7 at copy
+    bandwidth, its sm_90 issue floor 12.8 µs; at 4 warps (three whole repeats of 1024)
+    that floor is 9.2 (`tools/aot_check`, Triton 3.6; bench/NOTES.md, twenty-ninth
+    session)."""
     vec = 16 // max(min(itemsize, 16), 1)
     if mp.block_r == 1:
         live = (live_lane_warps(cols, mp.num_warps, vec, COLUMN_LANE_MIN_WARPS) if opts.trim_row_warps
