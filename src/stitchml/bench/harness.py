@@ -192,13 +192,17 @@ def pick_contenders(names: Iterable[str]) -> list[Contender]:
 
 # --------------------------------------------------------------------------- one case
 
+def _result_names(w: Workload, expected: list[torch.Tensor]) -> list[str]:
+    """A step's results by name: its outputs, then one gradient per grad target."""
+    n_out = len(expected) - len(w.grad_targets)
+    return [f"output {i}" for i in range(n_out)] + \
+        list(w.grad_names or [f"grad of target {j}" for j in range(len(w.grad_targets))])
+
+
 def _check(w: Workload, actual: list[torch.Tensor], expected: list[torch.Tensor]) -> CheckOutcome:
     if w.checker is not None:
         return w.checker(actual, expected)
-    n_out = len(expected) - len(w.grad_targets)
-    names = [f"output {i}" for i in range(n_out)]
-    names += list(w.grad_names or [f"grad of target {j}" for j in range(len(w.grad_targets))])
-    return compare(actual, expected, w.tol, names)
+    return compare(actual, expected, w.tol, _result_names(w, expected))
 
 
 # a contender judged against float64 may be this much further from it than eager is
@@ -245,9 +249,8 @@ def _judge_training_by_truth(w: Workload, actual: list[torch.Tensor], expected: 
     if len(truth) != len(expected) or len(actual) != len(expected):
         return got
     n_out = len(expected) - len(w.grad_targets)
-    names = [f"output {i}" for i in range(n_out)] + list(w.grad_names or [f"grad {j}" for j in range(len(w.grad_targets))])
     groups = ["output"] * n_out + ["grad"] * len(w.grad_targets)
-    verdict = judge_against_float64(actual, expected, truth, names, groups=groups)
+    verdict = judge_against_float64(actual, expected, truth, _result_names(w, expected), groups=groups)
     bad = [r for r in verdict.rows if not r.ok]
     detail = (f"{got.detail} against eager; against float64 every tensor within 4x eager's own error"
               if verdict.ok else f"{got.detail} against eager; against float64: {bad[0].line()}")
