@@ -164,8 +164,13 @@ def test_combines_take_programs_for_half_the_sms(cols, programs):
     assert comb.block_c * comb.grid >= cols and comb.block_r >= 32, comb
     off = plan_on("H200", lambda x: x.sum(0), (2048, cols), dtype=torch.bfloat16, combine_spread=False)
     assert _partial_and_combine(off)[1].block_c == 32 and _partial_and_combine(off)[1].grid == -(-cols // 32)
-    # the cpu device (2 cores) keeps the 32-column tiles
+    # the cpu device (2 cores) keeps the 32-column tiles, and so do dynamic shapes (a
+    # template's grids are a few size expressions: the grid must not vary within a bucket)
     assert _partial_and_combine(plan_on("cpu", lambda x: x.sum(0), (2048, cols)))[1].block_c >= 32
+    from stitchml.plan.mapping import combine_mapping
+    from stitchml.plan.options import PlanOptions
+    dynamic = PlanOptions.from_config("H200", fixed_row_blocks=True)
+    assert combine_mapping(264, cols, dynamic).block_c == 32
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

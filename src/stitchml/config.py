@@ -151,7 +151,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "(plan/mapping.py::combine_mapping): each program walks the partial rows in a chain of loads, so "
          "its latency sets these small kernels' time. H200, 2026-11-28 (BERT-base training): the 3072-wide "
          "combine, 96 programs, 2.3 us; the 768-wide ones, 24 programs, 4.8-4.9 us. A 768-wide combine gets "
-         "96 programs of 8 columns. Not yet measured on a GPU."),
+         "96 programs of 8 columns. Static shapes only. Not yet measured on a GPU."),
     Knob("exact_rows", "STITCHML_EXACT_ROWS", True, _bool,
          "Kernels whose row count (element count, for flat kernels) the row block divides test no row "
          "mask: `rflat < rows` is then a constant, which Triton folds. Seen in sm_90 SASS: a masked "

@@ -340,7 +340,10 @@ def combine_mapping(rows: int, cols: int, opts: PlanOptions, warps: int = 16) ->
     of 32 columns over fewer bytes each, in 4.8-4.9 µs."""
     npc = next_pow2(cols)
     bc = min(npc, 32 if npc >= 512 else 128)   # (a function of the size bucket)
-    while opts.combine_spread and bc > COMBINE_MIN_COLS and npc // bc < opts.device.sms // 2:
+    # (static shapes only: a dynamic template's grids come from a few size expressions,
+    # and a tile narrower than the bucket makes the combine's grid vary within it)
+    while opts.combine_spread and not opts.fixed_row_blocks and bc > COMBINE_MIN_COLS \
+            and npc // bc < opts.device.sms // 2:
         bc //= 2
     cap = max(1, opts.block_elems // bc)
     if warps < 16:   # (still 8 rows a step at least: not a chain of dependent loads)
