@@ -32,6 +32,31 @@ class Group:
     scatter: bool = False                          # a member is a scatter-add
     frontier: set[int] = field(default_factory=set)   # users of members, outside the group
     top: int = -1                                  # the highest member id
+    low: int = -1                                  # the lowest member id
+
+
+class _PrefixMax:
+    """Prefix maxima over node ids, values only growing (a Fenwick tree): at a group's
+    lowest member id, its highest; `upto(i)` is the highest member id of any group whose
+    lowest is at most i.  (A merged group covers both old intervals, so the stale entry of
+    a group merged away never exceeds the entry of the group it went into.)"""
+
+    def __init__(self, n: int):
+        self.tree = [-1] * (n + 1)
+
+    def raise_to(self, i: int, v: int) -> None:
+        i += 1
+        while i < len(self.tree):
+            if self.tree[i] < v:
+                self.tree[i] = v
+            i += i & -i
+
+    def upto(self, i: int) -> int:
+        i, best = min(i + 1, len(self.tree) - 1), -1
+        while i > 0:
+            best = max(best, self.tree[i])
+            i -= i & -i
+        return best
 
 
 class Grouper:
@@ -73,7 +98,8 @@ class Grouper:
             grp = Group(self._next, {n.id}, Domain(n.shape))
         grp.scatter = n.kind == ir.SCATTER_ADD
         grp.frontier = set(self.gv.users[n.id]) - {n.id}
-        grp.top = n.id
+        grp.top = grp.low = n.id
+        self._spans.raise_to(n.id, n.id)
         self._next += 1
         return grp
 
@@ -84,6 +110,8 @@ class Grouper:
         keep.frontier = {u for u in keep.frontier | gone.frontier if u not in keep.members}
         keep.scatter = keep.scatter or gone.scatter
         keep.top = max(keep.top, gone.top)
+        keep.low = min(keep.low, gone.low)
+        self._spans.raise_to(keep.low, keep.top)
         for m in gone.members:
             self.group_of[m] = keep
 
@@ -162,6 +190,7 @@ class Grouper:
         return {s for m in grp.members for s in self.gv.sources[m] if s not in grp.members}
 
     def _run_once(self) -> list[Group]:
+        self._spans = _PrefixMax(max((n.id for n in self.g.nodes), default=0) + 1)
         for n in self.g.nodes:
             if not is_member(n):
                 continue
@@ -356,7 +385,13 @@ class Grouper:
         them (its outputs depend on all its inputs, as far as ordering goes)."""
         def inside(nid: int) -> bool:
             return nid in a.members or nid in b.members
+        # Nodes after both groups cannot lead back to them, except through a kernel that
+        # has members before as well (entered at a later member, it runs as a unit:
+        # everything its earlier members feed comes after): the bound takes in every such
+        # kernel, and the kernels those reach back into in turn
         limit = max(a.top, b.top)
+        while (wider := self._spans.upto(limit)) > limit:
+            limit = wider
         for start, target in ((a, b), (b, a)):
             stack = [(u, not is_free(self.g[u])) for u in start.frontier if not inside(u)]
             seen, entered = set(), set()
