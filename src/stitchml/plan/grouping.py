@@ -78,6 +78,8 @@ class Grouper:
         # over the same rows reads (a layer norm's bias gradient beside its weight gradient):
         # taken in as one more partial (`_column_siblings`)
         self._sibling_columns: set[int] = set()
+        # the groups' member-id spans, for the cycle test's bound (made afresh by `_run_once`)
+        self._spans = _PrefixMax(0)
 
     # -- initial groups -----------------------------------------------------
     def _new_group(self, n: ir.Node) -> Group:
