@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	# torchvision (the release for torch 2.13) and timm for tests/test_models_torchvision.py,
 	# in a folder off the venv's path: with the CPU build of torch, `import torchvision` fails
 	# (its compiled library is built for CUDA torch), and transformers imports it when present;
-	# tests/tv_cpu.py puts the folder on the path behind the two op schemas torchvision expects
+	# src/stitchml/bench/vision.py puts the folder on the path behind the two op schemas torchvision expects
 	$(BIN)/pip install --quiet --no-deps --target $(VENV)/vision torchvision==0.28.0 timm==1.0.31
 	touch $(STAMP)
 

@@ -1,6 +1,6 @@
 """Issue 18.5: torchvision and timm models, as a user would take them (random init, the
 models' own code), trained through stitchml on the CPU build of torch.  torchvision and
-timm are imported through tests/tv_cpu.py (installed off the venv's path: with the CPU
+timm are imported through stitchml.bench.vision (installed off the venv's path: with the CPU
 build torchvision's compiled library does not load; the README explains).
 
 Each model: two training steps at one size and one at a new size (a dynamic-shape
@@ -21,7 +21,7 @@ import torch
 import stitchml
 from stitchml import config
 from stitchml.testing import judge_against_float64
-from tv_cpu import import_torchvision
+from stitchml.bench.vision import import_torchvision
 
 tv = import_torchvision()
 if tv is None:  # (`make venv` installs it into .venv/vision; README)
