@@ -270,6 +270,15 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("compile_workers", "STITCHML_COMPILE_WORKERS", -1, int,
          "Processes that compile a graph's distinct kernels in parallel before its first launch (GPU only); "
          "-1 = one per CPU core (at most 16), 0 = no pool (Triton compiles each kernel at its first launch)."),
+    Knob("compile_pool_method", "STITCHML_COMPILE_POOL_METHOD", "forkserver", lambda s: s.strip().lower(),
+         "How the compile pool's workers start: 'forkserver' (one clean process imports torch, Triton and "
+         "stitchml once and forks each worker; no CUDA in it) or 'spawn' (each worker a fresh interpreter that "
+         "imports them itself: 16 at once took most of the 9-11 s an H200 host spent starting the pool). "
+         "'forkserver' sets the process's fork-server preload list if no fork server runs yet."),
+    Knob("compile_pool_prestart", "STITCHML_COMPILE_POOL_PRESTART", True, _bool,
+         "Start the compile pool's workers in the background when the first graph reaches the backend on a GPU, "
+         "so they are up by the time its kernels are generated; skipped when the cache folder holds compiled-"
+         "kernel markers from an earlier process (a warm start then starts the pool only if a kernel needs it)."),
     Knob("static_launch", "STITCHML_STATIC_LAUNCH", True, _bool,
          "Bound launches go through torch's static CUDA launcher for Triton cubins "
          "(`torch._C._StaticCudaLauncher`, what Inductor launches with) instead of Triton's compiled "

@@ -14,6 +14,7 @@ from torch._dynamo.utils import counters
 from .. import config, fallback, patterns
 from ..compiler import CompiledGraph, compile_graph
 from ..patterns.common import PatternRecord
+from ..runtime import precompile
 from . import aot_cache
 from .logging_breaks import ignore_once_logging
 from .decomp import decomposition_table
@@ -30,6 +31,7 @@ class StitchBackend:
         self.aot_cache_note: str | None = None   # why the last graph's AOTAutograd result is not cached
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs) -> Callable:
+        precompile.prestart()   # a cold process: compile workers start while this graph is traced and planned
         # Dynamo-level rewrites (issue 15).  patterns.LOG is process-wide (every backend,
         # every model): the backend keeps its own graphs' records, so a report shows only them
         training = torch.is_grad_enabled() and any(

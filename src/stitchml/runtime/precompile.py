@@ -24,9 +24,17 @@ started at all when every job is marked.  Measured on an H200 (bench/NOTES.md,
 only found Triton's cache warm (LLaMA-style step 9.4 s, its cold compile 2.4 s).
 A marker that lies (Triton's cache cleared by hand) costs time, never correctness.
 
-The pool is created lazily, reused for every graph of the process, and started with
-`spawn` (a forked CUDA context is unusable).
-Knob: `compile_workers`.
+The pool is reused for every graph of the process.  Its workers come from Python's
+*fork server* (knob `compile_pool_method`, default `forkserver`): one clean process,
+started without CUDA, imports torch, Triton and this module once, and each worker is
+a fork of it (a forked CUDA context would be unusable; the server never has one).
+With `spawn` every worker imported torch, stitchml and the parent's main module
+itself: 16 such imports at once were most of the 9-11 s the H200 spent starting the
+pool (2026-11-25).  A cold process also *pre-starts* the pool (`prestart`, knob
+`compile_pool_prestart`) when its first graph reaches the backend, so the workers are
+up while Dynamo's graph goes through AOTAutograd, lowering and planning; a warm
+process (markers present) starts none unless a kernel needs compiling.
+Knobs: `compile_workers`, `compile_pool_method`, `compile_pool_prestart`.
 """
 from __future__ import annotations
 
@@ -55,11 +63,35 @@ def workers() -> int:
     return min(os.cpu_count() or 1, 16) if n < 0 else n
 
 
+# What the fork server imports once for every worker it forks.  Not the main module
+# (Python's default preload): a script that asks `torch.cuda.is_available()` at its top
+# level would initialise CUDA in the server, and no fork of it could use the GPU.  Each
+# worker runs the main module's top level itself, as a spawned one did; the imports it
+# shares with this list cost nothing there.  Importing these touches no CUDA API.
+_PRELOAD = ["torch", "triton.compiler", __name__]
+
+
+def _context():
+    """The multiprocessing context the pool's workers start from (knob
+    `compile_pool_method`; `spawn` where the platform has no fork server)."""
+    import multiprocessing
+    method = config.get("compile_pool_method")
+    if method not in ("forkserver", "spawn"):
+        raise ValueError(f"STITCHML_COMPILE_POOL_METHOD={method!r}: expected 'forkserver' or 'spawn'")
+    if method == "forkserver" and "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        # (process-wide: the fork server is one per process.  Set only while none runs,
+        # so a server someone else started keeps its own preload list)
+        from multiprocessing import forkserver
+        if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
+            ctx.set_forkserver_preload(_PRELOAD)
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
 def pool() -> ProcessPoolExecutor:
     if not _POOL:
-        import multiprocessing
-        _POOL.append(ProcessPoolExecutor(max_workers=max(workers(), 1),
-                                         mp_context=multiprocessing.get_context("spawn")))
+        _POOL.append(ProcessPoolExecutor(max_workers=max(workers(), 1), mp_context=_context()))
     return _POOL[0]
 
 
@@ -74,6 +106,27 @@ def _ready() -> int:
     importlib.import_module("triton.compiler")
     time.sleep(0.2)   # hold this worker so the next probe reaches another one
     return os.getpid()
+
+
+def prestart() -> bool:
+    """Start the pool's workers in the background (no waiting) where a graph's kernels
+    will be compiled by it: a GPU, no interpreter, a pool of two or more workers, the
+    knob `compile_pool_prestart` on, and no compiled-kernel markers under the cache
+    folder (a warm cache: the pool starts only if a kernel turns out to need it).
+    Whether it started them."""
+    from ..compiler import _interpreter_on
+    if _POOL or not config.get("compile_pool_prestart") or workers() < 2 or _interpreter_on() \
+            or not torch.cuda.is_available():
+        return False
+    folder = Path(config.get("cache_dir")) / "compiled"
+    try:
+        if folder.is_dir() and any(folder.iterdir()):
+            return False
+    except OSError:
+        pass
+    for _ in range(workers()):   # each submission starts a worker while none is idle
+        pool().submit(_ready)
+    return True
 
 
 def start_pool() -> float:
@@ -282,5 +335,5 @@ def compile_for_target(kernels: dict[str, KernelSource], graph, arch: int = 90,
             "pool_start_s": started, "failed": failed, "workers": workers() if pooled else 1}
 
 
-__all__ = ["Job", "Pending", "compile_for_target", "distinct", "distinct_jobs", "job_for", "precompile", "shutdown",
-           "start_pool", "workers"]
+__all__ = ["Job", "Pending", "compile_for_target", "distinct", "distinct_jobs", "job_for", "precompile", "prestart",
+           "shutdown", "start_pool", "workers"]

@@ -36,6 +36,12 @@ CPU tensors under TRITON_INTERPRET=1 with the kernel launcher replaced by a no-o
 kernels are not run, so the figure is compilation (Dynamo, AOTAutograd, stitch, loading
 kernels) plus the model's library calls (matrix products) on the CPU; Dynamo's own timers
 split it.
+
+    python -m stitchml.tools.compile_time --pool-start 2 16
+
+The compile pool's start-up (`runtime/precompile.py`): seconds until every worker has
+answered, started by `spawn` and by the fork server (knob `compile_pool_method`), each
+in a fresh process, the two interleaved, twice.
 """
 from __future__ import annotations
 
@@ -342,6 +348,33 @@ def report(result: dict) -> list[str]:
     return lines
 
 
+def pool_start_once(method: str, workers: int) -> dict[str, Any]:
+    """(Child) Seconds from nothing to `workers` compile-pool workers that have each
+    answered (`precompile.start_pool`), started by `method`."""
+    from .. import config
+    from ..runtime import precompile
+    with config.override(compile_pool_method=method, compile_workers=workers):
+        t = precompile.start_pool()
+        precompile.shutdown()
+    return {"method": method, "workers": workers, "start_s": t}
+
+
+def measure_pool_start(workers: list[int], rounds: int = 2) -> list[dict[str, Any]]:
+    """The compile pool's start-up for each start method and worker count, each in a
+    fresh process (the fork server is one per process), methods interleaved."""
+    out = []
+    for _ in range(rounds):
+        for n in workers:
+            for method in ("spawn", "forkserver"):
+                res = subprocess.run([sys.executable, "-m", "stitchml.tools.compile_time", "--pool-one", method,
+                                      str(n)], capture_output=True, text=True, timeout=900,
+                                     env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+                if res.returncode != 0:
+                    raise RuntimeError(f"pool start ({method}, {n}) failed:\n{res.stderr[-2000:]}")
+                out.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=12)
@@ -352,10 +385,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--first-call", action="store_true",
                     help="the whole first training step (capture included), cold and warm, AOTAutograd cache off and on")
+    ap.add_argument("--pool-start", type=int, nargs="+", metavar="WORKERS",
+                    help="time the compile pool's start-up with spawn and with the fork server, per worker count")
+    ap.add_argument("--pool-one", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--first-one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--aot-mode", choices=("serial", "parallel"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.pool_one:
+        print(json.dumps(pool_start_once(args.pool_one[0], int(args.pool_one[1]))))
+        return 0
+    if args.pool_start:
+        rows = measure_pool_start(args.pool_start)
+        if args.json:
+            print(json.dumps(rows, indent=1))
+        else:
+            print(f"compile pool start-up ({os.cpu_count()} CPUs; fresh process each, spawn and fork server interleaved)")
+            for r in rows:
+                print(f"  {r['method']:10} {r['workers']:3} workers: {r['start_s']:.2f} s")
+        return 0
     if args.one:
         print(json.dumps(measure_once(args.layers, args.batch, args.seq, args.aot_mode)))
         return 0
