@@ -323,7 +323,7 @@ def test_a_second_process_skips_kernels_an_earlier_pool_compiled(tmp_path, monke
     submitted = []
 
     class FakePool:
-        def submit(self, fn, job):
+        def submit(self, fn, job, env):
             submitted.append(job.path)
             f = Future()
             f.set_result(0.0)
@@ -431,3 +431,47 @@ def test_pool_workers_are_forks_of_one_server_that_imported_stitchml(tmp_path):
     assert {ppid for _, ppid in out["forkserver"]} == {out["server"]}   # forks of the server
     assert {ppid for _, ppid in out["spawn"]} == {out["me"]}             # the caller's children
     assert len({pid for pid, _ in out["forkserver"]}) <= 2 and out["server"] not in {p for p, _ in out["spawn"]}
+
+
+def test_jobs_carry_the_callers_triton_cache_folder_into_long_lived_workers(tmp_path, monkeypatch):
+    """A pool worker keeps the environment of its start; the bench points TRITON_CACHE_DIR
+    at empty folders for every models row.  Each job carries the caller's `TRITON_*`
+    settings as they are at submission, and the worker takes them (set, changed or
+    removed) before compiling, so the binary lands where the caller's first launch looks.
+    The marker's target names the folder of the moment, not the first one seen."""
+    from concurrent.futures import Future
+
+    import stitchml.compiler as compiler
+    from stitchml import config
+    from stitchml.runtime import precompile as pc
+
+    envs = []
+
+    class FakePool:
+        def submit(self, fn, job, env):
+            envs.append(dict(env))
+            f = Future()
+            f.set_result(0.0)
+            return f
+
+    monkeypatch.setattr(pc, "pool", lambda: FakePool())
+    monkeypatch.setattr(pc, "_DONE", set())
+    monkeypatch.setattr(pc.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(compiler, "_interpreter_on", lambda: False)
+    monkeypatch.setattr(pc, "_device_and_versions", lambda: ((9, 0), "3.6.0", "2.11.0"))
+    jobs = [pc.Job(str(tmp_path / f"sk_{i}.py"), (torch.float32,), (("a", "*fp32"),), 4) for i in range(2)]
+    with config.override(cache_dir=str(tmp_path / "cache"), compile_workers=2):
+        for folder in ("row1", "row2"):
+            monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / folder))
+            assert pc._target()[-1] == str(tmp_path / folder)
+            pc._DONE.clear()                              # the pool's memory: a new process's
+            pc.precompile(jobs).wait()                    # row2: row1's markers name row1's folder: miss
+    assert [e["TRITON_CACHE_DIR"] for e in envs] == [str(tmp_path / "row1")] * 2 + [str(tmp_path / "row2")] * 2
+
+    # the worker's side: set, changed and removed
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/old")
+    monkeypatch.setenv("TRITON_DEBUG", "1")
+    pc._adopt_env({"TRITON_CACHE_DIR": "/new", "TRITON_PRINT_AUTOTUNING": "1"})
+    assert os.environ["TRITON_CACHE_DIR"] == "/new" and os.environ["TRITON_PRINT_AUTOTUNING"] == "1"
+    assert "TRITON_DEBUG" not in os.environ
+    monkeypatch.delenv("TRITON_PRINT_AUTOTUNING")

@@ -191,8 +191,28 @@ def _load_function(path: str):
     return exec_kernel_module(Path(path), f"stitchml_pre_{Path(path).stem}").KERNEL
 
 
-def _warm_up(job: Job) -> float:
+def _triton_env() -> dict[str, str]:
+    """The caller's Triton settings (`TRITON_*` variables, the cache folder among them)
+    as they are now, for a job to take into its worker."""
+    return {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
+
+
+def _adopt_env(env: dict[str, str] | None) -> None:
+    """(Worker) Take the submitting process's Triton settings.  A worker lives as long
+    as the pool and kept the environment of its start: a caller that pointed
+    TRITON_CACHE_DIR elsewhere since (the bench gives every models row empty cache
+    folders) would otherwise have its kernels compiled into a folder its own first
+    launch never reads, and compile each one again there."""
+    if env is None:
+        return
+    for k in [k for k in os.environ if k.startswith("TRITON_") and k not in env]:
+        del os.environ[k]
+    os.environ.update(env)
+
+
+def _warm_up(job: Job, env: dict[str, str] | None = None) -> float:
     """(Worker) Compile `job` for the current GPU into Triton's cache."""
+    _adopt_env(env)
     t0 = time.perf_counter()
     options = {"num_warps": job.num_warps}
     if job.maxnreg:
@@ -201,8 +221,9 @@ def _warm_up(job: Job) -> float:
     return time.perf_counter() - t0
 
 
-def _compile_for(job: Job, arch: int) -> tuple[float, int | None]:
+def _compile_for(job: Job, arch: int, env: dict[str, str] | None = None) -> tuple[float, int | None]:
     """(Worker) Compile `job` for sm_`arch` without a GPU; (seconds, cubin bytes)."""
+    _adopt_env(env)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -236,12 +257,17 @@ def distinct_jobs(kernels: dict[str, KernelSource], graph, launched: Iterable[st
 
 
 @lru_cache(maxsize=1)
+def _device_and_versions() -> tuple:
+    import triton
+    return (torch.cuda.get_device_capability(), triton.__version__, torch.__version__)
+
+
 def _target() -> tuple:
     """What a compiled binary depends on besides the kernel and its launch: the GPU's
-    compute capability, the versions, and where Triton keeps its cache."""
-    import triton
+    compute capability, the versions, and where Triton keeps its cache (read each time:
+    a caller may point it elsewhere between graphs)."""
     cache = os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
-    return (torch.cuda.get_device_capability(), triton.__version__, torch.__version__, cache)
+    return (*_device_and_versions(), cache)
 
 
 def marker(job: Job) -> Path:
@@ -299,7 +325,8 @@ def precompile(jobs: Iterable[Job]) -> Pending:
     if len(todo) < 2:
         return Pending()
     STATS["submitted"] += len(todo)
-    return Pending([(j, pool().submit(_warm_up, j)) for j in todo])
+    env = _triton_env()
+    return Pending([(j, pool().submit(_warm_up, j, env)) for j in todo])
 
 
 def compile_for_target(kernels: dict[str, KernelSource], graph, arch: int = 90,
@@ -315,7 +342,8 @@ def compile_for_target(kernels: dict[str, KernelSource], graph, arch: int = 90,
     t0 = time.perf_counter()
     results: list[tuple[Job, Any]] = []
     if pooled:
-        futures = [(j, pool().submit(_compile_for, j, arch)) for j in jobs]
+        env = _triton_env()
+        futures = [(j, pool().submit(_compile_for, j, arch, env)) for j in jobs]
         for job, fut in futures:
             try:
                 results.append((job, fut.result()))
