@@ -66,10 +66,10 @@ MICRO_CONTENDERS=(--contender eager --contender inductor --contender stitchml)
 # name | timeout (s) | what (for `list`)
 # models first (the headline), compile time in its own step and folder (a --resume would
 # otherwise keep the steady-state rows and skip the cold-compile measurement)
-STEP_ORDER=(env models-check trace ncu small-cols micro-check tests calibrate models-bf16 variants models-15 models-18 micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
+STEP_ORDER=(env models-check compile-check trace ncu small-cols micro-check tests calibrate models-bf16 variants models-15 models-18 micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
 declare -A LIMIT=([env]=120 [tests]=900 [calibrate]=900 [micro-bf16]=2400 [micro-fp32]=2400
                   [models-bf16]=3600 [models-fp32]=3600 [models-rest]=3600 [micro-extra]=3600
-                  [compile]=2400 [variants]=1200 [models-15]=1800 [models-18]=1800 [trace]=600 [ncu]=600 [small-cols]=600 [models-check]=900 [micro-check]=600)
+                  [compile]=2400 [compile-check]=900 [variants]=1200 [models-15]=1800 [models-18]=1800 [trace]=600 [ncu]=600 [small-cols]=600 [models-check]=900 [micro-check]=600)
 declare -A WHAT=(
     [env]="nvidia-smi, driver, torch/Triton versions, git commit -> env.txt"
     [tests]="pytest -m gpu tests (judged against float64) -> tests/"
@@ -79,6 +79,7 @@ declare -A WHAT=(
     [models-bf16]="BERT train b16/infer b1,b16, GPT-2 train b8 s512, LLaMA-style 8L train b4 s1024, bf16: wall, GPU busy, host/step, launches; eager, inductor, inductor-ro, stitchml, stitchml-nograph"
     [compile]="cold compile (empty caches) and warm-cache compile in a fresh process: BERT and LLaMA-style training, bf16, inductor vs stitchml -> compile/"
     [trace]="profiler traces (host + device) of BERT and LLaMA-style training steps, bf16, stitchml and inductor-ro: GPU idle gaps and the host work in them, CUDA-graph replay state, host time by function -> trace/; BERT inference b1 without CUDA graphs, stitchml-nograph and inductor: host time by function -> trace-host/"
+    [compile-check]="the short compile check (issue 14): cold call on empty caches and a warm fresh process, BERT-base and LLaMA-style training, bf16, Inductor's default and stitchml, 20 timed reps -> compile-check/"
     [models-check]="the training rows against Inductor's CUDA graphs only (BERT, GPT-2, LLaMA-style; bf16; inductor-ro, stitchml): the short check of a runtime change -> models-check/"
     [ncu]="Nsight Compute counters (speed of light, occupancy, warp stalls, memory) of stitch's and Inductor's kernels on the BERT-shaped column reductions (2048 x 768, bf16) -> ncu.txt; of the training steps' stitched kernels that lost most against their prediction in models-check (tools/worst_kernels.py) -> ncu-models.txt"
     [small-cols]="the BERT-shaped column reductions (column_sum_tokens, layer_norm_bwd_tokens: 2048 x 768, bf16): eager, inductor, stitchml, then stitchml under mapping knob variants (and tuple_reductions on these and layer_norm N=1024) -> small-cols/"
@@ -170,6 +171,10 @@ print(calibration_path(current_device().name))" 2>/dev/null)
                    --contender inductor-ro --contender stitchml ;;   # (eager runs as the reference anyway)
     compile)
         "$PY" -m stitchml.cli bench --out "$R/compile" --resume --no-progress "${QUICK[@]}" \
+            --suite models --dtype bf16 --case bert_train --case llama8_train \
+            --contender inductor --contender stitchml ;;
+    compile-check)
+        "$PY" -m stitchml.cli bench --out "$R/compile-check" --resume --no-progress "${QUICK[@]}" --reps 20 \
             --suite models --dtype bf16 --case bert_train --case llama8_train \
             --contender inductor --contender stitchml ;;
     trace)
