@@ -77,3 +77,44 @@ def test_small_savings_keep_the_plain_form():
     assert _scatters(c) == [0, 1]
     assert rules_index._compact_pays((50257, 768), 4096) and not rules_index._compact_pays((1024, 768), 512)
     assert not rules_index._compact_pays((30522, 768), 20000)   # fewer rows than twice the tokens
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("padding", [None, 1], ids=["nopad", "pad1"])
+@pytest.mark.parametrize("rows", [2, 5])
+def test_few_row_tables_sum_as_masked_columns_without_atomics(dtype, padding, rows):
+    """Knob `dense_embedding_grad_rows` (`_embedding_backward_dense`): a table of a few rows
+    read by many tokens (BERT's token types: 2 rows, 2048 tokens) gets its gradient as a
+    column reduction of where(id == e, grad, 0), no scatter node and no atomics; judged
+    against float64 (eager sums bf16 rows over 40+ tokens), with a non-contiguous gradient
+    (the embedding's output used transposed).  With the knob at 0: the scatter form."""
+    from stitchml.testing import compare_against_float64
+    w = torch.randn(rows, 24, dtype=dtype, requires_grad=True)
+    ids = torch.randint(0, rows, (6, 17))
+    ids[0, :3] = rows - 1
+
+    def f(w, i):
+        return (F.embedding(i, w, padding_idx=padding).transpose(0, 1) * 3).sin()
+    c, judgement = compare_against_float64(f, [w, ids])
+    judgement.assert_ok(f"few-row embedding backward, {dtype}, padding {padding}")
+    assert _scatters(c) == [0, 0], _scatters(c)
+    bwd = c.backend.records[-1].plan
+    records = c.backend.records
+    assert all(r.eager_reason is None and not r.graph.fallbacks for r in records)   # nothing ran eagerly
+    reduces = {m for k in bwd.kernels for m in k.members if bwd.graph[m].kind == ir.REDUCE}
+    assert len(reduces) == 1 and tuple(bwd.graph[min(reduces)].shape) == (rows, 24)
+    with config.override(dense_embedding_grad_rows=0):
+        torch._dynamo.reset()
+        plain, judgement = compare_against_float64(f, [w, ids])
+    judgement.assert_ok(f"few-row embedding backward, scatter form, {dtype}, padding {padding}")
+    assert _scatters(plain) == [0, 1]
+
+
+def test_few_tokens_a_row_keep_the_scatter_form():
+    """Under `DENSE_TOKENS_PER_ROW` tokens a table row, atomics hardly contend: the scatter
+    form (one pass over the tokens) is kept."""
+    assert rules_index._dense_pays((2, 768), 2048) and rules_index._dense_pays((16, 64), 128)
+    assert not rules_index._dense_pays((16, 64), 127) and not rules_index._dense_pays((17, 64), 4096)
+    w = torch.randn(12, 8, requires_grad=True)
+    c = compare_with_eager(lambda w, i: F.embedding(i, w) * 3, [w, torch.randint(0, 12, (40,))])
+    assert _scatters(c) == [0, 1]

@@ -306,6 +306,8 @@ def _embedding_backward(ctx, node, grad, indices, num_weights, padding_idx, scal
     shape = static_shape(val)
     if val.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise Unsupported(f"scatter-add kernels accumulate in float32: {val.dtype} gradients run eagerly")
+    if _dense_pays(shape, ir.prod(ctx.shape(indices))):   # deterministic: no refusal needed
+        return _embedding_backward_dense(ctx, node, grad, indices, shape, padding_idx)
     _refuse_nondeterministic("embedding's backward")
     if config.get("compact_embedding_grads") and _compact_pays(shape, ir.prod(ctx.shape(indices))):
         return _embedding_backward_compact(ctx, node, grad, indices, shape, padding_idx)
@@ -314,6 +316,42 @@ def _embedding_backward(ctx, node, grad, indices, num_weights, padding_idx, scal
     acc = Ref(ctx.g.add(ir.SCATTER_ADD, "embedding_backward", (ctx.cast(grad, torch.float32), indices), shape,
                         torch.float32, contiguous_strides(shape), (("padding_idx", padding_idx),)))
     return acc if val.dtype == torch.float32 else ctx.cast(acc, val.dtype)
+
+
+DENSE_TOKENS_PER_ROW = 8   # fewer tokens a table row: little contention, the scatter form is cheaper
+
+
+def _dense_pays(shape: tuple, tokens: int) -> bool:
+    """Whether `_embedding_backward_dense` replaces the scatter-add: a table of at most
+    `dense_embedding_grad_rows` rows, each read by `DENSE_TOKENS_PER_ROW` tokens or more
+    on average (where atomics on one address queue up)."""
+    rows, _ = shape
+    return 0 < rows <= int(config.get("dense_embedding_grad_rows")) and tokens >= DENSE_TOKENS_PER_ROW * rows
+
+
+def _embedding_backward_dense(ctx: LowerCtx, node, grad: Ref, indices: Ref, shape: tuple, padding_idx) -> Ref:
+    """Embedding's backward for a table of a few rows (token types, segments) as one
+    column reduction: row e of the gradient is the float32 sum over tokens of
+    `where(id == e, grad, 0)`, i.e. a [tokens, rows x H] masked broadcast of the gradient
+    summed over its tokens, planned like any column sum (partials per program, then
+    their combine).  The scatter form adds every token into one of those few rows with
+    atomics, which a GPU performs one after another on each address.  Sums in float32,
+    rounded once, as eager's CUDA kernel; the padding row is zero."""
+    val = node.meta["val"]
+    rows, width = shape
+    tokens = ir.prod(ctx.shape(indices))
+    sh = (tokens, rows, width)
+    ids = ctx.broadcast_to(ctx.reshape(ctx.cast(indices, torch.int64), (tokens, 1, 1)), sh)
+    which = Ref(ctx.g.add(ir.POINTWISE, "iota", (), sh, torch.int64, contiguous_strides(sh), (("dim", 1),)))
+    hit = ctx.pointwise("eq", (ids, which), sh, torch.bool)
+    values = ctx.broadcast_to(ctx.reshape(ctx.cast(grad, torch.float32), (tokens, 1, width)), sh)
+    sums = ctx.reduce("sum", ctx.pointwise("where", (hit, values, 0.0), sh, torch.float32), (0,), False,
+                      torch.float32)
+    if padding_idx is not None and 0 <= padding_idx < rows:
+        row = Ref(ctx.g.add(ir.POINTWISE, "iota", (), shape, torch.int64, contiguous_strides(shape), (("dim", 0),)))
+        sums = ctx.pointwise("where", (ctx.pointwise("eq", (row, padding_idx), shape, torch.bool), 0.0, sums),
+                             shape, torch.float32)
+    return sums if val.dtype == torch.float32 else ctx.cast(sums, val.dtype)
 
 
 COMPACT_ROWS_PER_TOKEN = 2          # a table this many times the tokens or more ...
