@@ -468,10 +468,12 @@ def test_jobs_carry_the_callers_triton_cache_folder_into_long_lived_workers(tmp_
             pc.precompile(jobs).wait()                    # row2: row1's markers name row1's folder: miss
     assert [e["TRITON_CACHE_DIR"] for e in envs] == [str(tmp_path / "row1")] * 2 + [str(tmp_path / "row2")] * 2
 
-    # the worker's side: set, changed and removed
-    monkeypatch.setenv("TRITON_CACHE_DIR", "/old")
-    monkeypatch.setenv("TRITON_DEBUG", "1")
-    pc._adopt_env({"TRITON_CACHE_DIR": "/new", "TRITON_PRINT_AUTOTUNING": "1"})
-    assert os.environ["TRITON_CACHE_DIR"] == "/new" and os.environ["TRITON_PRINT_AUTOTUNING"] == "1"
-    assert "TRITON_DEBUG" not in os.environ
-    monkeypatch.delenv("TRITON_PRINT_AUTOTUNING")
+    # the worker's side: set, changed and removed (this process's environment restored
+    # after: the adoption removes TRITON_INTERPRET too)
+    from unittest import mock
+    with mock.patch.dict(os.environ):
+        os.environ.update(TRITON_CACHE_DIR="/old", TRITON_DEBUG="1")
+        pc._adopt_env({"TRITON_CACHE_DIR": "/new", "TRITON_PRINT_AUTOTUNING": "1"})
+        assert os.environ["TRITON_CACHE_DIR"] == "/new" and os.environ["TRITON_PRINT_AUTOTUNING"] == "1"
+        assert "TRITON_DEBUG" not in os.environ and "TRITON_INTERPRET" not in os.environ
+    assert os.environ.get("TRITON_INTERPRET") == "1"
