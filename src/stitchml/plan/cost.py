@@ -125,19 +125,21 @@ def unfused_bytes(g: ir.Graph) -> int:
     return total
 
 
-def predict_seconds(k: KernelPlan, dev=None) -> float:
+def predict_seconds(k: KernelPlan, dev=None, warps: int = 0) -> float:
     """Modelled time of one kernel: launch cost plus bytes over bandwidth, scaled by
     how much of the machine the grid occupies (too few programs cannot saturate
     DRAM; a partial last wave is paid in full) and by the form's measured efficiency
     (1.0 until `stitchml calibrate` measured it); atomic adds (scatter kernels) pay
-    the calibrated per-element atomic cost."""
+    the calibrated per-element atomic cost.  `warps`: the warps its programs really run
+    with when more than its own (a member of a horizontal launch, whose composite kernel
+    runs every body at the widest member's warp count: fewer of its programs fit an SM)."""
     from .devices import current_device
     dev = dev or current_device()
     # column-lane programs (and their combine) are priced at the occupancy of the 16-warp
     # tiles they replace: the H200 ran them 2.4-2.8x faster, where occupancy counted in
     # programs x warps would call them 2-3x slower (these kernels are latency-bound, not
     # short of warps in flight; plan/mapping.py::column_lane_partials)
-    warps = 16 if k.mapping.column_lanes else max(k.mapping.num_warps, 1)
+    warps = max(16 if k.mapping.column_lanes else max(k.mapping.num_warps, 1), warps)
     per_sm = max(1, min(dev.max_warps_per_sm // warps, 32))
     slots = dev.sms * per_sm
     grid = max(k.mapping.grid, 1)
@@ -151,12 +153,15 @@ def predict_seconds(k: KernelPlan, dev=None) -> float:
 
 
 def group_seconds(kind: str, kernels: list[KernelPlan], dev) -> float:
-    """Modelled time of a launch group: one launch, the members' memory time, and a
+    """Modelled time of a launch group: one launch, the members' memory time (in a
+    horizontal group at the widest member's warps, as the composite runs them), and a
     grid barrier between consecutive phases of a global group (whose counter reset is
     one more node when the graph is replayed in a CUDA graph)."""
-    mem = sum(predict_seconds(k, dev) - dev.launch_s for k in kernels)
     if kind != "global":
-        return dev.launch_s + mem
+        # one composite kernel at the widest member's warps (codegen/composite.py)
+        widest = max((k.mapping.num_warps for k in kernels), default=1)
+        return dev.launch_s + sum(predict_seconds(k, dev, widest) - dev.launch_s for k in kernels)
+    mem = sum(predict_seconds(k, dev) - dev.launch_s for k in kernels)
     # a persistent grid capped at the resident programs moves bytes slower than the
     # separate launches do: `stitchml calibrate` measures by how much ("global" efficiency);
     # replayed in a CUDA graph, its barrier counter is zeroed by a memset node first
