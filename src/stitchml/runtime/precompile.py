@@ -34,12 +34,17 @@ pool (2026-11-25).  A cold process also *pre-starts* the pool (`prestart`, knob
 `compile_pool_prestart`) when its first graph reaches the backend, so the workers are
 up while Dynamo's graph goes through AOTAutograd, lowering and planning; a warm
 process (markers present) starts none unless a kernel needs compiling.
+Workers never run the caller's main script again (`_main_kept_out`): a training
+script without a main guard would otherwise train once more in each of them.
 Knobs: `compile_workers`, `compile_pool_method`, `compile_pool_prestart`.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib.machinery
 import os
+import sys
 import time
 from functools import lru_cache
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -95,6 +100,33 @@ def pool() -> ProcessPoolExecutor:
     return _POOL[0]
 
 
+@contextlib.contextmanager
+def _main_kept_out():
+    """While workers start: tell them the main module needs no importing.  A spawned or
+    fork-server worker otherwise runs the caller's main script (or `-m` module) again
+    from the top before its first job, so a training script without an
+    `if __name__ == "__main__":` guard (which Linux's default `fork` never needed, and
+    DataLoader workers fork) would load its model and train once more in every worker.
+    The jobs are this module's functions: nothing of the main module is unpickled.
+    Python's worker bootstrap skips a main module whose spec is named `__main__`."""
+    main = sys.modules.get("__main__")
+    if main is None or (getattr(main, "__file__", None) is None and getattr(main, "__spec__", None) is None):
+        yield   # an interactive session or `-c`: nothing would be imported
+        return
+    saved = getattr(main, "__spec__", None)
+    main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)
+    try:
+        yield
+    finally:
+        main.__spec__ = saved
+
+
+def _submit(fn, *args) -> Future:
+    """`pool().submit`, the worker it may start kept from importing the main module."""
+    with _main_kept_out():
+        return pool().submit(fn, *args)
+
+
 def shutdown() -> None:
     while _POOL:
         _POOL.pop().shutdown(wait=True, cancel_futures=True)
@@ -125,7 +157,7 @@ def prestart() -> bool:
     except OSError:
         pass
     for _ in range(workers()):   # each submission starts a worker while none is idle
-        pool().submit(_ready)
+        _submit(_ready)
     return True
 
 
@@ -135,7 +167,7 @@ def start_pool() -> float:
     t0 = time.perf_counter()
     seen: set[int] = set()
     for _ in range(8):
-        seen |= {f.result() for f in [pool().submit(_ready) for _ in range(workers())]}
+        seen |= {f.result() for f in [_submit(_ready) for _ in range(workers())]}
         if len(seen) >= workers():
             break
     return time.perf_counter() - t0
@@ -326,7 +358,7 @@ def precompile(jobs: Iterable[Job]) -> Pending:
         return Pending()
     STATS["submitted"] += len(todo)
     env = _triton_env()
-    return Pending([(j, pool().submit(_warm_up, j, env)) for j in todo])
+    return Pending([(j, _submit(_warm_up, j, env)) for j in todo])
 
 
 def compile_for_target(kernels: dict[str, KernelSource], graph, arch: int = 90,
@@ -343,7 +375,7 @@ def compile_for_target(kernels: dict[str, KernelSource], graph, arch: int = 90,
     results: list[tuple[Job, Any]] = []
     if pooled:
         env = _triton_env()
-        futures = [(j, pool().submit(_compile_for, j, arch, env)) for j in jobs]
+        futures = [(j, _submit(_compile_for, j, arch, env)) for j in jobs]
         for job, fut in futures:
             try:
                 results.append((job, fut.result()))
