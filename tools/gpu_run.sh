@@ -154,17 +154,20 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         # the rows with open predictions (bench/NOTES.md, twenty-eighth session: column lanes
         # on BERT-shaped column partials), eager, inductor, stitchml; then stitchml with the
         # knob off in the same process
+        # (thirtieth session: rows of 32768 held whole in registers, `persistent_max_cols`)
         local MC=(--case 'column_sum_tokens[2048x768]' --case 'layer_norm_bwd_tokens[2048x768]'
-                  --case 'batch_sum[8x512x768]')
+                  --case 'batch_sum[8x512x768]' --case 'layer_norm_fwd[N=32768]' --case 'rms_norm_fwd[N=32768]'
+                  --case 'softmax_fwd[N=32768]' --case 'softmax_bwd[N=32768]')
         local ROWS='column_sum_tokens[2048x768];layer_norm_bwd_tokens[2048x768];layer_norm_bwd[N=1024];column_sum[32768x1024]'
+        local LONG='layer_norm_fwd[N=32768];rms_norm_fwd[N=32768];softmax_fwd[N=32768];softmax_bwd[N=32768]'
         if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then   # (their --quick sizes)
             MC=(--case 'column_sum_tokens[40x24]' --case 'layer_norm_bwd_tokens[16x24]' --case 'batch_sum[2x8x24]')
-            ROWS='column_sum_tokens[40x24];layer_norm_bwd_tokens[16x24]'
+            ROWS='column_sum_tokens[40x24];layer_norm_bwd_tokens[16x24]' LONG='softmax_fwd'
         fi
         "${BENCH[@]}" --suite micro --dtype bf16 "${MC[@]}" "${MICRO_CONTENDERS[@]}" || return $?
         "$PY" -m stitchml.tools.bench_variants --out "$R/micro-check" "${QUICK[@]:0:1}" \
-            --variant "default::$ROWS" --variant "nocolwarps:partial_column_warps=0:$ROWS" \
-            --variant "nospread:combine_spread=0:$ROWS" ;;
+            --variant "default::$ROWS;$LONG" --variant "nocolwarps:partial_column_warps=0:$ROWS" \
+            --variant "nospread:combine_spread=0:$ROWS" --variant "p32k:persistent_max_cols=32768:$LONG" ;;
     models-15) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time --case 'issue15_*' \
                    --contender eager --contender inductor --contender inductor-ro --contender stitchml ;;
     models-18) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time --case 'issue18_*' \
