@@ -70,9 +70,8 @@ def workers() -> int:
 
 # What the fork server imports once for every worker it forks.  Not the main module
 # (Python's default preload): a script that asks `torch.cuda.is_available()` at its top
-# level would initialise CUDA in the server, and no fork of it could use the GPU.  Each
-# worker runs the main module's top level itself, as a spawned one did; the imports it
-# shares with this list cost nothing there.  Importing these touches no CUDA API.
+# level would initialise CUDA in the server, and no fork of it could use the GPU (and
+# no worker needs it: `_main_kept_out`).  Importing these touches no CUDA API.
 _PRELOAD = ["torch", "triton.compiler", __name__]
 
 
