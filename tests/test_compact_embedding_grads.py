@@ -81,7 +81,7 @@ def test_small_savings_keep_the_plain_form():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("padding", [None, 1], ids=["nopad", "pad1"])
-@pytest.mark.parametrize("rows", [2, 5])
+@pytest.mark.parametrize("rows", [2, 4])
 def test_few_row_tables_sum_as_masked_columns_without_atomics(dtype, padding, rows):
     """Knob `dense_embedding_grad_rows` (`_embedding_backward_dense`): a table of a few rows
     read by many tokens (BERT's token types: 2 rows, 2048 tokens) gets its gradient as a
@@ -113,8 +113,8 @@ def test_few_row_tables_sum_as_masked_columns_without_atomics(dtype, padding, ro
 def test_few_tokens_a_row_keep_the_scatter_form():
     """Under `DENSE_TOKENS_PER_ROW` tokens a table row, atomics hardly contend: the scatter
     form (one pass over the tokens) is kept."""
-    assert rules_index._dense_pays((2, 768), 2048) and rules_index._dense_pays((16, 64), 128)
-    assert not rules_index._dense_pays((16, 64), 127) and not rules_index._dense_pays((17, 64), 4096)
+    assert rules_index._dense_pays((2, 768), 2048) and rules_index._dense_pays((4, 64), 32)
+    assert not rules_index._dense_pays((4, 64), 31) and not rules_index._dense_pays((5, 64), 4096)
     w = torch.randn(12, 8, requires_grad=True)
     c = compare_with_eager(lambda w, i: F.embedding(i, w) * 3, [w, torch.randint(0, 12, (40,))])
     assert _scatters(c) == [0, 1]

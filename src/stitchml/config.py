@@ -214,11 +214,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Merge independent element-wise kernels of the same shape that read a common buffer into one kernel "
          "(the buffer read once, one launch; also under dynamic shapes, where launches are never packed). "
          "Reductions over the same rows reading a common buffer are always merged."),
-    Knob("dense_embedding_grad_rows", "STITCHML_DENSE_EMBEDDING_GRAD_ROWS", 16, int,
+    Knob("dense_embedding_grad_rows", "STITCHML_DENSE_EMBEDDING_GRAD_ROWS", 4, int,
          "Embedding backward of a table with at most this many rows (BERT's token types: 2) and at least 8 "
          "tokens a row, computed as masked column sums (row e = the sum over tokens of where(id == e, grad, 0)): "
-         "no atomics, deterministic. The scatter form's atomics all land on those few rows: on an H200 BERT-base's "
-         "token-type gradient (2048 tokens into 2 rows) took ~31 µs in one launch, predicted 3-5. 0 = off."),
+         "no atomics, deterministic; the gradient is read once a table row (from cache after the first), so "
+         "few rows only. The scatter form's atomics queue on those few addresses (BERT-base: 1024 adds an "
+         "address), the suspect of a 31-µs launch on an H200 (2026-11-28; unconfirmed). 0 = off."),
     Knob("compact_embedding_grads", "STITCHML_COMPACT_EMBEDDING_GRADS", True, _bool,
          "Embedding backward of a table with at least twice as many rows as the tokens reading it (a "
          "vocabulary), where that moves 16 MB less, sums the gradient over rows of the tokens: each "
