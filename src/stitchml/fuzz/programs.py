@@ -545,6 +545,28 @@ class _Builder:
             return self._window(x, d, gen)
         return True
 
+    def embedding(self, rng: random.Random) -> bool:
+        """An embedding lookup into a table made of a value (its first dim the rows, the
+        rest flattened): a few-row table read by many tokens (whose gradient is summed as
+        masked columns), or any table with duplicate ids; sometimes a padding row.  Draws
+        from its own `rng` (programs without it are what they were)."""
+        tables = [v for v in self.values if len(v.shape) >= 2 and 0 < v.shape[0] and _numel(v.shape) > 0]
+        if not tables:
+            return False
+        few = [v for v in tables if 2 <= v.shape[0] <= 4] or [v for v in tables if v.shape[0] == 1]
+        x = rng.choice(few if few and rng.random() < 0.6 else tables)
+        rows, width = x.shape[0], _numel(x.shape) // x.shape[0]
+        k = rng.randint(8 * rows, 8 * rows + 24) if rows <= 4 else rng.randint(1, 2 * rows + 4)
+        ids_shape = (k,) if rng.random() < 0.5 or k % 2 else (2, k // 2)
+        if _numel(ids_shape) * width > self.prof.max_numel:
+            return False
+        gen = torch.Generator().manual_seed(rng.randrange(2**31))
+        ids = torch.randint(0, rows, ids_shape, generator=gen).tolist()
+        pad = f", padding_idx={rng.randrange(rows)}" if rows > 1 and rng.random() < 0.3 else ""
+        self.emit(f"torch.nn.functional.embedding({x.name}.new_tensor({ids}, dtype=torch.long), "
+                  f"{x.name}.reshape({rows}, {width}){pad})", ids_shape + (width,), x.bound, x.hi)
+        return True
+
     def _window(self, x: _Value, d: int, gen: torch.Generator) -> bool:
         """flip, masked_scatter, adaptive average pooling over windows that do not tile
         the last dim evenly, replication padding of the last dim, histc of a new input,
@@ -642,6 +664,10 @@ def generate(seed: int, profile: str = "ci") -> Program:
     if irng.random() < 0.3:
         for _ in range(irng.choice([1, 1, 2])):
             b.indexed(irng)
+    # embedding lookups likewise (their gradient: scatter, compact or masked-column sums)
+    erng = random.Random(seed * 15485863 + 11)
+    if erng.random() < 0.12:
+        b.embedding(erng)
     # Bessel/Airy functions likewise from a stream of their own (float32 programs)
     srng = random.Random(seed * 104729 + 5)
     if srng.random() < 0.15:
