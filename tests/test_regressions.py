@@ -256,3 +256,31 @@ def test_a_kernel_entered_at_a_later_member_still_counts_as_a_path_between_two_g
     assert all(r.plan is not None and r.eager_reason is None for r in c.backend.records), \
         [r.eager_reason for r in c.backend.records]
     assert any(r.kind == "backward" for r in c.backend.records)
+
+
+def test_a_reduction_whose_kernel_failed_a_dry_run_takes_no_sibling_with_reordered_readers():
+    """Fuzz seed 12021 (reduced): a layer norm over rows of 26 reshaped into rows of 221 for
+    a variance.  In the backward graph the variance's row sum and a kernel of the layer
+    norm's gradient (its element-wise work over [2, 17, 1, 26] holding the variance's
+    gradient too) read the same buffer, so sibling merging put them in one kernel, where
+    the per-row values of 221 are needed at an index of the rows of 26: the dry run of
+    code generation failed, the planner forbade the reduction's merges, but sibling
+    merging did not ask, made the same kernel again, and the backward graph ran eagerly
+    ("kernel k0 cannot be generated and cannot be split").  Now planned and stitched."""
+    import torch.nn.functional as F
+    from stitchml import config
+    from stitchml.testing import compare_with_eager
+
+    def program(a2, a3, a4, a5):
+        v7 = F.layer_norm(a2, (26,), a3, a4).reshape((4, 221))
+        v10 = torch.sinh(v7.var(1, correction=0, keepdim=True) * 0.0123)
+        return torch.logsumexp(v10 * (a5 < 0.3), 1, keepdim=False)
+
+    torch.manual_seed(12021)
+    ins = [torch.randn(2, 17, 1, 26, requires_grad=True), torch.randn(26, requires_grad=True),
+           torch.randn(26, requires_grad=True), torch.rand(4, 1)]
+    with config.override(fallback_on_error=False):
+        c = compare_with_eager(program, ins, rtol=1e-4, atol=1e-5)
+    assert all(r.plan is not None and r.eager_reason is None for r in c.backend.records), \
+        [r.eager_reason for r in c.backend.records]
+    assert any(r.kind == "backward" for r in c.backend.records)

@@ -234,6 +234,8 @@ class Grouper:
                     continue
                 if self._forbidden(a, b) or self._reads_cross(a, b) or self._reads_cross(b, a):
                     continue  # a reader of a column reduction needs the combined value
+                if any(frozenset((d,)) in self.forbidden for d in (*a.dominant, *b.dominant)):
+                    continue  # a dry run failed for this reduction's kernel: no more members (seed 12021)
                 if self._creates_cycle(a, b):
                     continue
                 keep, gone = (a, b) if len(a.members) >= len(b.members) else (b, a)
