@@ -307,32 +307,44 @@ def test_aot_compile_of_distinct_kernels_for_sm90(tmp_path):
     assert r["kernels"] == 3 and r["distinct"] == 2 and r["workers"] == 2
 
 
-def test_a_second_process_skips_kernels_an_earlier_pool_compiled(tmp_path, monkeypatch):
+@pytest.fixture
+def fake_gpu_pool(monkeypatch):
+    """A GPU machine's compile pool, stood in for: `precompile` believes a GPU is present
+    and the interpreter off, and `pool()` returns a pool that records each submission as
+    (function name, arguments) and completes it at once."""
+    from concurrent.futures import Future
+
+    import stitchml.compiler as compiler
+    from stitchml.runtime import precompile as pc
+
+    submitted: list[tuple[str, tuple]] = []
+
+    class FakePool:
+        def submit(self, fn, *args):
+            submitted.append((fn.__name__, args))
+            f = Future()
+            f.set_result(0.0)
+            return f
+
+    monkeypatch.setattr(pc, "pool", lambda: FakePool())
+    monkeypatch.setattr(pc, "_POOL", [])
+    monkeypatch.setattr(pc, "_DONE", set())
+    monkeypatch.setattr(pc.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(compiler, "_interpreter_on", lambda: False)
+    return submitted
+
+
+def test_a_second_process_skips_kernels_an_earlier_pool_compiled(tmp_path, monkeypatch, fake_gpu_pool):
     """Markers of compiled jobs (runtime/precompile.py): the first process's pool compiles
     two kernels and marks them; a second process (the pool's memory of what it did
     cleared) submits nothing and starts no pool; a changed target (another Triton version,
     another GPU) misses the markers and compiles again.  The GPU and the pool are stood
     in for: what is tested is the bookkeeping, which decides whether a warm process
     spends seconds spawning workers (measured: 9-11 s on an H200)."""
-    from concurrent.futures import Future
-
-    import stitchml.compiler as compiler
     from stitchml import config
     from stitchml.runtime import precompile as pc
 
-    submitted = []
-
-    class FakePool:
-        def submit(self, fn, job, env):
-            submitted.append(job.path)
-            f = Future()
-            f.set_result(0.0)
-            return f
-
-    monkeypatch.setattr(pc, "pool", lambda: FakePool())
-    monkeypatch.setattr(pc, "_DONE", set())
-    monkeypatch.setattr(pc.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(compiler, "_interpreter_on", lambda: False)
+    submitted = fake_gpu_pool
     target = [((9, 0), "3.6.0", "2.11.0", "/tmp/triton")]
     monkeypatch.setattr(pc, "_target", lambda: target[0])
     jobs = [pc.Job(str(tmp_path / f"sk_{i}.py"), (torch.float32, 7), (("a", "*fp32"), ("n", "i32")), 4)
@@ -349,34 +361,21 @@ def test_a_second_process_skips_kernels_an_earlier_pool_compiled(tmp_path, monke
         assert len(submitted) == 6
 
 
-def test_prestart_starts_the_pool_in_a_cold_process_only(tmp_path, monkeypatch):
+def test_prestart_starts_the_pool_in_a_cold_process_only(tmp_path, monkeypatch, fake_gpu_pool):
     """`precompile.prestart` (called when a graph reaches the backend) starts every
     worker of the pool without waiting, on a GPU with a pool, when no earlier process
     left compiled-kernel markers; a warm cache, the interpreter, the knob off or a pool of
     one start nothing.  The GPU and the pool are stood in for."""
-    from concurrent.futures import Future
-
     import stitchml.compiler as compiler
     from stitchml import config
     from stitchml.runtime import precompile as pc
 
-    submitted = []
-
-    class FakePool:
-        def submit(self, fn, *args):
-            submitted.append(fn.__name__)
-            f = Future()
-            f.set_result(0)
-            return f
-
-    monkeypatch.setattr(pc, "pool", lambda: FakePool())
-    monkeypatch.setattr(pc, "_POOL", [])
-    monkeypatch.setattr(pc.torch.cuda, "is_available", lambda: True)
+    submitted = fake_gpu_pool
     interp = [False]
     monkeypatch.setattr(compiler, "_interpreter_on", lambda: interp[0])
     cache = tmp_path / "cache"
     with config.override(cache_dir=str(cache), compile_workers=3):
-        assert pc.prestart() and submitted == ["_ready"] * 3          # cold: three workers asked for
+        assert pc.prestart() and [name for name, _ in submitted] == ["_ready"] * 3   # cold: three workers
         submitted.clear()
         with config.override(compile_pool_prestart=False):
             assert not pc.prestart()
@@ -437,31 +436,15 @@ def test_pool_workers_are_forks_of_one_server_and_never_rerun_the_main_script(tm
     assert len({pid for pid, _ in out["forkserver"]} | {pid for pid, _ in out["spawn"]}) <= 4
 
 
-def test_jobs_carry_the_callers_triton_cache_folder_into_long_lived_workers(tmp_path, monkeypatch):
+def test_jobs_carry_the_callers_triton_cache_folder_into_long_lived_workers(tmp_path, monkeypatch, fake_gpu_pool):
     """A pool worker keeps the environment of its start; the bench points TRITON_CACHE_DIR
     at empty folders for every models row.  Each job carries the caller's `TRITON_*`
     settings as they are at submission, and the worker takes them (set, changed or
     removed) before compiling, so the binary lands where the caller's first launch looks.
     The marker's target names the folder of the moment, not the first one seen."""
-    from concurrent.futures import Future
-
-    import stitchml.compiler as compiler
     from stitchml import config
     from stitchml.runtime import precompile as pc
 
-    envs = []
-
-    class FakePool:
-        def submit(self, fn, job, env):
-            envs.append(dict(env))
-            f = Future()
-            f.set_result(0.0)
-            return f
-
-    monkeypatch.setattr(pc, "pool", lambda: FakePool())
-    monkeypatch.setattr(pc, "_DONE", set())
-    monkeypatch.setattr(pc.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(compiler, "_interpreter_on", lambda: False)
     monkeypatch.setattr(pc, "_device_and_versions", lambda: ((9, 0), "3.6.0", "2.11.0"))
     jobs = [pc.Job(str(tmp_path / f"sk_{i}.py"), (torch.float32,), (("a", "*fp32"),), 4) for i in range(2)]
     with config.override(cache_dir=str(tmp_path / "cache"), compile_workers=2):
@@ -470,6 +453,7 @@ def test_jobs_carry_the_callers_triton_cache_folder_into_long_lived_workers(tmp_
             assert pc._target()[-1] == str(tmp_path / folder)
             pc._DONE.clear()                              # the pool's memory: a new process's
             pc.precompile(jobs).wait()                    # row2: row1's markers name row1's folder: miss
+    envs = [args[-1] for name, args in fake_gpu_pool if name == "_warm_up"]
     assert [e["TRITON_CACHE_DIR"] for e in envs] == [str(tmp_path / "row1")] * 2 + [str(tmp_path / "row2")] * 2
 
     # the worker's side: set, changed and removed (this process's environment restored
