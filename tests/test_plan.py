@@ -184,3 +184,30 @@ def test_graphs_planned_for_capture_price_launches_at_the_replay_gap():
     assert rep.replay and not host.device.replay
     extra = group_seconds("global", members, rep) - group_seconds("global", members, replace(rep, replay=False))
     assert abs(extra - rep.launch_s) < 1e-12
+
+
+def test_horizontal_members_are_priced_at_the_composite_kernels_warps():
+    """A horizontal launch is one composite kernel run at its widest member's warps
+    (`codegen/composite.py`): a member written for one-warp programs runs 16-warp programs
+    beside a 16-warp member, with other occupancy (here: two programs an SM, which at one
+    warp each leave DRAM short of requests and at 16 do not).  `group_seconds` prices
+    each member at the composite's warps; beside members of its own width, at its own."""
+    from dataclasses import replace
+    from stitchml.plan.cost import group_seconds, predict_seconds
+    from stitchml.plan.data import Domain, KernelPlan, Mapping
+    from stitchml.plan.devices import get_device
+    dev = get_device("H100")
+
+    def kernel(name, warps, grid, nbytes):
+        return KernelPlan(name, (0,), (0,), (), Domain((grid, 1024), (1,)),
+                          Mapping("row_persistent", 1, 1024, warps, grid), "local", (), (),
+                          bytes_read=nbytes, bytes_written=nbytes)
+
+    narrow = kernel("k0", 1, 2 * dev.sms, 8 << 20)
+    wide = kernel("k1", 16, dev.sms, 1 << 20)
+    mem = {w: predict_seconds(narrow, dev, w) - dev.launch_s for w in (1, 16)}
+    assert mem[16] < 0.5 * mem[1]                  # the occupancy differs that much
+    grouped = group_seconds("horizontal", [narrow, wide], dev)
+    assert abs(grouped - (dev.launch_s + mem[16] + predict_seconds(wide, dev) - dev.launch_s)) < 1e-15
+    twin = replace(narrow, name="k2")
+    assert abs(group_seconds("horizontal", [narrow, twin], dev) - (dev.launch_s + 2 * mem[1])) < 1e-15
