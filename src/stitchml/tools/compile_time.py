@@ -362,17 +362,9 @@ def pool_start_once(method: str, workers: int) -> dict[str, Any]:
 def measure_pool_start(workers: list[int], rounds: int = 2) -> list[dict[str, Any]]:
     """The compile pool's start-up for each start method and worker count, each in a
     fresh process (the fork server is one per process), methods interleaved."""
-    out = []
-    for _ in range(rounds):
-        for n in workers:
-            for method in ("spawn", "forkserver"):
-                res = subprocess.run([sys.executable, "-m", "stitchml.tools.compile_time", "--pool-one", method,
-                                      str(n)], capture_output=True, text=True, timeout=900,
-                                     env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
-                if res.returncode != 0:
-                    raise RuntimeError(f"pool start ({method}, {n}) failed:\n{res.stderr[-2000:]}")
-                out.append(json.loads(res.stdout.strip().splitlines()[-1]))
-    return out
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return [_child(["--pool-one", method, str(n)], env)
+            for _ in range(rounds) for n in workers for method in ("spawn", "forkserver")]
 
 
 def main(argv: list[str] | None = None) -> int:
