@@ -569,14 +569,17 @@ def test_an_output_changed_in_place_and_dropped_is_not_handed_out_again():
     shape, with the new values."""
     w = torch.randn(8, 8)
     runner, backend = _runner(_model, w, torch.randn(4, 8))
-    for _ in range(3):
-        out = runner([w, torch.randn(4, 8)])
+    # every x stays alive: a fresh one landing at the warm-up's address would look like a
+    # stable input (read in place), and its next move a miss (CI, 2026-11-28: misses == 1)
+    xs = [torch.randn(4, 8) for _ in range(5)]
+    for x in xs[:3]:
+        out = runner([w, x])
         del out
-    out = runner([w, torch.randn(4, 8)])
+    out = runner([w, xs[3]])
     first = id(out[0])
     out[0].t_()
     del out
-    x = torch.randn(4, 8)
+    x = xs[4]
     out = runner([w, x])
     assert out[0].shape == (4, 8) and id(out[0]) != first
     torch.testing.assert_close(out[0], _model(w, x)[0])
