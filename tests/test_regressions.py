@@ -284,3 +284,82 @@ def test_a_reduction_whose_kernel_failed_a_dry_run_takes_no_sibling_with_reorder
     assert all(r.plan is not None and r.eager_reason is None for r in c.backend.records), \
         [r.eager_reason for r in c.backend.records]
     assert any(r.kind == "backward" for r in c.backend.records)
+
+
+def test_a_slice_written_into_a_transposed_view_of_a_viewed_buffer_keeps_its_layout():
+    # Longformer's `_mask_invalid_locations`: a slice of `buf.view(...).transpose(2, 1)`
+    # written in place.  Functionalisation scatters into the transposed view and
+    # `view`s the result back to the buffer's shape; our slice_scatter decomposition
+    # returned a contiguous tensor, which cannot be viewed back ("Cannot view a tensor
+    # with shape [2, 4, 12, 5] and strides (240, 5, 20, 1)"): the graph crashed
+    from stitchml.testing import compare_with_eager
+
+    def f(a):
+        buf = a * 2.0
+        y = buf.view(2, 4, 12, 5).transpose(2, 1)
+        y[:, :2, :, :3] = torch.where(y[:, :2, :, :3] > 0, -1.0, y[:, :2, :, :3])
+        y[:, -1] = y[:, -1] * 3.0                        # select_scatter, the same way
+        return y * 1.0, buf + 1.0
+
+    cmp = compare_with_eager(f, [torch.randn(8, 6, 2, 5, requires_grad=True)])
+    assert all(r.plan is not None and r.plan.num_kernels >= 1 and not r.graph.fallbacks
+               for r in cmp.backend.records)
+
+
+def test_slice_and_select_scatter_decompositions_return_the_written_tensors_strides():
+    from stitchml.capture.decomp_window import select_scatter, slice_scatter
+
+    x = torch.randn(2, 4, 12, 5).transpose(2, 1)        # dense, not contiguous
+    src = torch.randn(2, 12, 2, 5)
+    out = slice_scatter(x, src, 2, 1, 3)
+    assert out.stride() == x.stride()
+    assert torch.equal(out, torch.slice_scatter(x, src, 2, 1, 3))
+    out = select_scatter(x, src[:, :, 0], 2, -1)
+    assert out.stride() == x.stride()
+    assert torch.equal(out, torch.select_scatter(x, src[:, :, 0], 2, -1))
+
+
+def test_operands_passed_by_keyword_are_matched_not_crashed_on():
+    # I-BERT calls `F.linear(x, weight=..., bias=...)`: the pattern matchers indexed
+    # node.args[1] and raised IndexError inside the compile (a crash the fallback hid)
+    import torch.nn.functional as F
+
+    from stitchml import config
+    from stitchml.testing import compare_with_eager
+
+    x = torch.randn(4, 6, 8, requires_grad=True)
+    w, b = torch.randn(16, 8, requires_grad=True), torch.randn(16, requires_grad=True)
+    t = torch.randint(0, 16, (24,))
+    q = torch.randn(2, 3, 5, 8, requires_grad=True)
+    cases = {
+        "gemm_epilogue": (lambda x, w, b: F.gelu(input=F.linear(input=x, weight=w, bias=b)).sum(), [x, w, b]),
+        "linear_ce": (lambda x, w, t: F.cross_entropy(input=F.linear(x, weight=w).reshape(-1, 16), target=t),
+                      [x, w, t]),
+        "attention": (lambda q: torch.matmul(
+            input=torch.softmax(input=torch.matmul(input=q, other=q.transpose(-1, -2)) * 0.3, dim=-1), other=q), [q]),
+    }
+    for pattern, (fn, inputs) in cases.items():
+        with config.override(gemm_epilogue="on"):
+            cmp = compare_with_eager(fn, inputs)
+        assert [r.pattern for r in cmp.backend.patterns if r.applied] == [pattern], cmp.backend.patterns
+    # torch.bmm's second operand is `mat2`
+    cmp = compare_with_eager(lambda x: torch.softmax(torch.bmm(input=x, mat2=x.transpose(1, 2)), -1), [x])
+    assert all(r.plan is not None for r in cmp.backend.records)
+
+
+def test_an_attention_output_written_in_place_keeps_the_math_form():
+    # Nystromformer adds a convolution of v into the attention output in place
+    # (`context += conv(v)`): the product's backward does not read its output, the
+    # fused attention's does, so rewriting it made autograd raise "modified by an
+    # inplace operation" while tracing the backward
+    from stitchml.testing import compare_with_eager
+
+    def f(q, k, v):
+        ctx = torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * 0.35, dim=-1), v)
+        ctx += v * 2.0
+        return ctx
+
+    qkv = [torch.randn(2, 3, 7, 8, requires_grad=True) for _ in range(3)]
+    cmp = compare_with_eager(f, qkv)
+    refused = [r for r in cmp.backend.patterns if r.pattern == "attention"]
+    assert refused and not refused[0].applied and "in place" in refused[0].detail

@@ -32,7 +32,7 @@ FROM_TORCH = [
     aten.std_mean, aten.linalg_vector_norm, aten.tril, aten.triu, aten.baddbmm, aten.addmm,
     # issue 18: each lands on ops with a lowering rule (tests/test_coverage_ops.py)
     aten.native_group_norm, aten.native_group_norm_backward, aten._weight_norm_interface,
-    aten.select_scatter, aten.index_add, aten._safe_softmax,
+    aten.index_add, aten._safe_softmax,
     aten.reflection_pad1d, aten.reflection_pad2d, aten.reflection_pad3d,
     aten.reflection_pad1d_backward, aten.reflection_pad2d_backward,
     aten.replication_pad1d, aten.replication_pad2d, aten.replication_pad3d,

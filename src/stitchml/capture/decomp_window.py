@@ -605,13 +605,41 @@ def _at_end(v: torch.Tensor, axis: int, n: int, first: bool) -> torch.Tensor:
 
 def slice_scatter(x, src, dim: int = 0, start=None, end=None, step: int = 1):
     """x with src written at x[start:end:step] along dim: src placed (slice_backward,
-    zeros elsewhere) where a placed mask is set, x elsewhere."""
-    n = x.shape[dim]
-    placed = aten.slice_backward(src.to(x.dtype), x.shape, dim, 0 if start is None else start,
-                                 n if end is None else end, step)
-    hit = aten.slice_backward(torch.ones_like(src, dtype=x.dtype if x.is_floating_point() else torch.float32),
-                              x.shape, dim, 0 if start is None else start, n if end is None else end, step)
-    return torch.where(hit != 0, placed, x)
+    zeros elsewhere) where a placed mask is set, x elsewhere.  Computed in x's memory
+    order, so the result has x's strides as eager's `clone` of x does: functionalisation
+    regenerates the views of a written view's base from this result (Longformer writes
+    into a transposed view of a `view`ed buffer; a contiguous result cannot be `view`ed
+    back)."""
+    perm = _memory_order(x)
+    dim = perm.index(dim % x.dim()) if x.dim() else 0
+    xp, sp = x.permute(perm), src.permute(perm)
+    n = xp.shape[dim]
+    start, end = 0 if start is None else start, n if end is None else end
+    placed = aten.slice_backward(sp.to(x.dtype), xp.shape, dim, start, end, step)
+    hit = aten.slice_backward(torch.ones_like(sp, dtype=x.dtype if x.is_floating_point() else torch.float32,
+                                              memory_format=torch.contiguous_format), xp.shape, dim, start, end, step)
+    return torch.where(hit != 0, placed, xp).permute(_inverse(perm))
+
+
+def select_scatter(x, src, dim: int, index):
+    """x with src written at x.select(dim, index): a slice scatter of one position, in
+    x's memory order (see `slice_scatter`)."""
+    dim = dim % x.dim()
+    index = index + x.shape[dim] if index < 0 else index
+    return slice_scatter(x, src.unsqueeze(dim), dim, index, index + 1, 1)
+
+
+def _memory_order(x) -> list[int]:
+    """x's dimensions from outermost to innermost in memory (ties: logical order)."""
+    from torch._prims_common import compute_elementwise_output_logical_to_physical_perm
+    return list(compute_elementwise_output_logical_to_physical_perm(x)[0]) if x.dim() else []
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
 
 
 def _adaptive_max_pool_backward(spatial: int):
@@ -654,6 +682,7 @@ def table() -> dict:
     out = {
         aten.slice_backward.default: slice_backward,
         aten.slice_scatter.default: slice_scatter,
+        aten.select_scatter.default: select_scatter,
         aten.avg_pool2d.default: avg_pool2d,
         aten.avg_pool2d_backward.default: avg_pool2d_backward,
         aten.max_pool2d_with_indices.default: max_pool2d_with_indices,

@@ -33,7 +33,9 @@ _LOG_MAX = 1000
 def rewrite(gm: fx.GraphModule, example_inputs=None) -> list[PatternRecord]:
     """Apply the enabled rewrites to gm in place; return their records."""
     from . import attention, cross_entropy, gemm_epilogue, linear_ce, masked_setitem
+    from .common import positional
     records: list[PatternRecord] = []
+    moved = positional(gm)   # (the matchers read operands by position)
     # cross_entropy after linear_ce: a loss the fused LM head took is no longer there
     for knob, module in (("linear_ce", linear_ce), ("cross_entropy", cross_entropy), ("attention_sdpa", attention),
                          ("gemm_epilogue", gemm_epilogue), ("masked_setitem", masked_setitem)):
@@ -46,7 +48,7 @@ def rewrite(gm: fx.GraphModule, example_inputs=None) -> list[PatternRecord]:
                 raise
             warnings.warn(f"stitchml: pattern {knob} failed: {type(e).__name__}: {e}", stacklevel=2)
             records.append(PatternRecord(knob, False, "<graph>", f"internal error: {type(e).__name__}: {e}"))
-    if any(r.applied for r in records):
+    if moved or any(r.applied for r in records):
         gm.graph.lint()
         gm.recompile()
     LOG.extend(records)

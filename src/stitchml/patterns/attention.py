@@ -38,7 +38,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from .common import (NoMatch, PatternRecord, Refused, arg, is_number, kind, only_user, rewrite_matches, same,
-                     same_shape, show, sizes, value)
+                     same_shape, show, sizes, value, written_in_place)
 
 _NEG_FILL = -1e30   # finite fills at or below this act like -inf after softmax (in fp32, bf16 and fp16 alike)
 
@@ -240,6 +240,10 @@ def _construction(node: fx.Node) -> list[fx.Node]:
 def match(out: fx.Node) -> Match:
     p = out.args[0]
     m = Match(out, None, None, out.args[1])
+    if kind(p) in ("softmax", "dropout", "to", "float") and (w := written_in_place(out)) is not None:
+        # (the product's backward does not read its output; the fused attention's does)
+        raise Refused(f"{w.name} writes into the attention output in place, which the fused attention's "
+                      f"backward reads")
     cur = p
     while kind(cur) in ("dropout", "to", "float"):  # between softmax and the product
         only_user(cur, "the attention probabilities")

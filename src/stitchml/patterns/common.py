@@ -58,6 +58,59 @@ _METHODS = {"float": "float", "to": "to", "type_as": "to", "type": "to", "bfloat
             "logical_not": "invert", "tril": "tril", "relu": "relu", "expand": "expand", "le": "le", "ge": "ge"}
 
 
+# Leading parameter names of the functions and methods the matchers read by position
+# (a method's self is args[0]): `positional` moves such keyword arguments into args.
+_PARAMS: dict[str, tuple[str, ...]] = {
+    "linear": ("input", "weight", "bias"), "matmul": ("input", "other"),
+    "div": ("input", "other"), "mul": ("input", "other"), "add": ("input", "other"),
+    "le": ("input", "other"), "ge": ("input", "other"), "tanh": ("input",), "invert": ("input",),
+    "cross_entropy": ("input", "target", "weight"), "nll_loss": ("input", "target", "weight"),
+    "log_softmax": ("input", "dim"), "softmax": ("input", "dim"), "dropout": ("input", "p"),
+    "tril": ("input", "diagonal"), "masked_fill": ("input", "mask", "value"),
+    "where": ("condition", "input", "other"), "transpose": ("input", "dim0", "dim1"),
+    "reshape": ("input", "shape"), "flatten": ("input", "start_dim", "end_dim"), "t": ("input",),
+    "permute": ("input", "dims"), "gelu": ("input",), "silu": ("input",), "relu": ("input",),
+}
+_TARGET_PARAMS: dict[Any, tuple[str, ...]] = {torch.bmm: ("input", "mat2")}
+_METHOD_PARAMS: dict[str, tuple[str, ...]] = {
+    "masked_fill": ("self", "mask", "value"), "softmax": ("self", "dim"), "log_softmax": ("self", "dim"),
+    "mul": ("self", "other"), "div": ("self", "other"), "add": ("self", "other"), "le": ("self", "other"),
+    "ge": ("self", "other"), "transpose": ("self", "dim0", "dim1"), "tril": ("self", "diagonal"),
+    "type_as": ("self", "other"), "matmul": ("self", "other"),
+}
+
+
+def positional(gm: fx.GraphModule) -> bool:
+    """Move keyword arguments that name leading parameters into the positional args of
+    the nodes the matchers read (`F.linear(x, weight=w, bias=b)` as I-BERT writes it,
+    `torch.matmul(input=a, other=b)`): the matchers index `node.args`, and the call is
+    the same.  Only a run of leading parameters is moved, so args stay in order.
+    Whether any node changed."""
+    changed = False
+    for node in gm.graph.nodes:
+        if not node.kwargs:
+            continue
+        if node.op == "call_function":
+            k = kind(node)
+            try:
+                names = _TARGET_PARAMS.get(node.target) or _PARAMS.get(k or "", ())
+            except TypeError:   # unhashable target
+                continue
+        elif node.op == "call_method":
+            names = _METHOD_PARAMS.get(node.target, ())
+        else:
+            continue
+        args, kwargs = list(node.args), dict(node.kwargs)
+        for name in names[len(args):]:
+            if name not in kwargs:
+                break
+            args.append(kwargs.pop(name))
+        if len(args) != len(node.args):
+            node.args, node.kwargs = tuple(args), kwargs
+            changed = True
+    return changed
+
+
 def kind(node: Any) -> str | None:
     """The op a Dynamo node performs, by one name; None for anything else."""
     if not isinstance(node, fx.Node):
@@ -156,6 +209,36 @@ def only_user(node: fx.Node, what: str) -> fx.Node:
 
 def is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+_INPLACE_OPERATORS = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                                operator.ifloordiv, operator.imod, operator.ipow, operator.iand, operator.ior,
+                                operator.ixor, operator.ilshift, operator.irshift, operator.setitem})
+_VIEWS = frozenset({"view", "reshape", "transpose", "permute", "t", "flatten", "contiguous", "expand", "getitem"})
+
+
+def written_in_place(node: fx.Node) -> fx.Node | None:
+    """The first node that writes in place into node's value or a view of it (`y += z`,
+    `y[i] = v`, `y.mul_(c)`), or None."""
+    seen, todo = set(), [node]
+    while todo:
+        cur = todo.pop()
+        for u in cur.users:
+            if u in seen:
+                continue
+            seen.add(u)
+            first = u.args[0] if u.args else None
+            if first is not cur:
+                continue
+            if u.op == "call_function" and u.target in _INPLACE_OPERATORS:
+                return u
+            name = u.target if u.op == "call_method" else getattr(u.target, "__name__", "")
+            if isinstance(name, str) and name.endswith("_") and not name.startswith("_") and name != "requires_grad_":
+                return u
+            if kind(u) in _VIEWS or (u.op == "call_method" and u.target in ("view", "reshape", "unsqueeze",
+                                                                               "squeeze", "narrow", "select")):
+                todo.append(u)
+    return None
 
 
 def rewrite_matches(gm: fx.GraphModule, name: str, wanted: Callable[[fx.Node], bool],

@@ -91,10 +91,11 @@ def _step(nxt: fx.Node, cur: fx.Node, out_shape, dtype, act: str | None):
 def match(node: fx.Node):
     """(x, weight, transposed, bias, steps, chain) for a product with an epilogue, or None."""
     k = kind(node)
+    # (operands may come by keyword: I-BERT calls `F.linear(x, weight=..., bias=...)`)
     if k == "linear":
-        x, weight, bias, transposed = node.args[0], node.args[1], arg(node, 2, "bias"), False
+        x, weight, bias, transposed = arg(node, 0, "input"), arg(node, 1, "weight"), arg(node, 2, "bias"), False
     else:
-        x, weight, bias, transposed = node.args[0], node.args[1], None, True
+        x, weight, bias, transposed = arg(node, 0, "input"), arg(node, 1, "other"), None, True
     if not isinstance(x, fx.Node) or not isinstance(weight, fx.Node) or value(weight) is None \
             or value(weight).dim() != 2 or value(x) is None or value(x).dim() < 2:
         return None  # not a linear layer (batched matmul, vector product)

@@ -50,6 +50,11 @@ SMALL: dict[str, Any] = dict(
     decoder_start_token_id=1, rope_theta=10000.0, tie_word_embeddings=False)
 
 
+# an `Arch.extra` value that leaves the SMALL knob of that name out (a config that
+# raises when given it, e.g. XLNet's max_position_embeddings)
+DROP = object()
+
+
 @dataclass(frozen=True)
 class Arch:
     config: str                     # transformers config class
@@ -169,6 +174,7 @@ def _config(arch: Arch):
     base = cls()
     kw = {k: v for k, v in SMALL.items() if hasattr(base, k)}
     kw.update(arch.extra)
+    kw = {k: v for k, v in kw.items() if v is not DROP}
     cfg = cls(**kw)
     cfg._attn_implementation = "eager"
     return cfg
@@ -180,7 +186,7 @@ def _inputs(arch: Arch, cfg, which: int) -> dict:
     g = torch.Generator().manual_seed(int(which))
     if arch.kind == "text":
         t = (12, 9, 10)[which]
-        return {"input_ids": torch.randint(3, min(cfg.vocab_size or 96, 96), (2, t), generator=g)}
+        return {"input_ids": torch.randint(3, min(getattr(cfg, "vocab_size", None) or 96, 96), (2, t), generator=g)}
     if arch.kind == "audio":
         # raw samples, and the frames SpecAugment masks given explicitly (drawn inside
         # the model they come from NumPy's generator, which Dynamo runs apart)
@@ -339,7 +345,7 @@ def _generate(model, cfg, new_tokens: int = 6) -> dict:
     model = model.eval()
     model.config.use_cache = True
     g = torch.Generator().manual_seed(2)
-    ids = torch.randint(3, min(cfg.vocab_size or 96, 96), (2, 5), generator=g)
+    ids = torch.randint(3, min(getattr(cfg, "vocab_size", None) or 96, 96), (2, 5), generator=g)
     kw = dict(max_new_tokens=new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
               attention_mask=torch.ones_like(ids), pad_token_id=0)
     forward = model.forward
