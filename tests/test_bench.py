@@ -264,6 +264,27 @@ def test_judge_where_eager_overflowed_but_the_reference_did_not():
     assert judge_against_float64([eager.clone()], [eager], [ref], ["loss"]).ok  # eager's own inf stands
 
 
+def test_judge_where_the_reference_lost_a_value_that_eager_kept():
+    """Longformer's float64 run gives NaN gradients at padded positions where float32
+    eager is finite: there stitch is measured from eager (a rounding's worth passes, a
+    real error or a NaN eager does not have fails)."""
+    from stitchml.testing import judge_against_float64
+    g = torch.Generator().manual_seed(4)
+    ref = torch.randn(64, generator=g, dtype=torch.float64)
+    eager = ref.float()
+    ref[[3, 17]] = float("nan")
+    near = eager.clone()
+    near[[3, 17]] += 1e-6 * eager[[3, 17]].abs()
+    ok = judge_against_float64([near], [eager], [ref], ["grad"])
+    assert ok.ok, ok.report()
+    far = eager.clone()
+    far[3] += 0.5
+    assert not judge_against_float64([far], [eager], [ref], ["grad"]).ok
+    inf = eager.clone()
+    inf[17] = float("inf")
+    assert not judge_against_float64([inf], [eager], [ref], ["grad"]).ok
+
+
 def test_compare_against_float64_with_stitch_and_a_wrong_result():
     """End to end under the interpreter: stitch's layer norm (forward + gradients of x,
     w, b; the w/b gradients are column sums) is judged right; the same outputs with one

@@ -165,6 +165,64 @@ ARCHS: dict[str, Arch] = {
                    conv_dim=(16, 16, 16), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
                    num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4, feat_proj_dropout=0.0,
                    final_dropout=0.0, mask_time_prob=0.05, mask_time_length=2, feat_extract_norm="group"),
+    # added in the thirty-first session (each found nothing or a bug, fixed: Longformer's
+    # write into a transposed view, I-BERT's keyword operands, Nystromformer's in-place add
+    # into an attention output).  XGLM, MRA and CANINE are left out: their float64 run
+    # fails or returns NaN in the model's own code (a float32-only mask constant, a
+    # float32 cast), so there is nothing to judge against
+    "mpt": _a("MptConfig", "text", family="decoder (ALiBi)"),
+    "codegen": _a("CodeGenConfig", "text", family="decoder", rotary_dim=4),
+    "gpt_neo": _a("GPTNeoConfig", "text", family="decoder (local attention)", num_layers=2, num_heads=4,
+                  attention_types=[[["global", "local"], 1]], window_size=4),
+    "granite": _a("GraniteConfig", "text", family="decoder (scaled residuals)"),
+    "helium": _a("HeliumConfig", "text", family="decoder"),
+    "olmo": _a("OlmoConfig", "text", family="decoder (non-parametric norm)"),
+    "smollm3": _a("SmolLM3Config", "text", family="decoder (no-rope layers)"),
+    "bitnet": _a("BitNetConfig", "text", family="decoder (ternary weights)"),
+    "dbrx": _a("DbrxConfig", "text", family="MoE (clipped qkv)", d_model=32, n_heads=4, n_layers=2, max_seq_len=64,
+               attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+               ffn_config={"ffn_hidden_size": 16, "moe_num_experts": 4, "moe_top_k": 2}),
+    "jetmoe": _a("JetMoeConfig", "text", family="MoE (mixture of attention heads)"),
+    "minimax": _a("MiniMaxConfig", "text", family="MoE, lightning (linear) attention"),
+    "ernie4_5_moe": _a("Ernie4_5_MoeConfig", "text", family="MoE"),
+    "hunyuan_moe": _a("HunYuanMoEV1Config", "text", family="MoE"),
+    "dots1": _a("Dots1Config", "text", family="MoE"),
+    "mamba": _a("MambaConfig", "text", family="state space (selective scan)"),
+    "falcon_mamba": _a("FalconMambaConfig", "text", family="state space"),
+    "zamba2": _a("Zamba2Config", "text", family="hybrid (Mamba2 + shared attention)",
+                 layers_block_type=["mamba", "hybrid"], mamba_d_state=4, n_mamba_heads=4, chunk_size=4,
+                 adapter_rank=4, mamba_headdim=16),
+    "rwkv": _a("RwkvConfig", "text", family="recurrent (RWKV)"),
+    "xlnet": _a("XLNetConfig", "text", "AutoModel", family="encoder (two-stream relative attention)", d_inner=48,
+                d_head=8, n_head=4, n_layer=2, mem_len=None, max_position_embeddings=DROP),
+    "longformer": _a("LongformerConfig", "text", "AutoModel", family="encoder (sliding-window chunks)",
+                     attention_window=4),
+    "big_bird": _a("BigBirdConfig", "text", "AutoModel", family="encoder", attention_type="original_full"),
+    "convbert": _a("ConvBertConfig", "text", "AutoModel", family="encoder (span-based dynamic convolution)"),
+    "nystromformer": _a("NystromformerConfig", "text", "AutoModel", family="encoder (Nyström attention)"),
+    "yoso": _a("YosoConfig", "text", "AutoModel", family="encoder (LSH attention)"),
+    "fnet": _a("FNetConfig", "text", "AutoModel", family="encoder (Fourier mixing)"),
+    "rembert": _a("RemBertConfig", "text", "AutoModel", family="encoder"),
+    "ibert": _a("IBertConfig", "text", "AutoModel", family="encoder (integer-only, keyword operands)"),
+    "swinv2": _a("Swinv2Config", "image", "AutoModel", family="vision transformer (shifted windows, log-CPB)",
+                 embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4, pretrained_window_sizes=[0, 0],
+                 num_attention_heads=DROP, num_hidden_layers=DROP, hidden_size=DROP, num_layers=DROP),
+    "levit": _a("LevitConfig", "image", "AutoModel", family="CNN + attention (attention biases)",
+                hidden_sizes=[16, 24, 32], num_attention_heads=[2, 3, 4], depths=[1, 1, 1], key_dim=[4, 4, 4],
+                patch_size=16, mlp_ratio=[2, 2, 2], attention_ratio=[2, 2, 2], image_size=64, drop_path_rate=0,
+                down_ops=[["Subsample", 4, 2, 4, 2, 2], ["Subsample", 4, 3, 4, 2, 2]]),
+    "pvt_v2": _a("PvtV2Config", "image", "AutoModel", family="pyramid vision transformer",
+                 hidden_sizes=[8, 16, 24, 32], num_attention_heads=[1, 2, 3, 4], depths=[1, 1, 1, 1],
+                 mlp_ratios=[2, 2, 2, 2], image_size=64),
+    "glpn": _a("GLPNConfig", "image", "AutoModel", family="depth estimation encoder",
+               hidden_sizes=[8, 16, 24, 32], num_attention_heads=[1, 2, 3, 4], depths=[1, 1, 1, 1],
+               mlp_ratios=[2, 2, 2, 2], decoder_hidden_size=16),
+    "ijepa": _a("IJepaConfig", "image", "AutoModel", family="vision transformer"),
+    "vitdet": _a("VitDetConfig", "image", "AutoModel", family="vision transformer (windowed, rel. positions)"),
+    "bit": _a("BitConfig", "image", "AutoModel", family="CNN (weight-standardised conv, group norm)",
+              embedding_size=8, hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1], num_groups=4),
+    "mobilenet_v1": _a("MobileNetV1Config", "image", "AutoModel", family="CNN (depthwise)"),
+    "mobilenet_v2": _a("MobileNetV2Config", "image", "AutoModel", family="CNN (inverted residuals)"),
 }
 
 
@@ -272,17 +330,13 @@ def run_one(name: str) -> dict:
     row["graphs"] = len(records)
     row["dynamic"] = sum(r.dynamic is not None for r in records)
     row["kernels"] = sum(r.plan.num_kernels for r in records if r.plan is not None)
-    row["whole_graph_eager"] = [f"{r.kind}: {r.eager_reason}" for r in records if r.plan is None]
-    eager: dict[str, int] = {}
-    for r in records:
-        for f in (r.graph.fallbacks if r.graph is not None else []):
-            if not (f.reason.startswith("compute-intensive") or f.reason.startswith("library op")):
-                eager[f"{f.op}: {f.reason}"] = eager.get(f"{f.op}: {f.reason}", 0) + 1
-        if r.dynamic is not None and r.dynamic.eager_calls:
-            eager[f"dynamic eager calls: {r.dynamic.describe()[:120]}"] = 1
+    row["whole_graph_eager"] = [f"{r.kind}: {r.eager_reason}" for r in records if r.eager_reason is not None]
+    eager = _eager_ops(records)
     row["eager"] = eager
+    # a dynamic graph is expected unless Dynamo itself traced a graph a size (RWKV's
+    # Python loop over the tokens): our count was checked against Dynamo's above
     row["ok"] = (all(s["ok"] for s in row["sizes"]) and not eager and not row["whole_graph_eager"]
-                 and row["dynamic"] >= 1 and row["third_size"]["ok"])
+                 and (row["dynamic"] >= 1 or row["third_size"]["dynamo_graphs"] >= 3) and row["third_size"]["ok"])
     if arch.auto == "AutoModelForCausalLM":
         row["generate"] = _generate(fresh, cfg)
         row["ok"] = row["ok"] and row["generate"]["ok"]
@@ -300,15 +354,19 @@ def _training_step(run, inputs: dict):
     return out
 
 
-def _as_traced(gm, example_inputs):
-    """A backend that runs each Dynamo graph as traced: counts Dynamo's own graphs."""
-    return gm.forward
+# Dynamo's own graph count is taken with AOTAutograd and no compiler: AOTAutograd's
+# runtime marks the dynamic dims of a dynamic graph's outputs on the tensors it returns
+# (`_dynamo_propagated_dynamic_indices`), so the frame after a graph break is traced with
+# those dims symbolic under any AOTAutograd backend, ours, Inductor's or `aot_eager`
+# (Longformer: 4 -> 21 graphs at the second size with each, 7 with a backend that runs
+# the graph as Dynamo traced it).  A guard of ours would still show as one more graph.
+BASELINE = "aot_eager"
 
 
 def _third_size(arch: Arch, cfg, fresh, compiled) -> dict:
     """A training step at a third size, which the second size's dynamic graph must serve:
     the Dynamo graphs compiled over the three sizes are no more than Dynamo's own count
-    for the same steps (a backend that runs each graph as traced, on a fresh copy).  A
+    for the same steps (with `BASELINE`, AOTAutograd and no compiler, on a fresh copy).  A
     size guard added while compiling would specialise the dynamic graph and show as one
     more graph here."""
     import torch
@@ -321,7 +379,7 @@ def _third_size(arch: Arch, cfg, fresh, compiled) -> dict:
     ours = counters["stats"]["unique_graphs"]
     torch._dynamo.reset()
     counters.clear()
-    run = torch.compile(copy.deepcopy(fresh), backend=_as_traced)
+    run = torch.compile(copy.deepcopy(fresh), backend=BASELINE)
     for which in range(3):
         _training_step(run, _inputs(arch, cfg, which))
     theirs = counters["stats"]["unique_graphs"]
@@ -334,8 +392,8 @@ def _generate(model, cfg, new_tokens: int = 6) -> dict:
     """Greedy `generate()` with the model's cache (a KV cache growing a token a step, or
     recurrent states): the compiled forward under strict mode with the fallback off gives
     eager's tokens and logits (relative error <= 1e-5 a step), and compiles no more graphs
-    than Dynamo itself does for the same loop (counted with a backend that runs the graph
-    as traced): a size guard added while compiling would recompile at every token, and
+    than Dynamo itself does for the same loop (counted with `BASELINE`): a size guard
+    added while compiling would recompile at every token, and
     past Dynamo's recompile limit run the rest eagerly."""
     import torch
     from torch._dynamo.utils import counters
@@ -353,7 +411,7 @@ def _generate(model, cfg, new_tokens: int = 6) -> dict:
         want = model.generate(ids, **kw)
     torch._dynamo.reset()
     counters.clear()
-    model.forward = torch.compile(forward, backend=_as_traced)
+    model.forward = torch.compile(forward, backend=BASELINE)
     with torch.no_grad():
         model.generate(ids, **kw)
     traced = counters["stats"]["unique_graphs"]
@@ -368,10 +426,27 @@ def _generate(model, cfg, new_tokens: int = 6) -> dict:
     records = backend.records
     out = {"tokens_equal": same, "logit_err": err, "graphs": len(records), "dynamo_graphs": traced,
            "dynamic": sum(r.dynamic is not None for r in records),
-           "whole_graph_eager": [f"{r.kind}: {r.eager_reason}" for r in records if r.plan is None]}
+           "whole_graph_eager": [f"{r.kind}: {r.eager_reason}" for r in records if r.eager_reason is not None]}
+    # (a graph of views and a library product alone, as a graph break leaves around an
+    # LM head, has no kernel to launch: what must not be there is an op left eager)
+    out["eager"] = _eager_ops(records)
+    out["kernels"] = sum(r.plan.num_kernels for r in records if r.plan is not None)
     out["ok"] = (same and err <= 1e-5 and len(records) <= traced and not out["whole_graph_eager"]
-                 and all(r.plan.num_kernels >= 1 for r in records if r.plan is not None))
+                 and not out["eager"] and out["kernels"] >= 1)
     return out
+
+
+def _eager_ops(records) -> dict[str, int]:
+    """Ops the compiled graphs left eager for a reason other than being library work
+    (matrix products, attention, sorting...): "op: reason" -> count."""
+    eager: dict[str, int] = {}
+    for r in records:
+        for f in (r.graph.fallbacks if r.graph is not None else []):
+            if not (f.reason.startswith("compute-intensive") or f.reason.startswith("library op")):
+                eager[f"{f.op}: {f.reason}"] = eager.get(f"{f.op}: {f.reason}", 0) + 1
+        if r.dynamic is not None and r.dynamic.eager_calls:
+            eager[f"dynamic eager calls: {r.dynamic.describe()[:120]}"] = 1
+    return eager
 
 
 def _subprocess(name: str, timeout: float) -> dict:
@@ -402,9 +477,10 @@ def _markdown(rows: list[dict], command: str, seconds: float) -> str:
            "output and every parameter gradient judged against a float64 run (error within 4x eager's own plus "
            "a few ulps). Ratio: the worst tensor's error over its allowance (≤ 1 passes). Decoders then "
            "`generate()` 6 tokens greedily with their cache: tokens equal to eager's, logits within 1e-5, "
-           "and no more graphs compiled than Dynamo traces for the same loop (graphs / Dynamo's). "
-           "A third training step at a third size must compile nothing Dynamo would not (Dynamo graphs "
-           "over the three sizes, ours / Dynamo's, in the graphs column). See "
+           "and no more graphs compiled than Dynamo with AOTAutograd and no compiler (`aot_eager`) for the "
+           "same loop (graphs / Dynamo's). A third training step at a third size must compile nothing that "
+           "`aot_eager` would not (Dynamo graphs over the three sizes, ours / Dynamo's, in the graphs column). "
+           "Where the float64 run itself loses a value eager keeps, stitch is measured from eager there. See "
            "`src/stitchml/tools/model_sweep.py`.", "",
            f"**{ok} of {len(rows)} pass.**", "",
            "| model | family | size 1 | size 2 | worst ratio (tensor) | graphs (dynamic); Dynamo graphs, 3 sizes | "
