@@ -76,7 +76,8 @@ _METHOD_PARAMS: dict[str, tuple[str, ...]] = {
     "masked_fill": ("self", "mask", "value"), "softmax": ("self", "dim"), "log_softmax": ("self", "dim"),
     "mul": ("self", "other"), "div": ("self", "other"), "add": ("self", "other"), "le": ("self", "other"),
     "ge": ("self", "other"), "transpose": ("self", "dim0", "dim1"), "tril": ("self", "diagonal"),
-    "type_as": ("self", "other"), "matmul": ("self", "other"),
+    "type_as": ("self", "other"), "matmul": ("self", "other"), "permute": ("self", "dims"),
+    "flatten": ("self", "start_dim", "end_dim"),
 }
 
 
