@@ -95,9 +95,6 @@ def _donate_no_buffers() -> None:
         donated.clear()
 
 
-_NOT_WRITES = frozenset({"requires_grad_"})   # in-place by name, but no data written
-
-
 def writes_into_overlap(gm: torch.fx.GraphModule) -> str | None:
     """Why the graph must run as traced, or None: an in-place write (`y[mask] = v`,
     `index_put_`, `masked_fill_`...) into a tensor whose elements share memory (an
@@ -105,11 +102,10 @@ def writes_into_overlap(gm: torch.fx.GraphModule) -> str | None:
     AOTAutograd's functionalisation does neither and returns the unwritten values
     (`aot_eager` is as wrong), so the graph runs eagerly, with this reason."""
     import operator
+
+    from ..patterns.common import inplace_by_name
     for n in gm.graph.nodes:
-        name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
-        inplace = (n.op == "call_function" and n.target is operator.setitem) or (
-            n.op in ("call_method", "call_function") and isinstance(name, str) and name.endswith("_")
-            and not name.startswith("_") and name not in _NOT_WRITES)
+        inplace = (n.op == "call_function" and n.target is operator.setitem) or inplace_by_name(n)
         if not inplace or not n.args or not isinstance(n.args[0], torch.fx.Node):
             continue
         v = n.args[0].meta.get("example_value")

@@ -21,6 +21,7 @@ import math
 from types import SimpleNamespace
 
 import torch
+from torch._prims_common import invert_perm
 
 aten = torch.ops.aten
 
@@ -618,7 +619,7 @@ def slice_scatter(x, src, dim: int = 0, start=None, end=None, step: int = 1):
     placed = aten.slice_backward(sp.to(x.dtype), xp.shape, dim, start, end, step)
     hit = aten.slice_backward(torch.ones_like(sp, dtype=x.dtype if x.is_floating_point() else torch.float32,
                                               memory_format=torch.contiguous_format), xp.shape, dim, start, end, step)
-    return torch.where(hit != 0, placed, xp).permute(_inverse(perm))
+    return torch.where(hit != 0, placed, xp).permute(invert_perm(perm))
 
 
 def select_scatter(x, src, dim: int, index):
@@ -633,13 +634,6 @@ def _memory_order(x) -> list[int]:
     """x's dimensions from outermost to innermost in memory (ties: logical order)."""
     from torch._prims_common import compute_elementwise_output_logical_to_physical_perm
     return list(compute_elementwise_output_logical_to_physical_perm(x)[0]) if x.dim() else []
-
-
-def _inverse(perm: list[int]) -> list[int]:
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return inv
 
 
 def _adaptive_max_pool_backward(spatial: int):

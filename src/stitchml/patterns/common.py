@@ -215,6 +215,18 @@ def is_number(x: Any) -> bool:
 _INPLACE_OPERATORS = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv,
                                 operator.ifloordiv, operator.imod, operator.ipow, operator.iand, operator.ior,
                                 operator.ixor, operator.ilshift, operator.irshift, operator.setitem})
+_NOT_WRITES = frozenset({"requires_grad_"})   # in-place by name, but no data written
+
+
+def inplace_by_name(node: fx.Node) -> bool:
+    """Whether a Dynamo node is an in-place tensor function or method by its name
+    (`add_`, `masked_fill_`, `index_put_`; not `requires_grad_`)."""
+    if node.op not in ("call_method", "call_function"):
+        return False
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    return isinstance(name, str) and name.endswith("_") and not name.startswith("_") and name not in _NOT_WRITES
+
+
 _VIEWS = frozenset({"view", "reshape", "transpose", "permute", "t", "flatten", "contiguous", "expand", "getitem"})
 
 
@@ -231,10 +243,7 @@ def written_in_place(node: fx.Node) -> fx.Node | None:
             first = u.args[0] if u.args else None
             if first is not cur:
                 continue
-            if u.op == "call_function" and u.target in _INPLACE_OPERATORS:
-                return u
-            name = u.target if u.op == "call_method" else getattr(u.target, "__name__", "")
-            if isinstance(name, str) and name.endswith("_") and not name.startswith("_") and name != "requires_grad_":
+            if u.op == "call_function" and u.target in _INPLACE_OPERATORS or inplace_by_name(u):
                 return u
             if kind(u) in _VIEWS or (u.op == "call_method" and u.target in ("view", "reshape", "unsqueeze",
                                                                                "squeeze", "narrow", "select")):
