@@ -1,8 +1,9 @@
 """The real-model sweep (stitchml/tools/model_sweep.py, issue 18): a CI slice of its
 architectures, each one training step at two sizes through stitchml under strict mode
 with the fallback off, output and every parameter gradient judged against a float64
-run, then a third size (no recompile beyond Dynamo's own) and, for the decoder,
-`generate()`.  The full sweep (54 architectures, ~42 min on 2 cores) is docs/MODELS.md:
+run, then a third size (no recompile beyond Dynamo's own with AOTAutograd, `aot_eager`)
+and, for the decoder, `generate()`.  The full sweep (90 architectures, ~35 min on 2
+cores) is docs/MODELS.md:
 `python -m stitchml.tools.model_sweep --out docs/MODELS.md`."""
 import pytest
 
@@ -24,7 +25,7 @@ def test_architecture_trains_stitched_at_two_sizes_against_float64(name):
         assert size["checked"] > 5
     assert not row["eager"] and not row["whole_graph_eager"], row
     assert row["dynamic"] >= 1 and row["kernels"] >= 10, row
-    # a third size is served by the dynamic graph: no graph beyond Dynamo's own count
+    # a third size is served by the dynamic graph: no graph beyond aot_eager's count
     assert row["third_size"]["ok"] and row["third_size"]["graphs"] <= row["third_size"]["dynamo_graphs"], row
     if name == "gpt_oss":   # a decoder: greedy generate() with its cache, graphs counted likewise
         gen = row["generate"]
