@@ -228,6 +228,7 @@ def inplace_by_name(node: fx.Node) -> bool:
 
 
 _VIEWS = frozenset({"view", "reshape", "transpose", "permute", "t", "flatten", "contiguous", "expand", "getitem"})
+_VIEW_METHODS = frozenset({"unsqueeze", "squeeze", "narrow", "select"})   # views `kind` does not name
 
 
 def written_in_place(node: fx.Node) -> fx.Node | None:
@@ -245,8 +246,7 @@ def written_in_place(node: fx.Node) -> fx.Node | None:
                 continue
             if u.op == "call_function" and u.target in _INPLACE_OPERATORS or inplace_by_name(u):
                 return u
-            if kind(u) in _VIEWS or (u.op == "call_method" and u.target in ("view", "reshape", "unsqueeze",
-                                                                               "squeeze", "narrow", "select")):
+            if kind(u) in _VIEWS or (u.op == "call_method" and u.target in _VIEW_METHODS):
                 todo.append(u)
     return None
 
