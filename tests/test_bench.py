@@ -516,3 +516,18 @@ def test_float64_step_of_the_moe_row_runs_its_experts_per_expert():
     assert len(truth) == len(ref) and all(t.dtype in (torch.float64, torch.float32) for t in truth)
     assert abs(float(truth[0]) - float(ref[0])) < 2e-2 * abs(float(truth[0]))
     assert all(p.dtype == torch.bfloat16 for p in w.grad_targets)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_every_models_case_builds_at_full_size(dtype):
+    """The GPU run builds the models suite at full size, which CI never runs: each case
+    is built here on the meta device (no memory, no compute), so a configuration error
+    (Swin-T's factory refused `stochastic_depth_prob`) shows before device time is spent."""
+    from stitchml.bench import models
+    built = []
+    for spec in models.cases(quick=False):
+        with torch.device("meta"):
+            w = spec.build(dtype, torch.device("meta"))
+        assert w.inputs and callable(w.fn), spec.name
+        built.append(spec.name)
+    assert any(n.startswith("swin_t_train") for n in built) and any(n.startswith("resnet50") for n in built)

@@ -323,9 +323,12 @@ def _vision_train(arch: str, b: int, px: int, quick: bool) -> Callable[[str, tor
                      else tv.models.resnet50(num_classes=classes))
             fmt = torch.channels_last
         else:
+            # swin_t's configuration, built directly: the `swin_t` factory fixes stochastic
+            # depth at 0.2 and refuses another value ("multiple values for keyword argument")
             model = (tv.models.SwinTransformer([4, 4], 16, [1, 1, 1, 1], [1, 1, 2, 2], [2, 2],
                                                stochastic_depth_prob=0.0, num_classes=classes) if quick
-                     else tv.models.swin_t(num_classes=classes, stochastic_depth_prob=0.0))
+                     else tv.models.SwinTransformer([4, 4], 96, [2, 2, 6, 2], [3, 6, 12, 24], [7, 7],
+                                                    stochastic_depth_prob=0.0, num_classes=classes))
             fmt = torch.contiguous_format
         model = model.to(device=device, dtype=DTYPES[dtype], memory_format=fmt)
         gen = torch.Generator().manual_seed(9)

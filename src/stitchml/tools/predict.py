@@ -14,6 +14,7 @@ This is the "prediction" column of bench/NOTES.md, to be checked against `stitch
 bench` on the device (whose rows carry the same `predicted_s`).
 
     python -m stitchml.tools.predict --device H100 [--dtype fp32 bf16] [--case softmax]
+    python -m stitchml.tools.predict --device H200 --suite models --dtype bf16 --case 'bert_train|gpt2_train'
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from functorch.compile import make_boxed_func
 from torch import fx
 from torch._dynamo.backends.common import aot_autograd
 
-from ..bench.micro import cases
+from ..bench import micro, models
 from ..bench.contenders import make_cotangents
 from ..bench.workload import DTYPES, floor_bytes
 from .. import patterns
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="H100", help="a device of the cost model's table")
     ap.add_argument("--dtype", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))
     ap.add_argument("--case", default="", help="regular expression on case names")
+    ap.add_argument("--suite", default="micro", choices=("micro", "models"),
+                    help="the bench suite whose cases are planned (models: full-size steps traced on CPU tensors)")
     args = ap.parse_args(argv)
     # planned as `stitchml bench` compiles them on the GPU: for capture in a CUDA graph
     # (knob `cuda_graphs`), so launches are priced at the replay's gap
@@ -146,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{' (a CUDA-graph replay)' if replay else ''}")
     print("| case | dtype | floor MB | floor us | modelled MB | predicted us | launches | forms |")
     print("|---|---|---|---|---|---|---|---|")
-    for spec in cases(quick=False):
+    suite = micro if args.suite == "micro" else models
+    for spec in suite.cases(quick=False):
         if args.case and not re.search(args.case, spec.name):
             continue
         for dtype in args.dtype:
