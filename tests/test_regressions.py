@@ -1,6 +1,7 @@
 """Named regression tests for bugs found after the fact."""
 import warnings
 
+import pytest
 import torch
 
 import stitchml
@@ -368,3 +369,30 @@ def test_an_attention_output_written_in_place_keeps_the_math_form():
     cmp = compare_with_eager(f, qkv)
     refused = [r for r in cmp.backend.patterns if r.pattern == "attention"]
     assert refused and not refused[0].applied and "in place" in refused[0].detail
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_scan_fed_by_a_broadcast_over_a_square_domain_keeps_its_scanned_dim(dtype):
+    """Fuzz seed 14912 (reduced): cumsum over dim 0 of a [17, 17] product of a [17, 1]
+    column and a [17] row.  The product's broadcast kernel walks dim 1 as its columns,
+    the scan needs dim 0 there; with rows x cols equal (17 x 17) the merge kept the
+    broadcast's domain, the scan was asked for at a column-dependent row, and the
+    graph ran eagerly ("kernel k1 cannot be generated and cannot be split").  The
+    scan's dims now stay the columns of the kernel it joins."""
+    from stitchml import config
+    from stitchml.testing import compare_with_eager
+
+    def program(a0):
+        v0 = torch.lerp(a0, a0, 0.25)
+        v6 = torch.atanh(torch.tanh(torch.cosh(v0) * 2) * 0.9)
+        return torch.cumsum(v0.reshape(17, 1) * v6, 0)
+
+    torch.manual_seed(14912)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    with config.override(fallback_on_error=False):
+        c = compare_with_eager(program, [torch.randn(17, dtype=dtype)], **tol)
+    plans = [r.plan for r in c.backend.records]
+    assert all(p is not None for p in plans), [r.eager_reason for r in c.backend.records]
+    # the chain, the broadcast product and the scan in one kernel
+    assert any(k.dominant and any(p.graph[m].op == "mul" and p.graph[m].shape == (17, 17) for m in k.members)
+               for p in plans for k in p.kernels)

@@ -334,6 +334,12 @@ class Grouper:
                                   "rows for two programs per SM and static shapes")
                 if a.cross and not b.cross and b.rowwise:
                     return db, None  # keep the row reduction's geometry
+                if bool(a.dominant) != bool(b.dominant):
+                    # a reduction's or scan's dims must stay its columns: a broadcast
+                    # kernel (no dominant op) over the same rows x cols may walk other
+                    # dims as its columns (a [17, 17] scan over dim 0 fed by a product
+                    # broadcast along dim 1: fuzz seed 14912)
+                    return (da if a.dominant else db), None
                 return da, None
             return None, (f"different reduction axes: rows x cols {da.rows}x{da.cols} vs "
                           f"{db.rows}x{db.cols}")
