@@ -108,6 +108,8 @@ class KernelBuilder:
     def __init__(self, g: ir.Graph, k: KernelPlan):
         self.g, self.k = g, k
         self.members = set(k.members)
+        # the half-precision values this kernel writes (see `value`)
+        self._stored_half = {o for o in k.outputs if g[o].dtype in (torch.float16, torch.bfloat16)}
         self.dom = k.domain
         self.m = k.mapping
         self.looped = self.m.form == "row_looped"
@@ -398,6 +400,11 @@ class KernelBuilder:
         n = self.g[nid]
         if nid in self.members or is_free(n):
             val = self._compute(n, index)
+            if nid in self._stored_half and val.dtype == torch.float32:
+                # a half value this kernel stores is read inside it as stored: every reader
+                # sees one value, here and in other kernels (a backward recomputing from it
+                # agrees with the forward at a kink: sign(x), x > 0; fuzz seed 11393)
+                val = self.emit(self.scope_for(val.axes), round_half(val.name, n.dtype), val.axes, val.dtype)
         else:
             val = self._load(nid, index)
         self.remember(nid, index, self.cond, val)
