@@ -430,3 +430,34 @@ def test_fuzz_seed_11393_backward_agrees_with_its_forward_at_a_kink():
     from stitchml.fuzz.cases import run_case
     r = run_case(11393, "long")
     assert r.status == "pass", r.line()
+
+
+def test_a_column_only_value_from_a_scalar_stored_under_a_dynamic_row_block():
+    """DeBERTa-v2 (model sweep): its relative-position buckets are computed from an arange
+    and two 0-d tensors into a [n, n] table, one row of n * n columns.  Under dynamic
+    shapes the row block is fixed at 32, and a 0-d tensor is loaded as a block of the
+    row axis, so the stored value was [32, C] against a [1, C] pointer: "Expected pointer
+    argument to have shape [32, 128] but got [1, 128]" at the second size, the crash
+    hidden by the fallback (the graph eager).  The pointer is now a block of the rows."""
+    from stitchml import config
+    from stitchml.capture.backend import StitchBackend
+
+    def program(x, c0, c1):
+        q = torch.arange(x.shape[-1])
+        rel = q[:, None] - q[None, :]
+        abs_pos = torch.where((rel < 4) & (rel > -4), c0, rel.abs())
+        log_pos = torch.ceil(torch.log(abs_pos / 4) / torch.log(c1) * 3) + 4
+        bucket = torch.where(abs_pos <= 4, rel.to(log_pos.dtype), log_pos * torch.sign(rel)).long()
+        return (bucket + 8).clamp(0, 15)[None, None] + x, (-bucket + 8).clamp(0, 15)
+
+    c0, c1 = torch.tensor(3), torch.tensor(15 / 4)
+    backend = StitchBackend()
+    compiled = torch.compile(program, backend=backend)
+    for n in (12, 9, 10):
+        x = torch.randn(2, 3, n, n)
+        with config.override(fallback_on_error=False, poison_outputs=True):
+            got = compiled(x, c0, c1)
+        want = program(x, c0, c1)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), n
+    assert any(r.dynamic is not None for r in backend.records)
+    assert all(r.eager_reason is None for r in backend.records)

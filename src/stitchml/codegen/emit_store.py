@@ -61,6 +61,13 @@ class Stores:
         off = ix.offset(index, n.stride)
         b.stores.append((nid, off))
         axes = ix.axes(off) | v.axes
+        if COL in axes and ROW not in axes and b.m.block_r > 1 and not b.flat:
+            # a column-only value under a block of several rows may still span them (a
+            # scalar is loaded as a block of the row axis, `KernelBuilder.offset`): the
+            # pointer a [BLOCK_R, C] block too, the mask keeping the real rows (DeBERTa-v2's
+            # relative-position buckets from two 0-d tensors, one row, a dynamic template's
+            # row block of 32)
+            axes = axes | {ROW}
         ptr = b.param("out", nid)
         val = store_expr(v.name, n.dtype)
         if not axes:  # a scalar value and destination: a block of the row axis, one lane stores
