@@ -45,7 +45,8 @@ SMALL: dict[str, Any] = dict(
     hidden_dim=48, dim=32, n_heads=4, n_layers=2, ffn_dim=48, embed_dim=32,
     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attention_dropout=0.0, hidden_dropout=0.0,
     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, dropout=0.0, activation_dropout=0.0, classifier_dropout=0.0,
-    dropout_rate=0.0, layerdrop=0.0, drop_path_rate=0.0, image_size=32, patch_size=4, num_channels=3,
+    dropout_rate=0.0, layerdrop=0.0, drop_path_rate=0.0, residual_dropout=0.0, conformer_conv_dropout=0.0,
+    encoder_layerdrop=0.0, decoder_layerdrop=0.0, drop_connect_rate=0.0, image_size=32, patch_size=4, num_channels=3,
     state_size=4, conv_kernel=3, expand=2, use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
     decoder_start_token_id=1, rope_theta=10000.0, tie_word_embeddings=False)
 
@@ -58,7 +59,7 @@ DROP = object()
 @dataclass(frozen=True)
 class Arch:
     config: str                     # transformers config class
-    kind: str                       # text | image
+    kind: str                       # text | seq2seq | image | audio
     auto: str = "AutoModelForCausalLM"
     extra: dict = field(default_factory=dict)
     train: bool = True              # train mode (PhiMoE's router samples in training: eval)
@@ -67,6 +68,15 @@ class Arch:
 
 def _a(config, kind, auto="AutoModelForCausalLM", family="", train=True, **extra) -> Arch:
     return Arch(config, kind, auto, extra, train, family)
+
+
+# small encoder-decoder and speech-encoder knobs (not in SMALL: some decoder-only
+# configs have attributes of these names with other meanings)
+_S2S = dict(encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=48, decoder_ffn_dim=48)
+_SPEECH = dict(conv_dim=(16, 16, 16), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_conv_pos_embeddings=8,
+               num_conv_pos_embedding_groups=4, feat_proj_dropout=0.0, final_dropout=0.0, mask_time_prob=0.05,
+               mask_time_length=2, feat_extract_norm="group")
 
 
 ARCHS: dict[str, Arch] = {
@@ -223,6 +233,87 @@ ARCHS: dict[str, Arch] = {
               embedding_size=8, hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1], num_groups=4),
     "mobilenet_v1": _a("MobileNetV1Config", "image", "AutoModel", family="CNN (depthwise)"),
     "mobilenet_v2": _a("MobileNetV2Config", "image", "AutoModel", family="CNN (inverted residuals)"),
+    # added in the thirty-second session (each found nothing or a bug, fixed: DeBERTa-v2's
+    # bucket table stored under a dynamic row block).  Left out: LongT5 (Dynamo's fake-tensor
+    # trace of its transient-global attention fails: a cat of [1, 1, 4, 3, 9] and
+    # [2, 4, 4, 3, 3]), Funnel and ProphetNet (their configs refuse the small knobs), ViT-MAE
+    # (its random masking draws noise inside the model), EfficientNet (past the
+    # 900-s limit under the interpreter; torchvision's EfficientNet-B0 is in tests/test_models_torchvision.py)
+    "mistral": _a("MistralConfig", "text", family="decoder (sliding window)", sliding_window=4),
+    "gemma": _a("GemmaConfig", "text", family="decoder"),
+    "phi": _a("PhiConfig", "text", family="decoder (partial rotary, parallel block)"),
+    "qwen2": _a("Qwen2Config", "text", family="decoder"),
+    "exaone4": _a("Exaone4Config", "text", family="decoder (local/global layers)", sliding_window=4),
+    "arcee": _a("ArceeConfig", "text", family="decoder (ReLU² MLP)"),
+    "ministral": _a("MinistralConfig", "text", family="decoder"),
+    "doge": _a("DogeConfig", "text", family="decoder (dynamic mask attention)"),
+    "glm": _a("GlmConfig", "text", family="decoder"),
+    "seed_oss": _a("SeedOssConfig", "text", family="decoder"),
+    "apertus": _a("ApertusConfig", "text", family="decoder (xIELU)"),
+    "hunyuan_dense": _a("HunYuanDenseV1Config", "text", family="decoder (QK norm)"),
+    "olmo3": _a("Olmo3Config", "text", family="decoder", sliding_window=4),
+    "glm4_moe": _a("Glm4MoeConfig", "text", family="MoE", first_k_dense_replace=1),
+    "flex_olmo": _a("FlexOlmoConfig", "text", family="MoE"),
+    "albert": _a("AlbertConfig", "text", "AutoModel", family="encoder (shared layers)", embedding_size=16),
+    "distilbert": _a("DistilBertConfig", "text", "AutoModel", family="encoder"),
+    "electra": _a("ElectraConfig", "text", "AutoModel", family="encoder", embedding_size=16),
+    "deberta": _a("DebertaConfig", "text", "AutoModel", family="encoder (disentangled attention)",
+                  relative_attention=True, pos_att_type=["c2p", "p2c"], max_relative_positions=16),
+    "deberta_v2": _a("DebertaV2Config", "text", "AutoModel", family="encoder (disentangled attention, buckets)",
+                     relative_attention=True, pos_att_type=["c2p", "p2c"], position_buckets=8,
+                     max_relative_positions=16, norm_rel_ebd="layer_norm", share_att_key=True),
+    "roberta": _a("RobertaConfig", "text", "AutoModel", family="encoder"),
+    "xlm_roberta": _a("XLMRobertaConfig", "text", "AutoModel", family="encoder"),
+    "roberta_prelayernorm": _a("RobertaPreLayerNormConfig", "text", "AutoModel", family="encoder (pre-norm)"),
+    "mpnet": _a("MPNetConfig", "text", "AutoModel", family="encoder (relative buckets)"),
+    "data2vec_text": _a("Data2VecTextConfig", "text", "AutoModel", family="encoder"),
+    "ernie": _a("ErnieConfig", "text", "AutoModel", family="encoder"),
+    "layoutlm": _a("LayoutLMConfig", "text", "AutoModel", family="encoder (2-D positions)"),
+    "xmod": _a("XmodConfig", "text", "AutoModel", family="encoder (language adapters)", default_language="en_XX",
+               languages=["en_XX"]),
+    "t5_v1_1": _a("UMT5Config", "seq2seq", "AutoModelForSeq2SeqLM", family="encoder-decoder (UMT5)", d_ff=48,
+                  d_kv=8, num_layers=2, num_decoder_layers=2, num_heads=4, feed_forward_proj="gated-gelu"),
+    "mbart": _a("MBartConfig", "seq2seq", "AutoModelForSeq2SeqLM", family="encoder-decoder", **_S2S),
+    "pegasus": _a("PegasusConfig", "seq2seq", "AutoModelForSeq2SeqLM", family="encoder-decoder (sinusoidal)",
+                  **_S2S),
+    "marian": _a("MarianConfig", "seq2seq", "AutoModelForSeq2SeqLM", family="encoder-decoder", **_S2S),
+    "m2m_100": _a("M2M100Config", "seq2seq", "AutoModelForSeq2SeqLM", family="encoder-decoder", **_S2S),
+    "blenderbot": _a("BlenderbotConfig", "seq2seq", "AutoModelForSeq2SeqLM", family="encoder-decoder", **_S2S),
+    "led": _a("LEDConfig", "seq2seq", "AutoModelForSeq2SeqLM", family="encoder-decoder (Longformer encoder)",
+              attention_window=4, max_encoder_position_embeddings=64, max_decoder_position_embeddings=64, **_S2S),
+    "switch_transformers": _a("SwitchTransformersConfig", "seq2seq", "AutoModelForSeq2SeqLM",
+                              family="encoder-decoder MoE", d_ff=48, d_kv=8, num_layers=2, num_decoder_layers=2,
+                              num_heads=4, num_sparse_encoder_layers=1, num_sparse_decoder_layers=1,
+                              expert_capacity=8, router_jitter_noise=0.0),   # (the jitter is random in training)
+    "cvt": _a("CvtConfig", "image", "AutoModel", family="convolutional vision transformer", embed_dim=[8, 16, 32],
+              num_heads=[1, 2, 4], depth=[1, 2, 3], drop_path_rate=[0.0, 0.0, 0.0]),   # (depth[i] > i: its drop-path list)
+    "yolos": _a("YolosConfig", "image", "AutoModel", family="vision transformer (detection tokens)",
+                image_size=[32, 32], num_detection_tokens=4),
+    "data2vec_vision": _a("Data2VecVisionConfig", "image", "AutoModel",
+                          family="vision transformer (relative position bias)", use_relative_position_bias=True),
+    "mobilevitv2": _a("MobileViTV2Config", "image", "AutoModel", family="CNN + separable attention",
+                      width_multiplier=0.25, image_size=128),
+    "swiftformer": _a("SwiftFormerConfig", "image", "AutoModel", family="efficient additive attention",
+                      depths=[1, 1, 1, 1], embed_dims=[8, 16, 24, 32]),
+    "pvt": _a("PvtConfig", "image", "AutoModel", family="pyramid vision transformer",
+              hidden_sizes=[8, 16, 24, 32], num_attention_heads=[1, 2, 3, 4], depths=[1, 1, 1, 1], image_size=64),
+    "dinov2_registers": _a("Dinov2WithRegistersConfig", "image", "AutoModel",
+                           family="vision transformer (registers)", num_register_tokens=2),
+    "vit_msn": _a("ViTMSNConfig", "image", "AutoModel", family="vision transformer"),
+    "hubert": _a("HubertConfig", "audio", "AutoModel", family="speech encoder", **_SPEECH),
+    "wavlm": _a("WavLMConfig", "audio", "AutoModel", family="speech encoder (gated relative positions)",
+                num_buckets=16, max_bucket_distance=32, **_SPEECH),
+    "sew": _a("SEWConfig", "audio", "AutoModel", family="speech encoder (squeezed)", squeeze_factor=2, **_SPEECH),
+    "sew_d": _a("SEWDConfig", "audio", "AutoModel", family="speech encoder (disentangled attention)",
+                squeeze_factor=2, position_buckets=8, max_position_embeddings=64, **_SPEECH),
+    "unispeech_sat": _a("UniSpeechSatConfig", "audio", "AutoModel", family="speech encoder", **_SPEECH),
+    "data2vec_audio": _a("Data2VecAudioConfig", "audio", "AutoModel", family="speech encoder (conv positions)",
+                         num_conv_pos_embeddings=8, conv_pos_kernel_size=3, num_conv_pos_embedding_groups=4,
+                         **{k: v for k, v in _SPEECH.items() if not k.startswith("num_conv_pos")
+                            and k != "feat_extract_norm"}),
+    "wav2vec2_conformer": _a("Wav2Vec2ConformerConfig", "audio", "AutoModel",
+                             family="speech encoder (conformer, rotary)", position_embeddings_type="rotary",
+                             conv_depthwise_kernel_size=3, **_SPEECH),
 }
 
 
@@ -235,6 +326,13 @@ def _config(arch: Arch):
     kw = {k: v for k, v in kw.items() if v is not DROP}
     cfg = cls(**kw)
     cfg._attn_implementation = "eager"
+    # every dropout, drop-path and layer-drop probability 0, including those SMALL does not
+    # name (Seed-OSS's residual_dropout): random in training, they would differ between runs
+    for k, v in cfg.to_dict().items():
+        if "drop" in k and isinstance(v, (int, float)) and not isinstance(v, bool) and v:
+            setattr(cfg, k, 0.0)
+        elif "drop" in k and isinstance(v, list) and any(isinstance(x, (int, float)) and x for x in v):
+            setattr(cfg, k, [0.0] * len(v))
     return cfg
 
 
@@ -242,9 +340,13 @@ def _inputs(arch: Arch, cfg, which: int) -> dict:
     """The first, second or third size: 12, 9, 10 tokens (batch 2) or batch 2, 3, 4."""
     import torch
     g = torch.Generator().manual_seed(int(which))
-    if arch.kind == "text":
+    if arch.kind in ("text", "seq2seq"):
         t = (12, 9, 10)[which]
-        return {"input_ids": torch.randint(3, min(getattr(cfg, "vocab_size", None) or 96, 96), (2, t), generator=g)}
+        vocab = min(getattr(cfg, "vocab_size", None) or 96, 96)
+        ids = {"input_ids": torch.randint(3, vocab, (2, t), generator=g)}
+        if arch.kind == "seq2seq":   # (a decoder sequence of its own length)
+            ids["decoder_input_ids"] = torch.randint(3, vocab, (2, t - 3), generator=g)
+        return ids
     if arch.kind == "audio":
         # raw samples, and the frames SpecAugment masks given explicitly (drawn inside
         # the model they come from NumPy's generator, which Dynamo runs apart)
@@ -337,7 +439,7 @@ def run_one(name: str) -> dict:
     # Python loop over the tokens): our count was checked against Dynamo's above
     row["ok"] = (all(s["ok"] for s in row["sizes"]) and not eager and not row["whole_graph_eager"]
                  and (row["dynamic"] >= 1 or row["third_size"]["dynamo_graphs"] >= 3) and row["third_size"]["ok"])
-    if arch.auto == "AutoModelForCausalLM":
+    if arch.auto in ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM"):
         row["generate"] = _generate(fresh, cfg)
         row["ok"] = row["ok"] and row["generate"]["ok"]
     return row
@@ -377,14 +479,21 @@ def _third_size(arch: Arch, cfg, fresh, compiled) -> dict:
     with config.override(fallback_on_error=False, strict=True):
         out = _training_step(compiled, _inputs(arch, cfg, 2))
     ours = counters["stats"]["unique_graphs"]
-    torch._dynamo.reset()
-    counters.clear()
-    run = torch.compile(copy.deepcopy(fresh), backend=BASELINE)
-    for which in range(3):
-        _training_step(run, _inputs(arch, cfg, which))
+    baseline = BASELINE
+    for baseline in (BASELINE, "eager"):
+        torch._dynamo.reset()
+        counters.clear()
+        run = torch.compile(copy.deepcopy(fresh), backend=baseline)
+        try:
+            for which in range(3):
+                _training_step(run, _inputs(arch, cfg, which))
+            break
+        except Exception:   # torch's own AOT path fails on the model (Doge's backward): Dynamo alone
+            if baseline != BASELINE:
+                raise
     theirs = counters["stats"]["unique_graphs"]
     torch._dynamo.reset()
-    return {"graphs": ours, "dynamo_graphs": theirs, "finite": bool(torch.isfinite(out).all()),
+    return {"graphs": ours, "dynamo_graphs": theirs, "baseline": baseline, "finite": bool(torch.isfinite(out).all()),
             "ok": ours <= theirs and bool(torch.isfinite(out).all())}
 
 
@@ -504,7 +613,9 @@ def _markdown(rows: list[dict], command: str, seconds: float) -> str:
             f"{gen['logit_err']:.0e}{'' if gen['tokens_equal'] else ', tokens differ'})")
         out.append(f"| {r['name']} | {r['family']} | {cell(s1)} | {cell(s2)} | {worst['ratio']:.2f} "
                    f"({worst['worst']}) | {r['graphs']} ({r['dynamic']}); {r['third_size']['graphs']} / "
-                   f"{r['third_size']['dynamo_graphs']} | {r['kernels']} | {eager} | "
+                   f"{r['third_size']['dynamo_graphs']}"
+                   f"{'' if r['third_size'].get('baseline', BASELINE) == BASELINE else ' (Dynamo alone: aot_eager fails)'}"
+                   f" | {r['kernels']} | {eager} | "
                    f"{gen_cell} | {r.get('seconds', '')} |")
     notes = [f"- {r['name']}: {'; '.join(s['failed'] + ['missing gradients: ' + ', '.join(s['missing'])] if s['missing'] else s['failed'])}"
              for r in rows if "sizes" in r for s in r["sizes"] if not s["ok"]]
