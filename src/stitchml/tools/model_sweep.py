@@ -45,8 +45,7 @@ SMALL: dict[str, Any] = dict(
     hidden_dim=48, dim=32, n_heads=4, n_layers=2, ffn_dim=48, embed_dim=32,
     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attention_dropout=0.0, hidden_dropout=0.0,
     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, dropout=0.0, activation_dropout=0.0, classifier_dropout=0.0,
-    dropout_rate=0.0, layerdrop=0.0, drop_path_rate=0.0, residual_dropout=0.0, conformer_conv_dropout=0.0,
-    encoder_layerdrop=0.0, decoder_layerdrop=0.0, drop_connect_rate=0.0, image_size=32, patch_size=4, num_channels=3,
+    dropout_rate=0.0, layerdrop=0.0, drop_path_rate=0.0, image_size=32, patch_size=4, num_channels=3,
     state_size=4, conv_kernel=3, expand=2, use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
     decoder_start_token_id=1, rope_theta=10000.0, tie_word_embeddings=False)
 
