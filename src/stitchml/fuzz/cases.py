@@ -98,13 +98,13 @@ class _ContiguousOperands(TorchDispatchMode):
 
 
 def judge(name: str, comp: torch.Tensor | None, low: torch.Tensor | None, ref: torch.Tensor | None,
-          program_dtype: torch.dtype | None = None, nudged=None) -> Verdict:
+          program_dtype: torch.dtype | None = None, nudged: list | None = None) -> Verdict:
     """Compare one compiled tensor with eager (same dtype) and the float64 reference.
     An fp32 result of a low-precision program (an fp32 island) inherits the rounding
     of the low-precision values it was computed from: its tolerance floor is at least
     one ulp of the program's dtype (eager's own error can be small by luck there).
-    `nudged`: eager's results on inputs nudged by about an ulp (one tensor or a list, one
-    per nudge); how far they move counts as eager's error too."""
+    `nudged`: eager's results on inputs nudged by about an ulp, one per nudge (None where a
+    nudged run has no such tensor); how far they move counts as eager's error too."""
     if low is None and ref is None and comp is None:
         return Verdict("pass")
     if low is None or ref is None:  # an unused input: eager says None; compiled may give zeros
@@ -124,7 +124,7 @@ def judge(name: str, comp: torch.Tensor | None, low: torch.Tensor | None, ref: t
     ref = ref.detach().double()
     scale = max(ref.abs().max().item() if ref.numel() else 0.0, 1.0)
     eager_err = (low.detach().double() - ref).abs().max().item() if ref.numel() else 0.0
-    for nu in ([] if nudged is None else nudged if isinstance(nudged, (list, tuple)) else [nudged]):
+    for nu in nudged or []:
         # sensitivity: eager on inputs nudged by about one ulp.  A result that cancels
         # (the sum of a layer norm's outputs, a gradient through a nearly constant row)
         # amplifies rounding; eager's own error there can be small by luck

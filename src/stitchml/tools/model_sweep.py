@@ -170,10 +170,7 @@ ARCHS: dict[str, Arch] = {
     "clip": _a("CLIPVisionConfig", "image", "AutoModel", family="vision transformer"),
     # speech: a convolutional feature encoder (group norm, weight-normed positional
     # convolution), SpecAugment's mask token written into the masked frames
-    "wav2vec2": _a("Wav2Vec2Config", "audio", "AutoModel", family="speech encoder (mask token)",
-                   conv_dim=(16, 16, 16), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
-                   num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4, feat_proj_dropout=0.0,
-                   final_dropout=0.0, mask_time_prob=0.05, mask_time_length=2, feat_extract_norm="group"),
+    "wav2vec2": _a("Wav2Vec2Config", "audio", "AutoModel", family="speech encoder (mask token)", **_SPEECH),
     # added in the thirty-first session (each found nothing or a bug, fixed: Longformer's
     # write into a transposed view, I-BERT's keyword operands, Nystromformer's in-place add
     # into an attention output).  XGLM, MRA and CANINE are left out: their float64 run
