@@ -531,3 +531,22 @@ def test_every_models_case_builds_at_full_size(dtype):
         assert w.inputs and callable(w.fn), spec.name
         built.append(spec.name)
     assert any(n.startswith("swin_t_train") for n in built) and any(n.startswith("resnet50") for n in built)
+
+
+def test_judge_against_eager_alone_accepts_rounding_and_rejects_errors():
+    """For a model whose code cannot run in float64 (XGLM, MRA, CANINE in the model
+    sweep): another summation order passes, a 1e-3 relative error does not, and a NaN or
+    inf must sit where eager has it, with the same value."""
+    from stitchml.testing import judge_against_eager
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4096, 64, generator=g)
+    eager = x.sum(0)
+    reordered = x.view(32, 128, 64).sum(1).flip(0).sum(0)
+    assert (reordered - eager).abs().max() > 0
+    ok = judge_against_eager([reordered, torch.tensor([1.0, float("nan")])],
+                             [eager, torch.tensor([1.0, float("nan")])], ["colsum", "with nan"])
+    assert ok.ok, ok.report()
+    assert not judge_against_eager([eager * (1 + 1e-3)], [eager], ["colsum"]).ok
+    moved = judge_against_eager([torch.tensor([float("nan"), 1.0])], [torch.tensor([1.0, float("nan")])], ["nan"])
+    assert not moved.ok and "non-finite" in moved.report()
+    assert not judge_against_eager([torch.tensor([float("inf")])], [torch.tensor([-float("inf")])], ["inf"]).ok

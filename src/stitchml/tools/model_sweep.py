@@ -58,15 +58,19 @@ DROP = object()
 @dataclass(frozen=True)
 class Arch:
     config: str                     # transformers config class
-    kind: str                       # text | seq2seq | image | audio
+    kind: str                       # text | seq2seq | image | masked_image | audio
     auto: str = "AutoModelForCausalLM"
     extra: dict = field(default_factory=dict)
     train: bool = True              # train mode (PhiMoE's router samples in training: eval)
     family: str = ""
+    # "float64": judged against a float64 run (`testing.judge_against_float64`); "float32":
+    # for a model whose own code cannot run in float64 (XGLM's float32-only mask constant),
+    # judged against float32 eager alone, normwise (`testing.judge_against_eager`)
+    reference: str = "float64"
 
 
-def _a(config, kind, auto="AutoModelForCausalLM", family="", train=True, **extra) -> Arch:
-    return Arch(config, kind, auto, extra, train, family)
+def _a(config, kind, auto="AutoModelForCausalLM", family="", train=True, reference="float64", **extra) -> Arch:
+    return Arch(config, kind, auto, extra, train, family, reference)
 
 
 # small encoder-decoder and speech-encoder knobs (not in SMALL: some decoder-only
@@ -97,7 +101,6 @@ ARCHS: dict[str, Arch] = {
     "glm4": _a("Glm4Config", "text", family="decoder"),
     "difflama": _a("DiffLlamaConfig", "text", family="decoder (differential attention)"),
     "gpt_bigcode": _a("GPTBigCodeConfig", "text", family="decoder (multi-query)"),
-    # (XGLM is left out: its attention clamps with a float32 constant, which a float64 run refuses)
     "biogpt": _a("BioGptConfig", "text", family="decoder"),
     "ctrl": _a("CTRLConfig", "text", family="decoder"),
     "gpt_oss": _a("GptOssConfig", "text", family="decoder (MoE, attention sinks)", sliding_window=4),
@@ -173,9 +176,8 @@ ARCHS: dict[str, Arch] = {
     "wav2vec2": _a("Wav2Vec2Config", "audio", "AutoModel", family="speech encoder (mask token)", **_SPEECH),
     # added in the thirty-first session (each found nothing or a bug, fixed: Longformer's
     # write into a transposed view, I-BERT's keyword operands, Nystromformer's in-place add
-    # into an attention output).  XGLM, MRA and CANINE are left out: their float64 run
-    # fails or returns NaN in the model's own code (a float32-only mask constant, a
-    # float32 cast), so there is nothing to judge against
+    # into an attention output).  XGLM, MRA and CANINE, whose float64 runs fail or return
+    # NaN in the models' own code, are judged against float32 eager (below, with RoBERTa)
     "mpt": _a("MptConfig", "text", family="decoder (ALiBi)"),
     "codegen": _a("CodeGenConfig", "text", family="decoder", rotary_dim=4),
     "gpt_neo": _a("GPTNeoConfig", "text", family="decoder (local attention)", num_layers=2, num_heads=4,
@@ -232,10 +234,21 @@ ARCHS: dict[str, Arch] = {
     # added in the thirty-second session (each found nothing or a bug, fixed: DeBERTa-v2's
     # bucket table stored under a dynamic row block).  Left out: LongT5 (Dynamo's fake-tensor
     # trace of its transient-global attention fails: a cat of [1, 1, 4, 3, 9] and
-    # [2, 4, 4, 3, 3]), Funnel and ProphetNet (their configs refuse the small knobs), ViT-MAE
-    # (its random masking draws noise inside the model), EfficientNet (past the
-    # 900-s limit under the interpreter; torchvision's EfficientNet-B0 is in tests/test_models_torchvision.py)
+    # [2, 4, 4, 3, 3]), EfficientNet (past the 900-s limit under the interpreter; torchvision's EfficientNet-B0 is in tests/test_models_torchvision.py)
     "mistral": _a("MistralConfig", "text", family="decoder (sliding window)", sliding_window=4),
+    # added in the thirty-third session, with the knobs the thirty-second lacked: Funnel
+    # and ProphetNet refuse `num_hidden_layers` (DROP), ViT-MAE takes its masking noise
+    # as an input (kind "masked_image")
+    "funnel": _a("FunnelConfig", "text", "AutoModel", family="encoder-decoder (pooled queries, upsampling)",
+                 num_hidden_layers=DROP, block_sizes=[1, 1], num_decoder_layers=1, n_head=4, d_head=8, d_inner=48,
+                 architectures=["FunnelModel"]),   # (AutoModel picks between two classes by it)
+    "prophetnet": _a("ProphetNetConfig", "seq2seq", "AutoModelForSeq2SeqLM",
+                     family="encoder-decoder (n-gram streams)", num_hidden_layers=DROP, num_encoder_layers=2,
+                     num_decoder_layers=2, num_encoder_attention_heads=4, num_decoder_attention_heads=4,
+                     encoder_ffn_dim=48, decoder_ffn_dim=48, num_buckets=8, relative_max_distance=16),
+    "vit_mae": _a("ViTMAEConfig", "masked_image", "AutoModel", family="vision transformer (random patch masking)",
+                  decoder_hidden_size=16, decoder_num_hidden_layers=1, decoder_num_attention_heads=2,
+                  decoder_intermediate_size=32),
     "gemma": _a("GemmaConfig", "text", family="decoder"),
     "phi": _a("PhiConfig", "text", family="decoder (partial rotary, parallel block)"),
     "qwen2": _a("Qwen2Config", "text", family="decoder"),
@@ -259,6 +272,14 @@ ARCHS: dict[str, Arch] = {
                      relative_attention=True, pos_att_type=["c2p", "p2c"], position_buckets=8,
                      max_relative_positions=16, norm_rel_ebd="layer_norm", share_att_key=True),
     "roberta": _a("RobertaConfig", "text", "AutoModel", family="encoder"),
+    # added in the thirty-third session: models whose own code cannot run in float64 (a
+    # float32-only mask constant, a float32 cast before a linear), judged against float32
+    # eager alone (`Arch.reference`)
+    "xglm": _a("XGLMConfig", "text", family="decoder (sinusoidal positions)", reference="float32",
+               num_layers=2, attention_heads=4),
+    "mra": _a("MraConfig", "text", "AutoModel", family="encoder (multi-resolution attention)", reference="float32"),
+    "canine": _a("CanineConfig", "text", "AutoModel", family="character encoder (hash embeddings, downsampling)",
+                 reference="float32", num_hash_buckets=64, max_position_embeddings=64),
     "xlm_roberta": _a("XLMRobertaConfig", "text", "AutoModel", family="encoder"),
     "roberta_prelayernorm": _a("RobertaPreLayerNormConfig", "text", "AutoModel", family="encoder (pre-norm)"),
     "mpnet": _a("MPNetConfig", "text", "AutoModel", family="encoder (relative buckets)"),
@@ -354,7 +375,11 @@ def _inputs(arch: Arch, cfg, which: int) -> dict:
                 "mask_time_indices": torch.rand(2, frames, generator=g) > 0.6}
     size = getattr(cfg, "image_size", 32)
     s = size if isinstance(size, int) else size[0]
-    return {"pixel_values": torch.randn((2, 3, 4)[which], cfg.num_channels, s, s, generator=g)}
+    b = (2, 3, 4)[which]
+    pixels = {"pixel_values": torch.randn(b, cfg.num_channels, s, s, generator=g)}
+    if arch.kind == "masked_image":   # the noise that ranks the patches to mask, given (drawn inside: random)
+        pixels["noise"] = torch.rand(b, (s // cfg.patch_size) ** 2, generator=g)
+    return pixels
 
 
 def _first(out):
@@ -375,7 +400,7 @@ def run_one(name: str) -> dict:
 
     import stitchml
     from stitchml import config
-    from stitchml.testing import judge_against_float64
+    from stitchml.testing import judge_against_eager, judge_against_float64
 
     arch = ARCHS[name]
     torch.manual_seed(0)
@@ -383,16 +408,19 @@ def run_one(name: str) -> dict:
     model = getattr(transformers, arch.auto).from_config(cfg).float().train(arch.train)
     fresh = copy.deepcopy(model)
     counters.clear()
-    ref = copy.deepcopy(model).double()
+    # (a float32-reference model runs a second float32 copy where the others run float64:
+    # the steps below stay the same, the judge differs)
+    ref = copy.deepcopy(model) if arch.reference == "float32" else copy.deepcopy(model).double()
     if getattr(ref.config, "_experts_implementation", None) not in (None, "eager"):
         ref.config._experts_implementation = "eager"   # (grouped matrix products take no float64)
     mine = copy.deepcopy(model)
     backend = stitchml.StitchBackend()
     compiled = torch.compile(mine, backend=backend)
-    row: dict[str, Any] = {"name": name, "family": arch.family, "sizes": []}
+    row: dict[str, Any] = {"name": name, "family": arch.family, "reference": arch.reference, "sizes": []}
     for which in (0, 1):
         inputs = _inputs(arch, cfg, which)
-        ref_in = {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
+        ref_in = {k: v.double() if v.is_floating_point() and arch.reference == "float64" else v
+                  for k, v in inputs.items()}
         for m in (model, ref, mine):
             m.zero_grad(set_to_none=True)
         outs = []
@@ -416,7 +444,10 @@ def run_one(name: str) -> dict:
             acts.append(q.grad)
             eags.append(p.grad)
             refs.append(r.grad)
-        j = judge_against_float64(acts, eags, refs, names, groups=groups)
+        if arch.reference == "float32":
+            j = judge_against_eager(acts, eags, names, groups=groups)
+        else:
+            j = judge_against_float64(acts, eags, refs, names, groups=groups)
         worst = max(j.rows, key=lambda t: (t.err_actual / t.allowed) if t.allowed else (0.0 if t.ok else float("inf")))
         row["sizes"].append({
             "ok": j.ok and not missing, "checked": len(acts), "missing": missing,
@@ -585,7 +616,9 @@ def _markdown(rows: list[dict], command: str, seconds: float) -> str:
            "and no more graphs compiled than Dynamo with AOTAutograd and no compiler (`aot_eager`) for the "
            "same loop (graphs / Dynamo's). A third training step at a third size must compile nothing that "
            "`aot_eager` would not (Dynamo graphs over the three sizes, ours / Dynamo's, in the graphs column). "
-           "Where the float64 run itself loses a value eager keeps, stitch is measured from eager there. See "
+           "Where the float64 run itself loses a value eager keeps, stitch is measured from eager there. "
+           "A model whose own code cannot run in float64 (marked \"vs float32 eager\") is judged against float32 "
+           "eager alone, normwise within 1e-4 relative (`testing.judge_against_eager`). See "
            "`src/stitchml/tools/model_sweep.py`.", "",
            f"**{ok} of {len(rows)} pass.**", "",
            "| model | family | size 1 | size 2 | worst ratio (tensor) | graphs (dynamic); Dynamo graphs, 3 sizes | "
@@ -607,8 +640,9 @@ def _markdown(rows: list[dict], command: str, seconds: float) -> str:
         gen_cell = "—" if gen is None else (
             ("pass" if gen["ok"] else "FAIL") + f" ({gen['graphs']} / {gen['dynamo_graphs']}, "
             f"{gen['logit_err']:.0e}{'' if gen['tokens_equal'] else ', tokens differ'})")
+        against = " vs float32 eager" if r.get("reference") == "float32" else ""
         out.append(f"| {r['name']} | {r['family']} | {cell(s1)} | {cell(s2)} | {worst['ratio']:.2f} "
-                   f"({worst['worst']}) | {r['graphs']} ({r['dynamic']}); {r['third_size']['graphs']} / "
+                   f"({worst['worst']}{against}) | {r['graphs']} ({r['dynamic']}); {r['third_size']['graphs']} / "
                    f"{r['third_size']['dynamo_graphs']}"
                    f"{'' if r['third_size'].get('baseline', BASELINE) == BASELINE else ' (Dynamo alone: aot_eager fails)'}"
                    f" | {r['kernels']} | {eager} | "
