@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.stitchml-installed
 JOBS ?= 2
 
-.PHONY: demo test test-gpu gpu explain bench fuzz opinfo models venv clean browser-deps
+.PHONY: demo test test-gpu gpu explain bench fuzz opinfo models vision venv clean browser-deps
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -80,9 +80,13 @@ opinfo: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m stitchml.tools.opinfo_sweep --out docs/OPINFO.md --samples $(OPINFO_SAMPLES) \
 		--half-samples 3 --jobs $(OPINFO_JOBS) $(OPINFO_ARGS)
 
-# real models beyond the zoo tests: 53 Hugging Face architectures, two sizes, strict, float64 judge
+# real models beyond the zoo tests: 147 Hugging Face architectures, two sizes, strict, float64 judge
 models: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m stitchml.tools.model_sweep --out docs/MODELS.md $(MODELS_ARGS)
+
+# vision models: the smallest timm model of each family (up to 10 M parameters), one training step
+vision: $(STAMP)
+	TRITON_INTERPRET=1 $(BIN)/python -m stitchml.tools.timm_sweep --jobs 2 --out docs/VISION.md $(VISION_ARGS)
 
 # on a GPU machine (no package index): PYTHONPATH=src python3 -m pytest -m gpu tests
 test-gpu:

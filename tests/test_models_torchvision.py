@@ -94,3 +94,16 @@ def test_vision_model_trains_stitched(name):
     assert any(r.dynamic is not None for r in backend.records), "the new size did not compile a dynamic graph"
     for rec in backend.records:
         assert rec.eager_reason is None and rec.plan is not None and rec.plan.num_kernels >= 1, rec.kind
+
+
+def test_timm_sweep_families_and_one_row():
+    """The vision sweep (`tools/timm_sweep.py`, docs/VISION.md): a family is the name up
+    to its first digit or underscore, each tiny `test_*` model its own; one row (timm's
+    test ViT with relative positions) passes with its kernels and nothing eager."""
+    from stitchml.tools import timm_sweep
+    assert timm_sweep.family("convnext_atto") == "convnext"
+    assert timm_sweep.family("poolformerv2_s12") == "poolformerv"
+    assert timm_sweep.family("test_vit_relpos") == "test_vit_relpos"
+    row = timm_sweep.run_one("test_vit_relpos")
+    assert row["ok"] and row["judged_ok"], row
+    assert row["checked"] > 10 and row["kernels"] >= 10 and not row["eager"] and not row["whole_graph_eager"], row
