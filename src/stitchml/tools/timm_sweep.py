@@ -15,7 +15,11 @@ any size (else its own input size), and runs forward and backward of `(out * w).
 (w fixed random) for a batch of 2: eagerly in float32, eagerly in float64 on a copy,
 and compiled with the stitch backend under `fallback_on_error=False` and `strict=True`.
 The output and every parameter gradient are judged by
-`stitchml.testing.judge_against_float64`; an op left eager for a reason other than
+`stitchml.testing.judge_against_float64`, eager's error per tensor being the worst of its
+run and of 8 eager runs on the image nudged by about an ulp (a ReLU at a value within
+rounding of 0 after a batch norm over a few values flips with an ulp) and, where the
+float32 result still fails, the same step compiled in float64 against eager float64
+(`_float64_check`: kernels that are wrong still fail there); an op left eager for a reason other than
 being library work (convolutions, matrix products, sorting) fails the row, as does a
 graph run wholly eagerly.  One process per model; timm (and torchvision, which it
 imports) come from `stitchml.bench.vision` (`.venv/vision`).  docs/VISION.md holds the
@@ -75,13 +79,18 @@ _ARGS = (dict(img_size=IMAGE, drop_rate=0.0, drop_path_rate=0.0), dict(drop_rate
          dict(img_size=IMAGE, drop_rate=0.0), dict(drop_rate=0.0), {})
 
 
-def _build(name: str):
+def _build(name: str, sized: bool = True):
+    """The model, and the constructor arguments it took (`sized`: try `img_size` first)."""
     timm = _timm()
-    for kw in _ARGS:
+    for kw in _ARGS if sized else [a for a in _ARGS if "img_size" not in a]:
         try:
             model = timm.create_model(name, pretrained=False, num_classes=10, **kw)
         except TypeError:   # an argument the constructor does not take
             continue
+        except Exception:   # (CrossViT: two patch sizes that 64 px does not fit) the next
+            if "img_size" in kw:
+                continue
+            raise
         return _no_randomness(model), kw
     raise RuntimeError(f"{name}: no constructor arguments accepted")
 
@@ -112,6 +121,33 @@ def _step(run, x, w_holder: list):
     return out.detach()
 
 
+# eager runs on images nudged by about an ulp, whose spread is eager's error too (as in the
+# fuzzer's judge, `fuzz/cases.NUDGES`)
+NUDGES = 8
+
+
+def _nudged_eager(model, x, w: list) -> dict[str, list]:
+    """Output and parameter gradients of eager steps on `x` times (1 + u * eps), u
+    uniform in [-1, 1], one draw a nudge; by judge name.  The model is a copy: its
+    gradients and batch-norm statistics are left as they were."""
+    import torch
+    out: dict[str, list] = {}
+    eps = torch.finfo(x.dtype).eps
+    for k in range(NUDGES):
+        u = torch.rand(x.shape, generator=torch.Generator().manual_seed(11 + k), dtype=torch.float64) * 2 - 1
+        m = copy.deepcopy(model)
+        m.zero_grad(set_to_none=True)
+        out.setdefault("output", []).append(_step(m, (x.double() * (1 + u * eps)).to(x.dtype), w))
+        for pn, p in m.named_parameters():
+            if p.grad is not None:
+                out.setdefault(pn, []).append(p.grad)
+    return out
+
+
+def _err(a, ref) -> float:
+    return float((a.double() - ref.double()).norm()) if a.shape == ref.shape else float("inf")
+
+
 def run_one(name: str) -> dict:
     """One model, one training step; a JSON-ready verdict."""
     import torch
@@ -121,29 +157,30 @@ def run_one(name: str) -> dict:
     from stitchml.testing import judge_against_float64
     from stitchml.tools.model_sweep import _eager_ops
 
-    torch.manual_seed(0)
-    model, kw = _build(name)
-    model = model.float().train()
-    row: dict[str, Any] = {"name": name, "family": family(name),
-                           "params": sum(p.numel() for p in model.parameters()), "args": sorted(kw)}
-    ref, mine = copy.deepcopy(model).double(), copy.deepcopy(model)
-    backend = stitchml.StitchBackend()
-    compiled = torch.compile(mine, backend=backend)
-    for size in (IMAGE, model.pretrained_cfg.get("input_size", (3, 224, 224))[-1]):
+    row: dict[str, Any] = {"name": name, "family": family(name)}
+    for sized in (True, False):
+        torch.manual_seed(0)
+        model, kw = _build(name, sized)
+        model = model.float().train()
+        fresh = copy.deepcopy(model)
+        size = IMAGE if sized else model.pretrained_cfg.get("input_size", (3, 224, 224))[-1]
         x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
         w: list = []
         try:
             want = _step(model, x, w)
             break
-        except Exception as e:   # the model refuses this image size eagerly: its own size
-            if size != IMAGE:
+        except Exception as e:   # the model refuses this image size eagerly: built for its own size
+            if not sized:
                 raise
-            model.zero_grad(set_to_none=True)
             row["note"] = f"{IMAGE} px refused ({type(e).__name__}): its own size"
-    row["image"] = size
+    row.update({"params": sum(p.numel() for p in model.parameters()), "args": sorted(kw), "image": size})
+    ref, mine = copy.deepcopy(fresh).double(), copy.deepcopy(fresh)
+    backend = stitchml.StitchBackend()
+    compiled = torch.compile(mine, backend=backend)
     reference = _step(ref, x.double(), w)
     with config.override(fallback_on_error=False, strict=True):
         got = _step(compiled, x, w)
+    nudged = _nudged_eager(model, x, w)
     names, acts, eags, refs, groups = ["output"], [got], [want], [reference], ["output"]
     for (pn, p), q, r in zip(model.named_parameters(), mine.parameters(), ref.parameters()):
         if p.grad is None and r.grad is None and (q.grad is None or not bool((q.grad != 0).any())):
@@ -160,7 +197,18 @@ def run_one(name: str) -> dict:
         eags.append(p.grad)
         refs.append(r.grad)
         groups.append("grad")
+    # eager's error, per tensor: the worst of its run and the nudged runs (a ReLU whose
+    # input sits within rounding of 0 after a batch norm over 8 values flips with an ulp
+    # of the image: fbnetc_100's last bias gradient moves by 1.4 % in one of 5 nudges)
+    from_nudge = 0
+    for i, name in enumerate(names):
+        for alt in nudged.get(name, []):
+            if alt.shape == eags[i].shape and bool(torch.isfinite(alt).all()) and \
+                    _err(alt, refs[i]) > _err(eags[i], refs[i]):
+                eags[i] = alt
+                from_nudge += 1
     j = judge_against_float64(acts, eags, refs, names, groups=groups)
+    row["nudged"] = from_nudge
     worst = max(j.rows, key=lambda t: (t.err_actual / t.allowed) if t.allowed else (0.0 if t.ok else float("inf")))
     records = backend.records
     row.update({
@@ -170,8 +218,48 @@ def run_one(name: str) -> dict:
         "graphs": len(records), "kernels": sum(r.plan.num_kernels for r in records if r.plan is not None),
         "whole_graph_eager": [f"{r.kind}: {r.eager_reason}" for r in records if r.eager_reason is not None],
         "eager": _eager_ops(records)})
-    row["ok"] = j.ok and not row["eager"] and not row["whole_graph_eager"] and row["kernels"] >= 1
+    row["judged"] = "float32"
+    if not j.ok:
+        row["float64"] = _float64_check(fresh, x)
+        if row["float64"]["ok"]:
+            row["judged"] = "float64"
+    row["ok"] = (j.ok or row["judged"] == "float64") and not row["eager"] and not row["whole_graph_eager"] \
+        and row["kernels"] >= 1
     return row
+
+
+def _float64_check(model, x) -> dict:
+    """The same training step compiled by stitch in float64 against eager float64, for a
+    model whose float32 result failed the judge.  Deep CNNs at a batch of 2 and 64 px
+    normalise 8 values a channel in their last stages, where a ReLU input can sit within
+    float32 rounding of 0 (hgnetv2_b0: 1.6e-6, where both float32 runs err by 1e-4): stitch's
+    summation order flips the mask where eager's does not, and a bias gradient moves by
+    1 %.  In float64 the same kernels leave no such tie, so a wrong kernel still shows
+    (normwise 1e-9 relative): a row passes as "float64" only when that holds."""
+    import torch
+
+    import stitchml
+    from stitchml import config
+    from stitchml.testing import judge_against_eager
+    eager, mine = copy.deepcopy(model).double(), copy.deepcopy(model).double()
+    backend = stitchml.StitchBackend()
+    compiled = torch.compile(mine, backend=backend)
+    w: list = []
+    outs = [_step(eager, x.double(), w)]
+    with config.override(fallback_on_error=False, strict=True):
+        outs.append(_step(compiled, x.double(), w))
+    names, acts, eags = ["output"], [outs[1]], [outs[0]]
+    for (pn, p), q in zip(eager.named_parameters(), mine.parameters()):
+        if p.grad is not None and q.grad is not None:
+            names.append(pn)
+            acts.append(q.grad)
+            eags.append(p.grad)
+    j = judge_against_eager(acts, eags, names, rel=1e-9, abs_rel=1e-12)
+    worst = max(j.rows, key=lambda t: t.err_actual / t.allowed if t.allowed else 0.0)
+    return {"ok": j.ok and len(acts) > 1, "checked": len(acts), "worst": worst.name,
+            "ratio": worst.err_actual / worst.allowed if worst.allowed else 0.0,
+            "failed": [t.line() for t in j.rows if not t.ok][:3],
+            "kernels": sum(r.plan.num_kernels for r in backend.records if r.plan is not None)}
 
 
 def _subprocess(name: str, timeout: float) -> dict:
@@ -188,6 +276,13 @@ def _subprocess(name: str, timeout: float) -> dict:
     return row
 
 
+def _result(r: dict) -> str:
+    verdict = "pass" if r["ok"] else "FAIL"
+    if r.get("judged") == "float64":
+        return f"{verdict} in float64 ({r['float64']['checked']}; float32 ratio {r['ratio']:.2f})"
+    return f"{verdict} ({r['checked']})"
+
+
 def _markdown(rows: list[dict], command: str, seconds: float) -> str:
     import torch
     timm = _timm()
@@ -199,20 +294,25 @@ def _markdown(rows: list[dict], command: str, seconds: float) -> str:
            f"drop-path probability 0, a batch of 2 at {IMAGE} px (or the model's own size where it "
            "refuses that); one training step compiled under `fallback_on_error=False` and `STITCHML_STRICT=1`, "
            "the output and every parameter gradient judged against a float64 run (error within 4x eager's own "
-           "plus a few ulps). Ratio: the worst tensor's error over its allowance (≤ 1 passes). Eager ops: ops "
+           "plus a few ulps, eager's own being the worst of its run and of 8 eager runs on the image nudged by "
+           "about an ulp; nudged: the tensors whose allowance came from a nudged run). Where the float32 result "
+           "fails that, the same step is compiled in float64 and judged against eager float64 (normwise 1e-9): "
+           "a deep CNN at a batch of 2 and 64 px normalises 8 values a channel in its last stages, where a ReLU "
+           "input can sit within float32 rounding of 0 and flip with the summation order (\"pass in float64\"; "
+           "its float32 ratio shown). Ratio: the worst tensor's error over its allowance (≤ 1 passes). Eager ops: ops "
            "left eager for a reason other than library work (convolutions, matrix products, sorting). See "
            "`src/stitchml/tools/timm_sweep.py`.", "",
            f"**{ok} of {len(rows)} pass.**", "",
-           "| model | params | image | result | worst ratio (tensor) | graphs | kernels | eager ops | s |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| model | params | image | result | worst ratio (tensor) | nudged | graphs | kernels | eager ops | s |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['name']} | | | ERROR | {r['error']} | | | | {r.get('seconds', '')} |")
+            out.append(f"| {r['name']} | | | ERROR | {r['error']} | | | | | {r.get('seconds', '')} |")
             continue
         eager = "; ".join(r["eager"]) or ("whole graph: " + "; ".join(r["whole_graph_eager"])
                                           if r["whole_graph_eager"] else "none")
         out.append(f"| {r['name']} | {r['params'] / 1e6:.1f} M | {r['image']} | "
-                   f"{'pass' if r['ok'] else 'FAIL'} ({r['checked']}) | {r['ratio']:.2f} ({r['worst']}) | "
+                   f"{_result(r)} | {r['ratio']:.2f} ({r['worst']}) | {r.get('nudged', 0)} | "
                    f"{r['graphs']} | {r['kernels']} | {eager} | {r.get('seconds', '')} |")
     notes = [f"- {r['name']}: {'; '.join(r['failed'])}" for r in rows if r.get("failed")]
     if notes:
