@@ -2,8 +2,8 @@
 architectures, each one training step at two sizes through stitchml under strict mode
 with the fallback off, output and every parameter gradient judged against a float64
 run, then a third size (no recompile beyond Dynamo's own with AOTAutograd, `aot_eager`)
-and, for the decoder, `generate()`.  The full sweep (90 architectures, ~35 min on 2
-cores) is docs/MODELS.md:
+and, for the decoder, `generate()`.  The full sweep (147 architectures, ~45 min on 2
+idle cores) is docs/MODELS.md:
 `python -m stitchml.tools.model_sweep --out docs/MODELS.md`."""
 import pytest
 

@@ -585,20 +585,34 @@ def _eager_ops(records) -> dict[str, int]:
     return eager
 
 
-def _subprocess(name: str, timeout: float) -> dict:
+def _subprocess(name: str, timeout: float, module: str = "stitchml.tools.model_sweep",
+                marker: str = "SWEEP ") -> dict:
+    """`python -m module --one name` in its own process (a crash is a row, not the end of
+    the sweep): the JSON row it prints after `marker`, or an error row.  The vision sweep
+    (`timm_sweep`) runs its models through it too."""
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "stitchml.tools.model_sweep", "--one", name]
+    cmd = [sys.executable, "-m", module, "--one", name]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
     except subprocess.TimeoutExpired:
-        return {"name": name, "ok": False, "error": f"timed out after {timeout:.0f} s"}
-    line = next((x for x in p.stdout.splitlines() if x.startswith("SWEEP ")), None)
+        return {"name": name, "ok": False, "error": f"timed out after {timeout:.0f} s",
+                "seconds": round(time.perf_counter() - t0, 1)}
+    line = next((x for x in p.stdout.splitlines() if x.startswith(marker)), None)
     if line is None:
         tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
         return {"name": name, "ok": False, "error": f"exit {p.returncode}: {' | '.join(tail)[:300]}"}
-    row = json.loads(line[6:])
+    row = json.loads(line[len(marker):])
     row["seconds"] = round(time.perf_counter() - t0, 1)
     return row
+
+
+def write_report(text: str, out: str | None) -> None:
+    """The sweep's markdown into `out`, or printed."""
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        print(text)
 
 
 def _markdown(rows: list[dict], command: str, seconds: float) -> str:
@@ -682,12 +696,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     command = "python -m stitchml.tools.model_sweep" + (f" --models {a.models}" if a.models else "") + \
         (f" --out {a.out}" if a.out else "")
-    text = _markdown(rows, command, time.perf_counter() - t0)
-    if a.out:
-        with open(a.out, "w", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        print(text)
+    write_report(_markdown(rows, command, time.perf_counter() - t0), a.out)
     return 0 if all(r.get("ok") for r in rows) else 1
 
 

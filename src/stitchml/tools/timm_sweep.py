@@ -32,12 +32,13 @@ import copy
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from stitchml.tools.model_sweep import _subprocess, write_report
 
 IMAGE = 64
 
@@ -262,20 +263,6 @@ def _float64_check(model, x) -> dict:
             "kernels": sum(r.plan.num_kernels for r in backend.records if r.plan is not None)}
 
 
-def _subprocess(name: str, timeout: float) -> dict:
-    t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "stitchml.tools.timm_sweep", "--one", name]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("TIMM ")]
-        row = json.loads(lines[-1][5:]) if lines else \
-            {"name": name, "ok": False, "error": (p.stderr.strip().splitlines() or ["no output"])[-1][:300]}
-    except subprocess.TimeoutExpired:
-        row = {"name": name, "ok": False, "error": f"timeout ({timeout:.0f} s)"}
-    row["seconds"] = round(time.perf_counter() - t0, 1)
-    return row
-
-
 def _result(r: dict) -> str:
     verdict = "pass" if r["ok"] else "FAIL"
     if r.get("judged") == "float64":
@@ -351,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     def run(name: str) -> dict:
         if name in done:
             return done[name]
-        row = _subprocess(name, a.timeout)
+        row = _subprocess(name, a.timeout, module="stitchml.tools.timm_sweep", marker="TIMM ")
         if a.rows:
             with open(a.rows, "a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
@@ -366,12 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     models = a.models if len(a.models) <= 80 else f"<{len(names)} names>"
     command = "python -m stitchml.tools.timm_sweep" + (f" --models {models}" if a.models else "") + \
         (f" --rows {os.path.basename(a.rows)}" if a.rows else "") + (f" --out {a.out}" if a.out else "")
-    text = _markdown(rows, command, seconds)
-    if a.out:
-        with open(a.out, "w", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        print(text)
+    write_report(_markdown(rows, command, seconds), a.out)
     return 0 if all(r.get("ok") for r in rows) else 1
 
 
