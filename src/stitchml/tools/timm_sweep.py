@@ -128,17 +128,16 @@ NUDGES = 8
 
 
 def _nudged_eager(model, x, w: list) -> dict[str, list]:
-    """Output and parameter gradients of eager steps on `x` times (1 + u * eps), u
-    uniform in [-1, 1], one draw a nudge; by judge name.  The model is a copy: its
+    """Output and parameter gradients of eager steps on `x` nudged by about an ulp (the
+    fuzzer's `_nudge`: times (1 + u * eps), u uniform in [-1, 1]), one draw a nudge; by
+    judge name.  The model is a copy: its
     gradients and batch-norm statistics are left as they were."""
-    import torch
+    from stitchml.fuzz.cases import _nudge
     out: dict[str, list] = {}
-    eps = torch.finfo(x.dtype).eps
     for k in range(NUDGES):
-        u = torch.rand(x.shape, generator=torch.Generator().manual_seed(11 + k), dtype=torch.float64) * 2 - 1
         m = copy.deepcopy(model)
         m.zero_grad(set_to_none=True)
-        out.setdefault("output", []).append(_step(m, (x.double() * (1 + u * eps)).to(x.dtype), w))
+        out.setdefault("output", []).append(_step(m, _nudge([x], k)[0], w))
         for pn, p in m.named_parameters():
             if p.grad is not None:
                 out.setdefault(pn, []).append(p.grad)
