@@ -37,26 +37,80 @@ def test_remat_recomputes_the_normalised_input_instead_of_saving_it():
 def test_remat_is_on_by_default():
     from torch._functorch.partitioners import default_partition
 
-    from stitchml.capture.backend import _remat_partition, partitioner
+    from stitchml.capture.partition import partitioner, remat_partition
     assert config.KNOBS["remat"].default is True
     with config.override(remat=False):
         assert partitioner() is default_partition
     with config.override(remat=True):
-        assert partitioner() is _remat_partition
+        assert partitioner() is remat_partition
 
 
-def test_remat_guard_spots_a_comparison_with_a_recomputed_tensor():
-    from stitchml.capture.backend import _compares_recomputed
+def test_remat_guard_finds_the_first_recomputed_value_a_comparison_depends_on():
+    from stitchml.capture.partition import recomputed_compared
     aten = torch.ops.aten
 
     def graph(recompute: bool) -> torch.fx.GraphModule:
+        # a backward graph: `sigmoid` recomputed from the saved x (or x itself saved),
+        # scaled by a backward-only `mul`, then compared with the saved m
         g = torch.fx.Graph()
         x, m = g.placeholder("x"), g.placeholder("m")
-        y = g.call_function(aten.sigmoid.default, (x,)) if recompute else x
-        g.output(g.call_function(aten.eq.Tensor, (y, m)))
+        y = g.call_function(aten.sigmoid.default, (x,), name="sigmoid") if recompute else x
+        z = g.call_function(aten.mul.Tensor, (y, 2.0), name="mul")
+        g.output((g.call_function(aten.eq.Tensor, (z, m)), g.call_function(aten.gt.Scalar, (y, 0.5), name="gt")))
         return torch.fx.GraphModule(torch.nn.Module(), g)
 
-    assert _compares_recomputed(graph(True)) and not _compares_recomputed(graph(False))
+    forward = {"sigmoid", "gt"}
+    assert recomputed_compared(graph(True), forward) == ["sigmoid"]
+    assert recomputed_compared(graph(False), forward) == []
+    # the first forward value on the path is the one to save, not what it is made from
+    assert recomputed_compared(graph(True), forward | {"mul"}) == ["mul"]
+    # a comparison with a Python scalar is not one (`gt` reads y and 0.5)
+    assert recomputed_compared(graph(True), {"gt"}) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_remat_keeps_min_cut_around_a_max_pool_and_saves_what_its_backward_compares(monkeypatch, dtype):
+    """Batch norm -> ReLU -> max-pool, as at ResNet's stem: the pool's backward finds
+    each window's arg-max by comparing the window's elements, which min-cut recomputes
+    in half precision (here from the input).  Before, the whole graph then took the
+    default partition (ResNet-50 training, H200 bf16 plan: 10696 MB of stitched traffic
+    against 8224 MB now); now the values the comparisons read are saved and the rest
+    stays recomputed."""
+    import torch._functorch.partitioners as partitioners
+
+    from stitchml.capture import partition
+    from stitchml.testing import compare_against_float64
+    defaults, splits = [], []
+    monkeypatch.setattr(partitioners, "default_partition",
+                        lambda *a, _f=partitioners.default_partition, **k: defaults.append(1) or _f(*a, **k))
+
+    def spy(joint, inputs, _f=partition.remat_partition, **kwargs):
+        fw, bw = _f(joint, inputs, **kwargs)
+        splits.append((bw, partition.forward_values(joint, kwargs["num_fwd_outputs"])))
+        return fw, bw
+    monkeypatch.setattr(partition, "remat_partition", spy)
+
+    def f(x, g, b, w):
+        h = F.relu(F.batch_norm(x, None, None, g, b, training=True))
+        return F.max_pool2d(h, 3, 2, 1) * w
+
+    # every 3x3 window holds 9 values ~0.2 of a channel's spread apart (a random order
+    # per channel, jittered): no near-tie, so the arg-max is the float64 run's too
+    n, c, hgt, wid = 2, 8, 15, 17
+    code = (torch.arange(hgt).view(hgt, 1) % 3 * 3 + torch.arange(wid) % 3).expand(n, c, hgt, wid)
+    order = torch.stack([torch.randperm(9) for _ in range(c)]).float()
+    x = order.view(1, c, 1, 9).expand(n, c, 1, 9).gather(3, code.reshape(n, c, 1, hgt * wid)).view(code.shape)
+    x = (x + torch.rand(x.shape) * 0.4 - 0.2) * (torch.rand(1, c, 1, 1) + 0.5)
+    x = x.to(dtype).to(memory_format=torch.channels_last).requires_grad_()
+    g, b = (torch.rand(c) + 0.5).to(dtype).requires_grad_(), torch.randn(c).to(dtype).requires_grad_()
+    w = torch.randn(1, c, 8, 9).to(dtype).requires_grad_()
+    with config.override(remat=True):
+        comp, judgement = compare_against_float64(f, [x, g, b, w])
+    judgement.assert_ok()
+    assert len(splits) == 1 and not defaults
+    bw, forward = splits[0]
+    assert partition.recomputed_compared(bw, forward) == []
+    assert comp.num_kernels >= 3 and all(r.eager_reason is None for r in comp.backend.records)
 
 
 def test_remat_max_backward_stays_exact():

@@ -333,8 +333,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Split training graphs with AOTAutograd's min-cut rematerialisation partitioner: the backward recomputes "
          "cheap element-wise values from what the forward saves anyway (e.g. RMSNorm's normalised input from x and "
          "the row's rsqrt: modelled backward bytes 539 -> 405 MB at [32768, 1024] fp32) instead of the forward "
-         "writing them and the backward reading them back. A backward that compares a recomputed tensor with a "
-         "saved one (a max/min mask) keeps the default partition for its graph, and a cast out of a half type "
+         "writing them and the backward reading them back. What a backward comparison of two tensors reads (a "
+         "max/min mask, a max-pool's arg-max) is saved, not recomputed, and a cast out of a half type "
          "rounds first, so recomputed values match the saved ones where the program subtracts or compares them. "
          "Off: the default partitioner (saves every intermediate the backward uses)."),
     Knob("attention_sdpa", "STITCHML_ATTENTION_SDPA", True, _bool,

@@ -17,6 +17,7 @@ from ..patterns.common import PatternRecord
 from ..runtime import precompile
 from . import aot_cache
 from .logging_breaks import ignore_once_logging
+from . import partition
 from .decomp import decomposition_table
 
 
@@ -67,7 +68,7 @@ class StitchBackend:
         bypassed = counters["aot_autograd"]["autograd_cache_bypass"]
         with scope:
             compiled = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=fw,
-                                    decompositions=decomposition_table(), partition_fn=partitioner())(gm, example_inputs)
+                                    decompositions=decomposition_table(), partition_fn=partition.partitioner())(gm, example_inputs)
         if self.aot_cache_note is None and counters["aot_autograd"]["autograd_cache_bypass"] > bypassed:
             self.aot_cache_note = ("torch's AOTAutograd cache bypassed this graph (torch logs why at INFO: "
                                    "torch._functorch._aot_autograd.autograd_cache)")
@@ -113,44 +114,6 @@ def writes_into_overlap(gm: torch.fx.GraphModule) -> str | None:
             return (f"{n.name} writes in place into {n.args[0].name}, whose elements share memory (an expanded "
                     f"view): AOTAutograd's functionalisation would drop the write")
     return None
-
-
-_COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
-
-
-def _compares_recomputed(bw: torch.fx.GraphModule) -> bool:
-    """Whether the backward compares two tensors one of which it computes itself: a
-    max/min backward's `x == max` mask, where `x` recomputed in a kernel is not
-    bit-identical to the forward's (fp32 kept between half-precision ops, another FMA
-    contraction), so the mask can lose its hits."""
-    for node in bw.graph.nodes:
-        if node.op != "call_function" or getattr(node.target, "_opname", None) not in _COMPARISONS:
-            continue
-        tensors = [a for a in node.args[:2] if isinstance(a, torch.fx.Node)]
-        if len(tensors) == 2 and any(a.op != "placeholder" for a in tensors):
-            return True
-    return False
-
-
-def _remat_partition(joint_module, joint_inputs, **kwargs):
-    """Min-cut rematerialisation, unless its backward would compare a recomputed value
-    with a saved one: then the default partition, which saves what the forward computed."""
-    from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
-    # (min-cut only dead-code-eliminates and CSEs the joint graph in place: still the
-    # same computation for the default partition)
-    fw, bw = min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
-    if _compares_recomputed(bw):
-        return default_partition(joint_module, joint_inputs, **kwargs)
-    return fw, bw
-
-
-def partitioner() -> Callable:
-    """How AOTAutograd splits the joint training graph (knob `remat`): min-cut
-    rematerialisation trades a saved [rows, cols] activation (written by the forward,
-    read by the backward) for recomputing it in a backward kernel that reads its
-    inputs anyway, which for memory-bound code saves both passes."""
-    from torch._functorch.partitioners import default_partition
-    return _remat_partition if config.get("remat") else default_partition
 
 
 DEFAULT = StitchBackend()

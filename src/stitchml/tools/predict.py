@@ -31,7 +31,7 @@ from ..bench import micro, models
 from ..bench.contenders import make_cotangents
 from ..bench.workload import DTYPES, floor_bytes
 from .. import patterns
-from ..capture.backend import partitioner
+from ..capture.partition import partitioner
 from ..capture.logging_breaks import ignore_once_logging
 from ..capture.decomp import decomposition_table
 from ..lower.lower import lower

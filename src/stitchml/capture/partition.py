@@ -1,0 +1,104 @@
+"""How AOTAutograd splits a joint training graph into forward and backward (knob `remat`).
+
+Min-cut rematerialisation trades a saved [rows, cols] activation (written by the
+forward, read by the backward) for recomputing it in a backward kernel that reads its
+inputs anyway, which for memory-bound code saves both passes.
+
+One thing it must not recompute: a value that a comparison of two tensors in the
+backward depends on.  max/min backward masks `x == max`, max-pool backward finds each
+window's arg-max by comparing the window's elements: a value recomputed in a backward
+kernel is not always bit-identical to the forward's (fp32 kept between half-precision
+ops, another FMA contraction), so the mask can lose its hit or move it.  Those values
+(only the first forward value on each path, not what it is computed from) are marked
+MUST_SAVE in the joint graph and min-cut runs again; the rest of the graph keeps its
+recomputation.  Should a comparison still read a recomputed value after that, the whole
+graph takes the default partition, which saves everything the forward computed.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from torch.fx import GraphModule, Node
+
+from .. import config
+
+_COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+# rounds of marking before giving up on min-cut for a graph (one is enough in every
+# graph seen: the marked values are saved, and what the backward derives from them is
+# backward work, computed once)
+_MAX_ROUNDS = 3
+
+
+def _compares_tensors(node: Node) -> bool:
+    """A comparison of two tensors (a comparison with a Python scalar is left alone:
+    `relu_out <= 0` keeps its sign under recomputation)."""
+    if node.op != "call_function" or getattr(node.target, "_opname", None) not in _COMPARISONS:
+        return False
+    return sum(isinstance(a, Node) for a in node.args[:2]) == 2
+
+
+def forward_values(joint: GraphModule, num_fwd_outputs: int) -> set[str]:
+    """Names of the joint graph's nodes that the forward computes: the ancestors of its
+    first `num_fwd_outputs` outputs (placeholders excluded)."""
+    (out,) = [n for n in joint.graph.nodes if n.op == "output"]
+    stack = [a for a in out.args[0][:num_fwd_outputs] if isinstance(a, Node)]
+    seen: set[str] = set()
+    while stack:
+        n = stack.pop()
+        if n.name in seen or n.op == "placeholder":
+            continue
+        seen.add(n.name)
+        stack.extend(n.all_input_nodes)
+    return seen
+
+
+def recomputed_compared(bw: GraphModule, forward: set[str]) -> list[str]:
+    """Forward values that the backward recomputes and a comparison of two tensors
+    depends on: the first such value on each path from a comparison up its inputs (a
+    comparison the forward made and the backward recomputes is itself one)."""
+    found: list[str] = []
+    seen: set[str] = set()
+    stack = [n for n in bw.graph.nodes if _compares_tensors(n)]
+    while stack:
+        n = stack.pop()
+        if n.name in seen or n.op != "call_function":
+            continue
+        seen.add(n.name)
+        if n.name in forward:
+            found.append(n.name)
+            continue
+        stack.extend(n.all_input_nodes)
+    return sorted(found)
+
+
+def remat_partition(joint_module: GraphModule, joint_inputs, **kwargs) -> tuple[GraphModule, GraphModule]:
+    """Min-cut rematerialisation, with the values that backward comparisons depend on
+    saved (module docstring)."""
+    from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
+    from torch.utils.checkpoint import CheckpointPolicy
+    # min-cut dead-code-eliminates and CSEs the joint graph in place (the same
+    # computation), so the names it gives the split graphs are the joint graph's after
+    # the first call, and a mark set on them is seen by the next call
+    fw, bw = min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
+    forward = forward_values(joint_module, kwargs["num_fwd_outputs"])
+    nodes = {n.name: n for n in joint_module.graph.nodes}
+    for _ in range(_MAX_ROUNDS):
+        recomputed = recomputed_compared(bw, forward)
+        if not recomputed:
+            return fw, bw
+        for name in recomputed:
+            nodes[name].meta["recompute"] = CheckpointPolicy.MUST_SAVE
+        fw, bw = min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
+    if not recomputed_compared(bw, forward):
+        return fw, bw
+    return default_partition(joint_module, joint_inputs, **kwargs)
+
+
+def partitioner() -> Callable:
+    """The partition function AOTAutograd gets: `remat_partition` with the knob `remat`
+    on, else the default partition (saves every intermediate the backward uses)."""
+    from torch._functorch.partitioners import default_partition
+    return remat_partition if config.get("remat") else default_partition
+
+
+__all__ = ["forward_values", "partitioner", "recomputed_compared", "remat_partition"]
