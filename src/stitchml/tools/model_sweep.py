@@ -408,10 +408,10 @@ def run_one(name: str) -> dict:
     model = getattr(transformers, arch.auto).from_config(cfg).float().train(arch.train)
     fresh = copy.deepcopy(model)
     counters.clear()
-    # (a float32-reference model runs a second float32 copy where the others run float64:
-    # the steps below stay the same, the judge differs)
-    ref = copy.deepcopy(model) if arch.reference == "float32" else copy.deepcopy(model).double()
-    if getattr(ref.config, "_experts_implementation", None) not in (None, "eager"):
+    # (a float32-reference model has no float64 run: eager stands in for it below, and
+    # the judge compares with eager alone)
+    ref = model if arch.reference == "float32" else copy.deepcopy(model).double()
+    if ref is not model and getattr(ref.config, "_experts_implementation", None) not in (None, "eager"):
         ref.config._experts_implementation = "eager"   # (grouped matrix products take no float64)
     mine = copy.deepcopy(model)
     backend = stitchml.StitchBackend()
@@ -424,9 +424,14 @@ def run_one(name: str) -> dict:
         for m in (model, ref, mine):
             m.zero_grad(set_to_none=True)
         outs = []
-        for m, ins, run in ((model, inputs, model), (ref, ref_in, ref), (mine, inputs, compiled)):
+        steps = [(model, inputs, model), (mine, inputs, compiled)]
+        if ref is not model:
+            steps.insert(1, (ref, ref_in, ref))
+        for m, ins, run in steps:
             with config.override(fallback_on_error=False, strict=True) if m is mine else contextlib.nullcontext():
                 outs.append(_training_step(run, ins).detach())
+        if ref is model:
+            outs.insert(1, outs[0])
         names, groups, acts, eags, refs = ["output"], ["output"], [outs[2]], [outs[0]], [outs[1]]
         zeros_for_none, missing = [], []
         for (pn, p), q, r in zip(model.named_parameters(), mine.parameters(), ref.parameters()):
