@@ -111,6 +111,21 @@ def test_remat_keeps_min_cut_around_a_max_pool_and_saves_what_its_backward_compa
     bw, forward = splits[0]
     assert partition.recomputed_compared(bw, forward) == []
     assert comp.num_kernels >= 3 and all(r.eager_reason is None for r in comp.backend.records)
+    # what explain shows: one split, min-cut after a second run, the marked values named
+    (rec,) = comp.backend.partitions
+    assert rec.method == "min-cut" and rec.rounds == 2 and rec.saved
+    assert "saved because a backward comparison reads them" in rec.line()
+
+
+def test_explain_shows_how_each_training_graph_was_split():
+    from stitchml.tools.explain import explain
+
+    def f(x):
+        return torch.sigmoid(x).half().amax(-1).float().sum() + x.sum()
+    text = explain(f, torch.randn(16, 24, requires_grad=True), backward=True).to_text()
+    # amax's backward masks `x == max`: the half-precision x it compares is saved, not recomputed
+    assert "training graphs split (AOTAutograd, knob remat):" in text
+    assert "  min-cut rematerialisation, 1 forward value(s) saved because a backward comparison reads them" in text
 
 
 def test_remat_max_backward_stays_exact():

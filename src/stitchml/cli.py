@@ -336,7 +336,7 @@ def _demo_section(title: str, block, x: torch.Tensor, mask: torch.Tensor, *, tra
             traceback.print_exc(file=sys.stdout)
             actual = None
             problems.append(f"{tag}: the compiled run raised {type(e).__name__}: {e}")
-    report = Report(backend.records, backend.patterns)
+    report = Report(backend.records, backend.patterns, partitions=backend.partitions)
     _print_plan(title, report)
     if actual is None:
         checks.append((f"{tag} output", float("inf")))

@@ -29,6 +29,7 @@ class StitchBackend:
         ignore_once_logging()   # (transformers may have been imported after stitchml)
         self.records: list[CompiledGraph] = []
         self.patterns: list[PatternRecord] = []
+        self.partitions: list[partition.PartitionRecord] = []   # how its training graphs were split
         self.aot_cache_note: str | None = None   # why the last graph's AOTAutograd result is not cached
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs) -> Callable:
@@ -66,7 +67,7 @@ class StitchBackend:
             bw = functools.partial(compile_kind, kind="backward")
             scope = contextlib.nullcontext()
         bypassed = counters["aot_autograd"]["autograd_cache_bypass"]
-        with scope:
+        with scope, partition.recording(self.partitions):
             compiled = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=fw,
                                     decompositions=decomposition_table(), partition_fn=partition.partitioner())(gm, example_inputs)
         if self.aot_cache_note is None and counters["aot_autograd"]["autograd_cache_bypass"] > bypassed:

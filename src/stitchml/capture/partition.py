@@ -16,7 +16,9 @@ graph takes the default partition, which saves everything the forward computed.
 """
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 from torch.fx import GraphModule, Node
 
@@ -27,6 +29,43 @@ _COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 # graph seen: the marked values are saved, and what the backward derives from them is
 # backward work, computed once)
 _MAX_ROUNDS = 3
+
+
+@dataclass
+class PartitionRecord:
+    """How one training graph was split (shown by `explain`)."""
+
+    method: str                                      # "min-cut" | "default"
+    saved: list[str] = field(default_factory=list)   # forward values marked MUST_SAVE
+    rounds: int = 1                                  # min-cut runs
+
+    def line(self) -> str:
+        if self.method == "default":
+            return (f"default partition (saves every forward value the backward reads): after {self.rounds} "
+                    f"min-cut runs a backward comparison still read a recomputed value")
+        if not self.saved:
+            return "min-cut rematerialisation"
+        return (f"min-cut rematerialisation, {len(self.saved)} forward value(s) saved because a backward "
+                f"comparison reads them (not recomputed: {', '.join(self.saved[:6])}"
+                f"{', ...' if len(self.saved) > 6 else ''})")
+
+
+_SINKS: list[list[PartitionRecord]] = []
+
+
+@contextlib.contextmanager
+def recording(sink: list[PartitionRecord]) -> Iterator[None]:
+    """Within this block, each split appends its record to `sink` (a backend's list)."""
+    _SINKS.append(sink)
+    try:
+        yield
+    finally:
+        _SINKS.remove(sink)
+
+
+def _record(rec: PartitionRecord) -> None:
+    if _SINKS:
+        _SINKS[-1].append(rec)
 
 
 def _compares_tensors(node: Node) -> bool:
@@ -76,21 +115,28 @@ def remat_partition(joint_module: GraphModule, joint_inputs, **kwargs) -> tuple[
     saved (module docstring)."""
     from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
     from torch.utils.checkpoint import CheckpointPolicy
-    # min-cut dead-code-eliminates and CSEs the joint graph in place (the same
-    # computation), so the names it gives the split graphs are the joint graph's after
-    # the first call, and a mark set on them is seen by the next call
+    # min-cut dead-code-eliminates the joint graph and replaces it by its CSE'd copy (the
+    # same computation, names and node metadata), so the names it gives the split graphs
+    # are those of the joint graph it leaves, and a mark set there is seen by the next call
     fw, bw = min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
     forward = forward_values(joint_module, kwargs["num_fwd_outputs"])
-    nodes = {n.name: n for n in joint_module.graph.nodes}
-    for _ in range(_MAX_ROUNDS):
+    saved: list[str] = []
+    runs = 1
+    while True:
         recomputed = recomputed_compared(bw, forward)
         if not recomputed:
+            _record(PartitionRecord("min-cut", saved, runs))
             return fw, bw
+        nodes = {n.name: n for n in joint_module.graph.nodes}
+        # (a name min-cut made up is not ours to mark)
+        if runs > _MAX_ROUNDS or any(name not in nodes for name in recomputed):
+            break
         for name in recomputed:
             nodes[name].meta["recompute"] = CheckpointPolicy.MUST_SAVE
+        saved += recomputed
         fw, bw = min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
-    if not recomputed_compared(bw, forward):
-        return fw, bw
+        runs += 1
+    _record(PartitionRecord("default", saved, runs))
     return default_partition(joint_module, joint_inputs, **kwargs)
 
 
@@ -101,4 +147,4 @@ def partitioner() -> Callable:
     return remat_partition if config.get("remat") else default_partition
 
 
-__all__ = ["forward_values", "partitioner", "recomputed_compared", "remat_partition"]
+__all__ = ["PartitionRecord", "forward_values", "partitioner", "recomputed_compared", "recording", "remat_partition"]

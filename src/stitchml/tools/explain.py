@@ -15,6 +15,7 @@ from torch._dynamo.utils import counters
 from ..capture.backend import StitchBackend
 from ..compiler import CompiledGraph
 from ..ir.nodes import Fallback
+from ..capture.partition import PartitionRecord
 from ..patterns.common import PatternRecord
 from ..plan.devices import current_device, describe_source
 from ..plan.library_cost import plan_library
@@ -41,8 +42,11 @@ class Report:
     it applied or refused on the Dynamo graphs before AOTAutograd (`PatternRecord`)."""
 
     def __init__(self, graphs: list[CompiledGraph], patterns: Sequence[PatternRecord] | None = None,
-                 graph_breaks: Sequence[tuple[str, int]] | None = None):
+                 graph_breaks: Sequence[tuple[str, int]] | None = None,
+                 partitions: Sequence[PartitionRecord] | None = None):
         self.graphs = graphs
+        # how AOTAutograd split each training graph (capture/partition.py); None: not recorded
+        self.partitions = None if partitions is None else list(partitions)
         self.patterns = list(patterns or ())
         # None: built without the backend's capture (plan_report, records alone): not "none matched"
         self.patterns_recorded = patterns is not None
@@ -124,6 +128,9 @@ class Report:
         applied = sum(r.applied for r in self.patterns)
         lines = [f"pattern rewrites (Dynamo graph, before AOTAutograd): {applied} applied, "
                  f"{len(self.patterns) - applied} refused"] + self.pattern_lines()
+        if self.partitions:   # which forward values the backward recomputes, and which it may not
+            lines.append("training graphs split (AOTAutograd, knob remat):")
+            lines.extend(f"  {r.line()}" for r in self.partitions)
         if self.graph_breaks:   # each break ends a graph: nothing is fused or rewritten across it
             lines.append(f"Dynamo graph breaks: {sum(n for _, n in self.graph_breaks)} (nothing is fused or "
                          f"rewritten across a break; the code between graphs runs eagerly)")
@@ -220,7 +227,7 @@ def explain(fn: Callable, *example_inputs: Any, backward: bool = False, **compil
         loss.backward()
     new = [(_break_line(reason), n - before.get(reason, 0)) for reason, n in breaks.items()
            if n > before.get(reason, 0)]
-    return Report(backend.records, backend.patterns, new)
+    return Report(backend.records, backend.patterns, new, backend.partitions)
 
 
 def _break_line(reason: str) -> str:
