@@ -122,10 +122,14 @@ def test_explain_shows_how_each_training_graph_was_split():
 
     def f(x):
         return torch.sigmoid(x).half().amax(-1).float().sum() + x.sum()
-    text = explain(f, torch.randn(16, 24, requires_grad=True), backward=True).to_text()
+    report = explain(f, torch.randn(16, 24, requires_grad=True), backward=True)
+    text = report.to_text()
     # amax's backward masks `x == max`: the half-precision x it compares is saved, not recomputed
     assert "training graphs split (AOTAutograd, knob remat):" in text
     assert "  min-cut rematerialisation, 1 forward value(s) saved because a backward comparison reads them" in text
+    from stitchml.tools.report_html import partition_section
+    html = partition_section(report)
+    assert "<div id='partitions'>" in html and report.partitions[0].saved[0] in html
 
 
 def test_remat_max_backward_stays_exact():

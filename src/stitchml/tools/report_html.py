@@ -463,6 +463,7 @@ def build_html(report, measured_us: dict[str, float] | None = None, title: str =
         parts.append(_table(["graph", "region", "winner", "rules us", "chosen us", "saved", "note"], rows))
 
     parts.append(pattern_section(report))
+    parts.append(partition_section(report))
 
     # refusals and eager ops
     parts.append("<h2>Refused fusions</h2>")
@@ -532,6 +533,18 @@ def pattern_section(report) -> str:
     return "".join(out)
 
 
+def partition_section(report) -> str:
+    """How AOTAutograd split each training graph (knob remat): min-cut or the default
+    partition, and the forward values kept from recomputation for backward comparisons.
+    Empty where nothing was recorded (inference, a planning-only report, a cache hit)."""
+    recs = getattr(report, "partitions", None) or []
+    if not recs:
+        return ""
+    rows = [[r.method, r.rounds, ", ".join(r.saved) or "—", r.line()] for r in recs]
+    return ("<h2>Training graphs split (AOTAutograd, knob remat)</h2><div id='partitions'>"
+            + _table(["method", "min-cut runs", "saved for backward comparisons", "meaning"], rows) + "</div>")
+
+
 def search_lines(s) -> list[list[Any]]:
     """Rows for the plan-search table: per region where the search reports them,
     else one row for the whole graph."""
@@ -555,4 +568,4 @@ def write_html(report, path: str | os.PathLike, measured_us: dict[str, float] | 
 
 
 __all__ = ["write_html", "build_html", "ReportError", "check_writable", "render_svg", "kernel_colour",
-           "pattern_section"]
+           "pattern_section", "partition_section"]
