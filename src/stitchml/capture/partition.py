@@ -79,8 +79,10 @@ def _compares_tensors(node: Node) -> bool:
 def forward_values(joint: GraphModule, num_fwd_outputs: int) -> set[str]:
     """Names of the joint graph's nodes that the forward computes: the ancestors of its
     first `num_fwd_outputs` outputs (placeholders excluded)."""
+    from torch.utils._pytree import arg_tree_leaves
     (out,) = [n for n in joint.graph.nodes if n.op == "output"]
-    stack = [a for a in out.args[0][:num_fwd_outputs] if isinstance(a, Node)]
+    # (the output's leaves, flattened as the partitioner does: forward outputs first)
+    stack = [a for a in arg_tree_leaves(*out.args)[:num_fwd_outputs] if isinstance(a, Node)]
     seen: set[str] = set()
     while stack:
         n = stack.pop()
