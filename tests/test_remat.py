@@ -113,7 +113,7 @@ def test_remat_keeps_min_cut_around_a_max_pool_and_saves_what_its_backward_compa
     assert comp.num_kernels >= 3 and all(r.eager_reason is None for r in comp.backend.records)
     # what explain shows: one split, min-cut after a second run, the marked values named
     (rec,) = comp.backend.partitions
-    assert rec.method == "min-cut" and rec.rounds == 2 and rec.saved
+    assert rec.method == "min-cut" and rec.runs == 2 and rec.saved
     assert "saved because a backward comparison reads them" in rec.line()
 
 

@@ -11,7 +11,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.utils import counters
 
-from .. import config, fallback, patterns
+from .. import fallback, patterns
 from ..compiler import CompiledGraph, compile_graph
 from ..patterns.common import PatternRecord
 from ..runtime import precompile

@@ -37,11 +37,11 @@ class PartitionRecord:
 
     method: str                                      # "min-cut" | "default"
     saved: list[str] = field(default_factory=list)   # forward values marked MUST_SAVE
-    rounds: int = 1                                  # min-cut runs
+    runs: int = 1                                    # min-cut runs
 
     def line(self) -> str:
         if self.method == "default":
-            return (f"default partition (saves every forward value the backward reads): after {self.rounds} "
+            return (f"default partition (saves every forward value the backward reads): after {self.runs} "
                     f"min-cut runs a backward comparison still read a recomputed value")
         if not self.saved:
             return "min-cut rematerialisation"

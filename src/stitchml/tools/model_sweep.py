@@ -24,7 +24,6 @@ full run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import os
@@ -423,16 +422,11 @@ def run_one(name: str) -> dict:
                   for k, v in inputs.items()}
         for m in (model, ref, mine):
             m.zero_grad(set_to_none=True)
-        outs = []
-        steps = [(model, inputs, model), (mine, inputs, compiled)]
-        if ref is not model:
-            steps.insert(1, (ref, ref_in, ref))
-        for m, ins, run in steps:
-            with config.override(fallback_on_error=False, strict=True) if m is mine else contextlib.nullcontext():
-                outs.append(_training_step(run, ins).detach())
-        if ref is model:
-            outs.insert(1, outs[0])
-        names, groups, acts, eags, refs = ["output"], ["output"], [outs[2]], [outs[0]], [outs[1]]
+        eager_out = _training_step(model, inputs).detach()
+        ref_out = eager_out if ref is model else _training_step(ref, ref_in).detach()
+        with config.override(fallback_on_error=False, strict=True):
+            mine_out = _training_step(compiled, inputs).detach()
+        names, groups, acts, eags, refs = ["output"], ["output"], [mine_out], [eager_out], [ref_out]
         zeros_for_none, missing = [], []
         for (pn, p), q, r in zip(model.named_parameters(), mine.parameters(), ref.parameters()):
             if p.grad is None and r.grad is None:

@@ -540,7 +540,7 @@ def partition_section(report) -> str:
     recs = getattr(report, "partitions", None) or []
     if not recs:
         return ""
-    rows = [[r.method, r.rounds, ", ".join(r.saved) or "—", r.line()] for r in recs]
+    rows = [[r.method, r.runs, ", ".join(r.saved) or "—", r.line()] for r in recs]
     return ("<h2>Training graphs split (AOTAutograd, knob remat)</h2><div id='partitions'>"
             + _table(["method", "min-cut runs", "saved for backward comparisons", "meaning"], rows) + "</div>")
 
