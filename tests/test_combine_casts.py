@@ -35,10 +35,15 @@ def test_half_weight_gradients_are_cast_by_their_combine():
     (comb,) = [k for k in bwd.kernels if k.combine_of]
     g = bwd.graph
     assert len(comb.combine_casts) == 2 and all(g[o].dtype == torch.bfloat16 for o in comb.outputs)
-    with config.override(combine_casts=False):
+    with config.override(combine_casts=False, combine_epilogues=False):
         c, judgement = compare_against_float64(_norm, _inputs())
     judgement.assert_ok()
     assert len(c.backend.records[-1].plan.kernels) == 4     # the two casts as kernels of their own
+    with config.override(combine_casts=False):   # the casts are then the combine's epilogue
+        c, judgement = compare_against_float64(_norm, _inputs())
+    judgement.assert_ok()
+    (comb,) = [k for k in c.backend.records[-1].plan.kernels if k.combine_of]
+    assert len(c.backend.records[-1].plan.kernels) == 2 and len(comb.epilogue) == 2
 
 
 def test_a_sum_read_by_more_than_its_cast_keeps_its_float32_output():

@@ -229,16 +229,19 @@ def _transposed_bias_grad(x, s):
 
 @pytest.mark.parametrize("dtype, rows_per_tile", [(torch.float32, 8), (torch.bfloat16, 16)], ids=["fp32", "bf16"])
 def test_a_transposed_read_beside_column_partials_gets_taller_tiles(dtype, rows_per_tile):
-    """The access probe (plan/access.py) sees the transposed read; the kernel walks tiles
-    of 32 bytes' worth of rows (8 float32, 16 bfloat16) in column blocks instead of 4
-    whole rows, results equal eager's (outputs poisoned), and explain says why."""
+    """The access probe (plan/access.py) sees the transposed read; the kernel takes tiles
+    of 32 bytes' worth of rows (8 float32, 16 bfloat16) instead of 4 whole rows; its 70
+    columns fit one block, so each program walks row blocks, as whole-row partial tiles do
+    (not a program a tile: `test_transposed_tiles_of_few_columns_walk_row_blocks`);
+    results equal eager's (outputs poisoned), and explain says why."""
     x, s = torch.randn(70, 30).to(dtype), torch.tensor(0.5).to(dtype)   # 30 rows: 4 programs on the CPU entry
     c = compare_with_eager(_transposed_bias_grad, [x, s], backward=False,
                            rtol=1e-2 if dtype == torch.bfloat16 else None,
                            atol=1e-2 if dtype == torch.bfloat16 else None)
     plan = c.backend.records[0].plan
     (k,) = [k for k in plan.kernels if k.partials]
-    assert k.mapping.form == "row_looped" and k.mapping.block_r == rows_per_tile, k.mapping.describe()
+    assert k.mapping.form == "packed_rows" and k.mapping.block_r == rows_per_tile, k.mapping.describe()
+    assert k.mapping.grid * k.mapping.row_blocks * rows_per_tile >= 30 and k.mapping.block_c >= 70
     assert k.transposed and all(plan.graph[r].numel == 70 * 30 for r in k.transposed)
     assert any(cb.combine_of == k.name for cb in plan.kernels)
     from stitchml.tools.explain import Report
@@ -266,6 +269,23 @@ def test_transposed_tiles_grow_where_rows_would_give_too_many_programs():
     (k,) = [k for k in plan.kernels if k.partials]
     assert k.transposed and k.mapping.form == "row_looped" and k.mapping.block_r == 32, k.mapping.describe()
     assert k.mapping.grid == 32768 // 32
+
+
+def test_transposed_tiles_of_few_columns_walk_row_blocks():
+    """A transposed read over many rows and few columns (ResNet-50's stem gradient, read
+    [N, C, H, W]-contiguous inside a channels-last batch-norm backward: 401408 rows x 64
+    channels): the tile of 16 bfloat16 rows holds every column, and its programs walk row
+    blocks (at most 2 an SM) instead of one program a tile, which made 12544 programs, a
+    6.4 MB partial buffer and a 26 µs combine (plan for the H200, no kernel run)."""
+    x, w = torch.randn(64, 401408 // 64 * 2), torch.randn(64)
+    x = x[:, : 401408 // 64 * 2].contiguous()
+    with config.override(device="H200"):
+        plan = plan_of(lambda x, w: ((x.t() * w) * 2, (x.t() * w).sum(0)), x.to(torch.bfloat16), w.to(torch.bfloat16))
+    (k,) = [k for k in plan.kernels if k.partials]
+    assert k.transposed and k.mapping.form == "packed_rows" and k.mapping.block_c == 64, k.mapping.describe()
+    assert k.mapping.grid <= 2 * 132 and k.mapping.grid * k.mapping.row_blocks * k.mapping.block_r >= x.shape[1]
+    (comb,) = [c for c in plan.kernels if c.combine_of == k.name]
+    assert comb.domain.rows == k.mapping.grid
 
 
 @pytest.mark.parametrize("dtype, cols", [("bf16", 2048), ("fp32", 1024)])

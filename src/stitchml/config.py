@@ -163,12 +163,23 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "A column reduction summed in float32 whose only reader is a cast (a bias or norm-weight gradient "
          "in bfloat16) is stored cast by the combine kernel of its partials, instead of a one-program "
          "kernel of its own after it (52 such launches a BERT-base backward step). Not yet measured on a GPU."),
+    Knob("combine_epilogues", "STITCHML_COMBINE_EPILOGUES", True, _bool,
+         "Element-wise work over a column reduction's result alone (a batch norm's mean, rstd and "
+         "running-statistics update, read from its combined sums) is computed by the combine kernel after "
+         "its reductions, instead of a one-program kernel after it (two launches a channels-last batch norm). "
+         "Static shapes. Not yet measured on a GPU."),
     Knob("transposed_tiles", "STITCHML_TRANSPOSED_TILES", True, _bool,
          "Kernels with column partials that read an input transposed (unit stride along the rows, a large "
          "stride along the columns) walk tiles of 8-16 rows x a column block instead of 4 whole rows, so "
          "each column's run of contiguous values fills a 32-byte sector (a 4-row tile used a quarter of "
          "it). Chosen by a probe of the kernel's reads at plan time (`plan/access.py`). Not yet measured "
          "on a GPU."),
+    Knob("layout_columns", "STITCHML_LAYOUT_COLUMNS", True, _bool,
+         "A reduction over the dims that are outermost in memory, keeping the innermost (a batch norm's "
+         "statistics over N, H, W of a channels-last tensor), is computed as a column reduction: programs "
+         "of whole contiguous rows of channels walk row blocks and write partials that a combine sums. Off: "
+         "a row reduction per channel, whose programs read one element of every 32-byte sector (2 bytes in "
+         "bfloat16) and number only C (64 on ResNet-50's stem). Not yet measured on a GPU."),
     Knob("split_min_cols", "STITCHML_SPLIT_MIN_COLS", 1024, int,
          "Task splitting: rows split into chunks of at least this many elements, only when there are fewer "
          "rows than two programs per SM (AStitch's rule: split when rows < programs per wave and a row "

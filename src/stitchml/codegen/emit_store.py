@@ -112,10 +112,15 @@ class Stores:
         b = self.b
         n = b.g[nid]
         src = b.g[n.refs[0]]
-        lead = len(n.attr("dims"))
-        red = ix.unravel(b.row_flat, src.shape[:lead])
-        kept = ix.unravel(b.col_flat, src.shape[lead:])
-        v = b.value(src.id, tuple(red) + tuple(kept))
+        # reduced dims along the program's rows, kept along its columns, both in natural
+        # order (leading dims, or leading in memory: `plan/grouping.py::outer_in_memory`)
+        dims = n.attr("dims")
+        kept_dims = [d for d in range(len(src.shape)) if d not in dims]
+        idx: list = [None] * len(src.shape)
+        for ds, flat in ((dims, b.row_flat), (kept_dims, b.col_flat)):
+            for d, e in zip(ds, ix.unravel(flat, tuple(src.shape[d] for d in ds))):
+                idx[d] = e
+        v = b.value(src.id, tuple(idx))
         cd = compute_dtype(n.dtype)
         pid = "tl.program_id(0).to(tl.int64)" if b.idx64 else "tl.program_id(0)"
         row = f"{b.param('partial', nid)} + {pid} * {b.dom.cols}"

@@ -22,12 +22,14 @@ from typing import Callable, Iterator
 
 from ..ir import index as ix
 from ..ir import nodes as ir
-from ..plan.data import KernelPlan
-from .emit_core import COL, ROW, KernelBuilder, vector_elems
+import torch
+
+from ..plan.data import Domain, KernelPlan, Mapping
+from .emit_core import COL, ROW, KernelBuilder, Val, vector_elems
 from .emit_reduce import Reductions
 from .emit_store import Stores
 from .kernel_source import KernelSource
-from .triton_ops import REDUCE_COMBINE, TL_DTYPE, cast_expr, compute_dtype, reduce_identity, store_expr
+from .triton_ops import REDUCE_COMBINE, TL_DTYPE, cast_expr, compute_dtype, reduce_identity, round_half, store_expr
 
 
 def _rows(b: KernelBuilder, pid: str, blocks: int | None = None) -> None:
@@ -240,13 +242,70 @@ def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
             f"    acc{i} = {combine}(acc{i}, tl.load(part{i} + (r + p) * {cols} + c[None, :], "
             f"mask=cmask{i}[None, :] & (r + p < {rows}), other={ident}))",
             f"red{i} = {reduced}",
-            # a one-element output has a constant offset: keep the pointer a block (c * 0)
-            f"tl.store(out{i} + {ix.render(off) if ix.axes(off) else f'(c * 0 + {ix.render(off)})'}, "
-            f"{store}, mask=cmask{i})",
         ]
-        params += [("partial", nid), ("out", dest.id)]
-        names += [f"part{i}", f"out{i}"]
-    return KernelSource(k.name, params, names, lines, k.mapping.grid, k.mapping.num_warps, {})
+        params.append(("partial", nid))
+        names.append(f"part{i}")
+        if dest.id not in k.outputs:
+            continue   # read by the epilogue only (`KernelPlan.epilogue`)
+        # a one-element output has a constant offset: keep the pointer a block (c * 0)
+        lines.append(f"tl.store(dst{i} + {ix.render(off) if ix.axes(off) else f'(c * 0 + {ix.render(off)})'}, "
+                     f"{store}, mask=cmask{i})")
+        params.append(("out", dest.id))
+        names.append(f"dst{i}")
+    levels: dict[int, frozenset] = {}
+    if k.epilogue:
+        b = _epilogue(g, k, {nid: f"red{i}" for i, nid in enumerate(k.dominant)})
+        lines += b.top.lines
+        params += list(b.params)
+        names += [b.pname[p] for p in b.params]
+        levels = {n: frozenset(v) for n, v in b.levels.items()}
+    return KernelSource(k.name, params, names, lines, k.mapping.grid, k.mapping.num_warps, levels)
+
+
+class _EpilogueBuilder(KernelBuilder):
+    """The emitter of a combine kernel's epilogue (`KernelPlan.epilogue`): a point-wise
+    block over the combine's columns whose reductions are the combine's registers."""
+
+    def __init__(self, g: ir.Graph, k: KernelPlan, reds: dict[int, str]):
+        super().__init__(g, k)
+        self.reds = reds
+
+    def value(self, nid: int, index: tuple[ix.Expr, ...]) -> Val:
+        if nid not in self.reds:
+            return super().value(nid, index)
+        n = self.g[nid]
+        # the combine's lane j holds the reduction's element j in its natural order: only
+        # a read at that element (through reshapes) is the register
+        flat = ix.flatten(index, n.shape)
+        lanes = {0, 1, n.numel - 1} if n.numel > 1 else {0}
+        if any(ix.evaluate(flat, {"r0": j}) != j for j in lanes):
+            raise ix.IndexMismatch(f"combine epilogue reads reduction {nid} off its lane")
+        cd = compute_dtype(n.dtype)
+        val = Val(self.reds[nid], frozenset({ROW}), cd)
+        if n.dtype in (torch.float16, torch.bfloat16):   # read as stored, as every reader sees it
+            val = self.emit(self.top, round_half(val.name, n.dtype), val.axes, cd)
+        return val
+
+
+def _epilogue(g: ir.Graph, k: KernelPlan, reds: dict[int, str]) -> KernelBuilder:
+    """Emit `k`'s epilogue: its members at each of the combine's columns, its outputs
+    stored; the program's columns are `tl.program_id(0) * block_c + arange(block_c)`,
+    as the combine's own."""
+    cols = g[k.dominant[0]].numel
+    bc = k.mapping.block_c
+    members = set(k.epilogue)
+    ep = KernelPlan(k.name, k.epilogue, tuple(o for o in k.outputs if o in members), k.inputs, Domain((cols,)),
+                    Mapping("pointwise", bc, 1, k.mapping.num_warps, k.mapping.grid), "local", (), ())
+    b = _EpilogueBuilder(g, ep, reds)
+    b.reductions = Reductions(b)
+    b.row_pid = "tl.program_id(0)"
+    b.top.lines += [f"rflat = tl.program_id(0) * {bc} + tl.arange(0, {bc})", f"rmask = rflat < {cols}",
+                    "zr = rflat * 0"]
+    b.vars = b.define_vars(b.top, ROW)
+    stores = Stores(b)
+    for o in ep.outputs:
+        stores.store(o)
+    return b
 
 
 __all__ = ["DRIVERS", "KernelSource", "generate", "generate_combine", "row_alignment"]

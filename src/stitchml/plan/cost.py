@@ -147,7 +147,10 @@ def predict_seconds(k: KernelPlan, dev=None, warps: int = 0) -> float:
     occupancy = min(1.0, grid / slots) if waves == 1 else grid / (waves * slots)
     # a quarter of the slots busy already saturates DRAM on these parts
     efficiency = min(1.0, occupancy * 4) * dev.efficiency(k.mapping.form)
-    mem = (k.bytes_read + k.bytes_written) / (dev.bandwidth * max(efficiency, 1.0 / slots))
+    # (sectors that transposed reads move beyond their bytes pass through L2 and L1 as
+    # well: priced at the copy bandwidth, an estimate the H200 has not checked yet)
+    moved = k.bytes_read + k.bytes_written + k.sector_waste
+    mem = moved / (dev.bandwidth * max(efficiency, 1.0 / slots))
     atomics = dev.atomic_s * k.domain.rows * k.domain.cols if k.scheme == "scatter" else 0.0
     return dev.launch_s + mem + atomics
 

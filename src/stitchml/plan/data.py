@@ -102,6 +102,14 @@ class KernelPlan:
     row_align: tuple[int, ...] = ()
     # a combine kernel's reductions stored as their only consumer, a cast (reduce id, cast id)
     combine_casts: tuple[tuple[int, int], ...] = ()
+    # bytes of 32-byte sectors that transposed reads move beyond the bytes they use: a
+    # program's rows cover less than a sector of each column's run (`plan/access.py`,
+    # `cost.sector_waste`); priced as more bytes by the cost model
+    sector_waste: int = 0
+    # a combine kernel's epilogue: per-column element-wise members computed from its
+    # reductions after they are complete (a batch norm's rstd and running-statistics
+    # update), in place of a one-program kernel after it (`planner._absorb_epilogues`)
+    epilogue: tuple[int, ...] = ()
 
 
 @dataclass

@@ -35,16 +35,25 @@ def _is_source(n: ir.Node) -> bool:
     return n.kind in (ir.INPUT, ir.OPAQUE, ir.ITEM)
 
 
-def cheap_chains(g: ir.Graph, free=None) -> Iterator[tuple[int, frozenset[int]]]:
+def cheap_chains(g: ir.Graph, free=None, leaf_ok=None) -> Iterator[tuple[int, frozenset[int]]]:
     """Casts of sources (graph inputs, eager results) and cheap element-wise ops (add,
-    sub, mul, neg) and casts whose operands are sources or such nodes (through views), with at
+    sub, mul, neg, division by a constant) and casts whose operands are sources or such nodes (through views), with at
     most two full-size sources in all, in graph order: (node, its sources).  Sources
     broadcast from a tenth of the value's size or less (a norm's saved per-row mean and
     rstd, a weight vector) do not count towards the two: a reader re-reads them from
     cache, so a layer norm's normalised input (x - mean) * rstd is a chain of one source.
     With `free` (a predicate, asked as the walk reaches each node), a chain passes only
-    through nodes for which it holds."""
+    through nodes for which it holds.  With `leaf_ok` (a predicate on a value computed in
+    a kernel), such values are leaves too where it holds (a plan's written values: a
+    batch norm's per-channel mean, a gradient a kernel writes anyway and a later kernel
+    reads as its float32 cast)."""
     chains: dict[int, frozenset[int]] = {}
+
+    def leaf_of(nid: int) -> frozenset[int] | None:
+        found = leaves(nid)
+        if found is None and leaf_ok is not None and leaf_ok(_base(g, nid).id):
+            return frozenset({_base(g, nid).id})
+        return found
 
     def leaves(nid: int) -> frozenset[int] | None:
         n = _base(g, nid)
@@ -57,11 +66,12 @@ def cheap_chains(g: ir.Graph, free=None) -> Iterator[tuple[int, frozenset[int]]]
             continue
         if n.op == "cast":
             # of a source, or of a chain (an RMSNorm backward's float32 copy of dy * w)
-            if (leaf := leaves(n.refs[0])) is not None:
-                chains[n.id] = leaf
-                yield n.id, leaf
-        elif n.op in CHEAP:
-            parts = [leaves(r) for r in n.refs]
+            if (found := leaf_of(n.refs[0])) is not None:
+                chains[n.id] = found
+                yield n.id, found
+        elif n.op in CHEAP or n.op == "truediv" and not isinstance(n.args[1], ir.Ref):
+            # (a division by a constant costs what a multiply does: a batch norm's mean, sum / N)
+            parts = [leaf_of(r) for r in n.refs]
             if any(p is None for p in parts):
                 continue
             leaf = frozenset().union(*parts)

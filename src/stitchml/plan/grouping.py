@@ -86,7 +86,7 @@ class Grouper:
         if n.kind == ir.REDUCE:
             src = self.g[n.refs[0]]
             if self._column_reduce(n, src):
-                kept = tuple(range(len(n.attr("dims")), len(src.shape)))
+                kept = tuple(d for d in range(len(src.shape)) if d not in n.attr("dims"))
                 grp = Group(self._next, {n.id}, Domain(src.shape, kept), (n.id,), True, {n.id})
             else:
                 grp = Group(self._next, {n.id}, Domain(src.shape, n.attr("dims")), (n.id,), True)
@@ -435,12 +435,34 @@ def _numel(d: Domain) -> int:
 def is_column_reduce(n: ir.Node, src: ir.Node, opts: PlanOptions) -> bool:
     """Reduces leading dims and keeps trailing ones (bias gradients, dγ/dβ) that fit on
     chip, or that looped programs of several rows can take (`mapping.partials_fit`):
-    computed as per-program partials over row blocks, then combined."""
+    computed as per-program partials over row blocks, then combined.  Leading in memory
+    counts too: a batch norm's statistics over (N, H, W) of a channels-last tensor keep
+    its innermost dim, C (`outer_in_memory`)."""
     dims = n.attr("dims")
     nd = len(src.shape)
-    if not (n.op in ir.COMBINABLE_REDUCES and 0 < len(dims) < nd and dims == tuple(range(len(dims)))):
+    if not (n.op in ir.COMBINABLE_REDUCES and 0 < len(dims) < nd
+            and (dims == tuple(range(len(dims))) or opts.layout_columns and outer_in_memory(dims, src))):
         return False
     rows = 1
     for d in dims:
         rows *= src.shape[d]
     return partials_fit(rows, n.numel, opts)
+
+
+def outer_in_memory(dims: tuple[int, ...], src: ir.Node) -> bool:
+    """Whether `src` is laid out with the reduced `dims` outside the kept ones: every
+    reduced dim strides over the whole block the kept dims span, and both walk memory
+    outermost first in their natural order.  Such a reduction is a column reduction of a
+    [reduced, kept] matrix whose columns are contiguous (channels-last batch-norm
+    statistics: reduced (0, 2, 3), kept 1 of stride 1).  As a row reduction it would read
+    one element of every 32-byte sector a program loads, and with only C rows it leaves
+    most SMs idle (ResNet-50's 64-channel stem: 64 programs)."""
+    shape = src.shape
+    stride = src.stride or ir.contiguous_strides(tuple(shape))
+    red = [d for d in dims if shape[d] > 1]
+    kept = [d for d in range(len(shape)) if d not in dims and shape[d] > 1]
+    if not red or not kept:
+        return False
+    span = max(stride[d] * shape[d] for d in kept)
+    in_order = all(stride[a] > stride[b] for seq in (red, kept) for a, b in zip(seq, seq[1:]))
+    return in_order and min(stride[d] for d in red) >= span

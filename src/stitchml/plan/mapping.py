@@ -378,6 +378,12 @@ def transposed_tile(domain: Domain, opts: PlanOptions, itemsize: int) -> Mapping
     # looped form's programs per SM (`looped_rows`), as whole-row tiles keep theirs
     br = max(br, looped_rows(rows, opts))
     bc = min(next_pow2(cols), max(32, opts.looped_partial_elems // br))
+    if bc >= cols and not opts.fixed_row_blocks:
+        # the columns fit one block (channels-last batch-norm statistics over 64-512
+        # channels): a tile of whole rows that walks row blocks, as `choose` maps column
+        # partials, instead of a program per row block (ResNet-50's stem: 12544 programs,
+        # a 6.4 MB partial buffer and a 26 µs combine)
+        return Mapping("packed_rows", br, bc, _warps(br * bc), *_partial_walk(rows, br, opts))
     return Mapping("row_looped", br, bc, _warps(br * bc), -(-rows // br))
 
 

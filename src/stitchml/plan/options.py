@@ -34,6 +34,7 @@ class PlanOptions:
     persistent_rows: bool = True   # looped rows read twice or more: 1-2 programs an SM walk rows (L2 reuse)
     looped_partials: bool = True   # column reductions beside long (looped) rows as column partials
     transposed_tiles: bool = True  # column-partial kernels reading an input transposed: 8-16-row tiles
+    layout_columns: bool = True    # reductions over the dims outermost in memory (channels last): column partials
     row_values: bool = True        # flat kernels reading per-row values along long rows: walked as rows
     flat_row_runs: bool = True     # flat kernels reading row runs out of flat order: one element a thread
     layout_order: bool = True      # kernels without reductions walk memory order; transposes in tiles
@@ -46,6 +47,7 @@ class PlanOptions:
     exact_rows: bool = True        # row counts the row block divides: no row mask
     align_rows: bool = True        # looped odd-stride rows: whole column blocks from a 16-byte boundary
     combine_casts: bool = True     # a column reduction's cast (to a half-type gradient) stored by its combine
+    combine_epilogues: bool = True  # per-column element-wise work on a combine's reductions done by the combine
     global_barriers: bool = True   # the global scheme (phases + grid barrier) may be chosen
     horizontal_fusion: bool = True   # independent launch-bound kernels may share a launch
     sibling_fusion: bool = True    # element-wise kernels of one domain reading one buffer merge

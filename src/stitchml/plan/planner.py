@@ -10,7 +10,8 @@ from ..ir import nodes as ir
 from ..ir.cat_sums import fold_cat_sums
 from ..ir.dce import eliminate_dead, merge_duplicates
 from . import mapping as mapping_rules
-from .access import generates, layout_domain, may_reorder, row_run_reads, row_values_domain, transposed_reads
+from .access import (generates, layout_domain, may_reorder, row_run_reads, row_values_domain, sector_waste,
+                     transposed_reads)
 from .cost import input_passes, kernel_bytes, predict_seconds, reread_miss, row_bytes, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, cheap_chains, is_free, mark_recompute, recompute_cheap, source_bytes
@@ -67,7 +68,10 @@ def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan) -> set[int]:
             readers.setdefault(i, []).append(k)
     escapes = gv.escapes   # (the view the plan was made with: its escapes are computed once)
     out: set[int] = set()
-    for nid, leaf in cheap_chains(g, free=lambda m: bool(g[m].attr("recompute"))):
+    # leaves: sources, and values the plan writes anyway (a reader reads them in place of
+    # the chain's result: a column reduction's combined per-channel values, a gradient
+    # written for other kernels whose float32 cast a later kernel reads)
+    for nid, leaf in cheap_chains(g, free=lambda m: bool(g[m].attr("recompute")), leaf_ok=producer.__contains__):
         n = g[nid]
         if nid not in producer or nid in escapes or n.attr("recompute"):
             continue
@@ -120,8 +124,70 @@ def _plan_once(g: ir.Graph, gv: GraphView, forbidden: frozenset, opts: PlanOptio
             plan.steps.append(EagerStep(n.id, n.op, n.attr("reason", "")))
     if opts.combine_casts:
         _absorb_casts(plan, g, gv, opts)
+    if opts.combine_epilogues and not opts.fixed_row_blocks:
+        _absorb_epilogues(plan, g, gv, opts)
     plan.unfused_bytes = unfused_bytes(g)
     return plan
+
+
+def _absorb_epilogues(plan: Plan, g: ir.Graph, gv: GraphView, opts: PlanOptions) -> None:
+    """Per-column element-wise work on a column reduction's result (a batch norm's mean,
+    variance, rstd and running-statistics update; a weight gradient's scaling) was a
+    kernel of one program after the combine: two launches a channels-last batch norm, a
+    hundred a ResNet-50 step.  The combine computes it as its epilogue instead, when
+    every member of that kernel is element-wise over the combine's columns, it reads at
+    least one of the combine's reductions, and everything else it reads exists before the
+    combine runs (so moving it up changes no order).  Kernels that read the epilogue's
+    results in turn are taken in as well (the combine's registers grow)."""
+    from ..codegen.triton_kernel import generate_combine   # (code generation builds on plan data)
+    steps = plan.steps
+    written_at: dict[int, int] = {}
+    for i, s in enumerate(steps):
+        for o in (s.outputs if isinstance(s, KernelPlan) else (s.node,)):
+            written_at.setdefault(o, i)
+    drop: set[str] = set()
+    for ci, c in enumerate(steps):
+        if not (isinstance(c, KernelPlan) and c.combine_of) or c.combine_casts:
+            continue
+        cols = {g[p].numel for p in c.dominant}
+        if len(cols) != 1:
+            continue
+        (width,) = cols
+        held = set(c.dominant)   # values the combine has in registers
+        for j in range(ci + 1, len(steps)):
+            k = steps[j]
+            if isinstance(k, EagerStep) and gv._mutates(g[k.node]):
+                break   # (a mutation fence: nothing moves across it)
+            if (not isinstance(k, KernelPlan) or k.name in drop or k.combine_of or k.partials or k.dominant
+                    or k.seeds or k.scheme == "scatter" or not k.domain.is_flat or not set(k.inputs) & held
+                    or not all(g[m].kind == ir.POINTWISE and g[m].numel == width for m in k.members)
+                    or not all(i in held or written_at.get(i, -1) < ci and g[i].numel in (width, 1)
+                               for i in k.inputs)):
+                continue
+            trial = replace(c, members=c.members + k.members, epilogue=c.epilogue + k.members,
+                            outputs=c.outputs + k.outputs,
+                            inputs=c.inputs + tuple(i for i in k.inputs if i not in held and i not in c.inputs))
+            try:
+                generate_combine(g, trial)
+            except ix.IndexMismatch:
+                continue
+            c.members, c.epilogue, c.outputs, c.inputs = trial.members, trial.epilogue, trial.outputs, trial.inputs
+            held |= set(k.members)
+            drop.add(k.name)
+        if c.epilogue:
+            # a reduction the epilogue alone reads is no longer stored
+            inside = set(c.members)
+            keep = {p for p in c.dominant if p in gv.escapes or any(u not in inside for u in gv.consumers[p])}
+            gone = {p for p in c.dominant if p not in keep}
+            c.outputs = tuple(o for o in c.outputs if o not in gone)
+            plan.materialized -= gone
+            rows = c.domain.shape[0]
+            c.bytes_read = (sum(rows * g[p].numel * 4 for p in c.dominant)
+                            + sum(g[i].numel * g[i].dtype.itemsize for i in c.inputs))
+            c.bytes_written = sum(g[o].numel * g[o].dtype.itemsize for o in c.outputs)
+            c.predicted_s = predict_seconds(c, opts.device)
+    if drop:
+        plan.steps = [s for s in steps if not (isinstance(s, KernelPlan) and s.name in drop)]
 
 
 def _absorb_casts(plan: Plan, g: ir.Graph, gv: GraphView, opts: PlanOptions) -> None:
@@ -296,6 +362,9 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
                 # the probe generates the kernel, and this one's indices do not line up:
                 # no anchor; the plan's validity check (`_invalid_kernel`) splits it
                 kp.row_align = ()
+    if not kp.domain.is_flat and not scatter and may_reorder(g, kp):
+        # transposed reads whose runs fall short of a sector: priced as the sectors moved
+        kp.sector_waste = sector_waste(g, kp, list(kp.transposed) or transposed_reads(g, kp))
     kp.exact_rows = opts.exact_rows and not opts.fixed_row_blocks
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp, opts.device)
     kp.predicted_s = predict_seconds(kp, opts.device)
