@@ -84,6 +84,11 @@ def test_channels_last_batch_norm_statistics_are_column_partials(dtype):
         assert stats and all(k.domain.col_dims == (1,) and k.partials for k in stats), \
             [(k.domain.col_dims, k.mapping.describe()) for k in rec.plan.kernels]
         assert not any(k.sector_waste for k in rec.plan.kernels)
+    # x - mean (float32, full size) is recomputed by the normalising kernel from x and the
+    # written mean, not written by the variance's partial kernel (`_cheaper_recomputed`)
+    g = fwd.plan.graph
+    assert not any(g[o].numel == inputs[0].numel() for k in fwd.plan.kernels if k.partials
+                   for o in k.outputs if o not in k.partials), [k.outputs for k in fwd.plan.kernels]
     assert len(fwd.plan.kernels) == 5, [k.mapping.describe() for k in fwd.plan.kernels]
     assert len(bwd.plan.kernels) == 3, [k.mapping.describe() for k in bwd.plan.kernels]
     # the per-channel work (rstd, running statistics) is the second combine's epilogue
@@ -148,3 +153,32 @@ def test_a_weight_gradient_scaled_after_its_column_sum_is_the_combines_epilogue(
     assert len(plan.kernels) == 2, [k.mapping.describe() for k in plan.kernels]
     (comb,) = [k for k in plan.kernels if k.combine_of]
     assert comb.epilogue and not set(comb.dominant) & set(comb.outputs)
+
+
+def test_an_epilogue_that_reads_a_reduction_off_its_lane_stays_a_kernel():
+    """Per-column work that reads the reduction transposed (column j needs element
+    5 * (j % 8) + j // 8) cannot run in the combine's lane j: the emitter's lane check
+    raises IndexMismatch, the planner keeps the kernel after the combine, and the result is
+    eager's."""
+    def fn(g):
+        col = g.sum((0, 2, 3))
+        return col.reshape(5, 8).t().reshape(40) * 2 + 1
+
+    g = torch.randn(3, 40, 5, 6).to(memory_format=torch.channels_last)
+    c = compare_with_eager(fn, [g], backward=False)
+    plan = c.backend.records[0].plan
+    (comb,) = [k for k in plan.kernels if k.combine_of]
+    assert not comb.epilogue and len(plan.kernels) == 3, [k.mapping.describe() for k in plan.kernels]
+
+
+def test_explain_names_the_layout_column_reduction_and_the_epilogue():
+    from stitchml.tools.explain import Report
+    c = compare_with_eager(bn_relu, _inputs(torch.float32))
+    text = Report(c.backend.records).to_text()
+    assert "column reduction over the dims outermost in memory (rows: dims (0, 2, 3), columns: dims (1,)" in text
+    assert "epilogue after its reductions, per column (" in text and "rsqrt" in text
+    # knob off, rows looped one channel a program (short rows made to loop; the H200's
+    # table: 64 channels are too few programs for taller tiles)
+    with config.override(layout_columns=False, device="H200", persistent_max_cols=16, loop_block_cols=32):
+        c = compare_with_eager(bn_relu, _inputs(torch.float32, shape=(2, 64, 6, 6)))
+    assert "strided reads: 1-row tiles use part of each 32-byte sector" in Report(c.backend.records).to_text()

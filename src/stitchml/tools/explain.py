@@ -182,6 +182,17 @@ class Report:
                         reads = ", ".join(f"%{r}" for r in step.transposed)
                         lines.append(f"      reads {reads} transposed: {step.mapping.block_r}-row tiles, so each "
                                      "column's run of contiguous values fills a 32-byte sector")
+                    if getattr(step, "sector_waste", 0):   # (plans cached before the field have none)
+                        lines.append(f"      strided reads: {step.mapping.block_r}-row tiles use part of each "
+                                     f"32-byte sector; the unused {_mb(step.sector_waste)} are priced as bytes moved")
+                    if step.partials and step.domain.col_dims != tuple(
+                            range(len(step.domain.shape) - len(step.domain.col_dims), len(step.domain.shape))):
+                        lines.append(f"      column reduction over the dims outermost in memory (rows: dims "
+                                     f"{step.domain.row_dims}, columns: dims {step.domain.col_dims}, contiguous)")
+                    if getattr(step, "epilogue", ()):   # (plans cached before the field have none)
+                        ops = ", ".join(g[m].op for m in step.epilogue)
+                        lines.append(f"      epilogue after its reductions, per column ({ops}): a one-program "
+                                     "kernel fewer")
                 else:
                     lp = prices.get(step.node)
                     cost = "" if lp is None else (f" [{lp.kind}: no price, {lp.note}]" if lp.kind == "unpriced" else
