@@ -89,6 +89,12 @@ def test_channels_last_batch_norm_statistics_are_column_partials(dtype):
     g = fwd.plan.graph
     assert not any(g[o].numel == inputs[0].numel() for k in fwd.plan.kernels if k.partials
                    for o in k.outputs if o not in k.partials), [k.outputs for k in fwd.plan.kernels]
+    # and in the backward, the ReLU's select of the gradient and its float32 cast are
+    # recomputed by the dx kernel from the saved output and the gradient (3 bytes an
+    # element in bf16) rather than written in float32 and read back (8)
+    g = bwd.plan.graph
+    assert dtype == torch.float32 or not any(g[o].numel == inputs[0].numel() and g[o].dtype == torch.float32
+                                             for k in bwd.plan.kernels for o in k.outputs), bwd.plan.kernels
     assert len(fwd.plan.kernels) == 5, [k.mapping.describe() for k in fwd.plan.kernels]
     assert len(bwd.plan.kernels) == 3, [k.mapping.describe() for k in bwd.plan.kernels]
     # the per-channel work (rstd, running statistics) is the second combine's epilogue

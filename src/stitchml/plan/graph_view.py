@@ -21,6 +21,10 @@ def is_free(n: ir.Node) -> bool:
 
 # element-wise ops cheap enough to compute again in every kernel that reads them
 CHEAP = frozenset({"add", "sub", "mul", "neg"})
+# and, weighed against a plan's kernels (`cheap_chains` with `leaf_ok`), comparisons and
+# selects: a ReLU's backward, where(relu_out <= 0, 0, dy), whose float32 cast a
+# channels-last batch-norm backward's partial kernel otherwise writes for its dx kernel
+SELECTS = frozenset({"where", "le", "lt", "ge", "gt", "eq", "ne", "logical_not", "bitwise_and", "bitwise_or"})
 
 
 def _base(g: ir.Graph, nid: int) -> ir.Node:
@@ -46,14 +50,21 @@ def cheap_chains(g: ir.Graph, free=None, leaf_ok=None) -> Iterator[tuple[int, fr
     through nodes for which it holds.  With `leaf_ok` (a predicate on a value computed in
     a kernel), such values are leaves too where it holds (a plan's written values: a
     batch norm's per-channel mean, a gradient a kernel writes anyway and a later kernel
-    reads as its float32 cast)."""
+    reads as its float32 cast), constants are leaves of no bytes, and comparisons and
+    selects (`SELECTS`) are cheap too."""
     chains: dict[int, frozenset[int]] = {}
 
     def leaf_of(nid: int) -> frozenset[int] | None:
         found = leaves(nid)
-        if found is None and leaf_ok is not None and leaf_ok(_base(g, nid).id):
-            return frozenset({_base(g, nid).id})
+        if found is None and leaf_ok is not None:
+            base = _base(g, nid)
+            if leaf_ok(base.id):
+                return frozenset({base.id})
+            if base.kind == ir.POINTWISE and base.op in FREE_POINTWISE:
+                return frozenset()   # a constant: every reader computes it anyway
         return found
+
+    cheap = CHEAP | SELECTS if leaf_ok is not None else CHEAP
 
     def leaves(nid: int) -> frozenset[int] | None:
         n = _base(g, nid)
@@ -69,7 +80,7 @@ def cheap_chains(g: ir.Graph, free=None, leaf_ok=None) -> Iterator[tuple[int, fr
             if (found := leaf_of(n.refs[0])) is not None:
                 chains[n.id] = found
                 yield n.id, found
-        elif n.op in CHEAP or n.op == "truediv" and not isinstance(n.args[1], ir.Ref):
+        elif n.op in cheap or n.op == "truediv" and not isinstance(n.args[1], ir.Ref):
             # (a division by a constant costs what a multiply does: a batch norm's mean, sum / N)
             parts = [leaf_of(r) for r in n.refs]
             if any(p is None for p in parts):

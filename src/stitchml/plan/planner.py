@@ -71,7 +71,14 @@ def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan) -> set[int]:
     # leaves: sources, and values the plan writes anyway (a reader reads them in place of
     # the chain's result: a column reduction's combined per-channel values, a gradient
     # written for other kernels whose float32 cast a later kernel reads)
-    for nid, leaf in cheap_chains(g, free=lambda m: bool(g[m].attr("recompute")), leaf_ok=producer.__contains__):
+    # a chain passes through free values and through members no other kernel reads (a
+    # ReLU backward's mask and select inside the kernel that writes its float32 cast):
+    # those are then computed by the readers too
+    def internal(m: int) -> bool:
+        return bool(g[m].attr("recompute")) or (m not in producer and m not in escapes
+                                                and g[m].kind == ir.POINTWISE)
+
+    for nid, leaf in cheap_chains(g, free=internal, leaf_ok=producer.__contains__):
         n = g[nid]
         if nid not in producer or nid in escapes or n.attr("recompute"):
             continue
@@ -80,7 +87,22 @@ def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan) -> set[int]:
         recomputed = sum(source_bytes(g, [s for s in leaf if s not in k.inputs]) for k in others)
         if recomputed < written:
             out.add(nid)
+            out |= _interior(g, nid, leaf)
     return out
+
+
+def _interior(g: ir.Graph, nid: int, leaf) -> set[int]:
+    """The members between a chain's result and its leaves that are not free yet."""
+    found: set[int] = set()
+    stack = list(g[nid].refs)
+    while stack:
+        n = g[stack.pop()]
+        if n.kind == ir.VIEW:
+            stack.extend(n.refs)
+        elif n.id not in leaf and n.id not in found and n.kind == ir.POINTWISE and not is_free(n):
+            found.add(n.id)
+            stack.extend(n.refs)
+    return found
 
 
 def _invalid_kernel(g: ir.Graph, plan: Plan) -> KernelPlan | None:
