@@ -60,7 +60,8 @@ def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan) -> set[int]:
     writes and other kernels read, where the readers would read fewer bytes computing
     them from their sources (those a reader does not read anyway) than writing the value
     and reading it back costs: a float32 softmax backward's dy * y over split rows, whose
-    last kernel reads y anyway.  A residual add read by one more kernel (a tie) stays written."""
+    last kernel reads y anyway.  A residual add read by one more kernel (a tie) stays written.
+    Returned with the unwritten members of their chains (`_interior`)."""
     producer = {o: k for k in plan.kernels for o in k.outputs}
     readers: dict[int, list[KernelPlan]] = {}
     for k in plan.kernels:
@@ -68,12 +69,12 @@ def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan) -> set[int]:
             readers.setdefault(i, []).append(k)
     escapes = gv.escapes   # (the view the plan was made with: its escapes are computed once)
     out: set[int] = set()
-    # leaves: sources, and values the plan writes anyway (a reader reads them in place of
-    # the chain's result: a column reduction's combined per-channel values, a gradient
-    # written for other kernels whose float32 cast a later kernel reads)
-    # a chain passes through free values and through members no other kernel reads (a
-    # ReLU backward's mask and select inside the kernel that writes its float32 cast):
-    # those are then computed by the readers too
+    # A chain's leaves are sources and values the plan writes anyway (a reader reads them
+    # in place of the chain's result: a column reduction's combined per-channel values, a
+    # gradient written for other kernels whose float32 cast a later kernel reads).  It
+    # passes through free values and through members no other kernel reads (a ReLU
+    # backward's mask and select inside the kernel that writes its float32 cast): those
+    # are then computed by the readers too.
     def internal(m: int) -> bool:
         return bool(g[m].attr("recompute")) or (m not in producer and m not in escapes
                                                 and g[m].kind == ir.POINTWISE)
