@@ -40,7 +40,7 @@ def eliminate_dead(g: Graph) -> Graph:
 
 
 
-def _mutates(g: Graph, n) -> bool:
+def mutates(g: Graph, n) -> bool:
     """Whether eager node `n` writes one of its operands (a mutable ATen schema)."""
     schema = getattr(g.eager_calls.get(n.id, (None,))[0], "_schema", None)
     return bool(schema is not None and schema.is_mutable)
@@ -73,7 +73,7 @@ def merge_duplicates(g: Graph) -> Graph:
         return a
 
     for n in g.nodes:
-        if n.kind == OPAQUE and _mutates(g, n):
+        if n.kind == OPAQUE and mutates(g, n):
             first.clear()   # an eager op writes a buffer here: a twin after it may read new values
             continue
         if n.kind not in _PURE:
@@ -101,4 +101,4 @@ def merge_duplicates(g: Graph) -> Graph:
     return new
 
 
-__all__ = ["eliminate_dead", "live_nodes", "merge_duplicates"]
+__all__ = ["eliminate_dead", "live_nodes", "merge_duplicates", "mutates"]

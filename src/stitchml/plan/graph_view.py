@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import Iterator
 
 from ..ir import nodes as ir
+from ..ir.dce import mutates
 
 # Pure functions of the element index: duplicated into every kernel that reads them.
 FREE_POINTWISE = frozenset({"full", "iota"})
@@ -155,7 +156,7 @@ class GraphView:
         # mutation fences: an eager op that writes its first argument runs after every
         # earlier reader of that buffer and before every later one
         for n in self.g.nodes:
-            if n.kind == ir.OPAQUE and self._mutates(n):
+            if n.kind == ir.OPAQUE and self.mutates(n):
                 target = n.refs[0] if n.refs else None
                 for r in self._readers(target):
                     if r < n.id and n.id not in users[r]:
@@ -164,10 +165,9 @@ class GraphView:
                         users[n.id].append(r)
         return users
 
-    def _mutates(self, n: ir.Node) -> bool:
-        target = self.g.eager_calls.get(n.id, (None,))[0]
-        schema = getattr(target, "_schema", None)
-        return bool(schema is not None and schema.is_mutable)
+    def mutates(self, n: ir.Node) -> bool:
+        """Whether eager op `n` writes its first argument (a mutation fence)."""
+        return mutates(self.g, n)
 
     def _readers(self, nid):
         if nid is None:

@@ -179,7 +179,7 @@ def _absorb_epilogues(plan: Plan, g: ir.Graph, gv: GraphView, opts: PlanOptions)
         held = set(c.dominant)   # values the combine has in registers
         for j in range(ci + 1, len(steps)):
             k = steps[j]
-            if isinstance(k, EagerStep) and gv._mutates(g[k.node]):
+            if isinstance(k, EagerStep) and gv.mutates(g[k.node]):
                 break   # (a mutation fence: nothing moves across it)
             if (not isinstance(k, KernelPlan) or k.name in drop or k.combine_of or k.partials or k.dominant
                     or k.seeds or k.scheme == "scatter" or not k.domain.is_flat or not set(k.inputs) & held
