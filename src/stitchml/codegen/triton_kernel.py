@@ -20,10 +20,10 @@ import sys
 from dataclasses import replace
 from typing import Callable, Iterator
 
-from ..ir import index as ix
-from ..ir import nodes as ir
 import torch
 
+from ..ir import index as ix
+from ..ir import nodes as ir
 from ..plan.data import Domain, KernelPlan, Mapping
 from .emit_core import COL, ROW, KernelBuilder, Val, vector_elems
 from .emit_reduce import Reductions

@@ -369,7 +369,8 @@ def transposed_tile(domain: Domain, opts: PlanOptions, itemsize: int) -> Mapping
     fewer, down to 8, where that leaves under a program per SM; more, up to 32, where
     the grid would pass `partial_programs_per_sm` programs per SM), walking column blocks
     of `looped_partial_elems / rows` columns; each program stores one partial row per
-    column block (the looped form's partials)."""
+    column block (the looped form's partials).  Where the columns fit one block, the
+    tiles hold whole rows and each program walks row blocks (`_partial_walk`)."""
     rows, cols = domain.rows, domain.cols
     br = max(8, TRANSPOSED_RUN_BYTES // max(itemsize, 1))
     while br > 8 and -(-rows // br) < opts.device.sms:
