@@ -19,7 +19,7 @@ from stitchml.plan.grouping import outer_in_memory
 from stitchml.testing import compare_against_float64, compare_with_eager
 
 sys.path.insert(0, "tests")
-from planning import plan_on  # noqa: E402
+from planning import plan_of  # noqa: E402
 
 
 def bn_relu(x, w, b, rm, rv):
@@ -122,7 +122,6 @@ def test_knob_off_prices_the_sectors_of_a_channel_per_row():
     def fn(x, w, b):
         return F.relu(F.batch_norm(x, None, None, w, b, training=True, eps=1e-5))
 
-    from planning import plan_of
     with config.override(device="H200", layout_columns=False):
         rows = plan_of(fn, x, w, w)
     with config.override(device="H200"):
