@@ -204,10 +204,7 @@ def _absorb_epilogues(plan: Plan, g: ir.Graph, gv: GraphView, opts: PlanOptions)
             gone = {p for p in c.dominant if p not in keep}
             c.outputs = tuple(o for o in c.outputs if o not in gone)
             plan.materialized -= gone
-            rows = c.domain.shape[0]
-            c.bytes_read = (sum(rows * g[p].numel * 4 for p in c.dominant)
-                            + sum(g[i].numel * g[i].dtype.itemsize for i in c.inputs))
-            c.bytes_written = sum(g[o].numel * g[o].dtype.itemsize for o in c.outputs)
+            c.bytes_read, c.bytes_written = _combine_bytes(g, c)
             c.predicted_s = predict_seconds(c, opts.device)
     if drop:
         plan.steps = [s for s in steps if not (isinstance(s, KernelPlan) and s.name in drop)]
@@ -243,7 +240,7 @@ def _absorb_casts(plan: Plan, g: ir.Graph, gv: GraphView, opts: PlanOptions) -> 
         c.members = tuple(c.dominant) + tuple(u for _, u in casts)
         c.outputs = tuple(absorbed.get(p, p) for p in c.dominant)
         plan.materialized -= set(absorbed)
-        c.bytes_written = sum(g[o].numel * g[o].dtype.itemsize for o in c.outputs)
+        c.bytes_read, c.bytes_written = _combine_bytes(g, c)
         c.predicted_s = predict_seconds(c, opts.device)
     if drop:
         plan.steps = [s for s in plan.steps if not (isinstance(s, KernelPlan) and s.name in drop)]
@@ -407,10 +404,18 @@ def _combine(name: str, k: KernelPlan, g: ir.Graph, opts: PlanOptions) -> Kernel
     mp = mapping_rules.combine_mapping(rows, cols, opts, k.mapping.num_warps if k.mapping.column_lanes else 16)
     kp = KernelPlan(name, k.partials, k.partials, (), Domain((rows, cols), (1,)), mp, "combine", k.partials, (),
                     combine_of=k.name)
-    kp.bytes_read = sum(rows * g[n].numel * 4 for n in k.partials)
-    kp.bytes_written = sum(g[n].numel * g[n].dtype.itemsize for n in k.partials)
+    kp.bytes_read, kp.bytes_written = _combine_bytes(g, kp)
     kp.predicted_s = predict_seconds(kp, opts.device)
     return kp
+
+
+def _combine_bytes(g: ir.Graph, c: KernelPlan) -> tuple[int, int]:
+    """A combine's modelled bytes: its partial rows (float32, one a program of the kernel it
+    combines) and its epilogue's inputs read, its outputs written."""
+    rows = c.domain.shape[0]
+    read = (sum(rows * g[p].numel * 4 for p in c.dominant)
+            + sum(g[i].numel * g[i].dtype.itemsize for i in c.inputs))
+    return read, sum(g[o].numel * g[o].dtype.itemsize for o in c.outputs)
 
 
 def _schedule(g: ir.Graph, gv: GraphView, groups: list[Group], group_of: dict[int, Group]) -> list:
