@@ -180,6 +180,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "of whole contiguous rows of channels walk row blocks and write partials that a combine sums. Off: "
          "a row reduction per channel, whose programs read one element of every 32-byte sector (2 bytes in "
          "bfloat16) and number only C (64 on ResNet-50's stem). Not yet measured on a GPU."),
+    Knob("free_cats", "STITCHML_FREE_CATS", True, _bool,
+         "A concatenation whose parts are cheap to read (an input padded with a constant, a gradient "
+         "interleaved with zeros) is computed by the kernels that read it, each part loaded under its "
+         "position's mask, where the plan weighs that cheaper than writing it and reading it back: a "
+         "pooling window reads the input in place of its -inf padded copy. Not yet measured on a GPU."),
     Knob("split_min_cols", "STITCHML_SPLIT_MIN_COLS", 1024, int,
          "Task splitting: rows split into chunks of at least this many elements, only when there are fewer "
          "rows than two programs per SM (AStitch's rule: split when rows < programs per wave and a row "

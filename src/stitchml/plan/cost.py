@@ -96,10 +96,38 @@ def kernel_bytes(g: ir.Graph, k: KernelPlan, dev=None) -> tuple[int, int]:
     touched = k.domain.rows * k.domain.cols
     miss = reread_miss(g, k, dev or current_device())
     passes = input_passes(g, k) if k.mapping.form == "row_looped" else dict.fromkeys(k.inputs, 1)
-    read = int(sum(min(_nbytes(g[i]), _nbytes(g[i], touched)) * (1 + (passes[i] - 1) * miss) for i in k.inputs))
+    paths = read_paths(g, k)
+    read = int(sum(min(_nbytes(g[i]), _nbytes(g[i], touched) * paths.get(i, 1)) * (1 + (passes[i] - 1) * miss)
+                   for i in k.inputs))
     written = sum(_nbytes(g[o]) for o in k.outputs if o not in k.partials)
     written += sum(k.mapping.grid * g[p].numel * 4 for p in k.partials)
     return read, written
+
+
+def read_paths(g: ir.Graph, k: KernelPlan) -> dict[int, int]:
+    """How many index maps each input is read through: paths from the kernel's members
+    to it through free nodes.  An input larger than the kernel's domain read through
+    several maps touches up to that many domains' worth of it (a pooling window's nine
+    strided slices of its padded input touch all of it; the two halves of a chunk, both)."""
+    inputs = set(k.inputs)
+    members = set(k.members)
+    count: dict[int, int] = {}
+    seen = set(members)
+    stack = list(members)
+    while stack:   # the closure: members and the free nodes between them and the inputs
+        for r in g[stack.pop()].refs:
+            if r not in seen:
+                seen.add(r)
+                if r not in inputs and is_free(g[r]):
+                    stack.append(r)
+    for nid in sorted(seen, reverse=True):   # a node's readers have larger ids
+        if nid in inputs:
+            continue
+        weight = 1 if nid in members else count.get(nid, 0)
+        if weight:
+            for r in set(g[nid].refs):
+                count[r] = count.get(r, 0) + weight
+    return {i: count.get(i, 1) for i in k.inputs}
 
 
 def _as_eager(g: ir.Graph) -> ir.Graph:

@@ -17,7 +17,8 @@ EXPENSIVE = frozenset({"exp", "exp2", "log", "log2", "log1p", "expm1", "tanh", "
 
 
 def is_free(n: ir.Node) -> bool:
-    return n.kind == ir.VIEW or (n.kind == ir.POINTWISE and (n.op in FREE_POINTWISE or bool(n.attr("recompute"))))
+    return n.kind == ir.VIEW or (n.kind == ir.POINTWISE and (n.op in FREE_POINTWISE or bool(n.attr("recompute")))) \
+        or (n.kind == ir.CAT and bool(n.attr("recompute")))
 
 
 # element-wise ops cheap enough to compute again in every kernel that reads them
@@ -40,7 +41,7 @@ def _is_source(n: ir.Node) -> bool:
     return n.kind in (ir.INPUT, ir.OPAQUE, ir.ITEM)
 
 
-def cheap_chains(g: ir.Graph, free=None, leaf_ok=None) -> Iterator[tuple[int, frozenset[int]]]:
+def cheap_chains(g: ir.Graph, free=None, leaf_ok=None, cats: bool = False) -> Iterator[tuple[int, frozenset[int]]]:
     """Casts of sources (graph inputs, eager results) and cheap element-wise ops (add,
     sub, mul, neg, division by a constant) and casts whose operands are sources or such nodes (through views), with at
     most two full-size sources in all, in graph order: (node, its sources).  Sources
@@ -74,6 +75,17 @@ def cheap_chains(g: ir.Graph, free=None, leaf_ok=None) -> Iterator[tuple[int, fr
         return chains.get(n.id) if free is None or free(n.id) else None
 
     for n in g.nodes:
+        if n.kind == ir.CAT and cats and leaf_ok is not None:
+            # a concatenation reads each position from one part: recomputed, a reader
+            # loads the parts it needs under masks (a pooling window of the -inf padded
+            # input, the zero-interleaved placements of a pooling backward)
+            parts = [leaf_of(r) for r in n.refs]
+            if parts and all(p is not None for p in parts):
+                leaf = frozenset().union(*parts)
+                if len(_full_size(g, leaf, n.numel)) <= 2:
+                    chains[n.id] = leaf
+                    yield n.id, leaf
+            continue
         if n.kind != ir.POINTWISE or not n.refs:
             continue
         if n.op == "cast":

@@ -104,7 +104,7 @@ def _closure(g, k) -> list[int]:
         for r in n.refs:
             if r not in nodes:
                 nodes.add(r)
-                if g[r].kind in ("view", "pointwise") and r not in k.inputs:
+                if g[r].kind in ("view", "pointwise", "cat") and r not in k.inputs:   # (free cats: recomputed)
                     stack.append(r)
     return sorted(nodes)
 
