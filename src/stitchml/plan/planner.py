@@ -71,7 +71,6 @@ def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan, cats: bool = Tru
         for i in k.inputs:
             readers.setdefault(i, []).append(k)
     escapes = gv.escapes   # (the view the plan was made with: its escapes are computed once)
-    by_name = {k.name: k for k in plan.kernels}
     out: set[int] = set()
     # A chain's leaves are sources and values the plan writes anyway (a reader reads them
     # in place of the chain's result: a column reduction's combined per-channel values, a
@@ -80,33 +79,20 @@ def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan, cats: bool = Tru
     # backward's mask and select inside the kernel that writes its float32 cast): those
     # are then computed by the readers too.
     def internal(m: int) -> bool:
-        return bool(g[m].attr("recompute")) or m in out or (m not in producer and m not in escapes
-                                                             and g[m].kind in (ir.POINTWISE, ir.CAT))
+        return bool(g[m].attr("recompute")) or (m not in producer and m not in escapes
+                                                and g[m].kind in (ir.POINTWISE, ir.CAT))
 
-    # Rounds: a round weighs each written chain; values of one leaf set read by the same
-    # kernels are weighed together (their readers load the leaves once: a max-pool
-    # backward's nine zero-interleaved placements of one gradient and its indices); a
-    # value recomputed in one round is a pass-through for the chains of the next (the
-    # placements' sum, then its crop).
-    while True:
-        found: dict[tuple, list[int]] = {}
-        for nid, leaf in cheap_chains(g, free=internal, leaf_ok=producer.__contains__, cats=cats):
-            n = g[nid]
-            if nid in out or nid not in producer or nid in escapes or n.attr("recompute"):
-                continue
-            others = tuple(k.name for k in readers.get(nid, []) if k is not producer[nid])
-            found.setdefault((leaf, others), []).append(nid)
-        added = False
-        for (leaf, others), nids in found.items():
-            written = sum(g[m].numel * g[m].dtype.itemsize * (1 + len(others)) for m in nids)
-            recomputed = sum(source_bytes(g, [s for s in leaf if s not in by_name[k].inputs]) for k in others)
-            if recomputed < written:
-                added = True
-                for m in nids:
-                    out.add(m)
-                    out |= _interior(g, m, leaf)
-        if not added:
-            return out
+    for nid, leaf in cheap_chains(g, free=internal, leaf_ok=producer.__contains__, cats=cats):
+        n = g[nid]
+        if nid not in producer or nid in escapes or n.attr("recompute"):
+            continue
+        others = [k for k in readers.get(nid, []) if k is not producer[nid]]
+        written = n.numel * n.dtype.itemsize * (1 + len(others))
+        recomputed = sum(source_bytes(g, [s for s in leaf if s not in k.inputs]) for k in others)
+        if recomputed < written:
+            out.add(nid)
+            out |= _interior(g, nid, leaf)
+    return out
 
 
 def _interior(g: ir.Graph, nid: int, leaf) -> set[int]:
