@@ -3,9 +3,10 @@ zero-interleaving pads, element-wise ops and reductions, which all stitch; no at
 
 - pooling (avg_pool2d, max_pool2d_with_indices and their backwards; 1-d as (1, k)
   windows, 3-d as a 2-d window then a 1-d one over depth): a k x k window is
-  k*k strided slices of the padded input, combined element-wise.  The backward places
-  each window offset's share back with a strided `slice_backward` (zeros interleaved)
-  and sums the k*k placements: a gather form, deterministic, no scatter.
+  k*k strided slices of the padded input, combined element-wise.  The backward sums,
+  per residue class of the padded position modulo the stride, the shifted shares of the
+  window offsets that land there, then interleaves the classes (`_unpool`): a gather
+  form, deterministic, no scatter.
 - strided `slice_backward` (torch has no rule for step > 1 that we lower): the gradient
   with step-1 zeros interleaved, then placed with a step-1 slice_backward.
 - `_weight_norm_interface_backward`, `upsample_nearest2d_backward` (index_put with
@@ -52,13 +53,53 @@ def _window(xp: torch.Tensor, i: int, j: int, oh: int, ow: int, sh: int, sw: int
     return xp[..., i: i + (oh - 1) * sh + 1: sh, j: j + (ow - 1) * sw + 1: sw]
 
 
-def _place(g: torch.Tensor, i: int, j: int, hp: int, wp: int, sh: int, sw: int) -> torch.Tensor:
-    """The adjoint of `_window`: g put back at the window's positions of a (hp, wp) grid."""
-    nd = g.dim()
-    sizes = list(g.shape[:-1]) + [wp]
-    g = aten.slice_backward(g, sizes, nd - 1, j, j + (g.shape[-1] - 1) * sw + 1, sw)
-    sizes = list(g.shape[:-2]) + [hp, wp]
-    return aten.slice_backward(g, sizes, nd - 2, i, i + (g.shape[-2] - 1) * sh + 1, sh)
+def _axis_classes(k: int, s: int, d: int) -> list[list[tuple[int, int]]]:
+    """Per residue t of a padded position R = q*s + t: the window offsets i whose element
+    lands there, with the window's lag: R = (q - lag)*s + i*d."""
+    return [[(i, (i * d - t) // s) for i in range(k) if (i * d - t) % s == 0] for t in range(s)]
+
+
+def _unpool(term, grad: torch.Tensor, kh, kw, sh, sw, ph, pw, dh, dw, h, w) -> torch.Tensor:
+    """The adjoint of a strided window read, as an (..., h, w) tensor: the sum over window
+    offsets (i, j) of each window's share placed at its (i, j) element.
+
+    By residue class: a padded position R = q*s + t only receives the offsets i of one
+    residue (`_axis_classes`), each from window q - lag.  A class is computed on the (Q,
+    Q') grid of q's as the sum of its offsets' `term(shift, pos)`: `shift(t, value)` reads
+    an (..., oh, ow) source `t` at window q - lag (`value` outside it: a pad of the
+    source, which a reader loads under a mask) and `pos` is each element's flat input
+    position.  Every class element sums only its own terms (a 3x3 stride-2 window:
+    classes of 4, 2, 2 and 1), one kernel computes the classes from the sources and the
+    next interleaves them (stacked, viewed as the padded grid) and crops the padding.
+    (Placing each offset's share with zeros interleaved and summing the nine placements
+    made every output element compute all nine: ResNet-50's stem max-pool backward was 21
+    kernels, 515 us predicted on an H200, and with the placements computed by their
+    reader, ~7700 sm_90 instructions a thread: bench/NOTES.md, thirty-sixth session.)"""
+    qh, qw = -(-(h + ph) // sh), -(-(w + pw) // sw)
+    oh, ow = grad.shape[-2], grad.shape[-1]
+    rows = []
+    for th, terms_h in enumerate(_axis_classes(kh, sh, dh)):
+        cols = []
+        for tw, terms_w in enumerate(_axis_classes(kw, sw, dw)):
+            r = torch.arange(qh, device=grad.device) * sh + (th - ph)
+            c = torch.arange(qw, device=grad.device) * sw + (tw - pw)
+            pos = r.unsqueeze(1) * w + c.unsqueeze(0)
+            acc = None
+            for _, lag_h in terms_h:
+                for _, lag_w in terms_w:
+                    if lag_h >= qh or lag_w >= qw:
+                        continue   # (no window of the grid lags that far)
+
+                    def shift(t: torch.Tensor, value, lag_h=lag_h, lag_w=lag_w) -> torch.Tensor:
+                        return aten.constant_pad_nd(t, [lag_w, qw - ow - lag_w, lag_h, qh - oh - lag_h], value)
+                    part = term(shift, pos)
+                    acc = part if acc is None else acc + part
+            if acc is None:   # a residue no window reaches (stride beyond the window)
+                acc = grad.new_zeros(tuple(grad.shape[:-2]) + (qh, qw))
+            cols.append(acc)
+        rows.append(torch.stack(cols, dim=-1).flatten(-2))         # (..., qh, qw * sw)
+    full = torch.stack(rows, dim=-2).flatten(-3, -2)               # (..., qh * sh, qw * sw)
+    return full[..., ph: ph + h, pw: pw + w]
 
 
 def slice_backward(grad, input_sizes, dim: int, start, end, step: int):
@@ -124,17 +165,12 @@ def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_
     if not grad.is_floating_point():
         return NotImplemented
     kh, kw, sh, sw, ph, pw, h, w, oh, ow = _avg_setup(x, kernel_size, stride, padding, ceil_mode)
-    hp, wp = (oh - 1) * sh + kh, (ow - 1) * sw + kw
     if divisor_override:
         g = grad / divisor_override
     else:
         g = grad / _counts(h, w, oh, ow, kh, kw, sh, sw, ph, pw, count_include_pad, x.device).to(grad.dtype)
-    acc = None
-    for i in range(kh):
-        for j in range(kw):
-            part = _place(g, i, j, hp, wp, sh, sw)
-            acc = part if acc is None else acc + part
-    return _padded(acc, -ph, -pw, h, w, 0.0)  # crop the padding back off
+    return _unpool(lambda shift, pos: shift(g, 0.0), g, kh, kw, sh, sw, ph, pw, 1, 1, h, w).contiguous(
+        memory_format=_memory_format(x))
 
 
 def _max_setup(x, kernel_size, stride, padding, dilation, ceil_mode):
@@ -179,6 +215,14 @@ def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
     return _eager_layout(best, x), _eager_layout(idx, x)
 
 
+def _memory_format(x) -> torch.memory_format:
+    """channels_last for a 4-d channels-last tensor (not contiguous), else contiguous."""
+    if isinstance(x, torch.Tensor) and x.dim() == 4 and not x.is_contiguous() and \
+            x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
 def _eager_layout(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Pooling results laid out as eager's are (contiguous, or channels_last for a
     channels_last input), not as the strided slices of a transposed input left them:
@@ -193,14 +237,11 @@ def max_pool2d_with_indices_backward(grad, x, kernel_size, stride, padding, dila
         return NotImplemented
     kh, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow, hp, wp = _max_setup(x, kernel_size, stride, padding,
                                                                       dilation, ceil_mode)
-    acc = None
-    for i in range(kh):
-        for j in range(kw):
-            pos, _ = _positions(oh, ow, sh, sw, ph, pw, i * dh, j * dw, h, w, x.device)
-            share = torch.where(indices == pos, grad, 0.0)
-            part = _place(share, i * dh, j * dw, hp, wp, sh, sw)
-            acc = part if acc is None else acc + part
-    return _padded(acc, -ph, -pw, h, w, 0.0)
+    def term(shift, pos: torch.Tensor) -> torch.Tensor:
+        # (-1 outside the windows: no input position; a position in the padding matches
+        # nothing either, and is cropped)
+        return torch.where(shift(indices, -1) == pos, shift(grad, 0.0), 0.0)
+    return _unpool(term, grad, kh, kw, sh, sw, ph, pw, dh, dw, h, w).contiguous(memory_format=_memory_format(x))
 
 
 def _adaptive_avg_pool2d_backward(grad, x):

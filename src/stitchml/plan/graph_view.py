@@ -77,14 +77,14 @@ def cheap_chains(g: ir.Graph, free=None, leaf_ok=None, cats: bool = False) -> It
     for n in g.nodes:
         if n.kind == ir.CAT and cats and leaf_ok is not None:
             # a concatenation reads each position from one part: recomputed, a reader
-            # loads the parts it needs under masks (a pooling window of the -inf padded
-            # input, the zero-interleaved placements of a pooling backward)
-            parts = [leaf_of(r) for r in n.refs]
-            if parts and all(p is not None for p in parts):
-                leaf = frozenset().union(*parts)
-                if len(_full_size(g, leaf, n.numel)) <= 2:
-                    chains[n.id] = leaf
-                    yield n.id, leaf
+            # loads the part it needs under masks (a pooling window of the -inf padded
+            # input, the residue classes of a pooling backward interleaved), so the two
+            # full-size sources are counted per part, against the part's size
+            parts = [(leaf_of(r), g[r].numel) for r in n.refs]
+            if parts and all(p is not None and len(_full_size(g, p, size)) <= 2 for p, size in parts):
+                leaf = frozenset().union(*(p for p, _ in parts))
+                chains[n.id] = leaf
+                yield n.id, leaf
             continue
         if n.kind != ir.POINTWISE or not n.refs:
             continue
