@@ -58,78 +58,42 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
 def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan, opts: PlanOptions) -> set[int]:
     """Cheap values of at most two full-size sources (`graph_view.cheap_chains`) that a kernel
     writes and other kernels read, where the readers would read fewer bytes computing
-    them from their sources (those a reader does not read anyway), plus the issue time of
-    that computing, than writing the value and reading it back costs: a float32 softmax
-    backward's dy * y over split rows, whose last kernel reads y anyway.  A residual add
-    read by one more kernel (a tie) stays written.  With knob `free_cats`, concatenations
-    are chain links too: a pooling window reads its input where the -inf padded copy was
-    written (ResNet-50's stem: 70.6 -> 28.4 us predicted on an H200, one kernel instead of
-    three).  Returned with the unwritten members of their chains (`_interior`)."""
+    them from their sources (those a reader does not read anyway) than writing the value
+    and reading it back costs: a float32 softmax backward's dy * y over split rows, whose
+    last kernel reads y anyway.  A residual add read by one more kernel (a tie) stays
+    written.  With knob `free_cats`, concatenations are chain links too: a pooling window
+    reads its input where the -inf padded copy was written (ResNet-50's stem max-pool at
+    b32: 70.6 -> 28.4 us predicted on an H200, one kernel instead of three).  Returned with
+    the unwritten members of their chains (`_interior`)."""
     producer = {o: k for k in plan.kernels for o in k.outputs}
     readers: dict[int, list[KernelPlan]] = {}
     for k in plan.kernels:
         for i in k.inputs:
             readers.setdefault(i, []).append(k)
-    by_name = {k.name: k for k in plan.kernels}
     escapes = gv.escapes   # (the view the plan was made with: its escapes are computed once)
     out: set[int] = set()
     # A chain's leaves are sources and values the plan writes anyway (a reader reads them
     # in place of the chain's result: a column reduction's combined per-channel values, a
     # gradient written for other kernels whose float32 cast a later kernel reads).  It
-    # passes through free values, through members no other kernel reads (a ReLU backward's
-    # mask and select inside the kernel that writes its float32 cast), and through values
-    # an earlier round recomputes: those are then computed by the readers too.
+    # passes through free values and through members no other kernel reads (a ReLU
+    # backward's mask and select inside the kernel that writes its float32 cast): those
+    # are then computed by the readers too.
     def internal(m: int) -> bool:
-        return bool(g[m].attr("recompute")) or m in out or (m not in producer and m not in escapes
-                                                             and g[m].kind in (ir.POINTWISE, ir.CAT))
+        return bool(g[m].attr("recompute")) or (m not in producer and m not in escapes
+                                                and g[m].kind in (ir.POINTWISE, ir.CAT))
 
-    # Rounds.  In a round, values of one leaf set read by the same kernels are weighed
-    # together (their readers load the leaves once: a max-pool backward's nine shares of
-    # one gradient and its indices, read by the kernel that sums them per residue class);
-    # the next round's chains pass through what this one recomputes (the class sums are
-    # then weighed against the gradient and indices, not against the shares).
-    while True:
-        found: dict[tuple, list[int]] = {}
-        for nid, leaf in cheap_chains(g, free=internal, leaf_ok=producer.__contains__, cats=opts.free_cats):
-            if nid in out or nid not in producer or nid in escapes or g[nid].attr("recompute"):
-                continue
-            others = tuple(k.name for k in readers.get(nid, []) if k is not producer[nid])
-            found.setdefault((leaf, others), []).append(nid)
-        added = False
-        for (leaf, others), nids in found.items():
-            written = sum(g[m].numel * g[m].dtype.itemsize * (1 + len(others)) for m in nids)
-            # a kernel left with nothing to write is not launched (priced as the bytes the
-            # device copies in a launch: tiny position vectors of a pooling backward)
-            gone = {producer[m].name for m in nids
-                    if all(o in out or o in nids for o in producer[m].outputs)}
-            written += len(gone) * opts.device.launch_s * opts.device.bandwidth
-            recomputed = sum(source_bytes(g, [s for s in leaf if s not in by_name[k].inputs]) for k in others)
-            recomputed += _issue_bytes(g, nids, leaf, [by_name[k] for k in others], opts)
-            if recomputed < written:
-                added = True
-                for m in nids:
-                    out.add(m)
-                    out |= _interior(g, m, leaf)
-        if not added:
-            return out
+    for nid, leaf in cheap_chains(g, free=internal, leaf_ok=producer.__contains__, cats=opts.free_cats):
+        n = g[nid]
+        if nid not in producer or nid in escapes or n.attr("recompute"):
+            continue
+        others = [k for k in readers.get(nid, []) if k is not producer[nid]]
+        written = n.numel * n.dtype.itemsize * (1 + len(others))
+        recomputed = sum(source_bytes(g, [s for s in leaf if s not in k.inputs]) for k in others)
+        if recomputed < written:
+            out.add(nid)
+            out |= _interior(g, nid, leaf)
+    return out
 
-
-# SASS instructions a thread issues per IR node of a recomputed chain, an estimate: the
-# H200 plan of a max-pool backward's interleave (sm_90, Triton 3.6) issues 73 a lane for
-# ~35 nodes (bench/NOTES.md, thirty-sixth session)
-ISSUE_PER_NODE = 2
-
-
-def _issue_bytes(g: ir.Graph, nids, leaf, kernels, opts: PlanOptions) -> float:
-    """What computing chains `nids` in each reader costs, as the bytes the device copies in
-    that issue time: each reader computes the chains' nodes (and loads their leaves) for
-    every element of its domain (a concatenation's parts all, whichever part a lane
-    takes).  Small beside bytes for a chain read at its own size; it keeps a residue-class
-    sum from being recomputed by a kernel four times its size (the max-pool backward's
-    interleave: 9 shares a lane)."""
-    nodes = set(nids).union(*(_interior(g, m, leaf) for m in nids))
-    per_element = (len(nodes) + len(leaf)) * ISSUE_PER_NODE
-    return sum(per_element * k.domain.rows * k.domain.cols for k in kernels) / opts.device.issue_budget
 
 def _interior(g: ir.Graph, nid: int, leaf) -> set[int]:
     """The members between a chain's result and its leaves that are not free yet."""
