@@ -69,6 +69,44 @@ def test_bf16_max_pool_after_relu_matches_float64():
     assert not any(fwd.graph[o].kind == ir.CAT for k in fwd.kernels for o in k.outputs)
 
 
+def test_training_max_pool_saves_one_byte_offsets_and_recomputes_the_index():
+    """The forward keeps each maximum's window offset (int8); the backward recomputes the
+    flat index from it inside its class-sum kernel (integer division by the window width
+    is a cheap chain link): no int64 tensor is saved, written or read."""
+    x = _x((2, 6, 13, 11))
+    c = compare_with_eager(lambda x: F.max_pool2d(x, 3, 2, 1), [x])
+    (back,) = [r.plan for r in c.backend.records if r.kind == "backward"]
+    g = back.graph
+    assert [n.dtype for n in g.nodes if n.kind == ir.INPUT and not n.dtype.is_floating_point] == [torch.int8]
+    assert len(back.kernels) <= 2
+    assert all(g[m].dtype != torch.int64 for k in back.kernels for m in (*k.outputs, *k.inputs))
+
+
+def test_stem_backward_from_offsets_reads_one_byte_an_output():
+    """Full size (H200 plan): the index recomputed from the offsets, as the forward
+    decomposition writes it, is computed by the class-sum kernel, not written."""
+    x = torch.empty(8, 64, 112, 112, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    offsets = torch.zeros(8, 64, 56, 56, dtype=torch.int8).to(memory_format=torch.channels_last)
+    grad = torch.randn(8, 64, 56, 56, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+
+    def bwd(g, k):
+        k = k.to(torch.int32)
+        r = torch.arange(56, dtype=torch.int32).unsqueeze(1) * 2 - 1 + torch.div(k, 3, rounding_mode="trunc")
+        c = torch.arange(56, dtype=torch.int32).unsqueeze(0) * 2 - 1 + torch.fmod(k, 3)
+        idx = (r * 112 + c).to(torch.int64)
+        return aten.max_pool2d_with_indices_backward(g, x, [3, 3], [2, 2], [1, 1], [1, 1], False, idx)
+
+    from stitchml.plan.planner import build_plan
+    with config.override(device="H200"):
+        plan = build_plan(graph_of(bwd, grad, offsets))
+    g = plan.graph
+    big = [k for k in plan.kernels if k.domain.rows * k.domain.cols > 10**5]
+    assert len(big) == 2
+    assert sum(k.bytes_read for k in big) == grad.numel() * 2 + offsets.numel() + 4 * 8 * 64 * 57 * 57 * 2
+    assert not any(g[o].dtype in (torch.int32, torch.int64) for k in plan.kernels for o in k.outputs
+                   if g[o].numel > 10**5)
+
+
 def test_a_cat_read_by_two_kernels_matches_eager():
     def fn(a, b):
         t = torch.cat([a, b * 2], dim=1)           # read by a row reduction and a transposed copy

@@ -111,10 +111,41 @@ def test_remat_keeps_min_cut_around_a_max_pool_and_saves_what_its_backward_compa
     bw, forward = splits[0]
     assert partition.recomputed_compared(bw, forward) == []
     assert comp.num_kernels >= 3 and all(r.eager_reason is None for r in comp.backend.records)
-    # what explain shows: one split, min-cut after a second run, the marked values named
+    # the pool's backward compares the argmax index, exact integer arithmetic of the saved
+    # one-byte window offset (`decomp_window.max_pool2d_with_indices`): min-cut's first
+    # split stands, nothing marked, and the backward reads the offsets, not int64 indices
     (rec,) = comp.backend.partitions
-    assert rec.method == "min-cut" and rec.runs == 2 and rec.saved
-    assert "saved because a backward comparison reads them" in rec.line()
+    assert rec.method == "min-cut" and rec.runs == 1 and not rec.saved
+    (back,) = [r.plan.graph for r in comp.backend.records if r.kind == "backward"]
+    saved = [n.dtype for n in back.nodes if n.kind == "input" and not n.dtype.is_floating_point]
+    assert torch.int8 in saved and torch.int64 not in saved   # (a bool: the ReLU's mask)
+
+
+def test_remat_guard_lets_a_comparison_read_recomputed_integer_arithmetic():
+    """Integer arithmetic of integer tensors recomputes bit for bit: the walk goes through
+    it to what it is made of; a cast from a float, or a select on a float comparison, is
+    where it stops."""
+    from stitchml.capture.partition import recomputed_compared
+    aten = torch.ops.aten
+
+    def graph(source_dtype) -> torch.fx.GraphModule:
+        g = torch.fx.Graph()
+        k, pos = g.placeholder("k"), g.placeholder("pos")
+        k.meta["val"] = torch.empty(4, dtype=source_dtype)
+        pos.meta["val"] = torch.empty(4, dtype=torch.int64)
+        wide = g.call_function(aten._to_copy.default, (k,), {"dtype": torch.int32}, name="wide")
+        wide.meta["val"] = torch.empty(4, dtype=torch.int32)
+        idx = g.call_function(aten.add.Tensor, (g.call_function(aten.mul.Tensor, (wide, 3), name="mul"), 1),
+                              name="idx")
+        for n in (idx, idx.args[0]):
+            n.meta["val"] = torch.empty(4, dtype=torch.int32)
+        g.output((g.call_function(aten.eq.Tensor, (idx, pos)),))
+        return torch.fx.GraphModule(torch.nn.Module(), g)
+
+    forward = {"wide", "mul", "idx"}
+    assert recomputed_compared(graph(torch.int8), forward) == []
+    # recomputed from a float, the cast is the first value that can differ: it is saved
+    assert recomputed_compared(graph(torch.float16), forward) == ["wide"]
 
 
 def test_explain_shows_how_each_training_graph_was_split():

@@ -84,6 +84,13 @@ def rotary(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return q * cos + half * sin
 
 
+def max_pool_stem(x: torch.Tensor) -> torch.Tensor:
+    """ResNet's stem pooling (3x3, stride 2, padding 1) over a channels-last activation:
+    windows of the -inf padded input forward; backward, the gradient placed at each
+    window's argmax (`capture/decomp_window.py::_unpool`)."""
+    return F.max_pool2d(x, 3, 2, 1)
+
+
 def astitch_running(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor):
     """AStitch's running example: a row reduce, an expensive element-wise op on its
     broadcast, a column reduce, and a consumer of both."""
@@ -174,6 +181,14 @@ def _jax_rotary(jax: Any) -> Callable[..., Any]:
         q = q.reshape(b, s, hd // 64, 64).transpose(0, 2, 1, 3)
         half = jnp.concatenate((-q[..., 32:], q[..., :32]), axis=-1)
         return q * cos + half * sin
+    return f
+
+
+def _jax_max_pool(jax: Any) -> Callable[..., Any]:
+    def f(key: Any, x: Any) -> Any:
+        init = jax.numpy.array(-jax.numpy.inf, dtype=x.dtype)
+        return jax.lax.reduce_window(x, init, jax.lax.max, (1, 1, 3, 3), (1, 1, 2, 2),
+                                     ((0, 0), (0, 0), (1, 1), (1, 1)))
     return f
 
 
@@ -352,6 +367,16 @@ def cases(quick: bool) -> list[CaseSpec]:
         return Workload(name, "micro", dtype, rotary, [q, cos, sin], mode="fwdbwd", grad_targets=[q],
                         shape=f"q{list(rq)}", tol=tolerance("micro", dtype), jax=JaxSpec(_jax_rotary, (0,)))
     specs.append(_spec(f"rotary_fwdbwd[{rq[0]}x{rq[1]}x{rq[2]}]", rope))
+
+    mp = (2, 8, 12, 12) if quick else (32, 64, 112, 112)
+
+    def pool(dtype: str, device: torch.device, name: str) -> Workload:
+        g, dt = _gen(name), DTYPES[dtype]
+        x = randn(mp, dt, device, g).to(memory_format=torch.channels_last).requires_grad_(True)
+        return Workload(name, "micro", dtype, max_pool_stem, [x], mode="fwdbwd", grad_targets=[x],
+                        shape=f"x{list(mp)} channels_last", tol=tolerance("micro", dtype),
+                        jax=JaxSpec(_jax_max_pool, (0,)))
+    specs.append(_spec(f"max_pool_fwdbwd[{'x'.join(map(str, mp))},cl]", pool))
 
     as_shape = (8, 256) if quick else (8192, 4096)
 

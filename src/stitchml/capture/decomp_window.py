@@ -199,20 +199,33 @@ def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
                                                                       dilation, ceil_mode)
     xp = _padded(x, ph, pw, hp, wp, -math.inf)
     offsets = [(i, j) for i in range(kh) for j in range(kw)]
+    # The window offset of each maximum, numbered i * kw + j, in one byte where it fits; the
+    # flat index is exact integer arithmetic on it.  A training graph's partition then saves
+    # the offsets (1 byte an output) and the backward recomputes the index (8 bytes):
+    # `capture/partition.py` lets a backward comparison read recomputed integer arithmetic.
+    code = torch.int8 if kh * kw <= 127 else torch.int32
     # eager's index of an all -inf window is its first position inside the input
     first = None
     for i, j in reversed(offsets):
-        pos, inside = _positions(oh, ow, sh, sw, ph, pw, i * dh, j * dw, h, w, x.device)
-        first = pos if first is None else torch.where(inside, pos, first)
+        _, inside = _positions(oh, ow, sh, sw, ph, pw, i * dh, j * dw, h, w, x.device)
+        here = torch.full(inside.shape, i * kw + j, dtype=code, device=x.device)
+        first = here if first is None else torch.where(inside, here, first)
     best = torch.full_like(_window(xp, 0, 0, oh, ow, sh, sw), -math.inf)
-    idx = first.expand(best.shape)
+    k = first.expand(best.shape)
     for i, j in offsets:
         v = _window(xp, i * dh, j * dw, oh, ow, sh, sw)
-        pos, _ = _positions(oh, ow, sh, sw, ph, pw, i * dh, j * dw, h, w, x.device)
         take = (v > best) | torch.isnan(v)  # the first maximum wins; NaN propagates, as in eager
         best = torch.where(take, v, best)
-        idx = torch.where(take, pos, idx)
-    return _eager_layout(best, x), _eager_layout(idx, x)
+        k = torch.where(take, i * kw + j, k)
+    # (in int32, which divides by a constant in a multiply and a shift: int64 takes ~20
+    # instructions, nine times an element where the backward recomputes it)
+    wide = torch.int32 if h * w < 2**31 else torch.int64
+    k = _eager_layout(k, x).to(wide)
+    # (k >= 0: truncating division and fmod, without floor division's sign fix-ups)
+    r = torch.arange(oh, device=x.device, dtype=wide).unsqueeze(1) * sh - ph + \
+        torch.div(k, kw, rounding_mode="trunc") * dh
+    c = torch.arange(ow, device=x.device, dtype=wide).unsqueeze(0) * sw - pw + torch.fmod(k, kw) * dw
+    return _eager_layout(best, x), _eager_layout((r * w + c).to(torch.int64), x)
 
 
 def _memory_format(x) -> torch.memory_format:

@@ -20,6 +20,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+import torch
 from torch.fx import GraphModule, Node
 
 from .. import config
@@ -105,11 +106,23 @@ def recomputed_compared(bw: GraphModule, forward: set[str]) -> list[str]:
         if n.name in seen or n.op != "call_function":
             continue
         seen.add(n.name)
-        if n.name in forward:
+        if n.name in forward and not _exact_integer(n):
             found.append(n.name)
             continue
         stack.extend(n.all_input_nodes)
     return sorted(found)
+
+
+def _exact_integer(node: Node) -> bool:
+    """Integer arithmetic of integer tensors (no bool, no float operand): recomputed, it
+    is bit-identical, so a comparison may read it recomputed (a max-pool's flat argmax
+    index from its saved one-byte window offset); the walk goes on to its operands."""
+    def integral(v) -> bool:
+        return isinstance(v, torch.Tensor) and not v.dtype.is_floating_point and not v.dtype.is_complex \
+            and v.dtype != torch.bool
+    if not integral(node.meta.get("val")):
+        return False
+    return all(integral(a.meta.get("val")) for a in node.all_input_nodes)
 
 
 def remat_partition(joint_module: GraphModule, joint_inputs, **kwargs) -> tuple[GraphModule, GraphModule]:

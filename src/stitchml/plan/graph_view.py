@@ -36,6 +36,11 @@ def _base(g: ir.Graph, nid: int) -> ir.Node:
     return n
 
 
+def _constant(g: ir.Graph, a) -> bool:
+    """A scalar operand, or a filled constant tensor."""
+    return not isinstance(a, ir.Ref) or (_base(g, a.id).kind == ir.POINTWISE and _base(g, a.id).op == "full")
+
+
 def _is_source(n: ir.Node) -> bool:
     """A value no kernel computes: a graph input or an eager op's result."""
     return n.kind in (ir.INPUT, ir.OPAQUE, ir.ITEM)
@@ -93,8 +98,10 @@ def cheap_chains(g: ir.Graph, free=None, leaf_ok=None, cats: bool = False) -> It
             if (found := leaf_of(n.refs[0])) is not None:
                 chains[n.id] = found
                 yield n.id, found
-        elif n.op in cheap or n.op == "truediv" and not isinstance(n.args[1], ir.Ref):
-            # (a division by a constant costs what a multiply does: a batch norm's mean, sum / N)
+        elif n.op in cheap or n.op == "truediv" and not isinstance(n.args[1], ir.Ref) \
+                or leaf_ok is not None and n.op in ("tdiv", "fmod") and _constant(g, n.args[1]):
+            # (a division by a constant costs what a multiply does: a batch norm's mean, sum / N;
+            # an integer one a multiply and a shift: a max-pool's window offset // kw, % kw)
             parts = [leaf_of(r) for r in n.refs]
             if any(p is None for p in parts):
                 continue
