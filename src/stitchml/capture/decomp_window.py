@@ -3,7 +3,8 @@ zero-interleaving pads, element-wise ops and reductions, which all stitch; no at
 
 - pooling (avg_pool2d, max_pool2d_with_indices and their backwards; 1-d as (1, k)
   windows, 3-d as a 2-d window then a 1-d one over depth): a k x k window is
-  k*k strided slices of the padded input, combined element-wise.  The backward sums,
+  k*k strided slices of the padded input, combined element-wise; a max-pool's indices
+  are integer arithmetic of each maximum's window offset, kept in one byte.  The backward sums,
   per residue class of the padded position modulo the stride, the shifted shares of the
   window offsets that land there, then interleaves the classes (`_unpool`): a gather
   form, deterministic, no scatter.
