@@ -567,6 +567,31 @@ class _Builder:
                   f"{x.name}.reshape({rows}, {width}){pad})", ids_shape + (width,), x.bound, x.hi)
         return True
 
+    def _pool2d(self, x: _Value, gen: torch.Generator) -> bool:
+        """Max or average pooling (k 2-3, stride 1-2, padding up to k // 2, ceil mode or
+        not) over the last two dims viewed as (1, C, H, W).  A max-pool's arg-max is
+        discontinuous in its values, so it pools a new graph input (exact in both runs,
+        ties broken alike); x flows on through an average pool."""
+        h, w = x.shape[-2], x.shape[-1]
+        k = int(torch.randint(2, 4, (1,), generator=gen))
+        s = int(torch.randint(1, 3, (1,), generator=gen))
+        p = int(torch.randint(0, k // 2 + 1, (1,), generator=gen))
+        ceil = bool(torch.randint(0, 2, (1,), generator=gen))
+        use_max = bool(torch.randint(0, 3, (1,), generator=gen))
+        if h + 2 * p < k or w + 2 * p < k:
+            return False
+        oh, ow = _pool_out(h, k, s, p, ceil), _pool_out(w, k, s, p, ceil)
+        c = _numel(x.shape) // (h * w)
+        args = f"{k}, {s}, {p}, ceil_mode={ceil}"
+        avg = f"F.avg_pool2d({x.name}.reshape(1, {c}, {h}, {w}), {args})"
+        if not use_max:
+            self.emit(avg, (1, c, oh, ow), x.bound, x.hi)
+            return True
+        a = self.new_input(x.shape)
+        self.emit(f"F.max_pool2d({a.name}.reshape(1, {c}, {h}, {w}), {args}) + {avg} * 0.5", (1, c, oh, ow),
+                  a.bound + x.bound, x.hi)
+        return True
+
     def _window(self, x: _Value, d: int, gen: torch.Generator) -> bool:
         """flip, masked_scatter, adaptive average pooling over windows that do not tile
         the last dim evenly, replication padding of the last dim, histc of a new input,
@@ -580,6 +605,9 @@ class _Builder:
             self.emit(f"{x.name}.masked_scatter({x.name} > 0.3, {x.name}.flip({d}) * 0.5)", x.shape, x.bound, x.hi)
         elif variant == 2:
             m = int(torch.randint(1, n + 3, (1,), generator=gen))
+            # (drawn after m: a program that keeps the adaptive pooling is what it was)
+            if lead and int(torch.randint(0, 3, (1,), generator=gen)) == 0:
+                return self._pool2d(x, gen)
             self.emit(f"F.adaptive_avg_pool1d({x.name}.reshape(1, -1, {n}), {m}).reshape({_fmt(lead + (m,))})",
                       lead + (m,), x.bound, x.hi)
         elif variant == 4:
@@ -604,6 +632,13 @@ class _Builder:
             self.emit(f"F.pad({x.name}.reshape(1, -1, {n}), ({a}, {b}), mode='replicate')"
                       f".reshape({_fmt(lead + (n + a + b,))})", lead + (n + a + b,), x.bound, x.hi)
         return True
+
+
+def _pool_out(n: int, k: int, s: int, p: int, ceil: bool) -> int:
+    """torch's pooled length (dilation 1)."""
+    num = n + 2 * p - k
+    out = (-(-num // s) if ceil else num // s) + 1
+    return out - 1 if ceil and (out - 1) * s >= n + p else out
 
 
 def _swap(shape, i, j):
