@@ -54,10 +54,10 @@ def _window(xp: torch.Tensor, i: int, j: int, oh: int, ow: int, sh: int, sw: int
     return xp[..., i: i + (oh - 1) * sh + 1: sh, j: j + (ow - 1) * sw + 1: sw]
 
 
-def _axis_classes(k: int, s: int, d: int) -> list[list[tuple[int, int]]]:
-    """Per residue t of a padded position R = q*s + t: the window offsets i whose element
-    lands there, with the window's lag: R = (q - lag)*s + i*d."""
-    return [[(i, (i * d - t) // s) for i in range(k) if (i * d - t) % s == 0] for t in range(s)]
+def _axis_lags(k: int, s: int, d: int) -> list[list[int]]:
+    """Per residue t of a padded position R = q*s + t: the lags of the windows whose
+    element lands there, R = (q - lag)*s + i*d for a window offset i."""
+    return [[(i * d - t) // s for i in range(k) if (i * d - t) % s == 0] for t in range(s)]
 
 
 def _unpool(term, grad: torch.Tensor, kh, kw, sh, sw, ph, pw, dh, dw, h, w) -> torch.Tensor:
@@ -65,7 +65,7 @@ def _unpool(term, grad: torch.Tensor, kh, kw, sh, sw, ph, pw, dh, dw, h, w) -> t
     offsets (i, j) of each window's share placed at its (i, j) element.
 
     By residue class: a padded position R = q*s + t only receives the offsets i of one
-    residue (`_axis_classes`), each from window q - lag.  A class is computed on the (Q,
+    residue (`_axis_lags`), each from window q - lag.  A class is computed on the (Q,
     Q') grid of q's as the sum of its offsets' `term(shift, pos)`: `shift(t, value)` reads
     an (..., oh, ow) source `t` at window q - lag (`value` outside it: a pad of the
     source, which a reader loads under a mask) and `pos` is each element's flat input
@@ -79,15 +79,15 @@ def _unpool(term, grad: torch.Tensor, kh, kw, sh, sw, ph, pw, dh, dw, h, w) -> t
     qh, qw = -(-(h + ph) // sh), -(-(w + pw) // sw)
     oh, ow = grad.shape[-2], grad.shape[-1]
     rows = []
-    for th, terms_h in enumerate(_axis_classes(kh, sh, dh)):
+    for th, lags_h in enumerate(_axis_lags(kh, sh, dh)):
         cols = []
-        for tw, terms_w in enumerate(_axis_classes(kw, sw, dw)):
+        for tw, lags_w in enumerate(_axis_lags(kw, sw, dw)):
             r = torch.arange(qh, device=grad.device) * sh + (th - ph)
             c = torch.arange(qw, device=grad.device) * sw + (tw - pw)
             pos = r.unsqueeze(1) * w + c.unsqueeze(0)
             acc = None
-            for _, lag_h in terms_h:
-                for _, lag_w in terms_w:
+            for lag_h in lags_h:
+                for lag_w in lags_w:
                     if lag_h >= qh or lag_w >= qw:
                         continue   # (no window of the grid lags that far)
 
@@ -185,12 +185,11 @@ def _max_setup(x, kernel_size, stride, padding, dilation, ceil_mode):
     return kh, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow, hp, wp
 
 
-def _positions(oh, ow, sh, sw, ph, pw, i, j, h, w, device):
-    """(flat input index, inside the input) of window offset (i, j) per output position."""
+def _inside(oh, ow, sh, sw, ph, pw, i, j, h, w, device) -> torch.Tensor:
+    """Per output position, whether window offset (i, j) lies inside the input."""
     r = torch.arange(oh, device=device).unsqueeze(1) * sh + (i - ph)
     c = torch.arange(ow, device=device).unsqueeze(0) * sw + (j - pw)
-    inside = (r >= 0) & (r < h) & (c >= 0) & (c < w)
-    return r * w + c, inside
+    return (r >= 0) & (r < h) & (c >= 0) & (c < w)
 
 
 def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
@@ -208,7 +207,7 @@ def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
     # eager's index of an all -inf window is its first position inside the input
     first = None
     for i, j in reversed(offsets):
-        _, inside = _positions(oh, ow, sh, sw, ph, pw, i * dh, j * dw, h, w, x.device)
+        inside = _inside(oh, ow, sh, sw, ph, pw, i * dh, j * dw, h, w, x.device)
         here = torch.full(inside.shape, i * kw + j, dtype=code, device=x.device)
         first = here if first is None else torch.where(inside, here, first)
     best = torch.full_like(_window(xp, 0, 0, oh, ow, sh, sw), -math.inf)
@@ -241,9 +240,7 @@ def _eager_layout(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """Pooling results laid out as eager's are (contiguous, or channels_last for a
     channels_last input), not as the strided slices of a transposed input left them:
     code after the op may `.view` them (max_unpool's backward views the indices)."""
-    fmt = torch.channels_last if x.dim() == 4 and not x.is_contiguous() and \
-        x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
-    return out.contiguous(memory_format=fmt)
+    return out.contiguous(memory_format=_memory_format(x))
 
 
 def max_pool2d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
