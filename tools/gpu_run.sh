@@ -83,7 +83,7 @@ declare -A WHAT=(
     [models-check]="the training rows against Inductor's CUDA graphs only (BERT, GPT-2, LLaMA-style; bf16; inductor-ro, stitchml): the short check of a runtime change -> models-check/"
     [ncu]="Nsight Compute counters (speed of light, occupancy, warp stalls, memory) of stitch's and Inductor's kernels on the BERT-shaped column reductions (2048 x 768, bf16) -> ncu.txt; of the training steps' stitched kernels that lost most against their prediction in models-check (tools/worst_kernels.py) -> ncu-models.txt"
     [small-cols]="the BERT-shaped column reductions (column_sum_tokens, layer_norm_bwd_tokens: 2048 x 768, bf16): eager, inductor, stitchml, then stitchml under mapping knob variants (and tuple_reductions on these and layer_norm N=1024) -> small-cols/"
-    [micro-check]="the micro rows with open predictions (bench/NOTES.md, twenty-eighth and twenty-ninth sessions: column lanes, combines), bf16: column_sum_tokens and layer_norm_bwd_tokens (2048 x 768), batch_sum (8 x 512 x 768); eager, inductor, stitchml -> bench/; then stitchml on those, layer_norm_bwd N=1024 and column_sum 32768 x 1024 with partial_column_warps on and off, combine_spread off -> micro-check/"
+    [micro-check]="the micro rows with open predictions (bench/NOTES.md, twenty-eighth and twenty-ninth sessions: column lanes, combines; thirty-sixth: the stem max-pool), bf16: column_sum_tokens and layer_norm_bwd_tokens (2048 x 768), batch_sum (8 x 512 x 768), max_pool_fwdbwd (32 x 64 x 112 x 112, channels last); eager, inductor, stitchml -> bench/; then stitchml on those, layer_norm_bwd N=1024 and column_sum 32768 x 1024 with partial_column_warps on and off, combine_spread off -> micro-check/"
     [models-15]="issue 15's rows, bf16: BERT-base train and infer at b32 s128, the LLaMA-style 8-layer step with vocabulary 128256 (peak memory of its loss); eager, inductor, inductor-ro, stitchml -> bench/"
     [models-fp32]="the same rows in fp32"
     [models-18]="issue 18's rows, bf16: ResNet-50 training (channels_last, b32, 224 px), Swin-T training (b32), a small Mixtral-style MoE decoder's training step (b8 s512); inductor-ro, stitchml -> bench/; ResNet-50 again with STITCHML_LAYOUT_COLUMNS=0 (the batch-norm statistics a row per channel, as before the thirty-fifth session) -> bench-rows-per-channel/"
@@ -157,11 +157,13 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         # (thirtieth session: rows of 32768 held whole in registers, `persistent_max_cols`)
         local MC=(--case 'column_sum_tokens[2048x768]' --case 'layer_norm_bwd_tokens[2048x768]'
                   --case 'batch_sum[8x512x768]' --case 'layer_norm_fwd[N=32768]' --case 'rms_norm_fwd[N=32768]'
-                  --case 'softmax_fwd[N=32768]' --case 'softmax_bwd[N=32768]')
+                  --case 'softmax_fwd[N=32768]' --case 'softmax_bwd[N=32768]'
+                  --case 'max_pool_fwdbwd[32x64x112x112,cl]')   # (thirty-sixth session: 62 µs predicted)
         local ROWS='column_sum_tokens[2048x768];layer_norm_bwd_tokens[2048x768];layer_norm_bwd[N=1024];column_sum[32768x1024]'
         local LONG='layer_norm_fwd[N=32768];rms_norm_fwd[N=32768];softmax_fwd[N=32768];softmax_bwd[N=32768]'
         if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then   # (their --quick sizes)
-            MC=(--case 'column_sum_tokens[40x24]' --case 'layer_norm_bwd_tokens[16x24]' --case 'batch_sum[2x8x24]')
+            MC=(--case 'column_sum_tokens[40x24]' --case 'layer_norm_bwd_tokens[16x24]' --case 'batch_sum[2x8x24]'
+                --case 'max_pool_fwdbwd[2x8x12x12,cl]')
             ROWS='column_sum_tokens[40x24];layer_norm_bwd_tokens[16x24]' LONG='softmax_fwd'
         fi
         "${BENCH[@]}" --suite micro --dtype bf16 "${MC[@]}" "${MICRO_CONTENDERS[@]}" || return $?
