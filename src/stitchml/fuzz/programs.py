@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..capture.decomp_window import _out_size   # (torch's pooled length: the emitted shape)
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _EPS = {torch.float32: 2.0 ** -23, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
 ATOL_EPS = 16          # tolerance floor: this many ulps of the output's dtype, times its scale
@@ -580,7 +582,7 @@ class _Builder:
         use_max = bool(torch.randint(0, 3, (1,), generator=gen))
         if h + 2 * p < k or w + 2 * p < k:
             return False
-        oh, ow = _pool_out(h, k, s, p, ceil), _pool_out(w, k, s, p, ceil)
+        oh, ow = _out_size(h, k, s, p, 1, ceil), _out_size(w, k, s, p, 1, ceil)
         c = _numel(x.shape) // (h * w)
         args = f"{k}, {s}, {p}, ceil_mode={ceil}"
         avg = f"F.avg_pool2d({x.name}.reshape(1, {c}, {h}, {w}), {args})"
@@ -632,13 +634,6 @@ class _Builder:
             self.emit(f"F.pad({x.name}.reshape(1, -1, {n}), ({a}, {b}), mode='replicate')"
                       f".reshape({_fmt(lead + (n + a + b,))})", lead + (n + a + b,), x.bound, x.hi)
         return True
-
-
-def _pool_out(n: int, k: int, s: int, p: int, ceil: bool) -> int:
-    """torch's pooled length (dilation 1)."""
-    num = n + 2 * p - k
-    out = (-(-num // s) if ceil else num // s) + 1
-    return out - 1 if ceil and (out - 1) * s >= n + p else out
 
 
 def _swap(shape, i, j):
