@@ -185,6 +185,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "interleaved with zeros) is computed by the kernels that read it, each part loaded under its "
          "position's mask, where the plan weighs that cheaper than writing it and reading it back: a "
          "pooling window reads the input in place of its -inf padded copy. Not yet measured on a GPU."),
+    Knob("bn_shift_sample", "STITCHML_BN_SHIFT_SAMPLE", 16, int,
+         "Batch-norm training statistics are sums of deviations from a shift, the per-channel mean of the "
+         "batch's leading ceil(N / this) samples (a read of that fraction of x): both sums then take one pass "
+         "and x is read twice, not three times. The variance's rounding error grows at most by a factor of "
+         "this (a first sample unlike the rest), about 2 for ordinary batches. 1: the shift is the mean of "
+         "the whole batch (a full extra read). Not yet measured on a GPU."),
     Knob("split_min_cols", "STITCHML_SPLIT_MIN_COLS", 1024, int,
          "Task splitting: rows split into chunks of at least this many elements, only when there are fewer "
          "rows than two programs per SM (AStitch's rule: split when rows < programs per wave and a row "

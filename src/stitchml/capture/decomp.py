@@ -131,11 +131,13 @@ def logsumexp(x: torch.Tensor, dim, keepdim: bool = False) -> torch.Tensor:
 
 def batch_norm_functional(x, weight, bias, running_mean, running_var, training: bool, momentum: float,
                           eps: float):
-    """`_native_batch_norm_legit_functional` in training: the statistics of var_mean's
-    two-pass algorithm, and the output from the deviations d = x - first mean, minus
-    the mean's small correction (never x - mean: with few values per channel on a large
-    offset, the rounded mean's error would be scaled up by the inverse std).  Eval mode
-    is torch's decomposition."""
+    """`_native_batch_norm_legit_functional` in training: the statistics as sums of the
+    deviations d = x - first from a shift `first` (one pass over x for both sums), and
+    the output from d minus the mean's small correction (never x - mean: with few values
+    per channel on a large offset, the rounded mean's error would be scaled up by the
+    inverse std).  The shift is the mean of the batch's leading samples (`_shift_sample`),
+    not of the whole batch: x is read twice (statistics, output) instead of three times.
+    Eval mode is torch's decomposition."""
     if not training:
         from torch._decomp import decomposition_table as torch_table
         return torch_table[aten._native_batch_norm_legit_functional.default](
@@ -143,7 +145,8 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training: 
     dims = [0] + list(range(2, x.dim()))
     n = x.numel() // x.shape[1]
     xc = x.float() if x.dtype in _HALF else x
-    first = torch.sum(xc, dims, keepdim=True) / n
+    sample = _shift_sample(xc)
+    first = torch.sum(sample, dims, keepdim=True) / (sample.numel() // x.shape[1])
     dev = xc - first
     shift = torch.sum(dev, dims, keepdim=True) / n
     var = torch.clamp_min(torch.sum(dev * dev, dims, keepdim=True) / n - shift * shift, 0)
@@ -160,6 +163,23 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training: 
     new_var = momentum * (var * (n / max(n - 1, 1))) + (1 - momentum) * running_var
     return (out.to(x.dtype), mean, torch.squeeze(rstd, dims), new_mean.to(running_mean.dtype),
             new_var.to(running_var.dtype))
+
+
+def _shift_sample(x: torch.Tensor) -> torch.Tensor:
+    """The leading ceil(N / k) samples of a batch-norm input (k: knob `bn_shift_sample`),
+    whose per-channel mean is the shift of the variance's sums.  Why that is safe: with
+    d = x - s, var = mean(d²) - mean(d)², and the rounding error of that difference
+    grows with 1 + z², z = (s - mean) / std.  A part of fraction f of the data whose mean
+    is Δ from the whole's contributes at least f·Δ²/(1 - f) to the variance (the law of
+    total variance), so z² ≤ (1 - f) / f < k: at most log2(k) bits lost in the worst case
+    (a first sample unlike the rest), about one bit for ordinary batches.  The whole
+    batch (the two-pass algorithm, a full extra read) where the sample would be all of
+    it, or the batch size is symbolic (no guard on a dynamic size)."""
+    from .. import config
+    k, nb = int(config.get("bn_shift_sample")), x.shape[0]
+    if k <= 1 or isinstance(nb, torch.SymInt) or nb <= 1:
+        return x
+    return x[:-(-nb // k)]
 
 
 def index_put_masked(x, indices, values, accumulate=False):

@@ -35,6 +35,9 @@ class Group:
     low: int = -1                                  # the lowest member id
 
 
+LEAF_MAX_ELEMS = 1024   # `_merge_input_leaves`: kernels this small are all launch
+
+
 class _PrefixMax:
     """Prefix maxima over node ids, values only growing (a Fenwick tree): at a group's
     lowest member id, its highest; `upto(i)` is the highest member id of any group whose
@@ -123,7 +126,7 @@ class Grouper:
         g * xhat) and, as `run` checks, only where a row reduction shares its kernel:
         then the summed value never goes to memory.  A lone column sum of long rows stays
         a reduction of its own (its partials would only add bytes)."""
-        if not is_column_reduce(n, src, self.opts):
+        if not is_column_reduce(n, src, self.opts, self.g):
             return False
         if fits_on_chip(n.numel, self.opts):
             return True
@@ -173,7 +176,7 @@ class Grouper:
             if n.kind != ir.REDUCE or n.id in self._plain_columns:
                 continue
             src = self.g[n.refs[0]]
-            if not is_column_reduce(n, src, self.opts) or fits_on_chip(n.numel, self.opts):
+            if not is_column_reduce(n, src, self.opts, self.g) or fits_on_chip(n.numel, self.opts):
                 continue
             rows = src.numel // max(n.numel, 1)
             reads = self._reads(grp)
@@ -201,8 +204,26 @@ class Grouper:
                 if src in self.group_of and self.group_of[src] is not self.group_of[n.id]:
                     self._try_merge(src, n.id)
         self._merge_siblings()
+        self._merge_input_leaves()
         groups = {id(g): g for g in self.group_of.values()}
         return sorted(groups.values(), key=lambda g: min(g.members))
+
+    def _merge_input_leaves(self) -> None:
+        """Tiny element-wise kernels that read nothing but graph inputs, of one domain,
+        become one kernel: a training step's batch-norm counters (`num_batches_tracked + 1`,
+        one element each, 53 in ResNet-50) are 53 launches of no work apart.  They read
+        no value a kernel computes, so no merge of them can close a cycle; their buffers
+        live for the whole call anyway."""
+        if not self.opts.sibling_fusion:
+            return
+        first: dict[tuple, Group] = {}
+        for grp in sorted({id(g): g for g in self.group_of.values()}.values(), key=lambda g: min(g.members)):
+            if (grp.rowwise or grp.cross or grp.scatter or _numel(grp.domain) > LEAF_MAX_ELEMS
+                    or any(self.g[s].kind != ir.INPUT for s in self._reads(grp))):
+                continue
+            keep = first.setdefault(tuple(grp.domain.shape), grp)
+            if keep is not grp:
+                self._merge(keep, grp)
 
     def _merge_siblings(self) -> None:
         """Operator-level reuse: kernels with the same domain that read the same
@@ -432,7 +453,7 @@ def _numel(d: Domain) -> int:
     return d.rows * d.cols
 
 
-def is_column_reduce(n: ir.Node, src: ir.Node, opts: PlanOptions) -> bool:
+def is_column_reduce(n: ir.Node, src: ir.Node, opts: PlanOptions, g: ir.Graph | None = None) -> bool:
     """Reduces leading dims and keeps trailing ones (bias gradients, dγ/dβ) that fit on
     chip, or that looped programs of several rows can take (`mapping.partials_fit`):
     computed as per-program partials over row blocks, then combined.  Leading in memory
@@ -441,7 +462,7 @@ def is_column_reduce(n: ir.Node, src: ir.Node, opts: PlanOptions) -> bool:
     dims = n.attr("dims")
     nd = len(src.shape)
     if not (n.op in ir.COMBINABLE_REDUCES and 0 < len(dims) < nd
-            and (dims == tuple(range(len(dims))) or opts.layout_columns and outer_in_memory(dims, src))):
+            and (dims == tuple(range(len(dims))) or opts.layout_columns and outer_in_memory(dims, src, g))):
         return False
     rows = 1
     for d in dims:
@@ -449,16 +470,18 @@ def is_column_reduce(n: ir.Node, src: ir.Node, opts: PlanOptions) -> bool:
     return partials_fit(rows, n.numel, opts)
 
 
-def outer_in_memory(dims: tuple[int, ...], src: ir.Node) -> bool:
+def outer_in_memory(dims: tuple[int, ...], src: ir.Node, g: ir.Graph | None = None) -> bool:
     """Whether `src` is laid out with the reduced `dims` outside the kept ones: every
     reduced dim strides over the whole block the kept dims span, and both walk memory
     outermost first in their natural order.  Such a reduction is a column reduction of a
     [reduced, kept] matrix whose columns are contiguous (channels-last batch-norm
     statistics: reduced (0, 2, 3), kept 1 of stride 1).  As a row reduction it would read
     one element of every 32-byte sector a program loads, and with only C rows it leaves
-    most SMs idle (ResNet-50's 64-channel stem: 64 programs)."""
+    most SMs idle (ResNet-50's 64-channel stem: 64 programs).  A view's `stride` is its
+    logical one: its memory layout is replayed from the value it views (`memory_stride`),
+    e.g. the leading samples of a channels-last batch (batch norm's shift)."""
     shape = src.shape
-    stride = src.stride or ir.contiguous_strides(tuple(shape))
+    stride = memory_stride(g, src) if g is not None else src.stride or ir.contiguous_strides(tuple(shape))
     red = [d for d in dims if shape[d] > 1]
     kept = [d for d in range(len(shape)) if d not in dims and shape[d] > 1]
     if not red or not kept:
@@ -466,3 +489,24 @@ def outer_in_memory(dims: tuple[int, ...], src: ir.Node) -> bool:
     span = max(stride[d] * shape[d] for d in kept)
     in_order = all(stride[a] > stride[b] for seq in (red, kept) for a, b in zip(seq, seq[1:]))
     return in_order and min(stride[d] for d in red) >= span
+
+
+def memory_stride(g: ir.Graph, n: ir.Node) -> tuple[int, ...]:
+    """The strides in memory of the elements node `n` names: its own for a computed
+    value, or for a chain of views the layout the chain gives the value it starts from
+    (a slice of a channels-last tensor is channels-last); the view's logical strides
+    where a view of the chain is not a plain re-stride."""
+    from ..runtime.steps import Layout, view_layout   # (the wrapper's own view arithmetic)
+    chain, base = [], n
+    while base.kind == ir.VIEW and base.refs:
+        chain.append(base)
+        base = g[base.refs[0]]
+    fallback = n.stride or ir.contiguous_strides(tuple(n.shape))
+    if not chain or base.stride is None:
+        return fallback
+    lay: Layout | None = Layout(tuple(base.shape), tuple(base.stride))
+    for v in reversed(chain):
+        lay = view_layout(v.op, lay, tuple(v.shape), dict(v.attrs))
+        if lay is None:
+            return fallback
+    return lay.stride

@@ -1,0 +1,170 @@
+"""Batch-norm training statistics in one pass over x (knob `bn_shift_sample`): the sums
+of deviations d = x - s and d² share one kernel, where s, the shift that keeps the
+variance's difference exact enough, is the per-channel mean of the batch's leading
+ceil(N / k) samples (`capture/decomp.py::_shift_sample`) instead of a full pass of its
+own; x is read twice (statistics, output) instead of three times.  Also: the sample is a
+slice of a channels-last tensor, whose column reduction is found through the view's
+memory layout (`plan/grouping.py::memory_stride`), and the batch-norm counters
+(`num_batches_tracked + 1`) of a training step are one kernel (`_merge_input_leaves`).
+Interpreter tier (against eager and float64, adversarial batches, outputs poisoned) and
+plan tier (full-size H200 plans of ResNet-50's stem, no kernel run)."""
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stitchml import config
+from stitchml.capture.decomp import batch_norm_functional
+from stitchml.ir import nodes as ir
+from stitchml.plan.grouping import LEAF_MAX_ELEMS
+from stitchml.testing import compare_against_float64, compare_with_eager
+
+sys.path.insert(0, "tests")
+from planning import plan_of  # noqa: E402
+
+
+def bn_stats(x, w, b, rm, rv):
+    """The normalised output and the running statistics it updated (their update holds
+    the batch's mean and unbiased variance: the statistics are outputs to judge)."""
+    y = F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.5, eps=1e-5)
+    return y, rm * 1, rv * 1
+
+
+def _inputs(x, dtype=torch.float32):
+    c = x.shape[1]
+    x = x.to(dtype).requires_grad_()
+    w = (torch.randn(c) * 0.1 + 1).to(dtype).requires_grad_()
+    b = torch.randn(c).to(dtype).requires_grad_()
+    return [x, w, b, torch.randn(c).to(dtype), (torch.rand(c) + 0.5).to(dtype)]
+
+
+def _batches():
+    torch.manual_seed(0)
+    cl = torch.channels_last
+    plain = torch.randn(40, 6, 5, 3) * 2 + 0.5                  # N = 40: a sample of 3
+    offset = torch.randn(9, 6, 4, 4) + 1e3                       # a large offset: var/mean² = 1e-6
+    unlike = torch.randn(20, 6, 3, 5)                            # the first sample (the shift) far off
+    unlike[0] += 50.0
+    few = torch.randn(20, 6, 1, 1) * 0.01 + 3                    # BatchNorm1d-like: 1 value a sample
+    one = torch.randn(1, 6, 8, 8)                                # N = 1: the whole batch is the sample
+    return {"plain_cl": plain.to(memory_format=cl), "offset": offset, "unlike_first_cl": unlike.to(memory_format=cl),
+            "few_values": few, "batch_of_one": one}
+
+
+@pytest.mark.parametrize("name", list(_batches()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_batch_norm_statistics_against_float64(name, dtype):
+    """Output, running mean and variance, and every gradient within the verdict's factor
+    of eager's own error against float64, on batches chosen to hurt a shifted sum: a
+    large common offset, a first sample 50 std away from the rest (the worst case the
+    bound allows), one value a sample, a batch of one."""
+    c, verdict = compare_against_float64(bn_stats, _inputs(_batches()[name], dtype))
+    verdict.assert_ok(f"batch norm ({name})")
+    (fwd,) = [r for r in c.backend.records if r.kind == "forward"]
+    assert fwd.plan.kernels
+
+
+def test_fp32_statistics_match_eager():
+    """fp32 against eager itself (its own tolerance), poisoned outputs, channels last."""
+    compare_with_eager(bn_stats, _inputs(_batches()["plain_cl"]))
+
+
+def _stem(k: int | None = None):
+    """The plan of a ResNet-50 stem batch norm → ReLU forward (b32, bf16, channels last,
+    H200), with `bn_shift_sample` k (default: the knob's)."""
+    x = torch.empty(32, 64, 112, 112, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    w = torch.empty(64, dtype=torch.bfloat16)
+
+    def fn(x, w, b, rm, rv):
+        # the decomposition a training step's functional batch norm takes (AOTAutograd's
+        # `_native_batch_norm_legit_functional`; make_fx alone would trace torch's)
+        return F.relu(batch_norm_functional(x, w, b, rm, rv, True, 0.1, 1e-5)[0])
+
+    knobs = {} if k is None else {"bn_shift_sample": k}
+    with config.override(device="H200", **knobs):
+        return x, plan_of(fn, x, w, w, w.float(), w.float())
+
+
+def _full_size_readers(x, plan):
+    """Kernels that read the full-size input x (graph input 0)."""
+    g = plan.graph
+    x_id = g.inputs[0]
+    return [k for k in plan.kernels if x_id in k.inputs]
+
+
+def test_the_stem_reads_x_twice_and_a_sixteenth_more():
+    """Knob on: two kernels read all of x (statistics partials, the normalising kernel),
+    one reads its first 2 of 32 samples, as column partials over contiguous channel rows
+    (a slice of a channels-last tensor: no 32-byte sectors wasted); the forward moves at
+    least 0.85 x's bytes less than with the shift over the whole batch (three full
+    reads)."""
+    x, plan = _stem()
+    _, whole = _stem(1)
+    xb = x.numel() * x.element_size()
+    readers = _full_size_readers(x, plan)
+    assert len(readers) == 3 and len(_full_size_readers(x, whole)) == 3
+    sample = [k for k in readers if k.domain.shape[0] == 2]
+    assert len(sample) == 1, [k.domain.shape for k in readers]
+    (s,) = sample
+    assert s.partials and s.domain.col_dims == (1,) and not s.sector_waste, s.mapping.describe()
+    assert s.bytes_read <= xb / 16 * 1.05
+    assert sum(1 for k in readers if k.domain.shape[0] == 32) == 2
+    total = sum(k.bytes_read + k.bytes_written for k in plan.kernels)
+    before = sum(k.bytes_read + k.bytes_written for k in whole.kernels)
+    assert before - total >= 0.85 * xb, (before / 1e6, total / 1e6)
+    assert plan.predicted_s < whole.predicted_s
+
+
+def test_the_sample_is_the_leading_samples_and_symbolic_batches_keep_the_whole():
+    from stitchml.capture.decomp import _shift_sample
+    x = torch.randn(33, 3, 2, 2)
+    with config.override(bn_shift_sample=16):
+        assert _shift_sample(x).shape[0] == 3 and _shift_sample(x[:1]).shape[0] == 1
+        assert _shift_sample(x[:16]).shape[0] == 1 and _shift_sample(x[:17]).shape[0] == 2
+    with config.override(bn_shift_sample=1):
+        assert _shift_sample(x) is x
+
+
+def test_counters_of_a_training_step_are_one_kernel():
+    """Three batch norms' `num_batches_tracked + 1` (one int64 each, graph inputs only)
+    become one kernel of three outputs, not three launches; results as eager's."""
+    net = torch.nn.Sequential(torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.BatchNorm2d(4),
+                              torch.nn.BatchNorm2d(4))
+    net.train()
+    x = torch.randn(3, 4, 5, 5)
+    c = compare_with_eager(net, [x], backward=False)
+    counters = [b for n, b in net.named_buffers() if n.endswith("num_batches_tracked")]
+    # (the module's buffers are shared: one eager call, one compiled)
+    assert len(counters) == 3 and all(int(t) == 2 for t in counters), counters
+    (fwd,) = [r for r in c.backend.records if r.kind == "forward"]
+    g = fwd.plan.graph
+    scalar = [k for k in fwd.plan.kernels if all(g[m].numel <= 1 for m in k.members)]
+    assert len(scalar) == 1, [k.mapping.describe() for k in scalar]
+    assert sum(1 for m in scalar[0].members if g[m].kind == ir.POINTWISE and g[m].dtype == torch.int64) == 3
+
+
+def test_input_leaves_stay_apart_by_domain_and_size():
+    """Only tiny kernels reading graph inputs alone merge, one kernel per domain: a
+    computed operand, a larger domain or another shape keeps its own kernel."""
+    def fn(a, b, c, d, e, big):
+        t = big.sin()
+        return a + 1, b * 2, c - 1, d + t.sum(), e * 3, big + 1
+
+    def inputs():   # (distinct tensors: make_fx would make one input of a tensor passed twice)
+        return [torch.empty(()), torch.empty(()), torch.empty(7), torch.empty(()),
+                torch.empty(LEAF_MAX_ELEMS + 1), torch.empty(LEAF_MAX_ELEMS + 1)]
+
+    plan = plan_of(fn, *inputs())
+    g = plan.graph
+    by_ops = sorted(sorted(g[m].op for m in k.members if g[m].kind == ir.POINTWISE) for k in plan.kernels)
+    # a + 1 and b * 2 (scalars) share a kernel; c - 1 ([7]) its own; d + t.sum() reads a reduction;
+    # e * 3 and big + 1 are above the size
+    scalar_leaves = [k for k in plan.kernels if {g[m].op for m in k.members} == {"add", "mul"}
+                     and all(g[m].numel == 1 for m in k.members)]
+    assert len(scalar_leaves) == 1, by_ops
+    assert len(plan.kernels) == 5, by_ops   # sin+sum(+d's add), the scalar pair, c - 1, e * 3, big + 1
+    with config.override(sibling_fusion=False):
+        apart = plan_of(fn, *inputs())
+    ga = apart.graph
+    assert not [k for k in apart.kernels if {ga[m].op for m in k.members} == {"add", "mul"}]
