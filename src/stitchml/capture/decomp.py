@@ -129,19 +129,15 @@ def logsumexp(x: torch.Tensor, dim, keepdim: bool = False) -> torch.Tensor:
     return out.to(x.dtype)
 
 
-def batch_norm_functional(x, weight, bias, running_mean, running_var, training: bool, momentum: float,
-                          eps: float):
-    """`_native_batch_norm_legit_functional` in training: the statistics as sums of the
-    deviations d = x - first from a shift `first` (one pass over x for both sums), and
-    the output from d minus the mean's small correction (never x - mean: with few values
-    per channel on a large offset, the rounded mean's error would be scaled up by the
-    inverse std).  The shift is the mean of the batch's leading samples (`_shift_sample`),
-    not of the whole batch: x is read twice (statistics, output) instead of three times.
-    Eval mode is torch's decomposition."""
-    if not training:
-        from torch._decomp import decomposition_table as torch_table
-        return torch_table[aten._native_batch_norm_legit_functional.default](
-            x, weight, bias, running_mean, running_var, training, momentum, eps)
+def _batch_stats(x, weight, bias, eps: float):
+    """Batch norm's training statistics and output: sums of the deviations d = x - s
+    from a shift s (one pass over x for both sums), and the output from d minus the
+    mean's small correction (never x - mean: with few values per channel on a large
+    offset, the rounded mean's error would be scaled up by the inverse std).  The shift
+    is the mean of the batch's leading samples (`_shift_sample`), not of the whole batch:
+    x is read twice (statistics, output) instead of three times.  Returns the output
+    (x's dtype), the mean, rstd and the biased variance (per channel, float32 for half
+    inputs) and the count per channel."""
     dims = [0] + list(range(2, x.dim()))
     n = x.numel() // x.shape[1]
     xc = x.float() if x.dtype in _HALF else x
@@ -157,12 +153,29 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training: 
         out = out * weight.reshape(shape)
     if bias is not None:
         out = out + bias.reshape(shape)
-    mean = torch.squeeze(first + shift, dims)
-    var = torch.squeeze(var, dims)
+    return (out.to(x.dtype), torch.squeeze(first + shift, dims), torch.squeeze(rstd, dims),
+            torch.squeeze(var, dims), n)
+
+
+def batch_norm_functional(x, weight, bias, running_mean, running_var, training: bool, momentum: float,
+                          eps: float):
+    """`_native_batch_norm_legit_functional` in training: `_batch_stats`, and the running
+    statistics updated with the unbiased variance.  Eval mode is torch's decomposition."""
+    if not training:
+        from torch._decomp import decomposition_table as torch_table
+        return torch_table[aten._native_batch_norm_legit_functional.default](
+            x, weight, bias, running_mean, running_var, training, momentum, eps)
+    out, mean, rstd, var, n = _batch_stats(x, weight, bias, eps)
     new_mean = momentum * mean + (1 - momentum) * running_mean
     new_var = momentum * (var * (n / max(n - 1, 1))) + (1 - momentum) * running_var
-    return (out.to(x.dtype), mean, torch.squeeze(rstd, dims), new_mean.to(running_mean.dtype),
-            new_var.to(running_var.dtype))
+    return out, mean, rstd, new_mean.to(running_mean.dtype), new_var.to(running_var.dtype)
+
+
+def batch_norm_no_stats(x, weight, bias, training: bool, momentum: float, eps: float):
+    """`_native_batch_norm_legit.no_stats` (batch norm without running statistics, always
+    the batch's): `_batch_stats`."""
+    out, mean, rstd, _, _ = _batch_stats(x, weight, bias, eps)
+    return out, mean, rstd
 
 
 def _shift_sample(x: torch.Tensor) -> torch.Tensor:
@@ -260,6 +273,7 @@ def _own() -> dict:
     for packet, fn in ((aten.var_mean, var_mean), (aten.var, var), (aten.std, std)):
         table[packet.correction] = fn
     table[aten._native_batch_norm_legit_functional.default] = batch_norm_functional
+    table[aten._native_batch_norm_legit.no_stats] = batch_norm_no_stats
     table[aten.logsumexp.default] = logsumexp
     return table
 

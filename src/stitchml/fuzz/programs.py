@@ -357,7 +357,15 @@ class _Builder:
         else:
             if len(x.shape) < 2 or _numel(x.shape) // x.shape[1] < 2:
                 return False
-            self.emit(f"F.batch_norm({x.name}, None, None, training=True)", x.shape, 16.0, x.hi)
+            if rng.random() < 0.5:
+                self.emit(f"F.batch_norm({x.name}, None, None, training=True)", x.shape, 16.0, x.hi)
+            else:   # with running statistics (updated in copies): the functional decomposition
+                rm, rv = (self.new_input((x.shape[1],), grad=False, layout="contiguous") for _ in range(2))
+                # (in x's dtype: eager on the CPU takes one dtype, or half x with float32 statistics)
+                self.emit(f"F.batch_norm({x.name}, {rm.name}.to({x.name}.dtype).clone(), "
+                          f"{rv.name}.abs().to({x.name}.dtype).clone(), "
+                          f"training=True, "
+                          f"momentum={rng.choice([0.1, 0.5])})", x.shape, 16.0, x.hi)
         return True
 
     def view(self) -> bool:
