@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from stitchml import config
 from stitchml.capture.decomp import batch_norm_functional
 from stitchml.ir import nodes as ir
+from stitchml.plan.data import EagerStep
 from stitchml.plan.grouping import LEAF_MAX_ELEMS
 from stitchml.testing import compare_against_float64, compare_with_eager
 
@@ -68,6 +69,26 @@ def test_batch_norm_statistics_against_float64(name, dtype):
 def test_fp32_statistics_match_eager():
     """fp32 against eager itself (its own tolerance), poisoned outputs, channels last."""
     compare_with_eager(bn_stats, _inputs(_batches()["plain_cl"]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_stem_twin_of_the_gpu_test(dtype):
+    """The CPU twin of tests/test_gpu.py::test_resnet_stem_norm_and_pool_on_gpu at a small
+    size: batch norm with running statistics, ReLU, 3x3/2 max-pool, channels last; judged
+    against float64, every step of both graphs a kernel (nothing eager)."""
+    def fn(x, w, b, rm, rv):
+        y = F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1, eps=1e-5)
+        return F.max_pool2d(F.relu(y), 3, 2, 1), rm * 1, rv * 1
+
+    torch.manual_seed(1)
+    x = (torch.randn(20, 8, 11, 11) * 2 + 0.5).to(memory_format=torch.channels_last)
+    inputs = [x.to(dtype).requires_grad_(), (torch.rand(8) + 0.5).to(dtype).requires_grad_(),
+              torch.randn(8).to(dtype).requires_grad_(), torch.zeros(8).to(dtype), torch.ones(8).to(dtype)]
+    c, verdict = compare_against_float64(fn, inputs)
+    verdict.assert_ok(f"stem {dtype}")
+    assert {r.kind for r in c.backend.records} == {"forward", "backward"}
+    for rec in c.backend.records:
+        assert rec.plan is not None and not [s for s in rec.plan.steps if isinstance(s, EagerStep)], rec.kind
 
 
 def _stem(k: int | None = None):

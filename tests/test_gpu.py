@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from stitchml import explain
+from stitchml.plan.data import EagerStep
 from stitchml.testing import compare_against_float64, judge_against_float64
 
 pytestmark = pytest.mark.gpu
@@ -69,6 +70,28 @@ def test_patterns_at_real_sizes(name, dtype):
     assert fwd.plan is not None and len(fwd.plan.kernels) == KERNELS.get(name, 1), fwd.eager_reason
     assert fwd.plan.num_kernels in {1, len(fwd.plan.kernels)}
     assert fwd.plan.num_kernels == 1 or fwd.plan.graph_replay, "separate launches priced at the host's launch cost"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_resnet_stem_norm_and_pool_on_gpu(dtype):
+    """ResNet-50's stem after its convolution at full size (b32, 64 x 112 x 112, channels
+    last): training batch norm with running statistics (one pass over x for the statistics,
+    the shift from the leading samples: knob `bn_shift_sample`), ReLU, 3x3/2 max-pool
+    (residue-class backward); outputs, updated running statistics and every gradient
+    judged against float64, nothing eager."""
+    def fn(x, w, b, rm, rv):
+        y = F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1, eps=1e-5)
+        return F.max_pool2d(F.relu(y), 3, 2, 1), rm * 1, rv * 1
+
+    x = (torch.randn(32, 64, 112, 112, device=DEV) * 2 + 0.5).to(memory_format=torch.channels_last)
+    inputs = [x.to(dtype).requires_grad_(), (torch.rand(64, device=DEV) + 0.5).to(dtype).requires_grad_(),
+              _randn(64, dtype=dtype, grad=True), torch.zeros(64, device=DEV, dtype=dtype),
+              torch.ones(64, device=DEV, dtype=dtype)]
+    cmp, judgement = compare_against_float64(fn, inputs, backward=True)
+    judgement.assert_ok(f"resnet stem {dtype}")
+    for rec in cmp.backend.records:
+        assert rec.plan is not None and not [s for s in rec.plan.steps if isinstance(s, EagerStep)], \
+            (rec.kind, rec.eager_reason)
 
 
 def test_residual_dropout_layer_norm_one_kernel_on_gpu():
