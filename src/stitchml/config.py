@@ -185,6 +185,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "interleaved with zeros) is computed by the kernels that read it, each part loaded under its "
          "position's mask, where the plan weighs that cheaper than writing it and reading it back: a "
          "pooling window reads the input in place of its -inf padded copy. Not yet measured on a GPU."),
+    Knob("narrow_writes", "STITCHML_NARROW_WRITES", True, _bool,
+         "A kernel that would write an exact widening cast (bfloat16 to float32) of a value it computes writes "
+         "the narrow value, and each reader casts it: half the bytes written and read back, the same numbers "
+         "(ResNet-50's backward: the float32 ReLU of a residual gradient). Not yet measured on a GPU."),
     Knob("bn_shift_sample", "STITCHML_BN_SHIFT_SAMPLE", 16, int,
          "Batch-norm training statistics are sums of deviations from a shift, the per-channel mean of the "
          "batch's leading ceil(N / this) samples (a read of that fraction of x): both sums then take one pass "

@@ -36,6 +36,7 @@ class PlanOptions:
     transposed_tiles: bool = True  # column-partial kernels reading an input transposed: 8-16-row tiles
     layout_columns: bool = True    # reductions over the dims outermost in memory (channels last): column partials
     free_cats: bool = True         # concatenations of cheap parts computed by their readers (weighed on the plan)
+    narrow_writes: bool = True     # a written exact widening cast of a computed value: the narrow value written
     row_values: bool = True        # flat kernels reading per-row values along long rows: walked as rows
     flat_row_runs: bool = True     # flat kernels reading row runs out of flat order: one element a thread
     layout_order: bool = True      # kernels without reductions walk memory order; transposes in tiles

@@ -3,6 +3,8 @@ a thread mapping per kernel, and modelled bytes."""
 from __future__ import annotations
 
 import heapq
+
+import torch
 from dataclasses import replace
 
 from ..ir import index as ix
@@ -38,7 +40,8 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
         plan = _plan_once(g, gv, forbidden, opts)
         bad = _invalid_kernel(g, plan)
         if bad is None:
-            cheaper = set() if weighed else _cheaper_recomputed(g, gv, plan, opts)
+            cheaper = set() if weighed else (_cheaper_recomputed(g, gv, plan, opts)
+                                             | (_narrower_writes(g, gv, plan) if opts.narrow_writes else set()))
             weighed = True
             if cheaper:   # plan once more with those values computed by their readers
                 g = mark_recompute(g, sorted(cheaper))
@@ -92,6 +95,37 @@ def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan, opts: PlanOption
         if recomputed < written:
             out.add(nid)
             out |= _interior(g, nid, leaf)
+    return out
+
+
+# casts that are exact: every value of the narrow type is a value of the wide one
+_WIDENINGS = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float16, torch.float64),
+              (torch.bfloat16, torch.float64), (torch.float32, torch.float64)}
+
+
+def _narrower_writes(g: ir.Graph, gv: GraphView, plan: Plan) -> set[int]:
+    """Values a kernel writes that are an exact widening cast (a bfloat16 value to
+    float32) of an element-wise value the same kernel computes: the kernel writes the
+    narrow value instead and each reader casts it (the cast marked to be recomputed), half
+    the bytes written and read back, the same numbers.  ResNet-50's backward wrote the
+    float32 cast of `where(y <= 0, 0, dy_a + dy_b)` (the ReLU of a residual gradient: three
+    full-size sources, too many for a cheap chain) for its batch norms' dx kernel: 295 MB a
+    step at b32.  Not a graph output or an eager op's operand (`escapes`), which must exist
+    in the wide type."""
+    out: set[int] = set()
+    escapes = gv.escapes
+    for k in plan.kernels:
+        if k.combine_of:
+            continue
+        for o in k.outputs:
+            n = g[o]
+            if (o in k.partials or o in escapes or n.kind != ir.POINTWISE or n.op != "cast"
+                    or n.attr("recompute") or len(n.refs) != 1):
+                continue
+            src = g[n.refs[0]]
+            if (src.id in k.members and src.kind == ir.POINTWISE and not is_free(src)
+                    and src.shape == n.shape and (src.dtype, n.dtype) in _WIDENINGS):
+                out.add(o)
     return out
 
 
