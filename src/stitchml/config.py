@@ -189,6 +189,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "A kernel that would write an exact widening cast (bfloat16 to float32) of a value it computes writes "
          "the narrow value, and each reader casts it: half the bytes written and read back, the same numbers "
          "(ResNet-50's backward: the float32 ReLU of a residual gradient). Not yet measured on a GPU."),
+    Knob("cat_parts", "STITCHML_CAT_PARTS", True, _bool,
+         "An element-wise kernel that exists only to compute parts of one concatenation (a SwiGLU backward's "
+         "gate and up gradients, concatenated for the weight gradient) is computed by the concatenation's "
+         "kernel, each part at its own positions: the parts are never written and read back. Not yet measured "
+         "on a GPU."),
     Knob("bn_shift_sample", "STITCHML_BN_SHIFT_SAMPLE", 16, int,
          "Batch-norm training statistics are sums of deviations from a shift, the per-channel mean of the "
          "batch's leading ceil(N / this) samples (a read of that fraction of x): both sums then take one pass "
