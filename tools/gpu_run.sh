@@ -86,7 +86,7 @@ declare -A WHAT=(
     [micro-check]="the micro rows with open predictions (bench/NOTES.md, twenty-eighth and twenty-ninth sessions: column lanes, combines; thirty-sixth: the stem max-pool), bf16: column_sum_tokens and layer_norm_bwd_tokens (2048 x 768), batch_sum (8 x 512 x 768), max_pool_fwdbwd (32 x 64 x 112 x 112, channels last); eager, inductor, stitchml -> bench/; then stitchml on those, layer_norm_bwd N=1024 and column_sum 32768 x 1024 with partial_column_warps on and off, combine_spread off -> micro-check/"
     [models-15]="issue 15's rows, bf16: BERT-base train and infer at b32 s128, the LLaMA-style 8-layer step with vocabulary 128256 (peak memory of its loss); eager, inductor, inductor-ro, stitchml -> bench/"
     [models-fp32]="the same rows in fp32"
-    [models-18]="issue 18's rows, bf16: ResNet-50 training (channels_last, b32, 224 px), Swin-T training (b32), a small Mixtral-style MoE decoder's training step (b8 s512); inductor-ro, stitchml -> bench/; ResNet-50 again with STITCHML_LAYOUT_COLUMNS=0 (the batch-norm statistics a row per channel, as before the thirty-fifth session) -> bench-rows-per-channel/, and with STITCHML_BN_SHIFT_SAMPLE=1 (the shift a pass over the whole batch, as before the thirty-seventh) -> bench-bn-whole-shift/"
+    [models-18]="issue 18's rows, bf16: ResNet-50 training (channels_last, b32, 224 px), Swin-T training (b32), a small Mixtral-style MoE decoder's training step (b8 s512); inductor-ro, stitchml -> bench/; ResNet-50 again with STITCHML_LAYOUT_COLUMNS=0 (the batch-norm statistics a row per channel, as before the thirty-fifth session) -> bench-rows-per-channel/, and with STITCHML_BN_SHIFT_SAMPLE=1 (the shift a pass over the whole batch, as before the thirty-seventh) -> bench-bn-whole-shift/; MoE with STITCHML_CAT_PARTS=0 -> bench-cat-parts-off/"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
     [micro-extra]="micro suite, both dtypes: max-autotune and jax"
     [variants]="knob variants on the norm-backward and column-sum micro rows, bf16, one process: defaults, no grid barriers, 8 partial programs per SM, 8192-element looped partials, no looped partials (persistent rows then), column partials at 16 bytes a thread (the old tiles), blocks not scaled by dtype, long rows without a persistent grid, no transposed tiles, 8192-column loop blocks, chunk statistics for long layer-norm rows -> variants/; BERT, GPT-2 and LLaMA-style training steps under model knobs (GEMM epilogues forced on and off among them) -> variants-models/"
@@ -182,6 +182,10 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         # the thirty-seventh session's batch-norm shift over the whole batch again (three reads of x, not two)
         STITCHML_BN_SHIFT_SAMPLE=1 "$PY" -m stitchml.cli bench --out "$R/bench-bn-whole-shift" --resume \
             --no-progress "${QUICK[@]}" --suite models --dtype bf16 --no-compile-time --case issue18_resnet50 \
+            --contender stitchml || return $?
+        # and the MoE step with the expert backward's concatenation copied again (knob cat_parts)
+        STITCHML_CAT_PARTS=0 "$PY" -m stitchml.cli bench --out "$R/bench-cat-parts-off" --resume \
+            --no-progress "${QUICK[@]}" --suite models --dtype bf16 --no-compile-time --case issue18_moe \
             --contender stitchml ;;
     compile)
         "$PY" -m stitchml.cli bench --out "$R/compile" --resume --no-progress "${QUICK[@]}" \
