@@ -100,3 +100,11 @@ def test_a_fused_gate_up_mlp_trains(dtype):
     (bwd,) = [r for r in c.backend.records if r.kind == "backward"]
     cats = [k for k in bwd.plan.kernels if any(bwd.plan.graph[m].kind == ir.CAT for m in k.members)]
     assert cats and all("sigmoid" in _ops(bwd.plan, k) for k in cats), [_ops(bwd.plan, k) for k in bwd.plan.kernels]
+
+
+def test_explain_says_the_parts_are_computed_by_the_concatenation():
+    from stitchml.tools.explain import Report
+    c = compare_with_eager(swiglu_backward, [torch.randn(9, 16), torch.randn(9, 8)], backward=False)
+    text = Report(c.backend.records).to_text()
+    assert "computed where read, not written:" in text
+    assert "a part of a concatenation, computed by the concatenation's kernel" in text

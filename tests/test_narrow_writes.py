@@ -93,3 +93,10 @@ def test_graph_outputs_keep_their_wide_type():
     with config.override(device="H200"):
         plan = plan_of(fn, torch.empty(shape, dtype=torch.bfloat16), torch.empty(shape, dtype=torch.bfloat16))
     assert _fp32_full_writes(plan, 64 * 48)
+
+
+def test_explain_says_the_narrow_value_is_written():
+    from stitchml.tools.explain import Report
+    c, _ = compare_against_float64(relu_residual_bn_grads, _inputs(torch.bfloat16))
+    text = Report(c.backend.records).to_text()
+    assert "an exact widening cast: the narrow value is written, readers cast it" in text

@@ -121,12 +121,14 @@ def _full_size(g: ir.Graph, leaf, numel: int) -> list[int]:
     return [s for s in leaf if g[s].numel * 10 > numel]
 
 
-def mark_recompute(g: ir.Graph, ids) -> ir.Graph:
-    """A copy of `g` whose nodes `ids` are free: computed by every kernel that reads them."""
+def mark_recompute(g: ir.Graph, ids, reason: str = "a cheap chain of sources") -> ir.Graph:
+    """A copy of `g` whose nodes `ids` are free: computed by every kernel that reads them.
+    The attribute holds why (`explain` lists it); `ids` may be a mapping of id to reason."""
     out = copy.copy(g)
     out.nodes = list(g.nodes)
     for p in ids:
-        out.nodes[p] = replace(g[p], attrs=g[p].attrs + (("recompute", True),))
+        why = ids[p] if isinstance(ids, dict) else reason
+        out.nodes[p] = replace(g[p], attrs=g[p].attrs + (("recompute", why),))
     return out
 
 

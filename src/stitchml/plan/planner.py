@@ -40,12 +40,19 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
         plan = _plan_once(g, gv, forbidden, opts)
         bad = _invalid_kernel(g, plan)
         if bad is None:
-            cheaper = set() if weighed else (_cheaper_recomputed(g, gv, plan, opts)
-                                             | (_narrower_writes(g, gv, plan) if opts.narrow_writes else set())
-                                             | (_parts_of_cats(g, gv, plan) if opts.cat_parts else set()))
+            cheaper: dict[int, str] = {}
+            if not weighed:
+                cheaper.update(dict.fromkeys(_cheaper_recomputed(g, gv, plan, opts),
+                                             "cheaper to compute in its readers than to write and read back"))
+                if opts.narrow_writes:
+                    cheaper.update(dict.fromkeys(_narrower_writes(g, gv, plan),
+                                                 "an exact widening cast: the narrow value is written, readers cast it"))
+                if opts.cat_parts:
+                    cheaper.update(dict.fromkeys(_parts_of_cats(g, gv, plan),
+                                                 "a part of a concatenation, computed by the concatenation's kernel"))
             weighed = True
             if cheaper:   # plan once more with those values computed by their readers
-                g = mark_recompute(g, sorted(cheaper))
+                g = mark_recompute(g, dict(sorted(cheaper.items())))
                 gv, forbidden = GraphView(g), frozenset()
                 continue
             plan.search = search(plan, opts)

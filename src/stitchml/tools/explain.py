@@ -200,6 +200,15 @@ class Report:
                     lines.append(f"  eager  {step.op}: {step.reason}{cost}")
             for grp in rec.plan.groups:
                 lines.append(f"  launch {grp.name}: {grp.kind} {'+'.join(grp.members)} grid={grp.grid}: {grp.reason}")
+            marked: dict[str, list[str]] = {}
+            for n in g.nodes:
+                why = n.attr("recompute")
+                if why:
+                    marked.setdefault(why if isinstance(why, str) else "computed by its readers", []).append(
+                        f"%{n.id}({n.op})")
+            for why, nodes in marked.items():
+                shown = ", ".join(nodes[:6]) + (f", ... ({len(nodes)} in all)" if len(nodes) > 6 else "")
+                lines.append(f"  computed where read, not written: {shown}: {why}")
             s = rec.plan.search
             if s is not None:
                 lines.append(f"  launch search: {s.method}, modelled {s.chosen_s * 1e6:.1f} us vs rules "
