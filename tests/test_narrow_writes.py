@@ -100,3 +100,25 @@ def test_explain_says_the_narrow_value_is_written():
     c, _ = compare_against_float64(relu_residual_bn_grads, _inputs(torch.bfloat16))
     text = Report(c.backend.records).to_text()
     assert "an exact widening cast: the narrow value is written, readers cast it" in text
+
+
+def test_the_cast_of_a_reshaped_value_is_narrowed_too():
+    """LLaMA's last RMSNorm backward: its row kernel wrote the float32 cast of the reshaped
+    gradient for the embedding backward (a scatter-add kernel); the view is looked through,
+    the bfloat16 gradient written instead."""
+    def fn(a, b, idx):
+        x = torch.sigmoid(a) * b            # (not a cheap chain: computed once, by the row kernel)
+        rows = x.float().sum(-1)            # (the producer is a row kernel: the scatter cannot join it)
+        flat = x.reshape(32, 64).float()
+        return rows, torch.zeros(10, 64).index_add(0, idx, flat)
+
+    ins = [torch.empty(64, 32, dtype=torch.bfloat16), torch.empty(64, 32, dtype=torch.bfloat16),
+           torch.zeros(32, dtype=torch.int64)]
+    with config.override(device="H200"):
+        on = plan_of(fn, *ins)
+    with config.override(device="H200", narrow_writes=False):
+        off = plan_of(fn, *ins)
+    assert _fp32_full_writes(off, 64 * 32) and not _fp32_full_writes(on, 64 * 32)
+    a, b = torch.randn(64, 32, dtype=torch.bfloat16), torch.randn(64, 32, dtype=torch.bfloat16)
+    _, verdict = compare_against_float64(fn, [a, b, torch.randint(0, 10, (32,))], backward=False)
+    verdict.assert_ok("reshaped cast")

@@ -118,8 +118,9 @@ def _narrower_writes(g: ir.Graph, gv: GraphView, plan: Plan) -> set[int]:
     the bytes written and read back, the same numbers.  ResNet-50's backward wrote the
     float32 cast of `where(y <= 0, 0, dy_a + dy_b)` (the ReLU of a residual gradient: three
     full-size sources, too many for a cheap chain) for its batch norms' dx kernel: 295 MB a
-    step at b32.  Not a graph output or an eager op's operand (`escapes`), which must exist
-    in the wide type."""
+    step at b32; LLaMA's last RMSNorm backward wrote the reshaped gradient's float32 cast
+    for the embedding backward (16.8 MB).  Not a graph output or an eager op's operand
+    (`escapes`), which must exist in the wide type."""
     out: set[int] = set()
     escapes = gv.escapes
     for k in plan.kernels:
@@ -130,9 +131,9 @@ def _narrower_writes(g: ir.Graph, gv: GraphView, plan: Plan) -> set[int]:
             if (o in k.partials or o in escapes or n.kind != ir.POINTWISE or n.op != "cast"
                     or n.attr("recompute") or len(n.refs) != 1):
                 continue
-            src = g[n.refs[0]]
+            src = g[_base_value(g, n.refs[0])]   # (through views: a reshaped gradient's cast)
             if (src.id in k.members and src.kind == ir.POINTWISE and not is_free(src)
-                    and src.shape == n.shape and (src.dtype, n.dtype) in _WIDENINGS):
+                    and src.numel == n.numel and (src.dtype, n.dtype) in _WIDENINGS):
                 out.add(o)
     return out
 
