@@ -29,7 +29,7 @@ CHEAP = frozenset({"add", "sub", "mul", "neg"})
 SELECTS = frozenset({"where", "le", "lt", "ge", "gt", "eq", "ne", "logical_not", "bitwise_and", "bitwise_or"})
 
 
-def _base(g: ir.Graph, nid: int) -> ir.Node:
+def view_base(g: ir.Graph, nid: int) -> ir.Node:
     n = g[nid]
     while n.kind == ir.VIEW:
         n = g[n.refs[0]]
@@ -38,7 +38,7 @@ def _base(g: ir.Graph, nid: int) -> ir.Node:
 
 def _constant(g: ir.Graph, a) -> bool:
     """A scalar operand, or a filled constant tensor."""
-    return not isinstance(a, ir.Ref) or (_base(g, a.id).kind == ir.POINTWISE and _base(g, a.id).op == "full")
+    return not isinstance(a, ir.Ref) or (view_base(g, a.id).kind == ir.POINTWISE and view_base(g, a.id).op == "full")
 
 
 def _is_source(n: ir.Node) -> bool:
@@ -64,7 +64,7 @@ def cheap_chains(g: ir.Graph, free=None, leaf_ok=None, cats: bool = False) -> It
     def leaf_of(nid: int) -> frozenset[int] | None:
         found = leaves(nid)
         if found is None and leaf_ok is not None:
-            base = _base(g, nid)
+            base = view_base(g, nid)
             if leaf_ok(base.id):
                 return frozenset({base.id})
             if base.kind == ir.POINTWISE and base.op in FREE_POINTWISE:
@@ -74,7 +74,7 @@ def cheap_chains(g: ir.Graph, free=None, leaf_ok=None, cats: bool = False) -> It
     cheap = CHEAP | SELECTS if leaf_ok is not None else CHEAP
 
     def leaves(nid: int) -> frozenset[int] | None:
-        n = _base(g, nid)
+        n = view_base(g, nid)
         if _is_source(n):
             return frozenset({n.id})
         return chains.get(n.id) if free is None or free(n.id) else None
@@ -154,7 +154,7 @@ def recompute_cheap(g: ir.Graph) -> ir.Graph:
     escapes = None
     for nid, leaf in cheap_chains(g, free=lambda m: m in picked):
         n = g[nid]
-        of_source = n.op == "cast" and _is_source(_base(g, n.refs[0]))
+        of_source = n.op == "cast" and _is_source(view_base(g, n.refs[0]))
         if not of_source and source_bytes(g, _full_size(g, leaf, n.numel)) > n.numel * n.dtype.itemsize:
             continue
         escapes = GraphView(g).escapes if escapes is None else escapes

@@ -3,9 +3,9 @@ a thread mapping per kernel, and modelled bytes."""
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 
 import torch
-from dataclasses import replace
 
 from ..ir import index as ix
 from ..ir import nodes as ir
@@ -16,7 +16,7 @@ from .access import (generates, layout_domain, may_reorder, row_run_reads, row_v
                      transposed_reads)
 from .cost import input_passes, kernel_bytes, predict_seconds, reread_miss, row_bytes, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
-from .graph_view import GraphView, cheap_chains, is_free, mark_recompute, recompute_cheap, source_bytes
+from .graph_view import GraphView, cheap_chains, is_free, mark_recompute, recompute_cheap, source_bytes, view_base
 from .grouping import Grouper, Group
 from .options import PlanOptions
 from .ilp import search
@@ -45,8 +45,8 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
                 cheaper.update(dict.fromkeys(_cheaper_recomputed(g, gv, plan, opts),
                                              "cheaper to compute in its readers than to write and read back"))
                 if opts.narrow_writes:
-                    cheaper.update(dict.fromkeys(_narrower_writes(g, gv, plan),
-                                                 "an exact widening cast: the narrow value is written, readers cast it"))
+                    why = "an exact widening cast: the narrow value is written, readers cast it"
+                    cheaper.update(dict.fromkeys(_narrower_writes(g, gv, plan), why))
                 if opts.cat_parts:
                     cheaper.update(dict.fromkeys(_parts_of_cats(g, gv, plan),
                                                  "a part of a concatenation, computed by the concatenation's kernel"))
@@ -131,7 +131,7 @@ def _narrower_writes(g: ir.Graph, gv: GraphView, plan: Plan) -> set[int]:
             if (o in k.partials or o in escapes or n.kind != ir.POINTWISE or n.op != "cast"
                     or n.attr("recompute") or len(n.refs) != 1):
                 continue
-            src = g[_base_value(g, n.refs[0])]   # (through views: a reshaped gradient's cast)
+            src = view_base(g, n.refs[0])   # (through views: a reshaped gradient's cast)
             if (src.id in k.members and src.kind == ir.POINTWISE and not is_free(src)
                     and src.numel == n.numel and (src.dtype, n.dtype) in _WIDENINGS):
                 out.add(o)
@@ -155,7 +155,7 @@ def _parts_of_cats(g: ir.Graph, gv: GraphView, plan: Plan) -> set[int]:
             cat = g[c]
             if cat.kind != ir.CAT or cat.attr("recompute"):
                 continue
-            parts = {_base_value(g, r) for r in cat.refs}
+            parts = {view_base(g, r).id for r in cat.refs}
             kernels = {producer[p].name: producer[p] for p in parts if p in producer}
             for kp in kernels.values():
                 if kp is kc or kp.partials or kp.combine_of or any(
@@ -164,13 +164,6 @@ def _parts_of_cats(g: ir.Graph, gv: GraphView, plan: Plan) -> set[int]:
                 if all(o in parts and o not in gv.escapes and gv.consumers[o] == (c,) for o in kp.outputs):
                     out |= set(kp.members)
     return out
-
-
-def _base_value(g: ir.Graph, nid: int) -> int:
-    """The value a chain of views reads."""
-    while g[nid].kind == ir.VIEW:
-        nid = g[nid].refs[0]
-    return nid
 
 
 def _interior(g: ir.Graph, nid: int, leaf) -> set[int]:
