@@ -212,8 +212,9 @@ class Grouper:
         """Tiny element-wise kernels that read nothing but graph inputs, of one domain,
         become one kernel: a training step's batch-norm counters (`num_batches_tracked + 1`,
         one element each, 53 in ResNet-50) are 53 launches of no work apart.  They read
-        no value a kernel computes, so no merge of them can close a cycle; their buffers
-        live for the whole call anyway."""
+        no value a kernel computes, so only a mutation fence (an eager op writing an input
+        between the two reads) could order them: the cycle test still decides; their
+        buffers live for the whole call anyway."""
         if not self.opts.sibling_fusion:
             return
         first: dict[tuple, Group] = {}
@@ -222,7 +223,7 @@ class Grouper:
                     or any(self.g[s].kind != ir.INPUT for s in self._reads(grp))):
                 continue
             keep = first.setdefault(tuple(grp.domain.shape), grp)
-            if keep is not grp:
+            if keep is not grp and not self._creates_cycle(keep, grp):
                 self._merge(keep, grp)
 
     def _merge_siblings(self) -> None:
