@@ -38,7 +38,10 @@ def view_base(g: ir.Graph, nid: int) -> ir.Node:
 
 def _constant(g: ir.Graph, a) -> bool:
     """A scalar operand, or a filled constant tensor."""
-    return not isinstance(a, ir.Ref) or (view_base(g, a.id).kind == ir.POINTWISE and view_base(g, a.id).op == "full")
+    if not isinstance(a, ir.Ref):
+        return True
+    base = view_base(g, a.id)
+    return base.kind == ir.POINTWISE and base.op == "full"
 
 
 def _is_source(n: ir.Node) -> bool:

@@ -203,9 +203,8 @@ class Report:
             marked: dict[str, list[str]] = {}
             for n in g.nodes:
                 why = n.attr("recompute")
-                if why:
-                    marked.setdefault(why if isinstance(why, str) else "computed by its readers", []).append(
-                        f"%{n.id}({n.op})")
+                if why:   # (`mark_recompute` stores the reason)
+                    marked.setdefault(why, []).append(f"%{n.id}({n.op})")
             for why, nodes in marked.items():
                 shown = ", ".join(nodes[:6]) + (f", ... ({len(nodes)} in all)" if len(nodes) > 6 else "")
                 lines.append(f"  computed where read, not written: {shown}: {why}")
