@@ -194,6 +194,20 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "gate and up gradients, concatenated for the weight gradient) is computed by the concatenation's "
          "kernel, each part at its own positions: the parts are never written and read back. Not yet measured "
          "on a GPU."),
+    Knob("place_cats", "STITCHML_PLACE_CATS", True, _bool,
+         "A concatenation whose parts are all computed by kernels is allocated first and each part is "
+         "written straight into its slice (a GRU step's gate gradients, concatenated for the next matrix "
+         "product): no kernel copies them. Off under dynamic shapes. Not yet measured on a GPU."),
+    Knob("reduction_sums", "STITCHML_REDUCTION_SUMS", True, _bool,
+         "A tree of adds of four or more sums over the same dims of same-shaped values (a recurrence's "
+         "bias gradient, accumulated over its steps) is one sum over their concatenation: one reduction "
+         "instead of one per step, rounded once (reassociated, not bit-equal to eager's order). Not yet "
+         "measured on a GPU."),
+    Knob("product_sums", "STITCHML_PRODUCT_SUMS", True, _bool,
+         "A tree of adds of four or more matrix products of one shape (a recurrence's weight gradient, "
+         "accumulated over its steps) is one product over their concatenated inner dimension, where the cost "
+         "model prices it and the operand copies below the products it replaces: rounded once (not bit-equal "
+         "to eager's order). Not yet measured on a GPU."),
     Knob("bn_shift_sample", "STITCHML_BN_SHIFT_SAMPLE", 16, int,
          "Batch-norm training statistics are sums of deviations from a shift, the per-channel mean of the "
          "batch's leading ceil(N / this) samples (a read of that fraction of x): both sums then take one pass "

@@ -17,7 +17,7 @@ every value, NaN and infinities included; the one difference is the sign of a ze
 """
 from __future__ import annotations
 
-from .nodes import CAT, POINTWISE, Graph, Node, Ref, contiguous_strides
+from .nodes import CAT, POINTWISE, REDUCE, VIEW, Graph, Node, Ref, contiguous_strides
 from .rewrite import copy_node, finish_copy
 
 Piece = tuple[int, int, "Ref | None"]   # (start, size, value); None: zeros
@@ -117,4 +117,76 @@ def _filled(nonzero: list[Piece], length: int) -> list[Piece]:
     return out
 
 
-__all__ = ["fold_cat_sums"]
+def fold_reduction_sums(g: Graph) -> Graph:
+    """`g` with each tree of adds whose leaves are `MIN_PIECES` or more sums over the same
+    dims of same-shaped values (reshaped views of them aside) replaced by one sum over
+    their concatenation along the first reduced dim.  Autograd accumulates the gradient
+    of a parameter a recurrence uses at every step (a GRU's bias, through 50 steps) as an
+    add of each step's column sum: 50 column reductions, each a kernel of partials and a
+    combine (DIEN's training step: 200 of its 327 launches), become one reduction that
+    reads each step's value once (`codegen/emit_core.py::_cat_by_pointer`).  The sum is
+    reassociated, as every split reduction is: rounded once, in the reduction's
+    accumulation type, where eager rounds each partial sum and each add (closer to the
+    exact sum, not bit-equal to eager's).  Only where the adds and the reductions are read
+    by the tree alone (not a graph output, not another reader)."""
+    users = g.users()
+    for o in g.output_ids():
+        users[o] = users[o] + [-1]
+    trees: dict[int, list[int]] = {}   # add node -> the reductions it sums
+
+    def leaf(nid: int) -> list[int] | None:
+        """The reductions node `nid` sums: an add of the tree, or one reduction seen
+        through reshapes, each read only on the way into the tree."""
+        chain = []
+        n = g[nid]
+        while n.kind == VIEW and n.op == "reshape":
+            chain.append(n.id)
+            n = g[n.refs[0]]
+        if n.kind == POINTWISE and n.op == "add" and not chain and n.id in trees:
+            return trees[n.id] if len(users[n.id]) == 1 else None
+        if n.kind != REDUCE or n.op != "sum" or n.attr("split_chunks") or n.attr("split_of"):
+            return None
+        if any(len(users[c]) != 1 for c in [n.id, *chain]):
+            return None
+        return [n.id]
+
+    for n in g.nodes:
+        if n.kind != POINTWISE or n.op != "add" or len(n.args) != 2 or n.attrs \
+                or not all(isinstance(a, Ref) for a in n.args):
+            continue
+        parts = [leaf(r.id) for r in n.args]
+        if any(p is None for p in parts):
+            continue
+        found = parts[0] + parts[1]
+        first = g[found[0]]
+        src = g[first.refs[0]]
+        if all(g[r].attr("dims") == first.attr("dims") and g[r].dtype == first.dtype == n.dtype
+               and g[r].numel == n.numel and g[g[r].refs[0]].shape == src.shape
+               and g[g[r].refs[0]].dtype == src.dtype for r in found) and first.attr("dims"):
+            trees[n.id] = found
+    roots = {a: r for a, r in trees.items() if len(r) >= MIN_PIECES
+             and not any(u in trees and len(users[a]) == 1 for u in users[a])}
+    if not roots:
+        return g
+    new = Graph(inputs=[], outputs=[], fallbacks=list(g.fallbacks))
+    remap: dict[int, int] = {}
+    for n in g.nodes:
+        if n.id not in roots:
+            copy_node(new, g, n, remap)
+            continue
+        reds = roots[n.id]
+        r0 = g[reds[0]]
+        src = g[r0.refs[0]]
+        dim = r0.attr("dims")[0]
+        shape = tuple(s * len(reds) if i == dim else s for i, s in enumerate(src.shape))
+        cat = new.add(CAT, "cat", tuple(Ref(remap[g[r].refs[0]]) for r in reds), shape, src.dtype,
+                      contiguous_strides(shape), (("dim", dim), ("sizes", (src.shape[dim],) * len(reds))))
+        total = new.add(REDUCE, "sum", (Ref(cat),), r0.shape, r0.dtype, r0.stride, r0.attrs)
+        if r0.shape != n.shape:
+            total = new.add(VIEW, "reshape", (Ref(total),), n.shape, n.dtype, n.stride)
+        remap[n.id] = total
+    finish_copy(new, g, remap)
+    return new
+
+
+__all__ = ["fold_cat_sums", "fold_reduction_sums"]

@@ -9,6 +9,7 @@ from typing import Iterator
 
 from ..ir import nodes as ir
 from ..ir.dce import mutates
+from .placement import is_placed
 
 # Pure functions of the element index: duplicated into every kernel that reads them.
 FREE_POINTWISE = frozenset({"full", "iota"})
@@ -45,8 +46,9 @@ def _constant(g: ir.Graph, a) -> bool:
 
 
 def _is_source(n: ir.Node) -> bool:
-    """A value no kernel computes: a graph input or an eager op's result."""
-    return n.kind in (ir.INPUT, ir.OPAQUE, ir.ITEM)
+    """A value no kernel computes: a graph input, an eager op's result, or a
+    concatenation whose parts are written into its buffer (`placement.py`)."""
+    return n.kind in (ir.INPUT, ir.OPAQUE, ir.ITEM) or is_placed(n)
 
 
 def cheap_chains(g: ir.Graph, free=None, leaf_ok=None, cats: bool = False) -> Iterator[tuple[int, frozenset[int]]]:
@@ -167,7 +169,7 @@ def recompute_cheap(g: ir.Graph) -> ir.Graph:
 
 
 def is_member(n: ir.Node) -> bool:
-    return n.kind in ir.STITCHABLE and not is_free(n) or n.kind == ir.SCATTER_ADD
+    return n.kind in ir.STITCHABLE and not is_free(n) and not is_placed(n) or n.kind == ir.SCATTER_ADD
 
 
 class GraphView:
@@ -187,7 +189,25 @@ class GraphView:
                         users[r].append(n.id)
                     elif r > n.id and r not in users[n.id]:
                         users[n.id].append(r)
+        # a placed concatenation is complete once its parts are written: whatever reads it
+        # runs after the kernels that write them (no kernel computes it to carry the edge)
+        for n in self.g.nodes:
+            if is_placed(n):
+                readers = self.consumers[n.id]
+                for p in self._written_parts(n.id):
+                    users[p].extend(r for r in readers if r not in users[p])
         return users
+
+    def _written_parts(self, cat: int) -> list[int]:
+        """The values kernels write into a placed concatenation, through nested ones."""
+        out, stack = [], list(self.g[cat].refs)
+        while stack:
+            p = stack.pop()
+            if is_placed(self.g[p]):
+                stack.extend(self.g[p].refs)
+            else:
+                out.append(p)
+        return out
 
     def mutates(self, n: ir.Node) -> bool:
         """Whether eager op `n` writes its first argument (a mutation fence)."""
@@ -234,7 +254,7 @@ class GraphView:
     def escapes(self) -> set[int]:
         """Nodes whose value must exist as a real tensor: graph outputs and operands of
         eager ops, looking through free nodes (which are then replayed eagerly)."""
-        need: set[int] = set()
+        need: set[int] = {n.id for n in self.g.nodes if n.attr("placed_in") is not None}   # (written in place)
         stack = list(self.g.output_ids())
         for n in self.g.nodes:
             if n.kind in (ir.OPAQUE, ir.ITEM):

@@ -38,6 +38,9 @@ class PlanOptions:
     free_cats: bool = True         # concatenations of cheap parts computed by their readers (weighed on the plan)
     narrow_writes: bool = True     # a written exact widening cast of a computed value: the narrow value written
     cat_parts: bool = True         # element-wise kernels that only feed a concatenation: computed by its kernel
+    reduction_sums: bool = True    # adds of many same-shaped sums: one sum over their concatenation
+    product_sums: bool = True      # adds of many small matrix products: one product over the joined inner dim
+    place_cats: bool = True        # kernels write a concatenation's parts into its slices (no copy kernel)
     row_values: bool = True        # flat kernels reading per-row values along long rows: walked as rows
     flat_row_runs: bool = True     # flat kernels reading row runs out of flat order: one element a thread
     layout_order: bool = True      # kernels without reductions walk memory order; transposes in tiles

@@ -9,8 +9,9 @@ import torch
 
 from ..ir import index as ix
 from ..ir import nodes as ir
-from ..ir.cat_sums import fold_cat_sums
+from ..ir.cat_sums import fold_cat_sums, fold_reduction_sums
 from ..ir.dce import eliminate_dead, merge_duplicates
+from ..ir.product_sums import fold_product_sums
 from . import mapping as mapping_rules
 from .access import (generates, layout_domain, may_reorder, row_run_reads, row_values_domain, sector_waste,
                      transposed_reads)
@@ -19,6 +20,7 @@ from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, cheap_chains, is_free, mark_recompute, recompute_cheap, source_bytes, view_base
 from .grouping import Grouper, Group
 from .options import PlanOptions
+from .placement import candidates as placement_candidates, place_cats
 from .ilp import search
 from .split import split_long_rows
 
@@ -29,17 +31,38 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
     opts = options or PlanOptions.from_config()
     # (dead nodes dropped again after the split: a variance's d*d is unused once its sum
     # is taken from chunk statistics)
+    if opts.reduction_sums:
+        g = fold_reduction_sums(g)
+    if opts.product_sums:
+        g = fold_product_sums(g, opts.device)
     g = recompute_cheap(eliminate_dead(split_long_rows(eliminate_dead(merge_duplicates(fold_cat_sums(g))), opts)))
     gv = GraphView(g)
     # What dry runs of code generation taught us: a pair {x, y} keeps the kernels of
     # dominant ops x and y apart; a singleton {d} keeps d's kernel from absorbing
     # consumers that read it through a reordering index map.
     forbidden: frozenset = frozenset()
-    weighed = False
+    weighed = placed = False
     while True:
         plan = _plan_once(g, gv, forbidden, opts)
         bad = _invalid_kernel(g, plan)
         if bad is None:
+            if opts.place_cats and not placed and not opts.fixed_row_blocks:
+                # concatenations copied from parts other kernels write: the parts are written
+                # into its slices instead (before the weighing below, which would have the
+                # copy compute a cheap part itself and so keep it), and the graph is planned
+                # again; not where the concatenation's kernel does more than copy and could
+                # compute its parts from their sources (`_parts_of_cats`: the parts are then
+                # never written, and what reads the concatenation shares its kernel).  A bare
+                # copy is placed either way: one kernel writes the parts where they belong,
+                # instead of one evaluating every part's expression at every position
+                placed = True
+                cats = placement_candidates(g, plan)
+                if opts.cat_parts:
+                    kernel_of = {m: k for k in plan.kernels for m in k.members}
+                    cats -= {c for c in _absorbable_parts(g, gv, plan) if kernel_of[c].members != (c,)}
+                if cats and (moved := place_cats(g, cats)) is not g:
+                    g, gv, forbidden = moved, GraphView(moved), frozenset()
+                    continue
             cheaper: dict[int, str] = {}
             if not weighed:
                 cheaper.update(dict.fromkeys(_cheaper_recomputed(g, gv, plan, opts),
@@ -148,8 +171,14 @@ def _parts_of_cats(g: ir.Graph, gv: GraphView, plan: Plan) -> set[int]:
     gradient: 92 MB a layer at b8 s512.  Only where each part's element is read once
     (through the concatenation alone), no member reduces, scans or scatters, and nothing
     the kernel writes is read elsewhere or escapes."""
+    return set().union(*_absorbable_parts(g, gv, plan).values())
+
+
+def _absorbable_parts(g: ir.Graph, gv: GraphView, plan: Plan) -> dict[int, set[int]]:
+    """Per concatenation a kernel computes, the members of the kernels `_parts_of_cats`
+    would have it compute itself (none: not listed)."""
     producer = {o: k for k in plan.kernels for o in k.outputs}
-    out: set[int] = set()
+    out: dict[int, set[int]] = {}
     for kc in plan.kernels:
         for c in kc.members:
             cat = g[c]
@@ -162,7 +191,7 @@ def _parts_of_cats(g: ir.Graph, gv: GraphView, plan: Plan) -> set[int]:
                         g[m].kind != ir.POINTWISE or g[m].attr("recompute") for m in kp.members):
                     continue
                 if all(o in parts and o not in gv.escapes and gv.consumers[o] == (c,) for o in kp.outputs):
-                    out |= set(kp.members)
+                    out.setdefault(c, set()).update(kp.members)
     return out
 
 

@@ -220,7 +220,9 @@ class ProgramBuilder:
         poison = bool(config.get("poison_outputs"))
         for pkind, nid in ks.params:
             if pkind == "out":
-                if nid not in self.names:
+                if nid not in self.names and self.g[nid].attr("placed_in") is not None:
+                    self._placed_part(nid, poison)
+                elif nid not in self.names:
                     n = self.g[nid]
                     name = f"v{nid}"
                     atomic = n.kind == ir.SCATTER_ADD
@@ -268,6 +270,24 @@ class ProgramBuilder:
             from ..plan.launches import MAXNREG
             maxnreg = MAXNREG  # keeps the residency assumption of the barrier grid
         self.steps.append(Launch(ks.name, ks.grid, tuple(args), ks.num_warps, maxnreg, tuple(writes)))
+
+    def _placed_part(self, nid: int, poison: bool) -> None:
+        """A part of a placed concatenation (`plan/placement.py`): a view of its slice of
+        the concatenation's buffer, which the first part to be written allocates."""
+        n = self.g[nid]
+        cat, offset = n.attr("placed_in")
+        if cat in self.names:
+            pass
+        elif self.g[cat].attr("placed_in") is not None:   # a slice of an outer concatenation
+            self._placed_part(cat, poison)
+        else:
+            c = self.g[cat]
+            self.names[cat] = f"v{cat}"
+            self.steps.append(Alloc(f"v{cat}", c.shape, c.stride, c.dtype, poison=poison))
+            self.known[f"v{cat}"] = Layout(c.shape, c.stride)
+        name = self.names[nid] = f"v{nid}"
+        self.steps.append(View(name, self.names[cat], Layout(n.shape, n.stride, offset), ("placed",)))
+        self.known[name] = Layout(n.shape, n.stride)
 
     def _state_seed(self, nid: int) -> str:
         """The seed of a random node that replays a saved RNG state (its one argument;

@@ -208,6 +208,13 @@ class Report:
             for why, nodes in marked.items():
                 shown = ", ".join(nodes[:6]) + (f", ... ({len(nodes)} in all)" if len(nodes) > 6 else "")
                 lines.append(f"  computed where read, not written: {shown}: {why}")
+            placed: dict[int, list[str]] = {}
+            for n in g.nodes:
+                if n.attr("placed_in") is not None:
+                    placed.setdefault(n.attr("placed_in")[0], []).append(f"%{n.id}({n.op})")
+            for cat, parts in placed.items():
+                lines.append(f"  written in place: {', '.join(parts)} straight into the slices of concatenation "
+                             f"%{cat}, which no kernel copies (buffer placement)")
             s = rec.plan.search
             if s is not None:
                 lines.append(f"  launch search: {s.method}, modelled {s.chosen_s * 1e6:.1f} us vs rules "
