@@ -94,6 +94,32 @@ def test_resnet_stem_norm_and_pool_on_gpu(dtype):
             (rec.kind, rec.eager_reason)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gru_training_step_placed_and_folded_on_gpu(dtype):
+    """DIEN's GRU at its size (b2048, 50 steps, 36 in / 36 hidden): each step's gate
+    gradients written in place into one buffer of all steps (`plan/placement.py`), the hidden
+    weights' gradient one product over the steps (`ir/product_sums.py`), the biases' one sum
+    each (`fold_reduction_sums`); output and every gradient judged against float64, on the
+    device's CUDA-graph path as the bench runs it."""
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_place_cats import gru_loss
+    torch.manual_seed(0)
+
+    def p(*s):
+        return (torch.randn(*s, device=DEV) * 0.3).to(dtype).requires_grad_()
+    inputs = [torch.randn(2048, 50, 36, device=DEV).to(dtype).requires_grad_(),
+              torch.randn(2048, 36, device=DEV).to(dtype).requires_grad_(),
+              p(108, 36), p(108, 36), p(108), p(108)]
+    cmp, judgement = compare_against_float64(gru_loss, inputs, backward=True)
+    judgement.assert_ok(f"GRU training step {dtype}")
+    (bwd,) = [r for r in cmp.backend.records if r.kind == "backward"]
+    g = bwd.plan.graph
+    assert any(n.attr("placed") for n in g.nodes)
+    mms = [g[s.node] for s in bwd.plan.steps if isinstance(s, EagerStep) and s.op == "aten.mm.default"]
+    assert sum(n.attr("fx_name", "").startswith("folded_mm") for n in mms) == 1 and len(mms) < 60, len(mms)
+
+
 def test_residual_dropout_layer_norm_one_kernel_on_gpu():
     x, r = _randn(4096, 1024), _randn(4096, 1024)
     w, b = _randn(1024), _randn(1024)

@@ -174,7 +174,9 @@ def fold_reduction_sums(g: Graph) -> Graph:
         if n.id not in roots:
             copy_node(new, g, n, remap)
             continue
-        reds = roots[n.id]
+        # (in their sources' order: a product fold over the same steps then builds the same
+        # concatenation, `ir/product_sums.py`, and `merge_duplicates` keeps one)
+        reds = sorted(roots[n.id], key=lambda r: g[r].refs[0])
         r0 = g[reds[0]]
         src = g[r0.refs[0]]
         dim = r0.attr("dims")[0]

@@ -77,11 +77,25 @@ def _signature(ks, g) -> dict[str, str]:
     return sig
 
 
-def _attrs(signature: dict[str, str]) -> dict:
+def _attrs(signature: dict[str, str], ks=None, g=None) -> dict:
     """The divisibility the JIT gives aligned pointers (every buffer stitchml allocates
     is 16-byte aligned, and the launcher binds that specialisation): without it the
-    offline compile would vectorise nothing."""
-    return {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
+    offline compile would vectorise nothing.  With the kernel and its graph, a part written
+    into a placed concatenation (`plan/placement.py`) at an offset that is no multiple of
+    16 bytes gets none, as the launcher would find."""
+    unaligned = set()
+    if ks is not None:
+        for i, (kind, nid) in enumerate(ks.params):
+            if kind not in ("in", "out"):
+                continue
+            offset, n = 0, g[nid]
+            while n.attr("placed_in") is not None:
+                cat, off = n.attr("placed_in")
+                offset, n = offset + off, g[cat]
+            if offset * g[nid].dtype.itemsize % 16:
+                unaligned.add(i)
+    return {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values())
+            if t.startswith("*") and i not in unaligned}
 
 
 _PTX_LOC = re.compile(r"^\s*\.loc\s+\d+\s+(\d+)\s+(\d+)", re.M)
@@ -399,7 +413,7 @@ def check_plan(plan, arch: int = 90) -> list[AotResult]:
     for name, ks in sources.items():
         try:
             sig = _signature(ks, g)
-            compiled = triton.compile(ASTSource(getattr(module, name), sig, {}, _attrs(sig)),
+            compiled = triton.compile(ASTSource(getattr(module, name), sig, {}, _attrs(sig, ks, g)),
                                       target=GPUTarget("cuda", arch, 32),
                                       options={"num_warps": ks.num_warps})
             cubin = compiled.asm.get("cubin", b"")
