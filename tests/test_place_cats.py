@@ -228,3 +228,32 @@ def test_gru_with_changing_batch_matches_eager():
     assert all(r.eager_reason is None for r in backend.records)
     dyn = [r for r in backend.records if r.dynamic is not None]
     assert dyn and all(not r.dynamic.eager_calls for r in dyn)
+
+
+def test_a_reader_of_a_placed_concatenation_never_shares_a_launch_with_its_writers():
+    """Launch grouping sees a placed concatenation as written by the kernels that write its
+    parts (`KernelPlan.completes`): launch-bound writers and readers side by side would
+    otherwise run in one horizontal launch, the reader racing the writers on a GPU."""
+    def fn(x, y):
+        a = torch.sigmoid(x) * y
+        b = torch.tanh(x) + y
+        r = (a * b).sum(1)
+        z = torch.cat([a, b], 1)
+        return z * 3, z, r
+
+    x, y = torch.randn(8, 32), torch.randn(8, 32)
+    c = compare_with_eager(fn, [x, y], backward=False)
+    plan = c.backend.records[0].plan
+    assert _placed(plan)
+    by_name = {k.name: k for k in plan.kernels}
+    (cat,) = {c for c, _ in _placed(plan).values()}
+    writers = {k.name for k in plan.kernels if cat in k.completes}
+    readers = {k.name for k in plan.kernels if cat in k.inputs}
+    assert writers and readers
+    for grp in plan.groups:
+        if grp.kind == "horizontal":
+            assert not (writers & set(grp.members) and readers & set(grp.members)), grp
+    for name in readers:   # and every reader runs after every writer
+        order = [s.name for s in plan.steps if hasattr(s, "name")]
+        assert all(order.index(w) < order.index(name) for w in writers)
+    del by_name

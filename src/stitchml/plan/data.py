@@ -110,6 +110,9 @@ class KernelPlan:
     # reductions after they are complete (a batch norm's rstd and running-statistics
     # update), in place of a one-program kernel after it (`planner._absorb_epilogues`)
     epilogue: tuple[int, ...] = ()
+    # placed concatenations (`plan/placement.py`) this kernel writes parts of: a reader of one
+    # depends on every kernel that completes it (launch grouping, epilogue moves)
+    completes: tuple[int, ...] = ()
 
 
 @dataclass

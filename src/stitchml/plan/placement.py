@@ -54,6 +54,24 @@ def contiguous_run(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
     return run
 
 
+def containers(g: ir.Graph, nid: int) -> list[int]:
+    """The placed concatenations value `nid` is written into, innermost first."""
+    out = []
+    while (placed := g[nid].attr("placed_in")) is not None:
+        nid = placed[0]
+        out.append(nid)
+    return out
+
+
+def written(g: ir.Graph, outputs) -> set[int]:
+    """`outputs` and the placed concatenations that writing them completes in part: what a
+    later kernel may read once they are written (the dependency tests of launch grouping)."""
+    out = set(outputs)
+    for o in outputs:
+        out.update(containers(g, o))
+    return out
+
+
 def candidates(g: ir.Graph, plan) -> set[int]:
     """Concatenations a plan's kernel writes from parts other kernels write anyway: placed,
     the copy is gone and nothing is written that was not before.  (A concatenation whose
@@ -148,4 +166,4 @@ def place_cats(g: ir.Graph, only: set[int] | None = None) -> ir.Graph:
     return out
 
 
-__all__ = ["place_cats", "is_placed", "contiguous_run", "MIN_RUN_BYTES"]
+__all__ = ["place_cats", "is_placed", "contiguous_run", "containers", "written", "candidates", "MIN_RUN_BYTES"]

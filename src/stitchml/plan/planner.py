@@ -20,7 +20,7 @@ from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, cheap_chains, is_free, mark_recompute, recompute_cheap, source_bytes, view_base
 from .grouping import Grouper, Group
 from .options import PlanOptions
-from .placement import candidates as placement_candidates, place_cats
+from .placement import candidates as placement_candidates, containers, place_cats, written
 from .ilp import search
 from .split import split_long_rows
 
@@ -252,6 +252,8 @@ def _plan_once(g: ir.Graph, gv: GraphView, forbidden: frozenset, opts: PlanOptio
         _absorb_casts(plan, g, gv, opts)
     if opts.combine_epilogues and not opts.fixed_row_blocks:
         _absorb_epilogues(plan, g, gv, opts)
+    for k in plan.kernels:
+        k.completes = tuple(sorted(written(g, k.outputs) - set(k.outputs)))
     plan.unfused_bytes = unfused_bytes(g)
     return plan
 
@@ -268,9 +270,13 @@ def _absorb_epilogues(plan: Plan, g: ir.Graph, gv: GraphView, opts: PlanOptions)
     from ..codegen.triton_kernel import generate_combine   # (code generation builds on plan data)
     steps = plan.steps
     written_at: dict[int, int] = {}
+    complete_at: dict[int, int] = {}   # a placed concatenation: when its last part is written
     for i, s in enumerate(steps):
         for o in (s.outputs if isinstance(s, KernelPlan) else (s.node,)):
             written_at.setdefault(o, i)
+            for c in containers(g, o):
+                complete_at[c] = i
+    written_at.update(complete_at)
     drop: set[str] = set()
     for ci, c in enumerate(steps):
         if not (isinstance(c, KernelPlan) and c.combine_of) or c.combine_casts:
