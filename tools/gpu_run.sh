@@ -66,10 +66,10 @@ MICRO_CONTENDERS=(--contender eager --contender inductor --contender stitchml)
 # name | timeout (s) | what (for `list`)
 # models first (the headline), compile time in its own step and folder (a --resume would
 # otherwise keep the steady-state rows and skip the cold-compile measurement)
-STEP_ORDER=(env models-check compile-check trace ncu small-cols micro-check tests calibrate models-bf16 variants models-15 models-18 micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
+STEP_ORDER=(env models-check compile-check trace ncu small-cols micro-check tests calibrate models-bf16 variants models-15 models-18 dien micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
 declare -A LIMIT=([env]=120 [tests]=900 [calibrate]=900 [micro-bf16]=2400 [micro-fp32]=2400
                   [models-bf16]=3600 [models-fp32]=3600 [models-rest]=3600 [micro-extra]=3600
-                  [compile]=2400 [compile-check]=900 [variants]=1200 [models-15]=1800 [models-18]=1800 [trace]=600 [ncu]=600 [small-cols]=600 [models-check]=900 [micro-check]=600)
+                  [compile]=2400 [compile-check]=900 [variants]=1200 [models-15]=1800 [models-18]=1800 [dien]=1200 [trace]=600 [ncu]=600 [small-cols]=600 [models-check]=900 [micro-check]=600)
 declare -A WHAT=(
     [env]="nvidia-smi, driver, torch/Triton versions, git commit -> env.txt"
     [tests]="pytest -m gpu tests (judged against float64) -> tests/"
@@ -86,7 +86,8 @@ declare -A WHAT=(
     [micro-check]="the micro rows with open predictions (bench/NOTES.md, twenty-eighth and twenty-ninth sessions: column lanes, combines; thirty-sixth: the stem max-pool), bf16: column_sum_tokens and layer_norm_bwd_tokens (2048 x 768), batch_sum (8 x 512 x 768), max_pool_fwdbwd (32 x 64 x 112 x 112, channels last); eager, inductor, stitchml -> bench/; then stitchml on those, layer_norm_bwd N=1024 and column_sum 32768 x 1024 with partial_column_warps on and off, combine_spread off -> micro-check/"
     [models-15]="issue 15's rows, bf16: BERT-base train and infer at b32 s128, the LLaMA-style 8-layer step with vocabulary 128256 (peak memory of its loss); eager, inductor, inductor-ro, stitchml -> bench/"
     [models-fp32]="the same rows in fp32"
-    [models-18]="issue 18's rows, bf16: ResNet-50 training (channels_last, b32, 224 px), Swin-T training (b32), a small Mixtral-style MoE decoder's training step (b8 s512); inductor-ro, stitchml -> bench/; ResNet-50 again with STITCHML_LAYOUT_COLUMNS=0 (the batch-norm statistics a row per channel, as before the thirty-fifth session) -> bench-rows-per-channel/, and with STITCHML_BN_SHIFT_SAMPLE=1 (the shift a pass over the whole batch, as before the thirty-seventh) -> bench-bn-whole-shift/; MoE with STITCHML_CAT_PARTS=0 -> bench-cat-parts-off/"
+    [models-18]="issue 18's rows, bf16: ResNet-50 training (channels_last, b32, 224 px), Swin-T training (b32), a small Mixtral-style MoE decoder's training step (b8 s512); inductor-ro, stitchml -> bench/; ResNet-50 again with STITCHML_LAYOUT_COLUMNS=0 (the batch-norm statistics a row per channel, as before the thirty-fifth session) -> bench-rows-per-channel/, and with STITCHML_BN_SHIFT_SAMPLE=1 (the shift a pass over the whole batch, as before the thirty-seventh) -> bench-bn-whole-shift/; MoE with STITCHML_PLACE_CATS=0 (the expert backward's concatenation computed by one kernel from the parts' sources, as in the thirty-seventh session) -> bench-moe-no-placement/, and with STITCHML_CAT_PARTS=0 STITCHML_PLACE_CATS=0 (copied, as before) -> bench-cat-parts-off/"
+    [dien]="DIEN's training step (b2048, 50 steps), bf16 (thirty-eighth session: buffer placement, the folded bias sums and weight-gradient products): inductor-ro, stitchml -> bench/; stitchml with STITCHML_PLACE_CATS=0 STITCHML_REDUCTION_SUMS=0 -> bench-dien-no-placement/, with STITCHML_PRODUCT_SUMS=0 -> bench-dien-no-product-fold/"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
     [micro-extra]="micro suite, both dtypes: max-autotune and jax"
     [variants]="knob variants on the norm-backward and column-sum micro rows, bf16, one process: defaults, no grid barriers, 8 partial programs per SM, 8192-element looped partials, no looped partials (persistent rows then), column partials at 16 bytes a thread (the old tiles), blocks not scaled by dtype, long rows without a persistent grid, no transposed tiles, 8192-column loop blocks, chunk statistics for long layer-norm rows -> variants/; BERT, GPT-2 and LLaMA-style training steps under model knobs (GEMM epilogues forced on and off among them) -> variants-models/"
@@ -183,9 +184,22 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         STITCHML_BN_SHIFT_SAMPLE=1 "$PY" -m stitchml.cli bench --out "$R/bench-bn-whole-shift" --resume \
             --no-progress "${QUICK[@]}" --suite models --dtype bf16 --no-compile-time --case issue18_resnet50 \
             --contender stitchml || return $?
-        # and the MoE step with the expert backward's concatenation copied again (knob cat_parts)
-        STITCHML_CAT_PARTS=0 "$PY" -m stitchml.cli bench --out "$R/bench-cat-parts-off" --resume \
+        # the MoE step with the expert backward's concatenation computed by its own kernel (knob
+        # place_cats off: the thirty-seventh session's plan), then copied again (cat_parts off too)
+        STITCHML_PLACE_CATS=0 "$PY" -m stitchml.cli bench --out "$R/bench-moe-no-placement" --resume \
             --no-progress "${QUICK[@]}" --suite models --dtype bf16 --no-compile-time --case issue18_moe \
+            --contender stitchml || return $?
+        STITCHML_CAT_PARTS=0 STITCHML_PLACE_CATS=0 "$PY" -m stitchml.cli bench --out "$R/bench-cat-parts-off" \
+            --resume --no-progress "${QUICK[@]}" --suite models --dtype bf16 --no-compile-time --case issue18_moe \
+            --contender stitchml ;;
+    dien)
+        "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time --case dien_train \
+                   --contender inductor-ro --contender stitchml || return $?
+        STITCHML_PLACE_CATS=0 STITCHML_REDUCTION_SUMS=0 "$PY" -m stitchml.cli bench \
+            --out "$R/bench-dien-no-placement" --resume --no-progress "${QUICK[@]}" --suite models --dtype bf16 \
+            --no-compile-time --case dien_train --contender stitchml || return $?
+        STITCHML_PRODUCT_SUMS=0 "$PY" -m stitchml.cli bench --out "$R/bench-dien-no-product-fold" --resume \
+            --no-progress "${QUICK[@]}" --suite models --dtype bf16 --no-compile-time --case dien_train \
             --contender stitchml ;;
     compile)
         "$PY" -m stitchml.cli bench --out "$R/compile" --resume --no-progress "${QUICK[@]}" \
