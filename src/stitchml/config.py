@@ -201,8 +201,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("reduction_sums", "STITCHML_REDUCTION_SUMS", True, _bool,
          "A tree of adds of four or more sums over the same dims of same-shaped values (a recurrence's "
          "bias gradient, accumulated over its steps) is one sum over their concatenation: one reduction "
-         "instead of one per step, rounded once (reassociated, not bit-equal to eager's order). Not yet "
-         "measured on a GPU."),
+         "instead of one per step, rounded once (reassociated, not bit-equal to eager's order). Only with "
+         "place_cats (and not under dynamic shapes): the steps' values are then written into the "
+         "concatenation the sum reads. Not yet measured on a GPU."),
     Knob("product_sums", "STITCHML_PRODUCT_SUMS", True, _bool,
          "A tree of adds of four or more matrix products of one shape (a recurrence's weight gradient, "
          "accumulated over its steps) is one product over their concatenated inner dimension, where the cost "

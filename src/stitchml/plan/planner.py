@@ -29,12 +29,17 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
     """Plan a lowered graph under `options` (default: the knobs' current values); the
     plan's `graph` may be a rewritten copy (dead nodes dropped, long rows split)."""
     opts = options or PlanOptions.from_config()
-    # (dead nodes dropped again after the split: a variance's d*d is unused once its sum
-    # is taken from chunk statistics)
-    if opts.reduction_sums:
+    # sums accumulated over a recurrence's steps, of column sums and of matrix products:
+    # one reduction, one product (ir/cat_sums.py, ir/product_sums.py)
+    if opts.reduction_sums and opts.place_cats and not opts.fixed_row_blocks:
+        # (without buffer placement the steps' values are copied into the concatenation
+        # for their other readers anyway and the fold only adds a read: DIEN's backward,
+        # 607.1 -> 620.2 us predicted, bench/NOTES.md, thirty-seventh session)
         g = fold_reduction_sums(g)
     if opts.product_sums:
         g = fold_product_sums(g, opts.device)
+    # (dead nodes dropped again after the split: a variance's d*d is unused once its sum
+    # is taken from chunk statistics)
     g = recompute_cheap(eliminate_dead(split_long_rows(eliminate_dead(merge_duplicates(fold_cat_sums(g))), opts)))
     gv = GraphView(g)
     # What dry runs of code generation taught us: a pair {x, y} keeps the kernels of
