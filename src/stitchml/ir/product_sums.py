@@ -92,6 +92,8 @@ def fold_product_sums(g: Graph, dev) -> Graph:
     for a, leaves in trees.items():
         if len(leaves) < MIN_PIECES or any(u in trees and alone(a) for u in users[a]):
             continue
+        if g[a].stride is not None and g[a].stride != contiguous_strides(g[a].shape):
+            continue   # (the product is written row-major: eager's sum of transposes is not)
         pieces = _operands(g, leaves)
         if pieces is not None and _pays(g, pieces, g[a], dev, gemm_seconds):
             roots[a] = pieces
