@@ -18,7 +18,7 @@ every value, NaN and infinities included; the one difference is the sign of a ze
 from __future__ import annotations
 
 from .nodes import CAT, POINTWISE, REDUCE, VIEW, Graph, Node, Ref, contiguous_strides
-from .rewrite import copy_node, finish_copy
+from .rewrite import rebuild
 
 Piece = tuple[int, int, "Ref | None"]   # (start, size, value); None: zeros
 # a fold is made where the concatenation holds at least this many non-zero pieces: there a
@@ -79,12 +79,8 @@ def fold_cat_sums(g: Graph) -> Graph:
                 folds[n.id] = cats[n.id]
     if not folds:
         return g
-    new = Graph(inputs=[], outputs=[], fallbacks=list(g.fallbacks))
-    remap: dict[int, int] = {}
-    for n in g.nodes:
-        if n.id not in folds:
-            copy_node(new, g, n, remap)
-            continue
+
+    def fold(new: Graph, n: Node, remap: dict[int, int]) -> int:
         dim, pieces = folds[n.id]
         parts = []
         for start, size, ref in pieces:
@@ -95,13 +91,11 @@ def fold_cat_sums(g: Graph) -> Graph:
             else:
                 parts.append(Ref(remap[ref.id]))
         if len(parts) == 1:   # one piece covers it all: a copy (the add is a value of its own)
-            nid = new.add(POINTWISE, "identity", tuple(parts), n.shape, n.dtype, n.stride)
-        else:
-            nid = new.add(CAT, "cat", tuple(parts), n.shape, n.dtype, n.stride,
-                          (("dim", dim), ("sizes", tuple(p[1] for p in pieces))))
-        remap[n.id] = nid
-    finish_copy(new, g, remap)
-    return new
+            return new.add(POINTWISE, "identity", tuple(parts), n.shape, n.dtype, n.stride)
+        return new.add(CAT, "cat", tuple(parts), n.shape, n.dtype, n.stride,
+                       (("dim", dim), ("sizes", tuple(p[1] for p in pieces))))
+
+    return rebuild(g, dict.fromkeys(folds, fold))
 
 
 def _filled(nonzero: list[Piece], length: int) -> list[Piece]:
@@ -168,12 +162,8 @@ def fold_reduction_sums(g: Graph) -> Graph:
              and not any(u in trees and len(users[a]) == 1 for u in users[a])}
     if not roots:
         return g
-    new = Graph(inputs=[], outputs=[], fallbacks=list(g.fallbacks))
-    remap: dict[int, int] = {}
-    for n in g.nodes:
-        if n.id not in roots:
-            copy_node(new, g, n, remap)
-            continue
+
+    def fold(new: Graph, n: Node, remap: dict[int, int]) -> int:
         # (in their sources' order: a product fold over the same steps then builds the same
         # concatenation, `ir/product_sums.py`, and `merge_duplicates` keeps one)
         reds = sorted(roots[n.id], key=lambda r: g[r].refs[0])
@@ -186,9 +176,9 @@ def fold_reduction_sums(g: Graph) -> Graph:
         total = new.add(REDUCE, "sum", (Ref(cat),), r0.shape, r0.dtype, r0.stride, r0.attrs)
         if r0.shape != n.shape:
             total = new.add(VIEW, "reshape", (Ref(total),), n.shape, n.dtype, n.stride)
-        remap[n.id] = total
-    finish_copy(new, g, remap)
-    return new
+        return total
+
+    return rebuild(g, dict.fromkeys(roots, fold))
 
 
 __all__ = ["fold_cat_sums", "fold_reduction_sums"]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from .nodes import CAT, OPAQUE, POINTWISE, VIEW, Graph, Ref, contiguous_strides
-from .rewrite import copy_node, finish_copy
+from .rewrite import rebuild
 
 MIN_PIECES = 4
 MM = "aten.mm.default"
@@ -99,18 +99,10 @@ def fold_product_sums(g: Graph, dev) -> Graph:
             roots[a] = pieces
     if not roots:
         return g
-    new = Graph(inputs=[], outputs=[], fallbacks=list(g.fallbacks))
-    remap: dict[int, int] = {}
     # (the products and adds replaced are read by their tree alone: eager products are not
     # dropped as dead code, so they are left out here)
     replaced = set().union(*(inside[r] for r in roots)) - set(roots)
-    for n in g.nodes:
-        if n.id in roots:
-            remap[n.id] = _fold(new, g, n, roots[n.id], remap)
-        elif n.id not in replaced:
-            copy_node(new, g, n, remap)
-    finish_copy(new, g, remap)
-    return new
+    return rebuild(g, {r: (lambda new, n, remap: _fold(new, g, n, roots[n.id], remap)) for r in roots}, replaced)
 
 
 def _operands(g: Graph, leaves: list[tuple[int, bool]]) -> list[tuple[Piece, Piece, int]] | None:

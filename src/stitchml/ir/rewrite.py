@@ -2,6 +2,8 @@
 graph rewrites: dead-node elimination, task splitting)."""
 from __future__ import annotations
 
+from typing import Callable
+
 from .nodes import Graph, Node, Ref
 
 
@@ -34,4 +36,20 @@ def finish_copy(new: Graph, g: Graph, remap: dict[int, int]) -> None:
     new.outputs = [remap_refs(o, remap) for o in g.outputs]
 
 
-__all__ = ["copy_node", "finish_copy", "remap_refs"]
+def rebuild(g: Graph, replace: dict[int, Callable[[Graph, Node, dict[int, int]], int]],
+            drop: set[int] | frozenset = frozenset()) -> Graph:
+    """A renumbered copy of `g` in which each node of `replace` is built by its function
+    (`fn(new, node, remap)` appends what stands for it and returns the id), the nodes in
+    `drop` are left out (nothing kept may read them) and every other node is copied."""
+    new = Graph(inputs=[], outputs=[], fallbacks=list(g.fallbacks))
+    remap: dict[int, int] = {}
+    for n in g.nodes:
+        if n.id in replace:
+            remap[n.id] = replace[n.id](new, n, remap)
+        elif n.id not in drop:
+            copy_node(new, g, n, remap)
+    finish_copy(new, g, remap)
+    return new
+
+
+__all__ = ["copy_node", "finish_copy", "rebuild", "remap_refs"]
