@@ -49,7 +49,6 @@ def _transposes(g: Graph, nid: int) -> tuple[int, bool, list[int]]:
 def fold_product_sums(g: Graph, dev) -> Graph:
     """`g` with each qualifying add tree of matrix products replaced by one product
     (module doc); `dev` is the cost model's device."""
-    from ..plan.library_cost import gemm_seconds   # (the planner's price of a product)
     users = g.users()
     outs = set(g.output_ids())
 
@@ -95,7 +94,7 @@ def fold_product_sums(g: Graph, dev) -> Graph:
         if g[a].stride is not None and g[a].stride != contiguous_strides(g[a].shape):
             continue   # (the product is written row-major: eager's sum of transposes is not)
         pieces = _operands(g, leaves)
-        if pieces is not None and _pays(g, pieces, g[a], dev, gemm_seconds):
+        if pieces is not None and _pays(g, pieces, g[a], dev):
             roots[a] = pieces
     if not roots:
         return g
@@ -124,7 +123,9 @@ def _operands(g: Graph, leaves: list[tuple[int, bool]]) -> list[tuple[Piece, Pie
     return sorted(out, key=lambda x: (x[0][0], x[1][0]))
 
 
-def _pays(g: Graph, pieces, root, dev, gemm_seconds) -> bool:
+def _pays(g: Graph, pieces, root, dev) -> bool:
+    """The folded product and its operands' copies priced below the products it replaces."""
+    from ..plan.library_cost import gemm_seconds   # (the planner's price of a product)
     m, n = root.shape
     dtype = g[pieces[0][0][0]].dtype
     before = sum(gemm_seconds(1, m, n, k, dtype, dev) + dev.graph_launch_s for _, _, k in pieces)
@@ -147,7 +148,7 @@ def _fold(new: Graph, g: Graph, root, pieces, remap: dict[int, int]) -> int:
         # back (a cat of transposes is the transpose of a cat).
         nodes = [p[side][0] for p in pieces]
         flip = pieces[0][side][1]
-        along = (1 if side == 0 else 0) if not flip else (0 if side == 0 else 1)
+        along = int((side == 0) != flip)
         shape = [g[nodes[0]].shape[0], g[nodes[0]].shape[1]]
         shape[along] = total
         shape = tuple(shape)

@@ -9,7 +9,7 @@ from typing import Iterator
 
 from ..ir import nodes as ir
 from ..ir.dce import mutates
-from .placement import is_placed
+from .placement import is_placed, written_parts
 
 # Pure functions of the element index: duplicated into every kernel that reads them.
 FREE_POINTWISE = frozenset({"full", "iota"})
@@ -194,20 +194,9 @@ class GraphView:
         for n in self.g.nodes:
             if is_placed(n):
                 readers = self.consumers[n.id]
-                for p in self._written_parts(n.id):
+                for p in written_parts(self.g, n.id):
                     users[p].extend(r for r in readers if r not in users[p])
         return users
-
-    def _written_parts(self, cat: int) -> list[int]:
-        """The values kernels write into a placed concatenation, through nested ones."""
-        out, stack = [], list(self.g[cat].refs)
-        while stack:
-            p = stack.pop()
-            if is_placed(self.g[p]):
-                stack.extend(self.g[p].refs)
-            else:
-                out.append(p)
-        return out
 
     def mutates(self, n: ir.Node) -> bool:
         """Whether eager op `n` writes its first argument (a mutation fence)."""

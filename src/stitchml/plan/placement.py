@@ -10,9 +10,8 @@ concatenation itself needs no step.
 
 The candidates come from a plan (`candidates`: a kernel writes the concatenation from parts
 other kernels write anyway), the decision is recorded in the graph, and the graph is planned
-again: the concatenation
-carries `placed`, each part `placed_in` = (concatenation, element offset of its slice) and
-the concatenation's strides.  Planning then treats a placed concatenation as a value no
+again: the concatenation carries `placed`, each part `placed_in` = (concatenation, element
+offset of its slice) and the concatenation's strides.  Planning then treats a placed concatenation as a value no
 kernel computes (`graph_view.is_member` / `is_placed`), ordered after the kernels that write
 its parts (`GraphView.users`); its parts must be written (`GraphView.escapes`); the wrapper
 allocates it and makes the parts views of it (`runtime/wrapper.py`).
@@ -25,8 +24,8 @@ one dense block and never written by one, placed once, and laid out in runs of a
 A part may be a placed concatenation itself: then its parts are written one level down, all
 in the outermost concatenation's buffer (a recurrence's per-step concatenation, read by
 that step's matrix product, is a slice of the concatenation of all steps that one product
-of the weight gradient reads: `ir/product_sums.py`).  Not under dynamic shapes (`PlanOptions.fixed_row_blocks`: the wrapper's
-templates take views at fixed offsets only).
+of the weight gradient reads: `ir/product_sums.py`).  Not under dynamic shapes
+(`PlanOptions.fixed_row_blocks`: the wrapper's templates take views at fixed offsets only).
 """
 from __future__ import annotations
 
@@ -63,12 +62,15 @@ def containers(g: ir.Graph, nid: int) -> list[int]:
     return out
 
 
-def written(g: ir.Graph, outputs) -> set[int]:
-    """`outputs` and the placed concatenations that writing them completes in part: what a
-    later kernel may read once they are written (the dependency tests of launch grouping)."""
-    out = set(outputs)
-    for o in outputs:
-        out.update(containers(g, o))
+def written_parts(g: ir.Graph, cat: int) -> list[int]:
+    """The values kernels write into a placed concatenation, through nested ones."""
+    out, stack = [], list(g[cat].refs)
+    while stack:
+        p = stack.pop()
+        if is_placed(g[p]):
+            stack.extend(g[p].refs)
+        else:
+            out.append(p)
     return out
 
 
@@ -166,4 +168,5 @@ def place_cats(g: ir.Graph, only: set[int] | None = None) -> ir.Graph:
     return out
 
 
-__all__ = ["place_cats", "is_placed", "contiguous_run", "containers", "written", "candidates", "MIN_RUN_BYTES"]
+__all__ = ["place_cats", "is_placed", "contiguous_run", "containers", "written_parts", "candidates",
+           "MIN_RUN_BYTES"]

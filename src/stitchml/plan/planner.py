@@ -20,7 +20,7 @@ from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, cheap_chains, is_free, mark_recompute, recompute_cheap, source_bytes, view_base
 from .grouping import Grouper, Group
 from .options import PlanOptions
-from .placement import candidates as placement_candidates, containers, place_cats, written
+from .placement import candidates as placement_candidates, containers, place_cats
 from .ilp import search
 from .split import split_long_rows
 
@@ -258,7 +258,7 @@ def _plan_once(g: ir.Graph, gv: GraphView, forbidden: frozenset, opts: PlanOptio
     if opts.combine_epilogues and not opts.fixed_row_blocks:
         _absorb_epilogues(plan, g, gv, opts)
     for k in plan.kernels:
-        k.completes = tuple(sorted(written(g, k.outputs) - set(k.outputs)))
+        k.completes = tuple(sorted({c for o in k.outputs for c in containers(g, o)}))
     plan.unfused_bytes = unfused_bytes(g)
     return plan
 

@@ -276,12 +276,10 @@ class ProgramBuilder:
         the concatenation's buffer, which the first part to be written allocates."""
         n = self.g[nid]
         cat, offset = n.attr("placed_in")
-        if cat in self.names:
-            pass
-        elif self.g[cat].attr("placed_in") is not None:   # a slice of an outer concatenation
+        c = self.g[cat]
+        if cat not in self.names and c.attr("placed_in") is not None:   # a slice of an outer concatenation
             self._placed_part(cat, poison)
-        else:
-            c = self.g[cat]
+        elif cat not in self.names:
             self.names[cat] = f"v{cat}"
             self.steps.append(Alloc(f"v{cat}", c.shape, c.stride, c.dtype, poison=poison))
             self.known[f"v{cat}"] = Layout(c.shape, c.stride)
