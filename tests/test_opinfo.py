@@ -77,3 +77,14 @@ def test_float64_mismatch_with_eager_is_judged_by_the_opinfo_reference():
     eager = torch.special.bessel_j0(sample.input)
     assert (eager - ref).abs().max() > 1e-8   # (why the reference is needed)
     assert opinfo_sweep._arbitrate("not close", ref + 1e-6, eager, lambda: ref) == "not close"
+
+
+def test_library_reasons_behind_a_prefix_are_library_work():
+    """The memory-intensive coverage leaves out library work however the reason is prefixed
+    (an op's name: torch's chunked linear cross-entropy; `with_effects`), and only that."""
+    from stitchml.tools.opinfo_sweep import _is_library
+    assert _is_library("compute-intensive: vendor library")
+    assert _is_library("torch_nn._linear_cross_entropy_batch_chunked.default: compute-intensive: torch's chunked")
+    assert _is_library("with_effects: library op: an op with side effects")
+    assert not _is_library("no lowering rule for aten.foo.default")
+    assert not _is_library("aten.foo.default: no lowering rule")
