@@ -18,6 +18,7 @@ every value, NaN and infinities included; the one difference is the sign of a ze
 from __future__ import annotations
 
 from .nodes import CAT, POINTWISE, REDUCE, VIEW, Graph, Node, Ref, contiguous_strides
+from .add_trees import add_trees
 from .rewrite import rebuild
 
 Piece = tuple[int, int, "Ref | None"]   # (start, size, value); None: zeros
@@ -124,42 +125,31 @@ def fold_reduction_sums(g: Graph) -> Graph:
     exact sum, not bit-equal to eager's).  Only where the adds and the reductions are read
     by the tree alone (not a graph output, not another reader)."""
     users = g.users()
-    for o in g.output_ids():
-        users[o] = users[o] + [-1]
-    trees: dict[int, list[int]] = {}   # add node -> the reductions it sums
+    outs = set(g.output_ids())
 
-    def leaf(nid: int) -> list[int] | None:
-        """The reductions node `nid` sums: an add of the tree, or one reduction seen
-        through reshapes, each read only on the way into the tree."""
+    def leaf(nid: int) -> tuple[int, set[int]] | None:
+        """A sum read by the tree alone, seen through reshapes read by it alone."""
         chain = []
         n = g[nid]
         while n.kind == VIEW and n.op == "reshape":
             chain.append(n.id)
             n = g[n.refs[0]]
-        if n.kind == POINTWISE and n.op == "add" and not chain and n.id in trees:
-            return trees[n.id] if len(users[n.id]) == 1 else None
         if n.kind != REDUCE or n.op != "sum" or n.attr("split_chunks") or n.attr("split_of"):
             return None
-        if any(len(users[c]) != 1 for c in [n.id, *chain]):
+        if any(len(users[c]) != 1 or c in outs for c in [n.id, *chain]):
             return None
-        return [n.id]
+        return n.id, {n.id, *chain}
 
-    for n in g.nodes:
-        if n.kind != POINTWISE or n.op != "add" or len(n.args) != 2 or n.attrs \
-                or not all(isinstance(a, Ref) for a in n.args):
-            continue
-        parts = [leaf(r.id) for r in n.args]
-        if any(p is None for p in parts):
-            continue
-        found = parts[0] + parts[1]
+    def like(n: Node, found: list[int]) -> bool:
+        """Sums over the same dims of same-shaped values, of the add's dtype and size."""
         first = g[found[0]]
         src = g[first.refs[0]]
-        if all(g[r].attr("dims") == first.attr("dims") and g[r].dtype == first.dtype == n.dtype
-               and g[r].numel == n.numel and g[g[r].refs[0]].shape == src.shape
-               and g[g[r].refs[0]].dtype == src.dtype for r in found) and first.attr("dims"):
-            trees[n.id] = found
-    roots = {a: r for a, r in trees.items() if len(r) >= MIN_PIECES
-             and not any(u in trees and len(users[a]) == 1 for u in users[a])}
+        return bool(first.attr("dims")) and all(
+            g[r].attr("dims") == first.attr("dims") and g[r].dtype == first.dtype == n.dtype
+            and g[r].numel == n.numel and g[g[r].refs[0]].shape == src.shape
+            and g[g[r].refs[0]].dtype == src.dtype for r in found)
+
+    roots = {a: leaves for a, (leaves, _) in add_trees(g, leaf, like, MIN_PIECES).items()}
     if not roots:
         return g
 

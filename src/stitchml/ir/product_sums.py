@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from .nodes import CAT, OPAQUE, POINTWISE, VIEW, Graph, Ref, contiguous_strides
+from .nodes import CAT, OPAQUE, VIEW, Graph, Ref, contiguous_strides
+from .add_trees import add_trees
 from .rewrite import rebuild
 
 MIN_PIECES = 4
@@ -52,45 +53,26 @@ def fold_product_sums(g: Graph, dev) -> Graph:
     users = g.users()
     outs = set(g.output_ids())
 
-    def alone(nid: int) -> bool:
-        return len(users[nid]) == 1 and nid not in outs
-
-    def product(nid: int) -> tuple[int, bool] | None:
-        """(mm node, transposed) of an add operand read by the tree alone."""
+    def leaf(nid: int) -> tuple[tuple[int, bool], set[int]] | None:
+        """((mm node, transposed), its nodes) of an add operand read by the tree alone."""
         base, flip, chain = _transposes(g, nid)
         n = g[base]
-        if n.kind != OPAQUE or n.op != MM or base not in g.eager_calls or not all(alone(c) for c in [base, *chain]):
+        if (n.kind != OPAQUE or n.op != MM or base not in g.eager_calls
+                or any(len(users[c]) != 1 or c in outs for c in [base, *chain])):
             return None
         _, args, kwargs = g.eager_calls[base]
         if kwargs or len(args) != 2 or not all(isinstance(a, Ref) for a in args):
             return None
-        return base, flip
+        return (base, flip), {base, *chain}
 
-    trees: dict[int, list[tuple[int, bool]]] = {}
-    inside: dict[int, set[int]] = {}   # add node -> the nodes its tree replaces (adds, transposes, products)
-    for n in g.nodes:
-        if (n.kind != POINTWISE or n.op != "add" or len(n.args) != 2 or n.attrs
-                or not all(isinstance(a, Ref) for a in n.args) or n.shape is None or len(n.shape) != 2):
-            continue
-        found: list[tuple[int, bool]] = []
-        nodes = {n.id}
-        for a in n.args:
-            if a.id in trees and alone(a.id):
-                found += trees[a.id]
-                nodes |= inside[a.id]
-            elif (p := product(a.id)) is not None and g[p[0]].shape == (n.shape if not p[1] else n.shape[::-1]):
-                found.append(p)
-                nodes |= {p[0], *_transposes(g, a.id)[2]}
-            else:
-                break
-        else:
-            if all(g[m].dtype == n.dtype for m, _ in found):
-                trees[n.id] = found
-                inside[n.id] = nodes
+    def like(n, found: list[tuple[int, bool]]) -> bool:
+        """Products of the add's 2-D shape (transposed where read so) and dtype."""
+        return n.shape is not None and len(n.shape) == 2 and all(
+            g[m].shape == (n.shape[::-1] if flip else n.shape) and g[m].dtype == n.dtype for m, flip in found)
+
+    trees = add_trees(g, leaf, like, MIN_PIECES)
     roots: dict[int, list[Piece]] = {}
-    for a, leaves in trees.items():
-        if len(leaves) < MIN_PIECES or any(u in trees and alone(a) for u in users[a]):
-            continue
+    for a, (leaves, _) in trees.items():
         if g[a].stride is not None and g[a].stride != contiguous_strides(g[a].shape):
             continue   # (the product is written row-major: eager's sum of transposes is not)
         pieces = _operands(g, leaves)
@@ -100,7 +82,7 @@ def fold_product_sums(g: Graph, dev) -> Graph:
         return g
     # (the products and adds replaced are read by their tree alone: eager products are not
     # dropped as dead code, so they are left out here)
-    replaced = set().union(*(inside[r] for r in roots)) - set(roots)
+    replaced = set().union(*(trees[r][1] for r in roots)) - set(roots)
     return rebuild(g, {r: (lambda new, n, remap: _fold(new, g, n, roots[n.id], remap)) for r in roots}, replaced)
 
 

@@ -114,6 +114,12 @@ class KernelPlan:
     # depends on every kernel that completes it (launch grouping, epilogue moves)
     completes: tuple[int, ...] = ()
 
+    @property
+    def provides(self) -> tuple[int, ...]:
+        """What a later kernel may read once this one ran: its outputs and the placed
+        concatenations it writes parts of (the dependency tests of launch grouping)."""
+        return self.outputs + self.completes
+
 
 @dataclass
 class LaunchGroup:

@@ -184,7 +184,7 @@ class GraphView:
         for n in self.g.nodes:
             if n.kind == ir.OPAQUE and self.mutates(n):
                 target = n.refs[0] if n.refs else None
-                for r in self._readers(target):
+                for r in self.readers(target):
                     if r < n.id and n.id not in users[r]:
                         users[r].append(n.id)
                     elif r > n.id and r not in users[n.id]:
@@ -202,7 +202,8 @@ class GraphView:
         """Whether eager op `n` writes its first argument (a mutation fence)."""
         return mutates(self.g, n)
 
-    def _readers(self, nid):
+    def readers(self, nid: int | None) -> list[int]:
+        """Nodes reading the value, directly or through views (a view's readers too)."""
         if nid is None:
             return []
         out, stack = [], [nid]

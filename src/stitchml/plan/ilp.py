@@ -93,7 +93,7 @@ def _regions(steps: list, single: bool = False) -> list[list[KernelPlan]]:
 
 
 def _depends(k: KernelPlan, earlier: list[KernelPlan]) -> bool:
-    produced = {o for e in earlier for o in (*e.outputs, *e.completes)}   # (a placed concatenation too)
+    produced = {o for e in earlier for o in e.provides}   # (placed concatenations too)
     return bool(set(k.inputs) & produced) or any(k.combine_of == e.name for e in earlier)
 
 

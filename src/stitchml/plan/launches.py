@@ -49,14 +49,14 @@ def _global(plan: Plan, dev: Device) -> None:
         if not (isinstance(k, KernelPlan) and k.partials):
             i += 1
             continue
-        chain, produced = [k], set(k.outputs) | set(k.completes)
+        chain, produced = [k], set(k.provides)
         j = i + 1
         while j < len(steps) and isinstance(steps[j], KernelPlan):
             nxt = steps[j]
             if nxt.combine_of != chain[-1].name and not (set(nxt.inputs) & produced):
                 break
             chain.append(nxt)
-            produced |= set(nxt.outputs) | set(nxt.completes)
+            produced |= set(nxt.provides)
             j += 1
         n = len(chain)
         if n > 1:
@@ -92,7 +92,7 @@ def _horizontal(plan: Plan, dev: Device) -> None:
 
     for s in plan.steps:
         if candidate(s) and len(run) < HORIZONTAL_MAX:
-            produced = {o for r in run for o in (*r.outputs, *r.completes)}
+            produced = {o for r in run for o in r.provides}
             if not (set(s.inputs) & produced):
                 run.append(s)
                 continue

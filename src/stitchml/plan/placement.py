@@ -53,13 +53,23 @@ def contiguous_run(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
     return run
 
 
+def _enclosing(g: ir.Graph, nid: int):
+    """(placed concatenation, element offset in it) for each one value `nid` is written
+    into, innermost first."""
+    while (placed := g[nid].attr("placed_in")) is not None:
+        yield placed
+        nid = placed[0]
+
+
 def containers(g: ir.Graph, nid: int) -> list[int]:
     """The placed concatenations value `nid` is written into, innermost first."""
-    out = []
-    while (placed := g[nid].attr("placed_in")) is not None:
-        nid = placed[0]
-        out.append(nid)
-    return out
+    return [c for c, _ in _enclosing(g, nid)]
+
+
+def placed_offset(g: ir.Graph, nid: int) -> int:
+    """Elements from the start of the outermost placed concatenation's buffer to where
+    value `nid` is written (0 for a value with a buffer of its own)."""
+    return sum(off for _, off in _enclosing(g, nid))
 
 
 def written_parts(g: ir.Graph, cat: int) -> list[int]:
@@ -95,16 +105,6 @@ def place_cats(g: ir.Graph, only: set[int] | None = None) -> ir.Graph:
     from .graph_view import GraphView, is_free   # (graph_view asks this module back)
     gv = GraphView(g)
     outputs = set(g.output_ids())
-    users = g.users()
-
-    def readers(nid: int):
-        """Nodes reading the value, through views."""
-        stack = [nid]
-        while stack:
-            for u in users[stack.pop()]:
-                yield u
-                if g[u].kind == ir.VIEW:
-                    stack.append(u)
 
     def movable(nid: int, dense: bool) -> bool:
         """Whether the value may live in another buffer: not a graph output (nor a view
@@ -112,7 +112,7 @@ def place_cats(g: ir.Graph, only: set[int] | None = None) -> ir.Graph:
         is one dense block (an ordinary tensor at an offset)."""
         if nid in outputs:
             return False
-        for u in readers(nid):
+        for u in gv.readers(nid):
             n = g[u]
             if u in outputs and n.kind == ir.VIEW:
                 return False
@@ -168,5 +168,5 @@ def place_cats(g: ir.Graph, only: set[int] | None = None) -> ir.Graph:
     return out
 
 
-__all__ = ["place_cats", "is_placed", "contiguous_run", "containers", "written_parts", "candidates",
-           "MIN_RUN_BYTES"]
+__all__ = ["place_cats", "is_placed", "contiguous_run", "containers", "placed_offset", "written_parts",
+           "candidates", "MIN_RUN_BYTES"]

@@ -83,17 +83,9 @@ def _attrs(signature: dict[str, str], ks=None, g=None) -> dict:
     offline compile would vectorise nothing.  With the kernel and its graph, a part written
     into a placed concatenation (`plan/placement.py`) at an offset that is no multiple of
     16 bytes gets none, as the launcher would find."""
-    unaligned = set()
-    if ks is not None:
-        for i, (kind, nid) in enumerate(ks.params):
-            if kind not in ("in", "out"):
-                continue
-            offset, n = 0, g[nid]
-            while n.attr("placed_in") is not None:
-                cat, off = n.attr("placed_in")
-                offset, n = offset + off, g[cat]
-            if offset * g[nid].dtype.itemsize % 16:
-                unaligned.add(i)
+    from ..plan.placement import placed_offset
+    unaligned = {i for i, (kind, nid) in enumerate(ks.params if ks is not None else ())
+                 if kind in ("in", "out") and placed_offset(g, nid) * g[nid].dtype.itemsize % 16}
     return {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values())
             if t.startswith("*") and i not in unaligned}
 
