@@ -165,6 +165,11 @@ def test_cached_plan_equals_a_fresh_one(tmp_path):
     assert [k.name for k in a.plan.kernels] == [k.name for k in b.plan.kernels]
     assert {n: k.source for n, k in a.kernels.items()} == {n: k.source for n, k in b.kernels.items()}
     assert repr(a.graph.nodes) == repr(b.graph.nodes)
+    # the lowered graph (what-if plans it again) is not stored, and is set again on a hit
+    assert a.plan.source is not None and b.plan.source is not None
+    assert repr(a.plan.source.nodes) == repr(b.plan.source.nodes)
+    import pickle
+    assert pickle.loads(pickle.dumps(a.plan)).source is None
 
 
 def test_corrupted_plan_entry_is_rebuilt_with_a_warning(tmp_path):

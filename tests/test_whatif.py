@@ -33,10 +33,17 @@ def test_what_if_table_has_every_alternative(report):
     assert t["device"] == "H100" and t["chosen"] == "ilp"
     assert json.loads(json.dumps(t)) == t                      # plain JSON
     rows = {p["name"]: p for p in t["plans"]}
-    assert {"ilp", "rules", "no-global", "no-horizontal", "unfused", "ilp@H200", "ilp@A100", "ilp@cpu"} == set(rows)
+    assert {"ilp", "rules", "no-global", "no-horizontal", "no-placement", "no-product-fold", "unfused",
+            "ilp@H200", "ilp@A100", "ilp@cpu"} == set(rows)
     for p in t["plans"]:
-        assert set(p) >= {"name", "predicted_us", "kernels", "launches"} and p["predicted_us"] > 0
-        assert 0 < p["launches"] <= p["kernels"]
+        assert set(p) >= {"name", "predicted_us", "kernels", "launches", "library_us", "step_us"}
+        assert p["predicted_us"] > 0 and 0 < p["launches"] <= p["kernels"]
+        if p["library_us"] is not None:
+            assert p["step_us"] == pytest.approx(p["predicted_us"] + p["library_us"], abs=2e-3)
+    assert rows["ilp"]["library_us"] == pytest.approx(t["library_us"]) and rows["unfused"]["library_us"] is None
+    # nothing here to place or fold: those rows are the chosen plan again
+    for name in ("no-placement", "no-product-fold"):
+        assert rows[name]["predicted_us"] == pytest.approx(rows["ilp"]["predicted_us"])
     chosen = rows["ilp"]
     assert chosen["predicted_us"] == pytest.approx(report.predicted_us, abs=1e-3)
     assert chosen["predicted_us"] <= rows["rules"]["predicted_us"] + 1e-9
@@ -84,7 +91,8 @@ def test_cli_what_if_json(capsys):
     captured = capsys.readouterr()
     t = json.loads(captured.out)                      # stdout is the JSON object only
     assert t["device"] == "H100" and t["chosen"] == "ilp"
-    assert [p["name"] for p in t["plans"]][:5] == ["ilp", "rules", "no-global", "no-horizontal", "unfused"]
+    assert [p["name"] for p in t["plans"]][:7] == ["ilp", "rules", "no-global", "no-horizontal", "no-placement",
+                                                  "no-product-fold", "unfused"]
     assert "kernel" in captured.err                   # the text report went to stderr
     assert rc == 0, captured.err[-2000:]
 
@@ -137,3 +145,25 @@ def test_a_calibrated_slow_global_scheme_is_not_chosen(tmp_path):
         plan = plan_of(bias_grad, g)
         assert not any(grp.kind == "global" for grp in plan.groups)
         assert plan.num_kernels == 2
+
+
+def test_what_if_prices_placement_and_the_product_fold_from_the_lowered_graph():
+    """A GRU's training step: the rows without buffer placement and without the folded
+    weight-gradient product are planned from the lowered graph (`Plan.source`), not from
+    the chosen plan's rewritten one, so they differ where those rewrites did something:
+    more launches without placement, more library time (one product a step) without the
+    fold.  Plan only."""
+    import sys
+    sys.path.insert(0, "tests")
+    from test_place_cats import _gru_inputs, gru_loss
+    with config.override(device="H200"):
+        rep = plan_report(gru_loss, *_gru_inputs(64, 8, 12, 32))
+        assert all(p.source is not None and p.source is not p.graph for p in rep.plans)
+        t = rep.what_if()
+    rows = {p["name"]: p for p in t["plans"]}
+    chosen = rows["ilp"]
+    assert rows["no-placement"]["launches"] > chosen["launches"]
+    assert rows["no-placement"]["predicted_us"] > chosen["predicted_us"]
+    assert rows["no-product-fold"]["library_us"] > chosen["library_us"]
+    assert rows["no-product-fold"]["step_us"] > chosen["step_us"]
+    assert "no-placement" in format_table(t) and "step" in format_table(t)

@@ -493,8 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dropout probability with --backward (default 0.0; eval mode never drops)")
     p.add_argument("--what-if", nargs="*", metavar="DEVICE", default=None,
                    help="predict the step time of the chosen plan and of alternatives (rules, no-global, "
-                        "no-horizontal, unfused, the chosen plan on the other devices; or only on the DEVICEs "
-                        "named)")
+                        "no-horizontal, no-placement, no-product-fold, unfused, the chosen plan on the other "
+                        "devices; or only on the DEVICEs named)")
     p.add_argument("--device", metavar="NAME", default=None,
                    help="device of the device table to predict for (H100, H200, A100, cpu; default: the "
                         "visible GPU, else cpu)")

@@ -98,6 +98,7 @@ def build_static(gm: fx.GraphModule, device: torch.device, *, cuda_graphs: bool 
     times.plan_cache_s = t2 - t1
     if cached is not None:
         plan, kernels = cached
+        plan.source = graph   # (not pickled: what-if plans it again)
         times.plan_cached = True
         return Built(plan.graph, plan, kernels, times)
     plan = build_plan(graph, opts)                                              # plan

@@ -159,6 +159,19 @@ class Plan:
     search: object = None                            # ilp.SearchReport: how launches were chosen
     launch_s: float = 0.0                            # what a launch was priced at (a CUDA-graph replay's gap
     graph_replay: bool = False                       # when planned for capture, else the host launch path)
+    # the lowered graph `build_plan` was given, before its rewrites (folds, splits,
+    # recompute marks, placement): what-if plans it again without them.  Not pickled
+    # (the plan cache would store two graphs); the pipeline sets it again on a cache hit
+    source: Graph | None = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["source"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state.setdefault("source", None)   # (plans pickled before the field)
+        self.__dict__.update(state)
 
     @property
     def kernels(self) -> list[KernelPlan]:

@@ -29,6 +29,7 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
     """Plan a lowered graph under `options` (default: the knobs' current values); the
     plan's `graph` may be a rewritten copy (dead nodes dropped, long rows split)."""
     opts = options or PlanOptions.from_config()
+    source = g
     # sums accumulated over a recurrence's steps, of column sums and of matrix products:
     # one reduction, one product (ir/cat_sums.py, ir/product_sums.py)
     if opts.reduction_sums and opts.place_cats and not opts.fixed_row_blocks:
@@ -84,7 +85,7 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
                 gv, forbidden = GraphView(g), frozenset()
                 continue
             plan.search = search(plan, opts)
-            plan.launch_s, plan.graph_replay = opts.device.launch_s, opts.graph_replay
+            plan.launch_s, plan.graph_replay, plan.source = opts.device.launch_s, opts.graph_replay, source
             return plan
         learned = {frozenset((x, y)) for x in bad.dominant for y in bad.dominant if x != y}
         if not learned or learned <= forbidden:
