@@ -1,4 +1,4 @@
-"""The differential fuzzer's CI slice (`stitchml.fuzz`): 384 fixed seeds, forward and
+"""The differential fuzzer's CI slice (`stitchml.fuzz`): 262 fixed seeds, forward and
 backward, fp32/fp16/bf16, checked against eager with a float64 judge.  The long
 run is `make fuzz N=10000` (docs/FUZZ.md).
 
@@ -18,8 +18,10 @@ from stitchml import fuzz
 
 # CI's seeds: 0-255, and the first two programs with a cumprod (368, a bfloat16 forward;
 # 538, a float16 forward and backward), the one form the generator test looks for that
-# seeds 0-255 lack (docs/FUZZ.md: seeds 256 on run outside CI)
-SEEDS = list(range(256)) + [368, 538]
+# seeds 0-255 lack (docs/FUZZ.md: seeds 256 on run outside CI); and four programs whose
+# concatenation is placed (`_Builder.placed_cat`, drawn from seed 19800 on)
+PLACED_SEEDS = [19826, 19993, 20018, 20242]
+SEEDS = list(range(256)) + [368, 538] + PLACED_SEEDS
 CHUNK = 16
 
 
@@ -72,6 +74,27 @@ def test_generator_is_deterministic_and_covers_the_space():
     lengths = [p.num_ops for p in progs]
     assert min(lengths) <= 3 and max(lengths) >= 20
     assert all(fuzz.programs._numel(i.shape) <= fuzz.PROFILES["ci"].max_numel for p in progs for i in p.inputs)
+
+
+def test_placed_cat_programs_place_their_concatenation():
+    """The CI seeds of the placement family plan a placed concatenation (plan only), and
+    the family leaves the programs of earlier seeds as they were."""
+    from stitchml.fuzz.cases import DTYPES, _function, make_inputs
+    from stitchml.tools.explain import plan_report
+    for seed in PLACED_SEEDS:
+        prog = fuzz.generate(seed, "ci")
+        with stitchml.config.override(**prog.knobs):
+            rep = plan_report(_function(prog, DTYPES[prog.dtype], torch.float32), *make_inputs(prog),
+                              backward=prog.backward)
+        assert any(n.attr("placed") for p in rep.plans for n in p.graph.nodes), seed
+    before = [fuzz.generate(s, "long").describe() for s in (3, 2739, 3932, 8050, 19799)]
+    share = fuzz.programs.PLACED_CAT_SHARE
+    try:
+        fuzz.programs.PLACED_CAT_SHARE = 1.0      # (every later seed would draw it)
+        assert [fuzz.generate(s, "long").describe() for s in (3, 2739, 3932, 8050, 19799)] == before
+        assert "torch.cat([" in fuzz.generate(19800, "long").source()
+    finally:
+        fuzz.programs.PLACED_CAT_SHARE = share
 
 
 def test_judge_accepts_rounding_and_rejects_wrong_values():

@@ -51,6 +51,11 @@ KNOB_CHOICES = {
 # the seeds before this knob existed
 SPLIT_MIN_COLS = 16
 SPLIT_SHARE = 0.25
+# programs that also concatenate parts other kernels write (`_Builder.placed_cat`), from
+# seed PLACED_CAT_FROM on: the programs of earlier seeds, pinned in tests and docs/FUZZ.md,
+# stay what they were (an appended op moves which values are returned)
+PLACED_CAT_SHARE = 0.25
+PLACED_CAT_FROM = 19800
 
 
 @dataclass(frozen=True)
@@ -577,6 +582,41 @@ class _Builder:
                   f"{x.name}.reshape({rows}, {width}){pad})", ids_shape + (width,), x.bound, x.hi)
         return True
 
+    def placed_cat(self, rng: random.Random) -> bool:
+        """Parts that kernels of their own write anyway (a kernel reads them for a sum),
+        concatenated, and the concatenation read by sums over two dims and not returned:
+        buffer placement's case (`plan/placement.py`: each part written straight
+        into its slice, no kernel copying them).  Draws from its own `rng` (programs
+        without it are what they were)."""
+        cands = [v for v in self.values if len(v.shape) >= 2 and v.shape[-1] >= 2
+                 and _numel(v.shape) * 3 <= self.prof.max_numel]
+        if not cands:
+            return False
+        x = rng.choice(cands)
+        if x.bound > 4:
+            x = self.emit(f"torch.tanh({x.name})", x.shape, 1.0, x.hi)
+        r, n = len(x.shape), x.shape[-1]
+        parts = [self.emit(f"torch.sigmoid({x.name}) * 1.5", x.shape, 1.5, x.hi) if rng.random() < 0.3 else
+                 self.emit(f"torch.sigmoid({x.name}) * {x.name}.amax(-1, keepdim=True)", x.shape, x.bound, x.hi),
+                 self.emit(f"{x.name} * torch.tanh({x.name}.sum(-1, keepdim=True) * {1 / n:.4g})", x.shape,
+                           x.bound, x.hi)]
+        if rng.random() < 0.4:   # a third part, from a reduction over a leading dim
+            k = rng.randrange(r - 1)
+            parts.append(self.emit(f"torch.cos({x.name}) - {x.name}.amax({k}, keepdim=True)", x.shape,
+                                   1 + x.bound, x.hi))
+        rng.shuffle(parts)
+        bound = max(p.bound for p in parts)
+        self.emit(f"({' * '.join(p.name for p in parts)}).sum(-1)", x.shape[:-1],
+                  n * math.prod(p.bound for p in parts), x.hi)
+        d = rng.randrange(r)
+        shape = x.shape[:d] + (x.shape[d] * len(parts),) + x.shape[d + 1:]
+        z = self.emit(f"torch.cat([{', '.join(p.name for p in parts)}], {d - r if rng.random() < 0.3 else d})",
+                      shape, bound, x.hi)
+        # read over two different dims: two kernels read it, so it is written
+        for e in rng.sample(range(r), 2):
+            self.emit(f"{z.name}.sum({e})", shape[:e] + shape[e + 1:], bound * shape[e], x.hi)
+        return True
+
     def _pool2d(self, x: _Value, gen: torch.Generator) -> bool:
         """Max or average pooling (k 2-3, stride 1-2, padding up to k // 2, ceil mode or
         not) over the last two dims viewed as (1, C, H, W).  A max-pool's arg-max is
@@ -710,6 +750,10 @@ def generate(seed: int, profile: str = "ci") -> Program:
     srng = random.Random(seed * 104729 + 5)
     if srng.random() < 0.15:
         b.special(srng)
+    # concatenations of parts other kernels write (buffer placement) likewise
+    crng = random.Random(seed * 2654435761 + 3)
+    if seed >= PLACED_CAT_FROM and crng.random() < PLACED_CAT_SHARE:
+        b.placed_cat(crng)
     # outputs: the values nothing else reads (the newest few), sometimes an intermediate too
     computed = [v for v in b.values if not v.is_input]
     outs = [v for v in computed if v.name not in b.used][-4:]
