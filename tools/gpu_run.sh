@@ -64,9 +64,11 @@ MODEL_CONTENDERS=(--contender eager --contender inductor --contender inductor-ro
 MICRO_CONTENDERS=(--contender eager --contender inductor --contender stitchml)
 
 # name | timeout (s) | what (for `list`)
-# models first (the headline), compile time in its own step and folder (a --resume would
-# otherwise keep the steady-state rows and skip the cold-compile measurement)
-STEP_ORDER=(env models-check compile-check trace ncu small-cols micro-check tests calibrate models-bf16 variants models-15 models-18 dien micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
+# Priority order (thirty-ninth session; a lent machine gives ~12 minutes of run): the GPU tests
+# first (ten sessions of code no GPU has run), then the training rows against Inductor, the
+# never-measured issue-18 rows, compile time (its own step and folder: a --resume would otherwise
+# keep the steady-state rows and skip the cold-compile measurement), the later predictions
+STEP_ORDER=(env tests models-check models-18 compile-check dien models-15 micro-check trace ncu small-cols calibrate models-bf16 variants micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
 declare -A LIMIT=([env]=120 [tests]=900 [calibrate]=900 [micro-bf16]=2400 [micro-fp32]=2400
                   [models-bf16]=3600 [models-fp32]=3600 [models-rest]=3600 [micro-extra]=3600
                   [compile]=2400 [compile-check]=900 [variants]=1200 [models-15]=1800 [models-18]=1800 [dien]=1200 [trace]=600 [ncu]=600 [small-cols]=600 [models-check]=900 [micro-check]=600)
