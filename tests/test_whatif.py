@@ -147,7 +147,7 @@ def test_a_calibrated_slow_global_scheme_is_not_chosen(tmp_path):
         assert plan.num_kernels == 2
 
 
-def test_what_if_prices_placement_and_the_product_fold_from_the_lowered_graph():
+def test_what_if_prices_placement_and_the_product_fold_from_the_lowered_graph(tmp_path):
     """A GRU's training step: the rows without buffer placement and without the folded
     weight-gradient product are planned from the lowered graph (`Plan.source`), not from
     the chosen plan's rewritten one, so they differ where those rewrites did something:
@@ -167,3 +167,6 @@ def test_what_if_prices_placement_and_the_product_fold_from_the_lowered_graph():
     assert rows["no-product-fold"]["library_us"] > chosen["library_us"]
     assert rows["no-product-fold"]["step_us"] > chosen["step_us"]
     assert "no-placement" in format_table(t) and "step" in format_table(t)
+    page = open(rep.to_html(str(tmp_path / "w.html"), what_if=t), encoding="utf-8").read()
+    assert "no-product-fold" in page and "step us" in page
+    assert f"{rows['no-product-fold']['step_us']:,.1f}" in page

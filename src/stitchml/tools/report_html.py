@@ -379,16 +379,19 @@ def build_html(report, measured_us: dict[str, float] | None = None, title: str =
         parts.append(f"<p class='warn'>what-if not available: {_esc(what_if['error'])}</p>")
     else:
         base = next((p["predicted_us"] for p in what_if["plans"] if p["name"] == what_if["chosen"]), 0) or 1e-30
+        def us(v):   # (a row without its own library price, e.g. `unfused`: a dash)
+            return "—" if v is None else float(v)
         rows = [[p["name"], p["device"], float(p["predicted_us"]), (f"{p['predicted_us'] / base:.2f}x",
-                 p["predicted_us"] / base), p["kernels"], p["launches"], p.get("note", "")] for p in what_if["plans"]]
+                 p["predicted_us"] / base), p["kernels"], p["launches"], us(p.get("library_us")),
+                 us(p.get("step_us")), p.get("note", "")] for p in what_if["plans"]]
         cls = ["chosen" if p["name"] == what_if["chosen"] else "" for p in what_if["plans"]]
-        parts.append(_table(["plan", "device", "predicted us", "vs chosen", "kernels", "launches", "note"], rows,
-                            row_cls=cls))
+        parts.append(_table(["plan", "device", "predicted us", "vs chosen", "kernels", "launches", "library us",
+                             "step us", "note"], rows, row_cls=cls))
         parts.append(f"<p class='note'>chosen: <b>{_esc(what_if['chosen'])}</b> on {_esc(what_if['device'])} "
                      f"({_esc(what_if.get('source', ''))}); {_esc(what_if.get('note', ''))}</p>")
         if "library_us" in what_if:
             unpriced = what_if.get("unpriced_ops") or []
-            parts.append(f"<p>library ops, the same in every plan (matrix products, attention, other eager ops): "
+            parts.append(f"<p>library ops of the chosen plan (matrix products, attention, other eager ops): "
                          f"{what_if['library_us']:.1f} us over {what_if['library_ops']} op(s)"
                          + (f", no price for {_esc(', '.join(unpriced))}" if unpriced else "")
                          + f"; the step ({_esc(what_if['chosen'])} + library ops): <b>{what_if['step_us']:.1f} us</b>"
