@@ -91,9 +91,9 @@ def test_stem_twin_of_the_gpu_test(dtype):
         assert rec.plan is not None and not [s for s in rec.plan.steps if isinstance(s, EagerStep)], rec.kind
 
 
-def _stem(k: int | None = None):
+def _stem(k: int | None = None, **knobs):
     """The plan of a ResNet-50 stem batch norm → ReLU forward (b32, bf16, channels last,
-    H200), with `bn_shift_sample` k (default: the knob's)."""
+    H200), with `bn_shift_sample` k (default: the knob's) and other knobs."""
     x = torch.empty(32, 64, 112, 112, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
     w = torch.empty(64, dtype=torch.bfloat16)
 
@@ -102,7 +102,8 @@ def _stem(k: int | None = None):
         # `_native_batch_norm_legit_functional`; make_fx alone would trace torch's)
         return F.relu(batch_norm_functional(x, w, b, rm, rv, True, 0.1, 1e-5)[0])
 
-    knobs = {} if k is None else {"bn_shift_sample": k}
+    if k is not None:
+        knobs["bn_shift_sample"] = k
     with config.override(device="H200", **knobs):
         return x, plan_of(fn, x, w, w, w.float(), w.float())
 
@@ -114,14 +115,34 @@ def _full_size_readers(x, plan):
     return [k for k in plan.kernels if x_id in k.inputs]
 
 
-def test_the_stem_reads_x_twice_and_a_sixteenth_more():
-    """Knob on: two kernels read all of x (statistics partials, the normalising kernel),
-    one reads its first 2 of 32 samples, as column partials over contiguous channel rows
-    (a slice of a channels-last tensor: no 32-byte sectors wasted); the forward moves at
-    least 0.85 x's bytes less than with the shift over the whole batch (three full
-    reads)."""
+def test_the_stem_in_three_kernels_from_chunk_statistics():
+    """Knob `bn_chunk_stats` on (the default): three kernels — the chunks' statistics (x
+    read once, in tiles a sector tall across its channels), their merge (reads no x: the
+    [K, C] statistics, transposed, in tall tiles), the normalising kernel with the ReLU —
+    no column partials, no combine; fewer launches and less predicted time than the
+    shifted sums of a sample (five kernels)."""
     x, plan = _stem()
-    _, whole = _stem(1)
+    _, shifted = _stem(bn_chunk_stats=False)
+    assert len(plan.kernels) == 3 and not any(k.partials or k.combine_of for k in plan.kernels), \
+        [k.mapping.describe() for k in plan.kernels]
+    readers = _full_size_readers(x, plan)
+    assert len(readers) == 2
+    chunks, merge = plan.kernels[0], plan.kernels[1]
+    assert chunks in readers and merge not in readers
+    assert chunks.mapping.block_r * 2 >= 32 and not chunks.sector_waste, chunks.mapping.describe()
+    assert merge.transposed and merge.mapping.block_r >= 8 and not merge.sector_waste, merge.mapping.describe()
+    assert len(shifted.kernels) == 5
+    assert plan.predicted_s < shifted.predicted_s
+
+
+def test_the_stem_reads_x_twice_and_a_sixteenth_more():
+    """Knob `bn_chunk_stats` off: two kernels read all of x (statistics partials, the
+    normalising kernel), one reads its first 2 of 32 samples, as column partials over
+    contiguous channel rows (a slice of a channels-last tensor: no 32-byte sectors
+    wasted); the forward moves at least 0.85 x's bytes less than with the shift over the
+    whole batch (three full reads)."""
+    x, plan = _stem(bn_chunk_stats=False)
+    _, whole = _stem(1, bn_chunk_stats=False)
     xb = x.numel() * x.element_size()
     readers = _full_size_readers(x, plan)
     assert len(readers) == 3 and len(_full_size_readers(x, whole)) == 3
@@ -145,6 +166,51 @@ def test_the_sample_is_the_leading_samples_and_symbolic_batches_keep_the_whole()
         assert _shift_sample(x[:16]).shape[0] == 1 and _shift_sample(x[:17]).shape[0] == 2
     with config.override(bn_shift_sample=1):
         assert _shift_sample(x) is x
+
+
+def test_chunking_divides_the_rows_into_at_most_1024_chunks():
+    from stitchml.capture.decomp import CHUNKS_MAX, _chunk_stats, _chunking
+    assert _chunking(401408) == 392 and _chunking(100352) == 98 and _chunking(600) == 20
+    assert _chunking(12) == 12 and _chunking(1568) == 16
+    for rows in (401408, 100352, 25088, 6272, 1568, 600, 300):
+        ch = _chunking(rows)
+        assert rows % ch == 0 and rows // ch <= CHUNKS_MAX and ch >= 16
+    assert _chunking(2053) is None                                     # a prime above CHUNK_MAX
+    cl = torch.channels_last
+    assert _chunk_stats(torch.randn(4, 3, 5, 5).to(memory_format=cl)) is not None
+    assert _chunk_stats(torch.randn(4, 3, 5, 5)) is None               # channels not innermost
+    assert _chunk_stats(torch.randn(1, 3, 1, 2053).to(memory_format=cl)) is None
+    assert _chunk_stats(torch.randn(37, 3)) is None                    # one chunk of 37 rows
+    with config.override(bn_chunk_stats=False):
+        assert _chunk_stats(torch.randn(4, 3, 5, 5).to(memory_format=cl)) is None
+
+
+def _chunk_batches():
+    torch.manual_seed(2)
+    cl = torch.channels_last
+    offset = torch.randn(9, 6, 4, 4) + 1e3                       # var/mean² = 1e-6
+    far = torch.randn(16, 6, 4, 4)
+    far[5] += 80.0                                               # one sample (chunks in the middle) far off
+    spread = torch.randn(8, 6, 6, 6) * torch.logspace(-3, 3, 6).view(1, 6, 1, 1)
+    flat = torch.randn(40, 6) * 3 + 20                           # [N, C]: BatchNorm1d, two chunks of 20
+    return {"offset_cl": offset.to(memory_format=cl), "one_sample_far_cl": far.to(memory_format=cl),
+            "channel_scales_cl": spread.to(memory_format=cl), "batchnorm1d": flat}
+
+
+@pytest.mark.parametrize("name", list(_chunk_batches()))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_chunk_statistics_against_float64(name, dtype):
+    """The chunk form (channels innermost, static sizes) on batches chosen against a merge
+    of chunk statistics: a large common offset, one sample 80 std off in the middle
+    chunks, channels whose scales span 6 decades, a [40, C] batch; output, running
+    statistics and every gradient within the verdict's factor of eager's own error."""
+    x = _chunk_batches()[name]
+    from stitchml.capture.decomp import _chunk_stats
+    assert _chunk_stats(x) is not None
+    c, verdict = compare_against_float64(bn_stats, _inputs(x, dtype))
+    verdict.assert_ok(f"chunk statistics ({name})")
+    (fwd,) = [r for r in c.backend.records if r.kind == "forward"]
+    assert not any(k.partials for k in fwd.plan.kernels), [k.mapping.describe() for k in fwd.plan.kernels]
 
 
 def test_counters_of_a_training_step_are_one_kernel():

@@ -130,22 +130,31 @@ def logsumexp(x: torch.Tensor, dim, keepdim: bool = False) -> torch.Tensor:
 
 
 def _batch_stats(x, weight, bias, eps: float):
-    """Batch norm's training statistics and output: sums of the deviations d = x - s
-    from a shift s (one pass over x for both sums), and the output from d minus the
-    mean's small correction (never x - mean: with few values per channel on a large
-    offset, the rounded mean's error would be scaled up by the inverse std).  The shift
-    is the mean of the batch's leading samples (`_shift_sample`), not of the whole batch:
-    x is read twice (statistics, output) instead of three times.  Returns the output
-    (x's dtype), the mean, rstd and the biased variance (per channel, float32 for half
-    inputs) and the count per channel."""
+    """Batch norm's training statistics and output: the mean as a shift s plus a small
+    correction, the output from x - s minus that correction (never x - mean: with few
+    values per channel on a large offset, the rounded mean's error would be scaled up by
+    the inverse std).  Two forms, both reading x twice (statistics, output):
+    - chunk statistics (`_chunk_stats`, knob `bn_chunk_stats`): each chunk of rows its
+      mean and the sums of deviations from it in one kernel, the chunks merged by
+      Chan's formula in a second; no shift to choose, three launches in all;
+    - otherwise sums of the deviations d = x - s from the mean s of the batch's leading
+      samples (`_shift_sample`) in one pass over x for both sums (five launches: the
+      sample's column partials and their combine too).
+    Returns the output (x's dtype), the mean, rstd and the biased variance (per channel,
+    float32 for half inputs) and the count per channel."""
     dims = [0] + list(range(2, x.dim()))
     n = x.numel() // x.shape[1]
     xc = x.float() if x.dtype in _HALF else x
-    sample = _shift_sample(xc)
-    first = torch.sum(sample, dims, keepdim=True) / (sample.numel() // x.shape[1])
-    dev = xc - first
-    shift = torch.sum(dev, dims, keepdim=True) / n
-    var = torch.clamp_min(torch.sum(dev * dev, dims, keepdim=True) / n - shift * shift, 0)
+    chunked = _chunk_stats(xc)
+    if chunked is not None:
+        first, shift, var = chunked
+        dev = xc - first
+    else:
+        sample = _shift_sample(xc)
+        first = torch.sum(sample, dims, keepdim=True) / (sample.numel() // x.shape[1])
+        dev = xc - first
+        shift = torch.sum(dev, dims, keepdim=True) / n
+        var = torch.clamp_min(torch.sum(dev * dev, dims, keepdim=True) / n - shift * shift, 0)
     rstd = torch.rsqrt(var + eps)
     out = (dev - shift) * rstd
     shape = [1, -1] + [1] * (x.dim() - 2)
@@ -176,6 +185,79 @@ def batch_norm_no_stats(x, weight, bias, training: bool, momentum: float, eps: f
     the batch's): `_batch_stats`."""
     out, mean, rstd, _, _ = _batch_stats(x, weight, bias, eps)
     return out, mean, rstd
+
+
+CHUNK_MIN, CHUNK_MAX, CHUNKS_MAX = 16, 2048, 1024
+
+
+def _chunking(rows: int) -> int | None:
+    """Rows a chunk of `_chunk_stats` over `rows` rows: the smallest divisor of `rows` of
+    at least CHUNK_MIN (all of them where fewer) that leaves at most CHUNKS_MAX chunks,
+    the chunks' merge holding each channel's chunks on chip; None where no divisor up to
+    CHUNK_MAX does (a prime row count, say)."""
+    if rows <= CHUNK_MIN:
+        return rows
+    for ch in range(max(CHUNK_MIN, -(-rows // CHUNKS_MAX)), min(rows, CHUNK_MAX) + 1):
+        if rows % ch == 0:
+            return ch
+    return None
+
+
+def _chunk_stats(xc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Batch-norm statistics from chunks of rows (knob `bn_chunk_stats`), where x keeps its
+    channels innermost in memory (a channels-last image batch, an [N, C] batch) and its
+    sizes are static: x viewed as [K chunks, CH rows, C]; per chunk k its mean m_k and the
+    sums of x - m_k and of its square (lin_k, M2_k: the chunk on chip, so one read of x
+    for all three, `plan/grouping.py`'s regional fusion), written as [K, C]; then one
+    kernel merges them, a channel block a program (`Grouper._column_reduce`: two
+    dependent sums over few rows are row reductions read in tall tiles), with the shift
+    s = m_0 and
+    e_k = m_k - s, the mean's correction c = Σ_k (CH e_k + lin_k) / R and, with
+    f_k = e_k - c, the variance Σ_k (M2_k + f_k (2 lin_k + CH f_k)) / R (Chan's
+    combination, exact for rounded m_k through the lin_k term, as `plan/split.py`'s
+    chunks: no cancellation between large sums, whatever the data).  Returns the mean as
+    a head s + c rounded and its rounding's tail (the output is (x - head) - tail), and
+    the variance, each [1, C, 1, ...], or None where the form does not apply (the knob
+    off, another layout, symbolic sizes, no chunking)."""
+    from .. import config
+    if not config.get("bn_chunk_stats") or xc.dim() not in (2, 4):
+        return None
+    sizes = list(xc.shape)
+    if any(isinstance(s, torch.SymInt) for s in sizes):
+        return None
+    c = sizes[1]
+    if xc.dim() == 4:
+        if not xc.is_contiguous(memory_format=torch.channels_last):
+            return None
+        flat = xc.permute(0, 2, 3, 1)
+    else:
+        if not xc.is_contiguous():
+            return None
+        flat = xc
+    rows = flat.numel() // max(c, 1)
+    ch = _chunking(rows) if c and rows else None
+    if ch is None or rows // ch < 2:   # (one chunk: the shifted sums' plan is as good)
+        return None
+    k = rows // ch
+    chunks = flat.reshape(k, ch, c)
+    m = torch.sum(chunks, 1) / ch                                     # [K, C]
+    d = chunks - m[:, None, :]
+    lin = torch.sum(d, 1)
+    m2 = torch.sum(d * d, 1)
+    first = m[:1]                                                     # [1, C]: the shift m_0
+    e = m - first
+    # (two dependent sums over the K chunks: one row kernel a channel block, the chunks'
+    # statistics read transposed in tall tiles, `Grouper._column_reduce`)
+    corr = torch.sum(e * ch + lin, 0, keepdim=True) / rows
+    f = e - corr
+    var = torch.clamp_min(torch.sum(m2 + f * (2 * lin + f * ch), 0, keepdim=True) / rows, 0)
+    # the mean as a rounded head and the rounding's tail (exact where |m_0| >= |c|), both
+    # computed by the merge's kernel: the normalising kernel reads no value of the chunk
+    # kernel, whose transposed writes it could not share an index space with
+    hi = first + corr
+    lo = corr - (hi - first)
+    shape = [1, c] + [1] * (xc.dim() - 2)
+    return hi.reshape(shape), lo.reshape(shape), var.reshape(shape)
 
 
 def _shift_sample(x: torch.Tensor) -> torch.Tensor:

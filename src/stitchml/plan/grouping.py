@@ -83,6 +83,7 @@ class Grouper:
         self._sibling_columns: set[int] = set()
         # the groups' member-id spans, for the cycle test's bound (made afresh by `_run_once`)
         self._spans = _PrefixMax(0)
+        self._chained = _chained_columns(self.g) if opts.chained_columns else frozenset()
 
     # -- initial groups -----------------------------------------------------
     def _new_group(self, n: ir.Node) -> Group:
@@ -128,6 +129,8 @@ class Grouper:
         a reduction of its own (its partials would only add bytes)."""
         if not is_column_reduce(n, src, self.opts, self.g):
             return False
+        if self.opts.chained_columns and not self.opts.fixed_row_blocks and n.id in self._chained:
+            return False   # a row reduction, read transposed in tall tiles (`_chained_columns`)
         if fits_on_chip(n.numel, self.opts):
             return True
         if n.id in self._plain_columns:
@@ -452,6 +455,56 @@ class Grouper:
 
 def _numel(d: Domain) -> int:
     return d.rows * d.cols
+
+
+CHAINED_COLUMN_ROWS = 1024   # `_chained_columns`: the most rows a program holds per column
+_CHAIN_WALK = 64             # nodes a walk back from a reduction visits at most
+
+
+def _chained_columns(g: ir.Graph) -> frozenset[int]:
+    """Reductions over at most CHAINED_COLUMN_ROWS leading rows that another reduction
+    over the same rows depends on, or that depend on one (through element-wise ops and
+    views, not through another reduction): a softmax or a two-pass variance over a small
+    leading dim, the merge of batch-norm chunk statistics (`capture/decomp.py::
+    _chunk_stats`: the chunks' mean correction, then their variance about it).  As column
+    partials each would be a kernel and a combine, one after the other; as row reductions
+    (knob `chained_columns`) a program holds its columns' rows whole and computes both,
+    reading them transposed in tall tiles (`mapping.transposed_rows`): one launch."""
+    def key(n: ir.Node):
+        src = g[n.refs[0]] if n.refs else None
+        if n.kind != ir.REDUCE or src is None or src.shape is None:
+            return None
+        dims = n.attr("dims") or ()
+        rows = 1
+        for d in dims:
+            rows *= src.shape[d]
+        if not dims or dims != tuple(range(len(dims))) or rows > CHAINED_COLUMN_ROWS or rows < 2:
+            return None
+        return dims, tuple(src.shape)
+
+    keys = {n.id: k for n in g.nodes if (k := key(n)) is not None}
+    out: set[int] = set()
+    for nid, k in keys.items():
+        # the reductions this one's operand is computed from, stopping at each
+        seen, stack, walked = set(), list(g[nid].refs), 0
+        while stack and walked < _CHAIN_WALK:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            walked += 1
+            n = g[x]
+            if n.kind == ir.REDUCE:
+                if keys.get(x) == k:
+                    out.update((x, nid))
+                continue
+            if n.kind in (ir.POINTWISE, ir.VIEW):
+                stack.extend(n.refs)
+    # and the other reductions over those rows (a mean beside the variance): row
+    # reductions too, so that one reading the same buffer shares the kernel
+    chained = {keys[nid] for nid in out}
+    out.update(nid for nid, k in keys.items() if k in chained)
+    return frozenset(out)
 
 
 def is_column_reduce(n: ir.Node, src: ir.Node, opts: PlanOptions, g: ir.Graph | None = None) -> bool:

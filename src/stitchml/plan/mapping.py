@@ -420,17 +420,19 @@ def transpose_tile(domain: Domain, opts: PlanOptions, itemsize: int) -> Mapping:
     return Mapping("row_looped", br, bc, _warps(br * bc), -(-rows // br))
 
 
-def transposed_rows(domain: Domain, opts: PlanOptions, itemsize: int) -> Mapping | None:
+def transposed_rows(domain: Domain, opts: PlanOptions, itemsize: int, few: bool = False) -> Mapping | None:
     """Row reductions over a domain read transposed (`plan/access.py`; a weight
     gradient summed over few tokens, reduced along the stride of its hidden size):
     row-looped programs of a cache line's worth of rows (32 float32, 64 bfloat16; fewer,
     down to a sector's, where that leaves under a program per SM), walking column blocks,
     so each column's run fills whole sectors (4 whole rows read 8 bytes of each 32-byte
-    sector in bfloat16).  None where even sector-tall tiles leave under a program per SM:
-    the rows then keep their mapping."""
+    sector in bfloat16).  Where even sector-tall tiles leave under a program per SM: None
+    (the rows keep their mapping), or with `few` the sector-tall tiles all the same, for
+    the caller to price against the mapping it has (a small buffer read by few programs
+    can beat every element's own sector)."""
     rows, cols = domain.rows, domain.cols
     br = _line_rows(rows, itemsize, opts.device.sms)
-    if -(-rows // br) < opts.device.sms:
+    if -(-rows // br) < opts.device.sms and not few:
         return None
     bc = max(32, TRANSPOSE_TILE_ELEMS // br)
     if next_pow2(cols) <= bc:

@@ -463,6 +463,14 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
             tall = replace(kp, mapping=tall_map, transposed=tuple(reads))
             if generates(g, tall):
                 kp = tall
+        elif reads and kp.mapping.block_r == 1:
+            # too few rows for a program an SM in sector-tall tiles: taken where the model
+            # prices the few tall programs below one row a program reading every element
+            # in its own sector (the merge of batch-norm chunk statistics: 256 rows)
+            few = mapping_rules.transposed_rows(grp.domain, opts, itemsize, few=True)
+            tall = replace(kp, mapping=few, transposed=tuple(reads))
+            if _priced(g, tall, opts) < _priced(g, kp, opts) and generates(g, tall):
+                kp = tall
     if (kp.mapping.form in ("packed_rows", "row_persistent") and kp.mapping.block_c < 32 and not scatter
             and opts.transposed_tiles and may_reorder(g, kp)):
         # rows contiguous, few columns (a K/V gradient summed over its 4 query heads): Triton
@@ -504,6 +512,13 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp, opts.device)
     kp.predicted_s = predict_seconds(kp, opts.device)
     return kp
+
+
+def _priced(g: ir.Graph, k: KernelPlan, opts: PlanOptions) -> float:
+    """`k`'s predicted time as planned so far, its transposed reads' wasted sectors in."""
+    k = replace(k, sector_waste=sector_waste(g, k, list(k.transposed) or transposed_reads(g, k)))
+    k.bytes_read, k.bytes_written = kernel_bytes(g, k, opts.device)
+    return predict_seconds(k, opts.device)
 
 
 ROW_VALUES_MIN_PROGRAMS_PER_SM = 4   # row_values: programs of whole rows, enough to fill the machine
