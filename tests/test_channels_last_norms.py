@@ -68,16 +68,18 @@ def test_outer_in_memory_reads_the_layout_not_the_dim_order():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_channels_last_batch_norm_statistics_are_column_partials(dtype):
     """Forward and backward of batch norm → ReLU on an odd-sized channels-last input, with
-    running statistics: every statistics kernel walks contiguous channel rows (columns =
-    C), none reduces a channel as its own row; the forward is 5 kernels (sum, combine,
-    centred squares, combine + epilogue, normalise) and the backward 3 (two sums, their
-    combine, the input gradient)."""
+    running statistics, the forward's statistics as shifted sums (knob `bn_chunk_stats`
+    off; the backward's are column sums either way): every statistics kernel walks
+    contiguous channel rows (columns = C), none reduces a channel as its own row; the
+    forward is 5 kernels (sum, combine, centred squares, combine + epilogue, normalise)
+    and the backward 3 (two sums, their combine, the input gradient)."""
     inputs = _inputs(dtype)
-    if dtype == torch.float32:
-        c = compare_with_eager(bn_relu, inputs)
-    else:
-        c, verdict = compare_against_float64(bn_relu, inputs)
-        verdict.assert_ok("batch norm")
+    with config.override(bn_chunk_stats=False):
+        if dtype == torch.float32:
+            c = compare_with_eager(bn_relu, inputs)
+        else:
+            c, verdict = compare_against_float64(bn_relu, inputs)
+            verdict.assert_ok("batch norm")
     (fwd,), (bwd,) = _records(c, "forward"), _records(c, "backward")
     for rec in (fwd, bwd):
         stats = _statistics_kernels(rec.plan, 24)
@@ -135,11 +137,29 @@ def test_knob_off_prices_the_sectors_of_a_channel_per_row():
 
 
 def test_combine_epilogues_knob_off_keeps_the_one_program_kernels():
-    with config.override(combine_epilogues=False):
+    with config.override(combine_epilogues=False, bn_chunk_stats=False):
         c = compare_with_eager(bn_relu, _inputs(torch.float32))
     (fwd,) = _records(c, "forward")
     assert not any(k.epilogue for k in fwd.plan.kernels)
     assert len(fwd.plan.kernels) == 6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_channels_last_batch_norm_from_chunk_statistics(dtype):
+    """The default (knob `bn_chunk_stats`): the forward in three kernels — the chunks'
+    statistics (x read once, channels along the rows of its tiles), their merge, the
+    normalising kernel with the ReLU — none with column partials or wasted sectors; the
+    backward's three as before; results as eager's (fp32) or float64's (bf16)."""
+    inputs = _inputs(dtype, shape=(6, 24, 7, 8))
+    if dtype == torch.float32:
+        c = compare_with_eager(bn_relu, inputs)
+    else:
+        c, verdict = compare_against_float64(bn_relu, inputs)
+        verdict.assert_ok("batch norm, chunk statistics")
+    (fwd,), (bwd,) = _records(c, "forward"), _records(c, "backward")
+    assert len(fwd.plan.kernels) == 3, [k.mapping.describe() for k in fwd.plan.kernels]
+    assert not any(k.partials or k.combine_of or k.sector_waste for k in fwd.plan.kernels)
+    assert len(bwd.plan.kernels) == 3, [k.mapping.describe() for k in bwd.plan.kernels]
 
 
 def test_a_weight_gradient_scaled_after_its_column_sum_is_the_combines_epilogue():

@@ -101,6 +101,19 @@ def test_config(capsys):
         assert env in out
 
 
+def test_every_on_off_knob_reads_0_from_its_variable_as_off(monkeypatch):
+    """`bool("0")` is True: an on/off knob must parse its variable with `config._bool`, or
+    STITCHML_X=0 would leave it on (two knobs did)."""
+    from stitchml import config
+    flags = [k for k in config.KNOBS.values() if isinstance(k.default, bool)]
+    assert len(flags) > 20
+    for k in flags:
+        monkeypatch.setenv(k.env, "0")
+        assert config.get(k.name) is False, k.env
+        monkeypatch.setenv(k.env, "1")
+        assert config.get(k.name) is True, k.env
+
+
 def test_no_command_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as e:
         main([])

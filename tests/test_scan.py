@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from stitchml import StitchBackend, config
+from stitchml.ir import nodes as ir
 from stitchml.testing import compare_against_float64, compare_with_eager
 from launches import count_launches
 from seeds import stable_seed
@@ -44,8 +45,9 @@ def _sources(cmp):
     return "\n".join(k.source for r in cmp.backend.records for k in r.kernels.values())
 
 
-def _forms(cmp):
-    return {k.mapping.form for r in cmp.backend.records for k in r.plan.kernels}
+def _forms(cmp, scans_only=False):
+    return {k.mapping.form for r in cmp.backend.records for k in r.plan.kernels
+            if not scans_only or any(r.plan.graph[m].kind == ir.SCAN for m in k.members)}
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
@@ -71,7 +73,12 @@ def test_scan_forward_and_backward_match_eager_fp32(name, form):
         assert kernels == [1, 1], kernels
         assert launches["n"] == 2
     want = {"persistent": {"row_persistent"}, "packed": {"packed_rows"}, "looped": {"row_looped"}}[form]
-    assert _forms(cmp) == want
+    if (name, form) == ("cumprod", "looped"):
+        # (its split gradient also sums over the few leading rows of a transposed value, twice,
+        # one sum reading the other: a row kernel read transposed, knob `chained_columns`)
+        assert _forms(cmp, scans_only=True) == want
+    else:
+        assert _forms(cmp) == want
     src = _sources(cmp)
     expr = {"cumsum": "tl.cumsum(", "cumprod": "tl.cumprod(", "logcumsumexp": "tl.associative_scan("}[name]
     assert expr in src

@@ -88,7 +88,7 @@ declare -A WHAT=(
     [micro-check]="the micro rows with open predictions (bench/NOTES.md, twenty-eighth and twenty-ninth sessions: column lanes, combines; thirty-sixth: the stem max-pool), bf16: column_sum_tokens and layer_norm_bwd_tokens (2048 x 768), batch_sum (8 x 512 x 768), max_pool_fwdbwd (32 x 64 x 112 x 112, channels last); eager, inductor, stitchml -> bench/; then stitchml on those, layer_norm_bwd N=1024 and column_sum 32768 x 1024 with partial_column_warps on and off, combine_spread off -> micro-check/"
     [models-15]="issue 15's rows, bf16: BERT-base train and infer at b32 s128, the LLaMA-style 8-layer step with vocabulary 128256 (peak memory of its loss); eager, inductor, inductor-ro, stitchml -> bench/"
     [models-fp32]="the same rows in fp32"
-    [models-18]="issue 18's rows, bf16: ResNet-50 training (channels_last, b32, 224 px), Swin-T training (b32), a small Mixtral-style MoE decoder's training step (b8 s512); inductor-ro, stitchml -> bench/; ResNet-50 again with STITCHML_LAYOUT_COLUMNS=0 (the batch-norm statistics a row per channel, as before the thirty-fifth session) -> bench-rows-per-channel/, and with STITCHML_BN_SHIFT_SAMPLE=1 (the shift a pass over the whole batch, as before the thirty-seventh) -> bench-bn-whole-shift/; MoE with STITCHML_PLACE_CATS=0 (the expert backward's concatenation computed by one kernel from the parts' sources, as in the thirty-seventh session) -> bench-moe-no-placement/, and with STITCHML_CAT_PARTS=0 STITCHML_PLACE_CATS=0 (copied, as before) -> bench-cat-parts-off/"
+    [models-18]="issue 18's rows, bf16: ResNet-50 training (channels_last, b32, 224 px), Swin-T training (b32), a small Mixtral-style MoE decoder's training step (b8 s512); inductor-ro, stitchml -> bench/; ResNet-50 again with STITCHML_BN_CHUNK_STATS=0 STITCHML_LAYOUT_COLUMNS=0 (the batch-norm statistics a row per channel, as before the thirty-fifth session) -> bench-rows-per-channel/, with STITCHML_BN_CHUNK_STATS=0 (shifted sums of a sample, as before the thirty-ninth) -> bench-bn-shifted/, and with that and STITCHML_BN_SHIFT_SAMPLE=1 (the shift a pass over the whole batch, as before the thirty-seventh) -> bench-bn-whole-shift/; MoE with STITCHML_PLACE_CATS=0 (the expert backward's concatenation computed by one kernel from the parts' sources, as in the thirty-seventh session) -> bench-moe-no-placement/, and with STITCHML_CAT_PARTS=0 STITCHML_PLACE_CATS=0 (copied, as before) -> bench-cat-parts-off/"
     [dien]="DIEN's training step (b2048, 50 steps), bf16 (thirty-eighth session: buffer placement, the folded bias sums and weight-gradient products): inductor-ro, stitchml -> bench/; stitchml with STITCHML_PLACE_CATS=0 STITCHML_REDUCTION_SUMS=0 -> bench-dien-no-placement/, with STITCHML_PRODUCT_SUMS=0 -> bench-dien-no-product-fold/"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
     [micro-extra]="micro suite, both dtypes: max-autotune and jax"
@@ -179,11 +179,15 @@ print(calibration_path(current_device().name))" 2>/dev/null)
                    --contender inductor-ro --contender stitchml || return $?   # (eager runs as the reference anyway)
         # the plan before the thirty-fifth session's layout change, for the A/B of its prediction:
         # batch-norm statistics as one row per channel (bench/NOTES.md, thirty-fifth session)
-        STITCHML_LAYOUT_COLUMNS=0 "$PY" -m stitchml.cli bench --out "$R/bench-rows-per-channel" --resume \
+        STITCHML_BN_CHUNK_STATS=0 STITCHML_LAYOUT_COLUMNS=0 "$PY" -m stitchml.cli bench --out "$R/bench-rows-per-channel" --resume \
             --no-progress "${QUICK[@]}" --suite models --dtype bf16 --no-compile-time --case issue18_resnet50 \
             --contender stitchml || return $?
-        # the thirty-seventh session's batch-norm shift over the whole batch again (three reads of x, not two)
-        STITCHML_BN_SHIFT_SAMPLE=1 "$PY" -m stitchml.cli bench --out "$R/bench-bn-whole-shift" --resume \
+        # the thirty-ninth session's chunk statistics off: the shifted sums of a 1/16 sample (five launches a
+        # batch norm, not three), then with the shift over the whole batch (three reads of x, not two)
+        STITCHML_BN_CHUNK_STATS=0 "$PY" -m stitchml.cli bench --out "$R/bench-bn-shifted" --resume \
+            --no-progress "${QUICK[@]}" --suite models --dtype bf16 --no-compile-time --case issue18_resnet50 \
+            --contender stitchml || return $?
+        STITCHML_BN_CHUNK_STATS=0 STITCHML_BN_SHIFT_SAMPLE=1 "$PY" -m stitchml.cli bench --out "$R/bench-bn-whole-shift" --resume \
             --no-progress "${QUICK[@]}" --suite models --dtype bf16 --no-compile-time --case issue18_resnet50 \
             --contender stitchml || return $?
         # the MoE step with the expert backward's concatenation computed by its own kernel (knob

@@ -209,12 +209,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "accumulated over its steps) is one product over their concatenated inner dimension, where the cost "
          "model prices it and the operand copies below the products it replaces: rounded once (not bit-equal "
          "to eager's order). Not yet measured on a GPU."),
-    Knob("chained_columns", "STITCHML_CHAINED_COLUMNS", True, bool,
+    Knob("chained_columns", "STITCHML_CHAINED_COLUMNS", True, _bool,
          "Two dependent reductions over the same few leading rows (at most 1024: a softmax or a two-pass "
          "variance over a small leading dim, the merge of batch-norm chunk statistics) are row reductions, each "
          "program holding its columns' rows whole and reading them transposed in tall tiles: one kernel instead "
          "of column partials and a combine for each. Static shapes. Not yet measured on a GPU."),
-    Knob("bn_chunk_stats", "STITCHML_BN_CHUNK_STATS", True, bool,
+    Knob("bn_chunk_stats", "STITCHML_BN_CHUNK_STATS", True, _bool,
          "Batch-norm training statistics from chunks of rows where x keeps its channels innermost (channels-last "
          "images, [N, C]) and its sizes are static: each chunk's mean and the sums of the deviations from it in "
          "one kernel, the chunks merged by Chan's formula in a second (exact, no shift to choose): three launches "
