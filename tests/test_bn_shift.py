@@ -115,14 +115,17 @@ def _full_size_readers(x, plan):
     return [k for k in plan.kernels if x_id in k.inputs]
 
 
+CHUNKS = {"bn_chunk_stats": True, "chained_columns": True}   # (both off by default: NOTES, thirty-ninth session)
+
+
 def test_the_stem_in_three_kernels_from_chunk_statistics():
-    """Knob `bn_chunk_stats` on (the default): three kernels — the chunks' statistics (x
+    """Knobs `bn_chunk_stats` and `chained_columns` on: three kernels — the chunks' statistics (x
     read once, in tiles a sector tall across its channels), their merge (reads no x: the
     [K, C] statistics, transposed, in tall tiles), the normalising kernel with the ReLU —
     no column partials, no combine; fewer launches and less predicted time than the
     shifted sums of a sample (five kernels)."""
-    x, plan = _stem()
-    _, shifted = _stem(bn_chunk_stats=False)
+    x, plan = _stem(**CHUNKS)
+    _, shifted = _stem()
     assert len(plan.kernels) == 3 and not any(k.partials or k.combine_of for k in plan.kernels), \
         [k.mapping.describe() for k in plan.kernels]
     readers = _full_size_readers(x, plan)
@@ -136,13 +139,13 @@ def test_the_stem_in_three_kernels_from_chunk_statistics():
 
 
 def test_the_stem_reads_x_twice_and_a_sixteenth_more():
-    """Knob `bn_chunk_stats` off: two kernels read all of x (statistics partials, the
+    """The default (knob `bn_chunk_stats` off): two kernels read all of x (statistics partials, the
     normalising kernel), one reads its first 2 of 32 samples, as column partials over
     contiguous channel rows (a slice of a channels-last tensor: no 32-byte sectors
     wasted); the forward moves at least 0.85 x's bytes less than with the shift over the
     whole batch (three full reads)."""
-    x, plan = _stem(bn_chunk_stats=False)
-    _, whole = _stem(1, bn_chunk_stats=False)
+    x, plan = _stem()
+    _, whole = _stem(1)
     xb = x.numel() * x.element_size()
     readers = _full_size_readers(x, plan)
     assert len(readers) == 3 and len(_full_size_readers(x, whole)) == 3
@@ -177,10 +180,11 @@ def test_chunking_divides_the_rows_into_at_most_1024_chunks():
         assert rows % ch == 0 and rows // ch <= CHUNKS_MAX and ch >= 16
     assert _chunking(2053) is None                                     # a prime above CHUNK_MAX
     cl = torch.channels_last
-    assert _chunk_stats(torch.randn(4, 3, 5, 5).to(memory_format=cl)) is not None
-    assert _chunk_stats(torch.randn(4, 3, 5, 5)) is None               # channels not innermost
-    assert _chunk_stats(torch.randn(1, 3, 1, 2053).to(memory_format=cl)) is None
-    assert _chunk_stats(torch.randn(37, 3)) is None                    # one chunk of 37 rows
+    with config.override(bn_chunk_stats=True):
+        assert _chunk_stats(torch.randn(4, 3, 5, 5).to(memory_format=cl)) is not None
+        assert _chunk_stats(torch.randn(4, 3, 5, 5)) is None           # channels not innermost
+        assert _chunk_stats(torch.randn(1, 3, 1, 2053).to(memory_format=cl)) is None
+        assert _chunk_stats(torch.randn(37, 3)) is None                # one chunk of 37 rows
     with config.override(bn_chunk_stats=False):
         assert _chunk_stats(torch.randn(4, 3, 5, 5).to(memory_format=cl)) is None
 
@@ -206,8 +210,9 @@ def test_chunk_statistics_against_float64(name, dtype):
     statistics and every gradient within the verdict's factor of eager's own error."""
     x = _chunk_batches()[name]
     from stitchml.capture.decomp import _chunk_stats
-    assert _chunk_stats(x) is not None
-    c, verdict = compare_against_float64(bn_stats, _inputs(x, dtype))
+    with config.override(**CHUNKS):
+        assert _chunk_stats(x) is not None
+        c, verdict = compare_against_float64(bn_stats, _inputs(x, dtype))
     verdict.assert_ok(f"chunk statistics ({name})")
     (fwd,) = [r for r in c.backend.records if r.kind == "forward"]
     assert not any(k.partials for k in fwd.plan.kernels), [k.mapping.describe() for k in fwd.plan.kernels]

@@ -146,16 +146,17 @@ def test_combine_epilogues_knob_off_keeps_the_one_program_kernels():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_channels_last_batch_norm_from_chunk_statistics(dtype):
-    """The default (knob `bn_chunk_stats`): the forward in three kernels — the chunks'
+    """Knobs `bn_chunk_stats` and `chained_columns` on: the forward in three kernels — the chunks'
     statistics (x read once, channels along the rows of its tiles), their merge, the
     normalising kernel with the ReLU — none with column partials or wasted sectors; the
     backward's three as before; results as eager's (fp32) or float64's (bf16)."""
     inputs = _inputs(dtype, shape=(6, 24, 7, 8))
-    if dtype == torch.float32:
-        c = compare_with_eager(bn_relu, inputs)
-    else:
-        c, verdict = compare_against_float64(bn_relu, inputs)
-        verdict.assert_ok("batch norm, chunk statistics")
+    with config.override(bn_chunk_stats=True, chained_columns=True):
+        if dtype == torch.float32:
+            c = compare_with_eager(bn_relu, inputs)
+        else:
+            c, verdict = compare_against_float64(bn_relu, inputs)
+            verdict.assert_ok("batch norm, chunk statistics")
     (fwd,), (bwd,) = _records(c, "forward"), _records(c, "backward")
     assert len(fwd.plan.kernels) == 3, [k.mapping.describe() for k in fwd.plan.kernels]
     assert not any(k.partials or k.combine_of or k.sector_waste for k in fwd.plan.kernels)

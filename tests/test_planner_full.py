@@ -100,11 +100,8 @@ CANONICAL = {
     "two_axes_softmax": (two_axes, lambda: [rn(N, C)], 1, {"regional"}),
     "layer_norm_forward": (ln_forward, lambda: [rn(N, C), rn(C), rn(C)], 1, {"regional"}),
     "softmax_then_head_mean": (softmax_then_head_mean, lambda: [rn(4, 8, 32, 32)], 1, {"regional"}),
-    # (a softmax over the 96 leading rows, and batch norm's merge of its chunk statistics:
-    # dependent reductions over few leading rows, row reductions read transposed, knob
-    # `chained_columns`, not column partials and combines)
-    "row_then_column_softmax": (row_then_column_softmax, lambda: [rn(N, C)], 1, {"regional"}),
-    "layer_norm_then_batch_norm": (layer_norm_then_batch_norm, lambda: [rn(N, C)], 1, {"regional"}),
+    "row_then_column_softmax": (row_then_column_softmax, lambda: [rn(N, C)], 1, {"regional", "combine"}),
+    "layer_norm_then_batch_norm": (layer_norm_then_batch_norm, lambda: [rn(N, C)], 1, {"regional", "combine"}),
 }
 
 

@@ -75,7 +75,7 @@ def test_scan_forward_and_backward_match_eager_fp32(name, form):
     want = {"persistent": {"row_persistent"}, "packed": {"packed_rows"}, "looped": {"row_looped"}}[form]
     if (name, form) == ("cumprod", "looped"):
         # (its split gradient also sums over the few leading rows of a transposed value, twice,
-        # one sum reading the other: a row kernel read transposed, knob `chained_columns`)
+        # one sum reading the other: with knob `chained_columns` on, a row kernel read transposed)
         assert _forms(cmp, scans_only=True) == want
     else:
         assert _forms(cmp) == want

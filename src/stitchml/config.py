@@ -209,17 +209,18 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "accumulated over its steps) is one product over their concatenated inner dimension, where the cost "
          "model prices it and the operand copies below the products it replaces: rounded once (not bit-equal "
          "to eager's order). Not yet measured on a GPU."),
-    Knob("chained_columns", "STITCHML_CHAINED_COLUMNS", True, _bool,
+    Knob("chained_columns", "STITCHML_CHAINED_COLUMNS", False, _bool,
          "Two dependent reductions over the same few leading rows (at most 1024: a softmax or a two-pass "
-         "variance over a small leading dim, the merge of batch-norm chunk statistics) are row reductions, each "
+         "variance over a small leading dim, the merge of batch-norm chunk statistics) as row reductions, each "
          "program holding its columns' rows whole and reading them transposed in tall tiles: one kernel instead "
-         "of column partials and a combine for each. Static shapes. Not yet measured on a GPU."),
-    Knob("bn_chunk_stats", "STITCHML_BN_CHUNK_STATS", True, _bool,
+         "of column partials and a combine for each. Static shapes. Off by default: built for `bn_chunk_stats` "
+         "(bench/NOTES.md, thirty-ninth session), not measured on a GPU."),
+    Knob("bn_chunk_stats", "STITCHML_BN_CHUNK_STATS", False, _bool,
          "Batch-norm training statistics from chunks of rows where x keeps its channels innermost (channels-last "
          "images, [N, C]) and its sizes are static: each chunk's mean and the sums of the deviations from it in "
          "one kernel, the chunks merged by Chan's formula in a second (exact, no shift to choose): three launches "
-         "a batch norm, not five. Off (or another layout): the shifted sums of `bn_shift_sample`. Not yet "
-         "measured on a GPU."),
+         "a batch norm, not five (with `chained_columns` on). Off by default: the chunk kernel's sm_90 code "
+         "issues ~15x the old statistics kernel's warp instructions (bench/NOTES.md, thirty-ninth session)."),
     Knob("bn_shift_sample", "STITCHML_BN_SHIFT_SAMPLE", 16, int,
          "Batch-norm training statistics are sums of deviations from a shift, the per-channel mean of the "
          "batch's leading ceil(N / this) samples (a read of that fraction of x): both sums then take one pass "

@@ -35,7 +35,7 @@ class PlanOptions:
     looped_partials: bool = True   # column reductions beside long (looped) rows as column partials
     transposed_tiles: bool = True  # column-partial kernels reading an input transposed: 8-16-row tiles
     layout_columns: bool = True    # reductions over the dims outermost in memory (channels last): column partials
-    chained_columns: bool = True   # two dependent reductions over the same <= 1024 leading rows: row reductions
+    chained_columns: bool = False  # two dependent reductions over the same <= 1024 leading rows: row reductions
     free_cats: bool = True         # concatenations of cheap parts computed by their readers (weighed on the plan)
     narrow_writes: bool = True     # a written exact widening cast of a computed value: the narrow value written
     cat_parts: bool = True         # element-wise kernels that only feed a concatenation: computed by its kernel
