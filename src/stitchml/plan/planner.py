@@ -463,7 +463,7 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
             tall = replace(kp, mapping=tall_map, transposed=tuple(reads))
             if generates(g, tall):
                 kp = tall
-        elif reads and kp.mapping.block_r == 1:
+        elif reads and kp.mapping.block_r == 1 and opts.chained_columns:
             # too few rows for a program an SM in sector-tall tiles: taken where the model
             # prices the few tall programs below one row a program reading every element
             # in its own sector (the merge of batch-norm chunk statistics: 256 rows)
