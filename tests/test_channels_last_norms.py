@@ -38,6 +38,16 @@ def _inputs(dtype, shape=(5, 24, 7, 9), channels_last=True):
     return [x, weight, bias, torch.randn(c).to(dtype), (torch.rand(c) + 0.5).to(dtype)]
 
 
+def _bn_relu_checked(dtype, inputs, what, **knobs):
+    """`bn_relu` compiled under `knobs`: against eager in float32, against float64 otherwise."""
+    with config.override(**knobs):
+        if dtype == torch.float32:
+            return compare_with_eager(bn_relu, inputs)
+        c, verdict = compare_against_float64(bn_relu, inputs)
+        verdict.assert_ok(what)
+        return c
+
+
 def _records(c, kind):
     return [r for r in c.backend.records if r.kind == kind]
 
@@ -74,12 +84,7 @@ def test_channels_last_batch_norm_statistics_are_column_partials(dtype):
     forward is 5 kernels (sum, combine, centred squares, combine + epilogue, normalise)
     and the backward 3 (two sums, their combine, the input gradient)."""
     inputs = _inputs(dtype)
-    with config.override(bn_chunk_stats=False):
-        if dtype == torch.float32:
-            c = compare_with_eager(bn_relu, inputs)
-        else:
-            c, verdict = compare_against_float64(bn_relu, inputs)
-            verdict.assert_ok("batch norm")
+    c = _bn_relu_checked(dtype, inputs, "batch norm", bn_chunk_stats=False)
     (fwd,), (bwd,) = _records(c, "forward"), _records(c, "backward")
     for rec in (fwd, bwd):
         stats = _statistics_kernels(rec.plan, 24)
@@ -151,12 +156,7 @@ def test_channels_last_batch_norm_from_chunk_statistics(dtype):
     normalising kernel with the ReLU — none with column partials or wasted sectors; the
     backward's three as before; results as eager's (fp32) or float64's (bf16)."""
     inputs = _inputs(dtype, shape=(6, 24, 7, 8))
-    with config.override(bn_chunk_stats=True, chained_columns=True):
-        if dtype == torch.float32:
-            c = compare_with_eager(bn_relu, inputs)
-        else:
-            c, verdict = compare_against_float64(bn_relu, inputs)
-            verdict.assert_ok("batch norm, chunk statistics")
+    c = _bn_relu_checked(dtype, inputs, "batch norm, chunk statistics", bn_chunk_stats=True, chained_columns=True)
     (fwd,), (bwd,) = _records(c, "forward"), _records(c, "backward")
     assert len(fwd.plan.kernels) == 3, [k.mapping.describe() for k in fwd.plan.kernels]
     assert not any(k.partials or k.combine_of or k.sector_waste for k in fwd.plan.kernels)
