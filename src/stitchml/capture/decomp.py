@@ -252,8 +252,8 @@ def _chunk_stats(xc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     f = e - corr
     var = torch.clamp_min(torch.sum(m2 + f * (2 * lin + f * ch), 0, keepdim=True) / rows, 0)
     # the mean as a rounded head and the rounding's tail (exact where |m_0| >= |c|), both
-    # computed by the merge's kernel: the normalising kernel reads no value of the chunk
-    # kernel, whose transposed writes it could not share an index space with
+    # computed by the merge's kernel: the normalising kernel reads only the merge's
+    # per-channel outputs, none of the chunk kernel's
     hi = first + corr
     lo = corr - (hi - first)
     shape = [1, c] + [1] * (xc.dim() - 2)
