@@ -93,3 +93,19 @@ def test_a_division_keeps_what_it_cannot_prove():
     # r*15 + c with c up to 6: // 5 splits into 3r + c // 5 (c >= 0); a negative part stays whole
     assert ix.render(ix.floordiv(r * 15 + c, 5)) == "((v1) // 5) + v0 * 3"
     assert "//" in ix.render(ix.floordiv(r * 15 - c, 5)) and "v0 * 3" not in ix.render(ix.floordiv(r * 15 - c, 5))
+
+
+def test_an_unaligned_split_of_nested_strides_flattens_back():
+    """A channels-last batch [32, 56, 56, C] viewed as chunks of rows [1024, 98, C]
+    (batch-norm chunk statistics): row f = 98 k + j of the chunk view sits at n = f // 3136,
+    which the simplifier writes k // 32, h = (f // 56) % 56 and w = f % 56; the address
+    n * 56*56*C + h * 56*C + w * C is f * C, one multiply-add an element, not two
+    divisions and two modulos (`index._simplified_partner`)."""
+    k, j = _vars(1024, 98)
+    f = ix.flatten((k, j), (1024, 98))
+    n, h, w = ix.unravel(f, (32, 56, 56))
+    assert ix.render(n) == "((v0) // 32)"
+    off = ix.offset((n, h, w), (56 * 56 * 256, 56 * 256, 256))
+    assert off == f * 256, ix.render(off)
+    for kv, jv in ((0, 0), (31, 97), (32, 0), (517, 45), (1023, 97)):
+        assert _evaluate(off, {"v0": kv, "v1": jv}) == (98 * kv + jv) * 256

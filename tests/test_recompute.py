@@ -152,3 +152,33 @@ def test_norm_backward_over_split_rows_matches_eager(fn, dtype):
     assert any(n.attr("split_of") is not None for n in g.nodes)   # (the rows were split)
     full = [o for k in plan.kernels for o in k.outputs if g[o].numel == 16 * 1152]
     assert [g[o].dtype for o in full] == [dtype]
+
+
+def _first_row_offset(x):
+    m = x.sum(1)
+    return (m - m[:1]) * 3 + m
+
+
+def test_a_reduction_read_at_other_rows_is_not_computed_again():
+    """`m - m[:1]` with m a reduction: in m's kernel, every program would need the first
+    row's m, which code generation gets by summing that row's input again in every
+    program (the batch-norm chunk kernel read x twice: `Grouper._rereads_reduction`).
+    The element-wise consumer gets a kernel of its own, which reads m written; the
+    refusal says why; the results are eager's."""
+    plan = plan_of(_first_row_offset, torch.empty(64, 40, 24))
+    g = plan.graph
+    (red,) = [k for k in plan.kernels if any(g[m].op == "sum" for m in k.members)]
+    assert all(g[m].op == "sum" for m in red.members), sorted(red.members)
+    assert any("through a slice at other rows" in r.reason for r in plan.refusals), plan.refusals
+    c = compare_with_eager(_first_row_offset, [torch.randn(64, 40, 24) * 2 + 1], backward=False)
+    (rec,) = c.backend.records
+    assert len(rec.plan.kernels) == 2
+
+
+def test_an_element_wise_value_read_at_other_rows_still_merges():
+    """Element-wise producers stay cheap to recompute at other rows: one kernel."""
+    def fn(x):
+        e = torch.exp(x)
+        return e - e[:1]
+    plan = plan_of(fn, torch.empty(64, 40))
+    assert len(plan.kernels) == 1 and not any("through a slice" in r.reason for r in plan.refusals)

@@ -174,6 +174,15 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "each column's run of contiguous values fills a 32-byte sector (a 4-row tile used a quarter of "
          "it). Chosen by a probe of the kernel's reads at plan time (`plan/access.py`). Not yet measured "
          "on a GPU."),
+    Knob("transposed_row_warps", "STITCHML_TRANSPOSED_ROW_WARPS", True, _bool,
+         "A whole-row tile of a row reduction that reads its input transposed (rows contiguous in memory, "
+         "the reduced columns strided: batch-norm chunk statistics, a weight gradient over few tokens) gets "
+         "64 elements a thread (2 warps for a 4096-element tile) instead of 8 (16 warps): Triton lays the "
+         "tile out along its rows, so every row statistic crosses all the warps through shared memory, a "
+         "fixed cost a thread. sm_90 code of the 56x56x256 chunk statistics: 46.5 M warp-instructions at 16 "
+         "warps, 10.4 M at 2. Never fewer warps than the rows fill side by side, only where the grid has two "
+         "programs an SM, and only with `transposed_tiles` on (the transposed-read family's knob). Not yet "
+         "measured on a GPU."),
     Knob("layout_columns", "STITCHML_LAYOUT_COLUMNS", True, _bool,
          "A reduction over the dims that are outermost in memory, keeping the innermost (a batch norm's "
          "statistics over N, H, W of a channels-last tensor), is computed as a column reduction: programs "

@@ -88,6 +88,8 @@ def _make(terms: list[tuple[Atom, int]], c: int) -> Expr:
         folded = False
         for md in [a for a, k in acc.items() if k and isinstance(a, Mod)]:
             k, dv = acc[md], _div_partner(md)
+            if acc.get(dv, 0) != k * md.m:
+                dv = _simplified_partner(md, dv)
             if k and acc.get(md) == k and acc.get(dv, 0) == k * md.m:
                 acc[md] = acc[dv] = 0
                 for a, k2 in md.expr.terms:
@@ -106,6 +108,19 @@ def _div_partner(md: Mod) -> Div:
         inner = e.terms[0][0]
         return Div(inner.expr, inner.d * md.m)
     return Div(e, md.m)
+
+
+def _simplified_partner(md: Mod, dv: Div) -> Atom:
+    """`dv` (the division that completes `md`) as `floordiv` simplifies it, where that is
+    one atom: a channels-last image batch [N, H, W, C] viewed as chunks of rows [K, CH,
+    C] (`capture/decomp.py::_chunk_stats`) reads row f = c + 98 k at n = f // 3136,
+    which `floordiv` writes k // 32 (c < 98), so the syntactic partner of h = (f // 56)
+    % 56 was missing and the address stayed two divisions and two modulos an element
+    where it is f * C + c."""
+    q = floordiv(dv.expr, dv.d)
+    if len(q.terms) == 1 and q.const == 0 and q.terms[0][1] == 1 and q.terms[0][0] != dv:
+        return q.terms[0][0]
+    return dv
 
 
 def const(c: int) -> Expr:

@@ -36,6 +36,7 @@ class Group:
 
 
 LEAF_MAX_ELEMS = 1024   # `_merge_input_leaves`: kernels this small are all launch
+REREAD_MAX_COLS = 16    # `Grouper._rereads_reduction`: reductions this short are recomputed at other rows
 
 
 class _PrefixMax:
@@ -299,6 +300,9 @@ class Grouper:
                 reason = "a scatter kernel takes in only element-wise producers of its values and index"
         elif producer in a.cross or self._reads_cross(a, b) or self._reads_cross(b, a):
             reason = "consumer of a column reduction needs the combined value (read after the combine)"
+        elif (again := self._rereads_reduction(a, b)) is not None or (again := self._rereads_reduction(b, a)) is not None:
+            reason = (f"reads node {again} (after a reduction) through a slice at other rows: the kernel would "
+                      "compute that reduction again there, a second pass over its input")
         dom = None
         if reason is None and self._forbidden(a, b):
             reason = "reduction axes do not line up (transposed index spaces)"
@@ -335,6 +339,45 @@ class Grouper:
         """Does a member of `b` read one of `a`'s column reductions (complete only
         after the combine, so never inside the same kernel)?"""
         return bool(a.cross) and any(s in a.cross for m in b.members for s in self.gv.sources[m])
+
+    def _rereads_reduction(self, a: Group, b: Group) -> int | None:
+        """A per-row value of `a` (one a row of its domain) that depends on a reduction
+        inside `a` and that a member of `b` reads through a narrowing view (a slice or
+        select of it, broadcast back: batch-norm chunk statistics' shift, the first chunk's
+        mean `m[:1]`), else None.  Fewer values than rows: the reader's rows take it at
+        other rows, which code generation gets by computing the reduction again there, so
+        each program re-reads those rows' input (the chunk kernel read x twice, 510
+        instead of 359 sm_90 instructions a thread), work the cost model, counting each
+        input once, does not see.  Element-wise values read that way stay cheap to
+        recompute and may merge; so do full-size values read through a slice (a rotary
+        embedding's halves of a row: the same rows, other columns), and reductions over at
+        most REREAD_MAX_COLS columns (LLaMA's GQA key gradient, summed over its 4 query
+        heads, then rotated: each row sums its partner row's 4 values again, from the
+        tile it has just read, instead of a kernel more, 16 µs a step by the model)."""
+        for m in b.members:
+            for r in self.g[m].refs:
+                n, narrowed = self.g[r], False
+                while n.id not in a.members and n.kind == ir.VIEW and n.refs:
+                    src = self.g[n.refs[0]]
+                    narrowed = narrowed or n.numel < src.numel
+                    n = src
+                if (narrowed and n.id in a.members and n.numel == a.domain.rows and not a.domain.is_flat
+                        and a.domain.cols > REREAD_MAX_COLS and self._after_reduction(a, n.id)):
+                    return n.id
+        return None
+
+    def _after_reduction(self, grp: Group, nid: int) -> bool:
+        """Does member `nid` of `grp` depend, through members of `grp`, on a reduction?"""
+        stack, seen = [nid], set()
+        while stack:
+            n = self.g[stack.pop()]
+            if n.kind == ir.REDUCE:
+                return True
+            for r in n.refs:
+                if r not in seen and (r in grp.members or self.g[r].kind == ir.VIEW):
+                    seen.add(r)
+                    stack.append(r)
+        return False
 
     def _forbidden(self, a: Group, b: Group) -> bool:
         return any(frozenset((x, y)) in self.forbidden for x in a.dominant for y in b.dominant)

@@ -441,6 +441,27 @@ def transposed_rows(domain: Domain, opts: PlanOptions, itemsize: int, few: bool 
     return Mapping("row_looped", br, bc, _warps(br * bc), -(-rows // br))
 
 
+TRANSPOSED_ROW_THREAD_ELEMS = 64   # transposed_row_warps: elements a thread holds
+
+
+def transposed_row_warps(mp: Mapping, vec: int) -> int:
+    """Warps of a whole-row tile whose rows are contiguous in memory and whose columns,
+    the reduced axis, are strided: TRANSPOSED_ROW_THREAD_ELEMS elements a thread instead
+    of `_warps`' 8.  Triton lays such a tile out along its rows, so each warp holds a
+    slice of the columns and every row statistic is a shared-memory round trip across
+    all the warps: a fixed cost a thread that more elements a thread amortise.  sm_90
+    (Triton 3.6, `tools/aot_check`) of batch-norm chunk statistics at 56x56x256 (tiles
+    of 32 channels x 128 chunk rows, three statistics): 16 warps issue 46.5 M
+    warp-instructions, 8 warps 26.0 M, 4 warps 16.0 M, 2 warps 10.4 M (80 registers);
+    64 elements a thread in taller tiles the same ~10 M, 128 a thread 7.2 M but 128
+    registers.  Never fewer than the warps the rows fill side by side (`vec` elements a
+    thread along them: no warp then crosses another's rows, `warps_along_rows`), and never
+    more than `mp` has."""
+    elems = mp.block_r * mp.block_c
+    along = max(1, mp.block_r // (32 * vec))
+    return min(mp.num_warps, max(along, elems // (32 * TRANSPOSED_ROW_THREAD_ELEMS), 1))
+
+
 def _partial_walk(rows: int, block_r: int, opts: PlanOptions) -> tuple[int, int]:
     """(grid, row blocks each program walks) of a kernel with column partials over
     `rows` in blocks of `block_r`: at most `_partial_programs` programs, grid stride."""

@@ -34,6 +34,7 @@ class PlanOptions:
     persistent_rows: bool = True   # looped rows read twice or more: 1-2 programs an SM walk rows (L2 reuse)
     looped_partials: bool = True   # column reductions beside long (looped) rows as column partials
     transposed_tiles: bool = True  # column-partial kernels reading an input transposed: 8-16-row tiles
+    transposed_row_warps: bool = True   # whole-row tiles read transposed: 64 elements a thread
     layout_columns: bool = True    # reductions over the dims outermost in memory (channels last): column partials
     chained_columns: bool = False  # two dependent reductions over the same <= 1024 leading rows: row reductions
     free_cats: bool = True         # concatenations of cheap parts computed by their readers (weighed on the plan)

@@ -484,6 +484,20 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
             capped = mapping_rules.warps_along_rows(kp.mapping, vec)
             kp.own_warps = capped != kp.mapping
             kp.mapping = capped
+    if (kp.mapping.form == "packed_rows" and not partials and not scatter and opts.transposed_row_warps
+            and opts.transposed_tiles
+            and not opts.fixed_row_blocks and not grp.domain.is_flat and not kp.own_warps
+            and not any(g[m].kind == ir.SCAN for m in members) and may_reorder(g, kp)):
+        # whole rows read transposed: fewer warps, more elements a thread (plan/mapping.py),
+        # where the grid keeps two programs an SM busy
+        reads = kp.transposed or transposed_reads(g, kp)
+        if reads and kp.mapping.grid >= 2 * opts.device.sms:
+            vec = 16 // min(g[r].dtype.itemsize for r in reads)
+            warps = mapping_rules.transposed_row_warps(kp.mapping, vec)
+            # (a horizontal group still runs it at the group's widest warps, as before)
+            fewer = replace(kp, mapping=replace(kp.mapping, num_warps=warps))
+            if warps < kp.mapping.num_warps and generates(g, fewer):
+                kp = fewer
     if (kp.mapping.form == "row_looped" and not partials and not scatter and opts.persistent_rows
             and not opts.fixed_row_blocks and kp.domain.rows > 2 * opts.device.sms
             and max(input_passes(g, kp).values(), default=1) > 1):
