@@ -228,8 +228,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Batch-norm training statistics from chunks of rows where x keeps its channels innermost (channels-last "
          "images, [N, C]) and its sizes are static: each chunk's mean and the sums of the deviations from it in "
          "one kernel, the chunks merged by Chan's formula in a second (exact, no shift to choose): three launches "
-         "a batch norm, not five (with `chained_columns` on). Off by default: the chunk kernel's sm_90 code "
-         "issues ~15x the old statistics kernel's warp instructions (bench/NOTES.md, thirty-ninth session)."),
+         "a batch norm, not five (with `chained_columns` on). Off by default until a GPU measures it "
+         "(`tools/gpu_run.sh models-18`, bench-bn-chunks/): ResNet-50 training is predicted 2457 -> 2397 us, "
+         "408 -> 304 launches; the chunk kernel's sm_90 code, 15x the old statistics' warp instructions at "
+         "first, is now at their level (bench/NOTES.md, thirty-ninth and fortieth sessions)."),
     Knob("bn_shift_sample", "STITCHML_BN_SHIFT_SAMPLE", 16, int,
          "Batch-norm training statistics are sums of deviations from a shift, the per-channel mean of the "
          "batch's leading ceil(N / this) samples (a read of that fraction of x): both sums then take one pass "
