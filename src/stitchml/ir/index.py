@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from math import gcd
 
 
@@ -110,6 +111,7 @@ def _div_partner(md: Mod) -> Div:
     return Div(e, md.m)
 
 
+@lru_cache(maxsize=8192)   # (asked again at every arithmetic step of an index that holds the modulo)
 def _simplified_partner(md: Mod, dv: Div) -> Atom:
     """`dv` (the division that completes `md`) as `floordiv` simplifies it, where that is
     one atom: a channels-last image batch [N, H, W, C] viewed as chunks of rows [K, CH,
