@@ -164,13 +164,15 @@ def test_a_reduction_read_at_other_rows_is_not_computed_again():
     row's m, which code generation gets by summing that row's input again in every
     program (the batch-norm chunk kernel read x twice: `Grouper._rereads_reduction`).
     The element-wise consumer gets a kernel of its own, which reads m written; the
-    refusal says why; the results are eager's."""
+    refusal says why; the results are as close to float64 as eager's."""
     plan = plan_of(_first_row_offset, torch.empty(64, 40, 24))
     g = plan.graph
     (red,) = [k for k in plan.kernels if any(g[m].op == "sum" for m in k.members)]
     assert all(g[m].op == "sum" for m in red.members), sorted(red.members)
     assert any("through a slice at other rows" in r.reason for r in plan.refusals), plan.refusals
-    c = compare_with_eager(_first_row_offset, [torch.randn(64, 40, 24) * 2 + 1], backward=False)
+    # (judged against float64: m - m[0] cancels, so eager's own rounding is the yardstick)
+    c, verdict = compare_against_float64(_first_row_offset, [torch.randn(64, 40, 24) * 2 + 1])
+    verdict.assert_ok("m - m[:1]")
     (rec,) = c.backend.records
     assert len(rec.plan.kernels) == 2
 
