@@ -354,7 +354,19 @@ class Grouper:
         most REREAD_MAX_COLS columns (LLaMA's GQA key gradient, summed over its 4 query
         heads, then rotated: each row sums its partner row's 4 values again, from the
         tile it has just read, instead of a kernel more, 16 µs a step by the model)."""
-        for m in b.members:
+        # (b's readers of a are found from a's frontier through views: a merge test costs
+        # the groups' boundary, not their size, see `Group`)
+        readers, stack, seen = [], list(a.frontier), set()
+        while stack:
+            u = stack.pop()
+            if u in seen:
+                continue
+            seen.add(u)
+            if u in b.members:
+                readers.append(u)
+            elif self.g[u].kind == ir.VIEW:
+                stack.extend(self.gv.users[u])
+        for m in readers:
             for r in self.g[m].refs:
                 n, narrowed = self.g[r], False
                 while n.id not in a.members and n.kind == ir.VIEW and n.refs:

@@ -487,11 +487,12 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     if (kp.mapping.form == "packed_rows" and not partials and not scatter and opts.transposed_row_warps
             and opts.transposed_tiles
             and not opts.fixed_row_blocks and not grp.domain.is_flat and not kp.own_warps
+            and kp.mapping.grid >= 2 * opts.device.sms
             and not any(g[m].kind == ir.SCAN for m in members) and may_reorder(g, kp)):
         # whole rows read transposed: fewer warps, more elements a thread (plan/mapping.py),
         # where the grid keeps two programs an SM busy
         reads = kp.transposed or transposed_reads(g, kp)
-        if reads and kp.mapping.grid >= 2 * opts.device.sms:
+        if reads:
             vec = 16 // min(g[r].dtype.itemsize for r in reads)
             warps = mapping_rules.transposed_row_warps(kp.mapping, vec)
             # (a horizontal group still runs it at the group's widest warps, as before)
