@@ -657,6 +657,21 @@ def test_roll(dtype):
     assert_compiled(cmp, "roll")
 
 
+def test_a_rolled_layer_norm_is_computed_once_a_row():
+    # Swin's shifted windows: a layer norm rolled over two dims (a cat of two slices per
+    # dim, four parts) is read at (i + N - s) mod N, not as a select between the parts
+    # with each part's norm (its row sums) computed under its own mask
+    def fn(x, w, b):
+        y = torch.roll(F.layer_norm(x, (96,), w, b), shifts=(-3, -3), dims=(1, 2))
+        return y.view(2, 2, 7, 2, 7, 96).permute(0, 1, 3, 2, 4, 5).reshape(-1, 49, 96) * 1.5
+    x, w, b = rn(2, 14, 14, 96), rn(96), rn(96)
+    cmp = check(fn, [x, w, b], backward=False)
+    (rec,) = cmp.backend.records
+    (src,) = [ks.source for ks in rec.kernels.values()]
+    # the norm's three row sums, at the rolled rows: with the parts selected, 4 x 3
+    assert src.count("tl.sum(") == 3, src
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_repeat(dtype):
     # backward sums the tiles back

@@ -150,6 +150,30 @@ def test_gru_training_step_one_weight_gradient_product():
     assert len(mms) <= n_off - 5, (len(mms), n_off)
 
 
+def test_a_concatenation_of_step_concatenations_is_read_piece_by_piece():
+    """The input weights' gradient reads the steps' gate gradients, each step a
+    concatenation of three gates: one load a gate, its pointer chosen per row among the
+    steps (`emit_core._cat_of_cats`), not a select of the steps' selects (3 x 6 loads)."""
+    c = compare_with_eager(gru_loss, _gru_inputs(16, 6, 12, 32))
+    rec = [r for r in c.backend.records if r.kind == "backward"][0]
+    g = rec.plan.graph
+
+    def inner_pieces(k):   # the pieces of each part, where k's members hold such a concatenation
+        for m in k.members:
+            n = g[m]
+            if n.kind == ir.CAT and len(n.refs) >= 4:
+                parts = [g[r] for r in n.refs]
+                while all(p.kind == ir.VIEW for p in parts):
+                    parts = [g[p.refs[0]] for p in parts]
+                if all(p.kind == ir.CAT for p in parts):
+                    return len(parts[0].refs)
+        return 0
+    found = [(k, inner_pieces(k)) for k in rec.plan.kernels if inner_pieces(k)]
+    assert found, "no kernel reads a concatenation of concatenations: test something else"
+    for k, pieces in found:   # (the kernel reads nothing else)
+        assert rec.kernels[k.name].source.count("tl.load(") == pieces == 3, k.name
+
+
 def test_gru_bf16_against_float64():
     c, verdict = compare_against_float64(gru_loss, _gru_inputs(8, 5, 16, 24, torch.bfloat16))
     verdict.assert_ok("GRU training step, bf16")

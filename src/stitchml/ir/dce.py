@@ -88,6 +88,51 @@ def merge_duplicates(g: Graph) -> Graph:
             first.setdefault(key, n.id)
             if n.id in outputs:
                 carries.add(n.id)
+    return _renumbered(g, same)
+
+
+# kinds whose value a kernel computes into a buffer of its own (not a graph input, not an
+# eager op's result that may alias another tensor, not a view of something else)
+_COMPUTED = frozenset({POINTWISE, REDUCE, SCAN, CAT, GATHER})
+
+
+def fold_copies(g: Graph) -> Graph:
+    """`g` with each element-wise copy (`clone`, a dropout of probability 0) of a computed
+    value in the same dtype and layout replaced by that value, or `g` itself when none is.
+    A kernel wrote both buffers: Swin-T's attention probabilities, saved for the backward
+    and copied for the next matrix product, 140 MB a step.  Kept: a copy of a graph input
+    or of an eager op's result, a copy in another layout (eager's strides), a copy that is
+    a graph output where its value is one too (two outputs would share a tensor), and a
+    copy of a value that an eager op writes (the copy must keep the old values)."""
+    outputs = set(g.output_ids())
+    written: set[int] = set()
+    for n in g.nodes:
+        if n.kind == OPAQUE and mutates(g, n):
+            for r in n.refs:
+                while g[r].kind == VIEW:
+                    written.add(r)
+                    r = g[r].refs[0]
+                written.add(r)
+    same: dict[int, int] = {}
+    carries = {same.get(o, o) for o in outputs}
+    for n in g.nodes:
+        if n.kind != POINTWISE or n.op != "identity" or n.attrs or len(n.refs) != 1:
+            continue
+        x = g[same.get(n.refs[0], n.refs[0])]
+        if x.kind not in _COMPUTED or x.dtype != n.dtype or x.shape != n.shape or x.stride is None \
+                or x.stride != n.stride or x.id in written or n.id in written:
+            continue
+        if n.id in outputs:
+            if x.id in carries:
+                continue
+            carries.add(x.id)
+        same[n.id] = x.id
+    return _renumbered(g, same)
+
+
+def _renumbered(g: Graph, same: dict[int, int]) -> Graph:
+    """A renumbered copy of `g` in which node `a` of each pair `a -> b` of `same` is `b`
+    (`g` itself when `same` is empty)."""
     if not same:
         return g
     new = Graph(inputs=[], outputs=[], fallbacks=list(g.fallbacks))
@@ -101,4 +146,4 @@ def merge_duplicates(g: Graph) -> Graph:
     return new
 
 
-__all__ = ["eliminate_dead", "live_nodes", "merge_duplicates", "mutates"]
+__all__ = ["eliminate_dead", "fold_copies", "live_nodes", "merge_duplicates", "mutates"]

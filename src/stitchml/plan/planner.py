@@ -10,7 +10,7 @@ import torch
 from ..ir import index as ix
 from ..ir import nodes as ir
 from ..ir.cat_sums import fold_cat_sums, fold_reduction_sums
-from ..ir.dce import eliminate_dead, merge_duplicates
+from ..ir.dce import eliminate_dead, fold_copies, merge_duplicates
 from ..ir.product_sums import fold_product_sums
 from . import mapping as mapping_rules
 from .access import (generates, layout_domain, may_reorder, row_run_reads, row_values_domain, sector_waste,
@@ -41,7 +41,7 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
         g = fold_product_sums(g, opts.device)
     # (dead nodes dropped again after the split: a variance's d*d is unused once its sum
     # is taken from chunk statistics)
-    g = recompute_cheap(eliminate_dead(split_long_rows(eliminate_dead(merge_duplicates(fold_cat_sums(g))), opts)))
+    g = recompute_cheap(eliminate_dead(split_long_rows(eliminate_dead(fold_copies(merge_duplicates(fold_cat_sums(g)))), opts)))
     gv = GraphView(g)
     # What dry runs of code generation taught us: a pair {x, y} keeps the kernels of
     # dominant ops x and y apart; a singleton {d} keeps d's kernel from absorbing
