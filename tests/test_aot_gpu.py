@@ -515,3 +515,7 @@ def test_survey_command_reports_sass_floors_for_the_device_knob():
         assert 0 < per_byte < 7.8 and barriers >= 0
         # 32768 x 1024 bf16 in and out: 134 MB at the H200 table's 4.3 TB/s
         assert 25 < copy_us < 40 and 0 < issue_us < copy_us, row
+    (summary,) = [line for line in lines if line.startswith("summary rms_norm_fwd[N=1024] bf16: ")]
+    copy_sum = float(summary.split("copy floors ")[1].split()[0])
+    assert copy_sum == pytest.approx(sum(float(r[13]) for r in rows), abs=0.2) and summary.endswith(
+        "0 kernels issue-bound by 0.0 µs"), summary

@@ -579,8 +579,17 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     rows = survey("models" if args.models else "micro", args.case, tuple(args.dtype), device=device,
                   replayed=args.models)
+    totals: dict[tuple[str, str], list] = {}   # (case, dtype) -> [copy, max(copy, issue), issue-bound, excess]
     for case, dtype, graph, r in rows:
         failed += not r.ok
+        if r.bytes is not None and r.warp_instructions is not None:
+            copy, issue = r.bytes / dev.bandwidth * 1e6, r.warp_instructions / dev.warp_issue_rate * 1e6
+            t = totals.setdefault((case, dtype), [0.0, 0.0, 0, 0.0])
+            t[0] += copy
+            t[1] += max(copy, issue)
+            if issue > copy:
+                t[2] += 1
+                t[3] += issue - copy
         acc = r.accesses or {}
         ld, st = (" ".join(f"{b}x{n}" for b, n in sorted(acc.get(k, {}).items(), key=lambda i: -int(i[0])))
                   for k in ("ld", "st"))
@@ -594,6 +603,11 @@ def main(argv: list[str] | None = None) -> int:
               f"| {r.loop_cross_warp_reductions if r.ok else ''} | {per_byte} | {'' if sp is None else sp['hot_barriers']} "
               f"| {copy_us} | {issue_us} |",
               flush=True)
+    # per case, where the issue floor binds (kernels without both floors, e.g. combines and launch
+    # groups, are left out of both sums): the place to look first (bench/NOTES.md, 41st session)
+    for (case, dtype), (copy, bound, n, excess) in totals.items():
+        print(f"summary {case} {dtype}: copy floors {copy:.1f} µs, sum of max(copy, issue) {bound:.1f} µs, "
+              f"{n} kernels issue-bound by {excess:.1f} µs")
     return 1 if failed else 0
 
 
