@@ -114,7 +114,7 @@ def fold_copies(g: Graph) -> Graph:
                     r = g[r].refs[0]
                 written.add(r)
     same: dict[int, int] = {}
-    carries = {same.get(o, o) for o in outputs}
+    carries = set(outputs)      # values a graph output is (or, after a fold, stands for)
     for n in g.nodes:
         if n.kind != POINTWISE or n.op != "identity" or n.attrs or len(n.refs) != 1:
             continue
