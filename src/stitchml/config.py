@@ -145,6 +145,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "36 such launches a step took 30-36 us each. Rows of 4096 columns or more (a tile of one row) take the "
          "warps that leave the fewest lanes masked, at least 4 (BERT's 3072-wide GELU backward: 16 -> 4 warps, "
          "sm_90 issue floor 12.8 -> 9.2 us, Triton 3.6; not yet measured on a GPU)."),
+    Knob("partial_segments", "STITCHML_PARTIAL_SEGMENTS", True, _bool,
+         "Column partials beside rows of several a tile whose width is not a power of two, a fifth or more of "
+         "the tile's lanes past the row: each row held as segments of the largest power of two dividing it "
+         "(384 = 3 x 128), no lane masked (plan/mapping.py::segmented_partials). Swin-T's GELU backward with "
+         "its bias gradient: sm_90 warp-instructions a real element 2.14 -> 1.52 (Triton 3.6). Static shapes "
+         "only. Not yet measured on a GPU."),
     Knob("combine_spread", "STITCHML_COMBINE_SPREAD", True, _bool,
          "The combine of column partials takes column tiles narrower than 32 (down to 8 float32 columns, one "
          "32-byte sector a partial row) until the columns give programs for half the SMs "

@@ -126,17 +126,21 @@ class Stores:
         row = f"{b.param('partial', nid)} + {pid} * {b.dom.cols}"
         return n, v.name, cd, reduce_identity(n.op, cd), row
 
-    def partial(self, nid: int) -> None:
+    def partial(self, nid: int, segment: int | None = None) -> None:
         """A column reduction: accumulate over this program's row blocks, then write
-        one partial row per program; a combine kernel reduces the partials."""
+        one partial row per program; a combine kernel reduces the partials.  In a row
+        held as segments (`Mapping.segments`), call it inside each segment: an
+        accumulator a segment, stored at the segment's columns."""
         b = self.b
         n, v, cd, ident, row = self._partial_parts(nid)
         combine = REDUCE_COMBINE[n.op]
         acc = b.new("pacc")
         self.before.append(f"{acc} = tl.full([{b.m.block_r}, {b.m.block_c}], {ident}, {TL_DTYPE[cd]})")
-        b.top.lines.append(f"{acc} = {combine}({acc}, tl.where(rmask & cmask, {v}, {ident}))")
+        b.scopes[-1].lines.append(f"{acc} = {combine}({acc}, tl.where(rmask & cmask, {v}, {ident}))")
         red_expr = f"tl.sum({acc}, 0)" if n.op == "sum" else f"tl.reduce({acc}, 0, {combine})"
-        self.after.extend([f"cflat = tl.arange(0, {b.m.block_c})[None, :]", f"cmask = cflat < {b.dom.cols}"])
+        first = (segment or 0) * b.m.block_c
+        self.after.extend([f"cflat = {first} + tl.arange(0, {b.m.block_c})[None, :]",
+                           f"cmask = cflat < {b.dom.cols}"])
         self.after.append(f"tl.store({row} + cflat, {red_expr}[None, :], mask=cmask)")
 
     def looped_partial(self, nid: int) -> None:

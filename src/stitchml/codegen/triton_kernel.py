@@ -84,7 +84,6 @@ def emit_rows(b: KernelBuilder, stores: Stores) -> list[str]:
           blocks if b.k.partials else None)
     segmented = not b.top.has_col
     if segmented:   # a row as segments side by side (`Mapping.segments`)
-        assert not b.k.partials, "row segments with column partials (planner bug)"
         b.open_segments()
     else:
         b.top.lines += [f"cflat = {b.col_arange()}", f"cmask = cflat < {b.dom.cols}",
@@ -92,7 +91,12 @@ def emit_rows(b: KernelBuilder, stores: Stores) -> list[str]:
         b.vars.update(b.define_vars(b.top, COL))
     _flat_index(b)
     for o in b.k.partials:
-        stores.partial(o)
+        if not segmented:
+            stores.partial(o)
+            continue
+        for i in range(b.m.segments):   # (`mapping.segmented_partials`)
+            with b.in_segment(i):
+                stores.partial(o, i)
     row_level, full_level = _outputs(b, stores)
     for o in row_level:
         stores.store(o)

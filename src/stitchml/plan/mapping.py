@@ -108,6 +108,8 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: 
         mp = Mapping(form, br, bc, _warps(br * bc), *_partial_walk(rows, br, opts))
         if opts.partial_column_warps and not fixed:
             mp = column_lane_partials(mp, rows, cols, itemsize, opts)
+        if opts.partial_segments and not fixed:
+            mp = segmented_partials(mp, rows, cols, itemsize, opts)
         return mp
     if partials:   # several rows per program: one partial row per program and column block
         br = looped_rows(rows, opts)
@@ -115,6 +117,37 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: 
         return Mapping("row_looped", br, bc, _warps(br * bc), -(-rows // br))
     bc = opts.loop_block_cols
     return Mapping("row_looped", 1, bc, _warps(bc), rows)
+
+
+SEGMENT_MIN_WASTE = 0.2   # segmented_partials: where at least this share of the tile's lanes is past the row
+SEGMENT_MAX = 4           # ... in at most this many segments (each segment's code is emitted in turn)
+
+
+def segmented_partials(mp: Mapping, rows: int, cols: int, itemsize: int, opts: PlanOptions) -> Mapping:
+    """Column partials beside rows of several a tile whose width is not a power of two:
+    each row held as `cols / w` segments of the largest power of two w dividing it
+    (`Mapping.segments`), no lane masked, a thread one 16-byte vector of each segment, as
+    many warps as the segments need to keep the tile's vectors in flight (the next power of
+    two of the warps over the segments), the row block what those warps fill.  Swin-T's
+    GELU backward with its bias gradient, rows of 384 bfloat16 in [8, 512] tiles of 16
+    warps, computed a quarter of its lanes masked: sm_90 (Triton 3.6) 2.14 warp-instructions
+    a real element, as three [16, 128] segments at 8 warps 1.52 (issue floor 78.7 → ~56 µs,
+    copy 53.9; bench/NOTES.md, forty-first session).  A one-row tile keeps
+    `live_lane_warps` (there the compiler drops the repeats past the row); column-lane
+    programs keep their tiles."""
+    vec = 16 // max(min(itemsize, 16), 1)
+    bc = next_pow2(cols)
+    if mp.block_r == 1 or mp.column_lanes or mp.segments > 1 or mp.block_c != bc or (bc - cols) < SEGMENT_MIN_WASTE * bc:
+        return mp
+    w = cols & -cols   # the largest power of two dividing cols
+    segments = cols // w
+    if w < 8 * vec or segments > SEGMENT_MAX:
+        return mp
+    warps = min(16, next_pow2(-(-mp.num_warps // segments)))
+    br = warps * 32 * vec // w
+    if br < 2:
+        return mp
+    return Mapping("packed_rows", br, w, warps, *_partial_walk(rows, br, opts), segments=segments)
 
 
 COLUMN_LANE_MAX_WALK = 4   # column_lane_partials: only where a program walks at most this many row blocks

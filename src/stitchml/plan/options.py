@@ -51,6 +51,7 @@ class PlanOptions:
     warp_row_warps: int = 1        # ... or programs of this many rows, a warp each, held as row segments
     trim_row_warps: bool = True    # one-row programs: the warps that leave the fewest masked lanes live
     partial_column_warps: bool = True   # held-row column partials over few rows: warps along the columns only
+    partial_segments: bool = True  # held-row column partials, rows not a power of two: rows as unmasked segments
     combine_spread: bool = True   # combines: column tiles narrowed until there are programs for half the SMs
     exact_rows: bool = True        # row counts the row block divides: no row mask
     align_rows: bool = True        # looped odd-stride rows: whole column blocks from a 16-byte boundary
