@@ -70,11 +70,17 @@ def test_long_walks_and_the_knob_off_keep_sixteen_warp_tiles():
     """32768 rows (each program walking 31 row blocks): unchanged until measured; the
     knob off: the tiles of rows over 16 warps, 4 of them across the rows."""
     for plan in (plan_on("H200", lambda x: x.sum(0), (32768, 1024), dtype=torch.bfloat16),
-                 plan_on("H200", lambda x: x.sum(0), (2048, 768), dtype=torch.bfloat16, partial_column_warps=False),
+                 plan_on("H200", lambda x: x.sum(0), (2048, 768), dtype=torch.bfloat16, partial_column_warps=False,
+                         partial_segments=False),
                  _ln_backward_plan(2048, 768, torch.bfloat16, partial_column_warps=False)):
         part, comb = _partial_and_combine(plan)
         assert not part.column_lanes and part.num_warps == 16 and part.block_r >= 4, part
         assert comb.num_warps == 16, comb
+    # (with row segments, `mapping.segmented_partials`, a 768-wide row is three unmasked 256-wide
+    # segments instead of a 1024 tile; a layer-norm backward, which also reduces its rows, keeps its tile)
+    plan = plan_on("H200", lambda x: x.sum(0), (2048, 768), dtype=torch.bfloat16, partial_column_warps=False)
+    part, _ = _partial_and_combine(plan)
+    assert (part.segments, part.block_c) == (3, 256), part
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
