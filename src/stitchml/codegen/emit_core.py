@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
@@ -671,20 +671,25 @@ class KernelBuilder:
         """`n` read piece by piece of its parts' concatenations (`_cat_of_cats`): each piece
         one load through a pointer chosen by `n`'s position, a select over the pieces."""
         q, parts = pieces
-        pq = self.render_index(q)
+        return self._select_parts(q, parts, lambda reads: self._cat_by_pointer(n, pos, subs, reads), n.dtype)
+
+    def _select_parts(self, pos, parts, read: Callable[[Any], Val], dtype: torch.dtype) -> Val:
+        """Concatenated parts (start, size, what `read` takes) at position `pos`: each part
+        read under its range's condition, then a select by position."""
+        p = self.render_index(pos)
         outer = self.cond
-        axes = set(ix.axes(q))
+        axes = set(ix.axes(pos))
         vals = []
-        for start, size, reads in parts:
-            self.cond = outer + ((f"({pq} >= {start}) & ({pq} < {start + size})", frozenset(ix.axes(q))),)
-            v = self._cat_by_pointer(n, pos, subs, reads)
+        for start, size, what in parts:
+            self.cond = outer + ((f"({p} >= {start}) & ({p} < {start + size})", frozenset(ix.axes(pos))),)
+            v = read(what)
             axes |= v.axes
             vals.append((start, size, v))
         self.cond = outer
         result = vals[-1][2].name
         for start, size, v in reversed(vals[:-1]):
-            result = f"tl.where({pq} < {start + size}, {v.name}, {result})"
-        return self.emit(self.scope_for(axes), result, axes, compute_dtype(n.dtype))
+            result = f"tl.where({p} < {start + size}, {v.name}, {result})"
+        return self.emit(self.scope_for(axes), result, axes, compute_dtype(dtype))
 
     def _cat_by_pointer(self, n: ir.Node, pos, subs, reads) -> Val:
         """A concatenation of many buffers read at one offset (a recurrence's per-step
@@ -740,20 +745,8 @@ class KernelBuilder:
             return self._cat_by_pointer(n, pos, subs, reads)
         if len(subs) >= CAT_POINTER_PARTS and (pieces := self._cat_of_cats(n, subs)) is not None:
             return self._pieces_by_pointer(n, pos, subs, pieces)
-        axes = set(ix.axes(pos))
-        parts = []
-        p = self.render_index(pos)
-        outer = self.cond
-        for ref, (start, size, sub) in zip(n.args, subs):
-            self.cond = outer + ((f"({p} >= {start}) & ({p} < {start + size})", frozenset(ix.axes(pos))),)
-            v = self.value(ref.id, sub)
-            axes |= v.axes
-            parts.append((start, size, v))
-        self.cond = outer
-        result = parts[-1][2].name
-        for s, size, v in reversed(parts[:-1]):
-            result = f"tl.where({p} < {s + size}, {v.name}, {result})"
-        return self.emit(self.scope_for(axes), result, axes, compute_dtype(n.dtype))
+        return self._select_parts(pos, [(start, size, (ref, sub)) for ref, (start, size, sub) in zip(n.args, subs)],
+                                  lambda part: self.value(part[0].id, part[1]), n.dtype)
 
     def _gather(self, n: ir.Node, index) -> Val:
         src, idx = n.refs
