@@ -137,7 +137,8 @@ def segmented_partials(mp: Mapping, rows: int, cols: int, itemsize: int, opts: P
     programs keep their tiles."""
     vec = 16 // max(min(itemsize, 16), 1)
     bc = next_pow2(cols)
-    if mp.block_r == 1 or mp.column_lanes or mp.segments > 1 or mp.block_c != bc or (bc - cols) < SEGMENT_MIN_WASTE * bc:
+    if (mp.block_r == 1 or mp.column_lanes or mp.segments > 1 or mp.block_c != bc
+            or bc - cols < SEGMENT_MIN_WASTE * bc):
         return mp
     w = cols & -cols   # the largest power of two dividing cols
     segments = cols // w
