@@ -625,15 +625,20 @@ class KernelBuilder:
         `dtype` read (through views) at the same offset; else None."""
         nodes, offsets = [], set()
         for ref, sub in parts:
-            m = self.g[ref.id]
-            while m.kind == ir.VIEW and m.id not in self.members:
-                sub = view_index(self.g, m, sub)
-                m = self.g[m.refs[0]]
+            m, sub = self._through_views(ref, sub)
             if m.id in self.members or is_free(m) or m.dtype != dtype:
                 return None
             nodes.append(m.id)
             offsets.add(ix.offset(sub, m.stride))
         return (nodes, offsets.pop()) if len(offsets) == 1 else None
+
+    def _through_views(self, ref: ir.Ref, sub) -> tuple[ir.Node, tuple]:
+        """The node `ref` reads through views not computed here, and the index it is read at."""
+        m = self.g[ref.id]
+        while m.kind == ir.VIEW and m.id not in self.members:
+            sub = view_index(self.g, m, sub)
+            m = self.g[m.refs[0]]
+        return m, sub
 
     def _cat_of_cats(self, n: ir.Node, subs) -> tuple[ix.Expr, list[tuple[int, int, tuple]]] | None:
         """Where every part of concatenation `n` is (through views) a concatenation computed
@@ -645,10 +650,7 @@ class KernelBuilder:
         piece, one pointer chosen per row among the steps, three."""
         inner = []
         for ref, (_, _, sub) in zip(n.args, subs):
-            m = self.g[ref.id]
-            while m.kind == ir.VIEW and m.id not in self.members:
-                sub = view_index(self.g, m, sub)
-                m = self.g[m.refs[0]]
+            m, sub = self._through_views(ref, sub)
             if m.kind != ir.CAT or m.id in self.members or m.dtype != n.dtype:
                 return None
             inner.append((m, sub))

@@ -383,20 +383,21 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     # (the widest: a dropout's bool mask beside bf16 data is not 1-byte data; with it,
     # BERT's bf16 layer-norm tiles grew 4x to 97-128 registers and spilled for sm_90)
     mp = mapping_rules.choose(grp.domain, opts, partials=bool(partials), itemsize=max(sizes, default=4))
-    unsegmented = any(g[m].kind == ir.SCAN or g[m].op in ("argmax", "argmin") or g[m].op in mapping_rules.REGISTER_HEAVY
-                      for m in members)
-    if mp.segments > 1 and partials and (unsegmented or any(g[m].kind == ir.REDUCE and m not in partials
-                                                            for m in members)):
-        # rows as segments beside column partials (`mapping.segmented_partials`) hold a vector
-        # of every segment a thread: with row reductions as well (Swin-T's layer-norm backward
-        # over 384 columns) sm_90 took 255 registers where the unsegmented tile took 124
-        mp = mapping_rules.choose(grp.domain, replace(opts, partial_segments=False), partials=True,
-                                  itemsize=max(sizes, default=4))
-    if mp.segments > 1 and unsegmented:
+    if mp.segments > 1:
         # row segments combine reductions element-wise; a scan carries along the row, an
         # arg-reduction wants the first index, and register-heavy kernels are spread over
-        # warps (`spread_for_registers`): one-warp programs instead
-        mp = mapping_rules.warp_row_mapping(grp.domain.rows, grp.domain.cols, vec=1, warps=1)
+        # warps (`spread_for_registers`)
+        unsegmented = any(g[m].kind == ir.SCAN or g[m].op in ("argmax", "argmin")
+                          or g[m].op in mapping_rules.REGISTER_HEAVY for m in members)
+        if partials and (unsegmented or any(g[m].kind == ir.REDUCE and m not in partials for m in members)):
+            # rows as segments beside column partials (`mapping.segmented_partials`) hold a
+            # vector of every segment a thread: with row reductions as well (Swin-T's
+            # layer-norm backward over 384 columns) sm_90 took 255 registers where the
+            # unsegmented tile took 124; so such kernels keep their tile
+            mp = mapping_rules.choose(grp.domain, replace(opts, partial_segments=False), partials=True,
+                                      itemsize=max(sizes, default=4))
+        elif unsegmented:   # (warp rows without partials) one-warp programs instead
+            mp = mapping_rules.warp_row_mapping(grp.domain.rows, grp.domain.cols, vec=1, warps=1)
     if any(g[m].op in mapping_rules.REGISTER_HEAVY for m in members):
         mp = mapping_rules.spread_for_registers(mp)
     scheme = "scatter" if scatter else ("regional" if any(s[2] == "regional" for s in stitches) else "local")
