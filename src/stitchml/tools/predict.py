@@ -95,11 +95,11 @@ def shape_only(gm: fx.GraphModule, device: torch.device):
     return run
 
 
-def _predict(spec, dtype: str, opts: PlanOptions, device: torch.device) -> tuple[Prediction, list]:
-    w = spec.build(dtype, device)
-    ignore_once_logging()   # as the bench does once the case is built
-    plans: dict[str, list] = {"forward": [], "backward": []}
-
+def planning_backend(opts: PlanOptions, device: torch.device, plans: dict[str, list]):
+    """A Dynamo backend that does what `StitchBackend` does up to the plan, with planning
+    in place of compiling: each graph's plan is appended to `plans["forward"]` or
+    `plans["backward"]`, and the graph computes nothing (sizes only: `shape_only`, or the
+    graph itself on meta tensors)."""
     def planner(kind: str):
         def compile_graph(gm, example_inputs):
             plans[kind].append(build_plan(lower(gm), opts))
@@ -108,12 +108,19 @@ def _predict(spec, dtype: str, opts: PlanOptions, device: torch.device) -> tuple
             return shape_only(gm, device)
         return compile_graph
 
-    def backend(gm, example_inputs):   # what StitchBackend does, with planning in place of compiling
+    def backend(gm, example_inputs):
         patterns.rewrite(gm, example_inputs)
         return aot_autograd(fw_compiler=planner("forward"), bw_compiler=planner("backward"),
                             inference_compiler=planner("forward"), decompositions=decomposition_table(),
                             partition_fn=partitioner())(gm, example_inputs)
+    return backend
 
+
+def _predict(spec, dtype: str, opts: PlanOptions, device: torch.device) -> tuple[Prediction, list]:
+    w = spec.build(dtype, device)
+    ignore_once_logging()   # as the bench does once the case is built
+    plans: dict[str, list] = {"forward": [], "backward": []}
+    backend = planning_backend(opts, device, plans)
     torch._dynamo.reset()
     outs = torch.compile(w.fn, backend=backend)(*w.inputs)
     outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
