@@ -519,3 +519,29 @@ def test_survey_command_reports_sass_floors_for_the_device_knob():
     copy_sum = float(summary.split("copy floors ")[1].split()[0])
     assert copy_sum == pytest.approx(sum(float(r[13]) for r in rows), abs=0.2) and summary.endswith(
         "0 kernels issue-bound by 0.0 µs"), summary
+
+
+AOT_SWEEP_SCRIPT = textwrap.dedent("""
+    import json
+    from stitchml.tools import aot_check, aot_sweep
+    good = aot_sweep.run_one("hf:qwen3:bf16")
+    # a kernel the real compiler refuses fails its model's row, with the kernel named
+    real = aot_check.check_plan
+    def one_refused(plan, arch=90):
+        rs = real(plan, arch)
+        rs[0].ok, rs[0].error = False, "CompilationError: refused"
+        return rs
+    aot_check.check_plan = one_refused
+    bad = aot_sweep.run_one("hf:qwen3:bf16")
+    print(json.dumps({"good": good, "bad": bad}))
+""")
+
+
+def test_a_sweep_models_training_step_compiles_for_sm90():
+    pytest.importorskip("transformers")
+    rows = _run_outside_interpreter(AOT_SWEEP_SCRIPT)
+    good, bad = rows["good"], rows["bad"]
+    assert good["ok"] and not good["failed"] and "error" not in good, good
+    assert good["graphs"] == 2 and good["kernels"] >= 40, good   # forward and backward, every kernel
+    assert not bad["ok"] and len(bad["failed"]) == 2, bad          # one refused a graph
+    assert all("refused" in f for f in bad["failed"]), bad

@@ -277,6 +277,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "If set, write every generated kernel and wrapper source here."),
     Knob("cache_dir", "STITCHML_CACHE_DIR", str(Path.home() / ".cache" / "stitchml"), str,
          "Where generated kernel modules are written (Triton needs them on disk)."),
+    Knob("record_launches", "STITCHML_RECORD_LAUNCHES", "", str,
+         "A folder: every distinct kernel launch (its module file, name, argument types and the "
+         "specialisation the JIT would give them, launch options) is appended there as a JSON line, so that "
+         "`python -m stitchml.tools.aot_replay FOLDER` compiles for sm_90 every kernel a run under the "
+         "interpreter launched (a test suite, a sweep, the fuzzer). Empty: nothing recorded."),
     Knob("poison_outputs", "STITCHML_POISON_OUTPUTS", False, _bool,
          "Fill kernel outputs with NaN (max int for integers) before launching, so elements a kernel "
          "fails to write show up. For testing; costs a fill per output."),

@@ -226,6 +226,9 @@ class Launcher:
     def jit(self, grid: tuple, args: tuple, options: dict) -> Any:
         """A launch through Triton's JIT (compiles or loads, then launches); the
         compiled kernel it returns (None under the interpreter)."""
+        if config.get("record_launches"):
+            from .launch_record import record
+            record(self.fn, args, options)
         return self.fn[grid](*args, **options)
 
     def launch(self, grid: tuple, args: tuple, options: dict) -> None:
