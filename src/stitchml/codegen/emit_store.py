@@ -96,15 +96,22 @@ class Stores:
         off = ix.offset((ix.loaded(iv.name, n.shape[0], frozenset(iv.axes)), full[-1]), n.stride)
         ptr = b.param("out", nid)
         keep = f" & ({iv.name} != {pad})" if pad is not None and pad >= 0 else ""
+        value = g.name
+        if not g.axes:
+            # a constant summand (a count of 1: bincount, histc) is a [1] block; Triton's
+            # atomics take a value of the pointer's rank only (the interpreter broadcasts
+            # any: every such kernel failed its GPU compile, `tools/aot_replay.py`)
+            value = b.emit(b.scopes[-1], f"tl.where(rmask & cmask, {g.name}, {g.name})", {ROW, COL}, g.dtype)
+            value = value.name
         if n.attr("combine") == "mul":  # a compare-and-swap loop (triton_ops._atomic_mul)
             wide = n.dtype in (torch.float64, torch.int64)
             b.scopes[-1].lines.append(
-                f"_atomic_mul({ptr}, {b.render_index(off)}, {g.name}, rmask & cmask{keep}, "
+                f"_atomic_mul({ptr}, {b.render_index(off)}, {value}, rmask & cmask{keep}, "
                 f"{n.dtype.is_floating_point}, {wide})")
             return
         op = "atomic_max" if n.attr("combine") == "max" else "atomic_add"
         b.scopes[-1].lines.append(
-            f"tl.{op}({ptr} + {b.render_index(off)}, {g.name}, mask=rmask & cmask{keep}, sem='relaxed')")
+            f"tl.{op}({ptr} + {b.render_index(off)}, {value}, mask=rmask & cmask{keep}, sem='relaxed')")
 
     def _partial_parts(self, nid: int) -> tuple[ir.Node, str, torch.dtype, str, str]:
         """A column reduction's summand at this program's (row, column) index: the node,

@@ -64,7 +64,10 @@ def compile_record(rec: dict, arch: int = 90) -> dict:
         compiled = triton.compile(ASTSource(fn, full, dict(rec["consts"]), attrs),
                                   target=GPUTarget("cuda", arch, 32), options=dict(rec["options"]))
     except Exception as e:   # every kernel's verdict, not the first failure
-        return {"ok": False, "error": f"{type(e).__name__}: {str(e)[:600]}"}
+        text = str(e)
+        # (Triton's message follows the kernel's source: keep its position and its end)
+        short = text if len(text) <= 700 else text[:120] + " [...] " + text[-500:]
+        return {"ok": False, "error": f"{type(e).__name__}: {short}"}
     regs, spills = _resources(compiled.asm.get("cubin", b""))
     return {"ok": True, "registers": regs, "spills": spills}
 
