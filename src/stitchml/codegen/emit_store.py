@@ -98,9 +98,10 @@ class Stores:
         keep = f" & ({iv.name} != {pad})" if pad is not None and pad >= 0 else ""
         value = g.name
         if not g.axes:
-            # a constant summand (a count of 1: bincount, histc) is a [1] block; Triton's
-            # atomics take a value of the pointer's rank only (the interpreter broadcasts
-            # any: every such kernel failed its GPU compile, `tools/aot_replay.py`)
+            # a constant summand (a count: segment lengths' offsets, embedding bags' sizes)
+            # is a [1] block; Triton 3.6's atomics take a value of the pointer's rank only
+            # (the interpreter broadcasts: 57 kernels of the tests refused for sm_90 by
+            # `tools/aot_replay.py`, bench/NOTES.md, forty-second session)
             value = b.emit(b.scopes[-1], f"tl.where(rmask & cmask, {g.name}, {g.name})", {ROW, COL}, g.dtype)
             value = value.name
         if n.attr("combine") == "mul":  # a compare-and-swap loop (triton_ops._atomic_mul)
