@@ -1,7 +1,7 @@
 """Compile for sm_90 every kernel a run under the interpreter launched (knob `record_launches`).
 
-    STITCHML_RECORD_LAUNCHES=/tmp/launches TRITON_INTERPRET=1 python -m pytest tests ...
-    TRITON_INTERPRET=0 python -m stitchml.tools.aot_replay /tmp/launches [--jobs N] [--arch 90]
+    STITCHML_RECORD_LAUNCHES=DIR TRITON_INTERPRET=1 python -m pytest tests ...
+    TRITON_INTERPRET=0 python -m stitchml.tools.aot_replay DIR [--jobs N] [--arch 90]
 
 The interpreter runs any Python that Triton's language accepts; a GPU compiles it through
 MLIR, LLVM and ptxas, which refuse some of it.  A kernel that only the interpreter ever
