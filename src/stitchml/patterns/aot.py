@@ -17,28 +17,14 @@ _GEMM_INTS = ("M", "N", "K", "sxm", "sxk", "swn", "swk", "srm", "srn", "smm", "s
 
 def _compile(fn, sig: dict, consts: dict, warps: int, arch: int, stages: int | None = None,
              aligned: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Compile `fn` for sm_`arch`: `sig` types its runtime arguments, `consts` its
-    constexprs and the integers the JIT specialises at a launch (an argument equal to 1
-    is compiled as the constant 1), `aligned` the arguments the JIT marks divisible by 16
-    (pointers from the allocator, leading dimensions a multiple of 16)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from ..tools.aot_check import _resources
-    order = list(getattr(fn, "arg_names", ())) or list(sig) + list(consts)
-    full = {n: ("constexpr" if n in consts else sig[n]) for n in order}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(order) if n in aligned and n not in consts}
+    """Compile `fn` for sm_`arch` (`aot_check.compile_function`): `aligned` the arguments
+    the JIT marks divisible by 16 (pointers from the allocator, leading dimensions a
+    multiple of 16)."""
+    from ..tools.aot_check import compile_function
     options: dict[str, Any] = {"num_warps": warps}
     if stages is not None:
         options["num_stages"] = stages
-    try:
-        compiled = triton.compile(ASTSource(fn, full, consts, attrs), target=GPUTarget("cuda", arch, 32),
-                                  options=options)
-    except Exception as e:  # report every kernel's verdict
-        return {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-    regs, spills = _resources(compiled.asm.get("cubin", b""))
-    return {"ok": True, "registers": regs, "spills": spills}
+    return compile_function(fn, sig, consts, options, arch, aligned)
 
 
 def check(arch: int = 90) -> dict[str, dict[str, Any]]:

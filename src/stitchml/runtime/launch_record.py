@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
+from .launcher import arg_spec
 
 _SEEN: set[tuple[str, str]] = set()   # (folder, record) written by this process
-_I32 = (-2**31, 2**31)
 
 
 def describe(fn: Any, args: tuple, options: dict) -> dict | None:
@@ -37,9 +37,6 @@ def describe(fn: Any, args: tuple, options: dict) -> dict | None:
     params = list(inspect.signature(py).parameters.values())
     fresh = set((getattr(fn, "kwargs", None) or {}).get("do_not_specialize") or ())   # (the interpreter's)
     fresh |= {p.name for p in getattr(fn, "params", ()) if getattr(p, "do_not_specialize", False)}   # (the JIT's)
-    sig: dict[str, str] = {}
-    consts: dict[str, Any] = {}
-    aligned: list[str] = []
     bound = dict(zip((p.name for p in params), args))
     for p in params:
         if p.name not in bound:
@@ -49,7 +46,12 @@ def describe(fn: Any, args: tuple, options: dict) -> dict | None:
                 bound[p.name] = p.default
             else:
                 return None
-        v = bound[p.name]
+    values = [bound[p.name] for p in params]
+    sig: dict[str, str] = {}
+    consts: dict[str, Any] = {}
+    aligned: list[str] = []
+    # what the JIT specialises on, as the launcher's checks see it (`launcher.arg_spec`)
+    for p, v, spec in zip(params, values, arg_spec(tuple(values))):
         if "constexpr" in str(p.annotation):
             if not isinstance(v, (bool, int, float, str, type(None))):
                 return None
@@ -58,16 +60,17 @@ def describe(fn: Any, args: tuple, options: dict) -> dict | None:
             if v.dtype not in SIG_DTYPE:
                 return None
             sig[p.name] = "*" + SIG_DTYPE[v.dtype]
-            if v.data_ptr() % 16 == 0:
+            if spec[0]:
                 aligned.append(p.name)
         elif isinstance(v, bool):
             sig[p.name] = "i1"
         elif isinstance(v, int):
-            if v == 1 and p.name not in fresh:
+            narrow, one, by16 = spec
+            if one and p.name not in fresh:
                 consts[p.name] = 1
                 continue
-            sig[p.name] = "i32" if _I32[0] <= v < _I32[1] else "i64"
-            if v % 16 == 0 and p.name not in fresh:
+            sig[p.name] = "i32" if narrow else "i64"
+            if by16 and p.name not in fresh:
                 aligned.append(p.name)
         elif isinstance(v, float):
             sig[p.name] = "fp32"

@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterable
 
 import torch
 
@@ -366,6 +367,33 @@ def sass_profiles(cubins: list[bytes], arch: int = 90) -> list[dict | None]:
                 if chunk else [])
         out.append(sass_profile("\n".join(mine)).as_dict() if mine else _sass(cubin))
     return out
+
+
+def compile_function(fn, sig: dict, consts: dict, options: dict, arch: int = 90,
+                     aligned: Iterable[str] = ()) -> dict[str, Any]:
+    """Compile Triton function `fn` for sm_`arch`: {ok, registers, spills | error}.  `sig`
+    types its run-time arguments, `consts` its constexprs and the integers the JIT
+    specialises at a launch (an argument equal to 1 is compiled as the constant 1),
+    `aligned` the arguments the JIT marks divisible by 16, `options` Triton's (num_warps,
+    num_stages).  A failure is a verdict, not an exception: the callers report every
+    kernel's."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    order = list(getattr(fn, "arg_names", ())) or list(sig) + list(consts)
+    full = {n: ("constexpr" if n in consts else sig[n]) for n in order}
+    aligned = set(aligned)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(order) if n in aligned and n not in consts}
+    try:
+        compiled = triton.compile(ASTSource(fn, full, dict(consts), attrs), target=GPUTarget("cuda", arch, 32),
+                                  options=dict(options))
+    except Exception as e:
+        text = str(e)
+        # (Triton's message follows the kernel's source: keep its position and its end)
+        short = text if len(text) <= 700 else text[:120] + " [...] " + text[-500:]
+        return {"ok": False, "error": f"{type(e).__name__}: {short}"}
+    regs, spills = _resources(compiled.asm.get("cubin", b""))
+    return {"ok": True, "registers": regs, "spills": spills}
 
 
 def check(fn, *inputs, arch: int = 90, device: str = "H100") -> list[AotResult]:

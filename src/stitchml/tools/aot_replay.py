@@ -50,26 +50,12 @@ def _function(path: str, name: str) -> Any:
 
 def compile_record(rec: dict, arch: int = 90) -> dict:
     """Compile one recorded launch for sm_`arch`: {ok, registers, spills | error}."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from .aot_check import _resources
+    from .aot_check import compile_function
     try:
         fn = _function(rec["path"], rec["name"])
-        order = list(getattr(fn, "arg_names", ())) or list(rec["sig"]) + list(rec["consts"])
-        full = {n: ("constexpr" if n in rec["consts"] else rec["sig"][n]) for n in order}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(order)
-                 if n in rec["aligned"] and n not in rec["consts"]}
-        compiled = triton.compile(ASTSource(fn, full, dict(rec["consts"]), attrs),
-                                  target=GPUTarget("cuda", arch, 32), options=dict(rec["options"]))
-    except Exception as e:   # every kernel's verdict, not the first failure
-        text = str(e)
-        # (Triton's message follows the kernel's source: keep its position and its end)
-        short = text if len(text) <= 700 else text[:120] + " [...] " + text[-500:]
-        return {"ok": False, "error": f"{type(e).__name__}: {short}"}
-    regs, spills = _resources(compiled.asm.get("cubin", b""))
-    return {"ok": True, "registers": regs, "spills": spills}
+    except Exception as e:   # (a module that no longer loads is a verdict too)
+        return {"ok": False, "error": f"{type(e).__name__}: {str(e)[:500]}"}
+    return compile_function(fn, rec["sig"], rec["consts"], rec["options"], arch, rec["aligned"])
 
 
 def _compile_chunk(recs: list[dict], arch: int) -> list[dict]:
