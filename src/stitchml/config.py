@@ -282,6 +282,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "specialisation the JIT would give them, launch options) is appended there as a JSON line, so that "
          "`python -m stitchml.tools.aot_replay FOLDER` compiles for sm_90 every kernel a run under the "
          "interpreter launched (a test suite, a sweep, the fuzzer). Empty: nothing recorded."),
+    Knob("retry_refused_kernels", "STITCHML_RETRY_REFUSED_KERNELS", True, _bool,
+         "When Triton refuses to compile a kernel at its planned warp count (a compiler error, not a fault "
+         "at run time), try the other warp counts and keep the first that compiles (logged; explain lists "
+         "them) instead of running the whole graph eagerly. Grid-barrier kernels are never retried. "
+         "(runtime/launcher.py)"),
     Knob("poison_outputs", "STITCHML_POISON_OUTPUTS", False, _bool,
          "Fill kernel outputs with NaN (max int for integers) before launching, so elements a kernel "
          "fails to write show up. For testing; costs a fill per output."),

@@ -47,6 +47,20 @@ one compiled check expression per binding (`_spec_check`) and a launch callable 
 grid 7.8 µs (thirteenth session) and 2.6 µs on a quieter run; a launch line with 6 of
 the 8 tensors the wrapper's own 0.73 µs (1.55 µs with every argument checked).
 `bench/NOTES.md`, sixteenth session.
+
+A kernel Triton refuses.  The first launch is where Triton compiles a kernel, and a
+compiler can refuse a kernel it should take: Triton 3.6 (torch 2.11's) rejects a few
+half-precision kernels at some warp counts with "operand does not dominate this use"
+in its layout pass, and the same kernels compile at others (bench/NOTES.md,
+forty-second session).  Where the JIT raises, the launcher asks whether the kernel
+compiles at all (`warmup`: compile, no launch); if not, it is a refusal and the
+launcher tries the other warp counts (`_retry_warps`: halves first, then doubles),
+keeping the first that compiles for every later launch of that kernel, and logs it
+(`RETRIES`, shown by explain).  Warps change how a program's threads share its block,
+never what it computes; kernels with a grid barrier (a `maxnreg` launch option) are
+not retried, since their grid was sized for co-residency at the planned warps.  An
+error from a kernel that compiles (a fault at run time) is raised as it was.
+Knob: `retry_refused_kernels`.
 """
 from __future__ import annotations
 
@@ -57,6 +71,23 @@ from .. import config
 
 _I32 = (-2**31, 2**31)
 log = logging.getLogger(__name__)
+
+# Kernels Triton refused at their planned warps and compiled at others, this process:
+# (kernel function name, planned warps, warps used, the refusal's first line).
+RETRIES: list[tuple[str, int, int, str]] = []
+_WARPS = (1, 2, 4, 8, 16)
+
+
+def _retry_warps(planned: int) -> list[int]:
+    """Warp counts to try after `planned` was refused: fewer first (each halving), then
+    more (each doubling), within 1-16."""
+    fewer = sorted((w for w in _WARPS if w < planned), reverse=True)
+    return fewer + [w for w in _WARPS if w > planned]
+
+
+def _fn_name(fn: Any) -> str:
+    inner = getattr(fn, "fn", fn)
+    return getattr(inner, "__name__", type(fn).__name__)
 
 
 def arg_spec(args: tuple) -> tuple:
@@ -202,7 +233,7 @@ class Launcher:
     """`launcher[(grid,)](*args, num_warps=N)` like the Triton function it wraps; and
     `launcher.site(...)`, one launch line of a wrapper (`Site`)."""
 
-    __slots__ = ("fn", "bound", "fresh", "stream", "direct", "grids", "sites")
+    __slots__ = ("fn", "bound", "fresh", "stream", "direct", "grids", "sites", "retried")
 
     def __init__(self, fn: Any, stream: Callable[[int], int] | None = None):
         self.fn = fn
@@ -214,6 +245,7 @@ class Launcher:
         self.direct = True
         self.grids: dict[tuple, Callable] = {}   # grid -> its launch callable, made once
         self.sites: dict[str, Site] = {}         # a wrapper's launch lines, by name
+        self.retried: dict[tuple, dict] = {}     # planned options -> the options Triton compiled instead
 
     def __getitem__(self, grid: tuple) -> Callable:
         launch = self.grids.get(grid)
@@ -226,10 +258,47 @@ class Launcher:
     def jit(self, grid: tuple, args: tuple, options: dict) -> Any:
         """A launch through Triton's JIT (compiles or loads, then launches); the
         compiled kernel it returns (None under the interpreter)."""
+        if self.retried:
+            options = self.retried.get(tuple(options.items()), options)
         if config.get("record_launches"):
             from .launch_record import record
             record(self.fn, args, options)
-        return self.fn[grid](*args, **options)
+        try:
+            return self.fn[grid](*args, **options)
+        except Exception as error:
+            other = self.compiling_options(grid, args, options, error)
+            if other is None:
+                raise
+            return self.fn[grid](*args, **other)
+
+    def compiling_options(self, grid: tuple, args: tuple, options: dict, error: Exception) -> dict | None:
+        """After the JIT raised `error`: launch options at which Triton compiles the
+        kernel it refused at `options` (other warps), remembered for later launches;
+        None where the kernel compiles as planned (the error is not a refusal), is not
+        retried (knob off, a grid-barrier kernel, no `warmup`: the interpreter), or is
+        refused at every warp count."""
+        warmup = getattr(self.fn, "warmup", None)
+        if warmup is None or not config.get("retry_refused_kernels") or "maxnreg" in options:
+            return None
+        planned = int(options.get("num_warps", 4))
+        try:
+            warmup(*args, grid=grid, **options)
+            return None            # it compiles: the error came from the launch or the kernel's run
+        except Exception:
+            pass
+        for warps in _retry_warps(planned):
+            other = {**options, "num_warps": warps}
+            try:
+                warmup(*args, grid=grid, **other)
+            except Exception:
+                continue
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+            self.retried[tuple(options.items())] = other
+            RETRIES.append((_fn_name(self.fn), planned, warps, f"{type(error).__name__}: {reason}"))
+            log.warning("stitchml: Triton refused kernel %s at %d warps (%s: %s); it runs at %d warps",
+                        _fn_name(self.fn), planned, type(error).__name__, reason, warps)
+            return other
+        return None
 
     def launch(self, grid: tuple, args: tuple, options: dict) -> None:
         key = (grid, tuple(options.items()))   # (a call site passes its options in one order)
@@ -348,4 +417,4 @@ def bind_launchers(functions: dict[str, Any]) -> dict[str, Launcher]:
     return {name: by_fn.setdefault(id(fn), Launcher(fn)) for name, fn in functions.items()}
 
 
-__all__ = ["Launcher", "Site", "arg_spec", "bind_launchers"]
+__all__ = ["RETRIES", "Launcher", "Site", "arg_spec", "bind_launchers"]

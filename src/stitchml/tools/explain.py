@@ -135,6 +135,11 @@ class Report:
             lines.append(f"Dynamo graph breaks: {sum(n for _, n in self.graph_breaks)} (nothing is fused or "
                          f"rewritten across a break; the code between graphs runs eagerly)")
             lines.extend(f"  {n}x {reason}" for reason, n in self.graph_breaks)
+        from ..runtime.launcher import RETRIES
+        if RETRIES:   # kernels Triton refused at their planned warps, launched at others (runtime/launcher.py)
+            lines.append(f"Triton refused {len(RETRIES)} kernel(s) at their planned warp count (this process); "
+                         "each runs at the first count that compiled:")
+            lines.extend(f"  {name}: {planned} -> {used} warps ({reason})" for name, planned, used, reason in RETRIES)
         library_us = 0.0   # the eager ops' predicted time (plan/library_cost.py), every graph
         for rec in self.graphs:
             lines.append(f"== {rec.kind} graph ==")

@@ -1,0 +1,237 @@
+"""A kernel Triton refuses at its planned warp count runs at another (runtime/launcher.py).
+
+On a GPU the first launch compiles; Triton 3.6 refuses a few kernels at some warp
+counts and takes them at others (bench/NOTES.md, forty-second session).  Here a
+stand-in for Triton's JIT function refuses chosen warp counts the way Triton does
+(the launch and `warmup`, which compiles without launching, both raise), on CPU."""
+import warnings
+
+import pytest
+import torch
+
+import stitchml
+from stitchml import config
+from stitchml.runtime import launcher as launcher_mod
+from stitchml.runtime import wrapper
+from stitchml.runtime.launcher import Launcher, _retry_warps
+
+REFUSAL = "PassManager::run failed"
+
+
+class Compiled:
+    def __init__(self, log, warps):
+        self.log, self.warps = log, warps
+        self.function = "fn-handle"
+        self.packed_metadata = ("meta", warps)
+
+    def run(self, gx, gy, gz, stream, function, metadata, launch_md, enter, exit_, *args):
+        self.log.append(("direct", metadata[1], args))
+
+
+class RefusingJit:
+    """`fn[grid](*args, **options)` and `fn.warmup(...)`: refuses the warp counts in
+    `refused` (a compile error, before anything runs); `fault`: compiles, then the
+    launch raises (a fault at run time)."""
+
+    def __init__(self, refused=(), fault=False):
+        self.refused, self.fault = set(refused), fault
+        self.log = []
+        self.warmups = []
+        self.params = []
+
+    def _compile(self, options):
+        if options.get("num_warps", 4) in self.refused:
+            raise RuntimeError(f"{REFUSAL}\nerror: operand #0 does not dominate this use")
+        return Compiled(self.log, options.get("num_warps", 4))
+
+    def warmup(self, *args, grid, **options):
+        self.warmups.append(options.get("num_warps"))
+        return self._compile(options)
+
+    def __getitem__(self, grid):
+        def call(*args, **options):
+            self.log.append(("jit", options.get("num_warps"), args))
+            kernel = self._compile(options)
+            if self.fault:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return kernel
+        return call
+
+
+class Ptr:
+    def __init__(self, addr):
+        self.addr, self.dtype, self.device = addr, torch.float32, torch.device("cuda", 0)
+
+    def data_ptr(self):
+        return self.addr
+
+
+@pytest.fixture(autouse=True)
+def _fresh_retries():
+    saved = list(launcher_mod.RETRIES)
+    launcher_mod.RETRIES.clear()
+    yield
+    launcher_mod.RETRIES[:] = saved
+
+
+def _launcher(fn):
+    return Launcher(fn, stream=lambda index: 7)
+
+
+def test_retry_order_halves_first_then_doubles():
+    assert _retry_warps(8) == [4, 2, 1, 16]
+    assert _retry_warps(1) == [2, 4, 8, 16]
+    assert _retry_warps(4) == [2, 1, 8, 16]
+
+
+def test_a_refused_warp_count_is_retried_and_the_compiled_one_kept(caplog):
+    fn = RefusingJit(refused={8})
+    k = _launcher(fn)
+    a = Ptr(4096)
+    with caplog.at_level("WARNING"):
+        k[(3,)](a, 5, num_warps=8)
+    # the planned launch raised; the kernel compiled at 4 warps and launched there
+    assert [e[:2] for e in fn.log] == [("jit", 8), ("jit", 4)]
+    assert fn.warmups == [8, 4]
+    assert launcher_mod.RETRIES == [("RefusingJit", 8, 4, f"RuntimeError: {REFUSAL}")]
+    assert "runs at 4 warps" in caplog.text
+    # bound: later launches call the compiled (4-warp) kernel directly
+    k[(3,)](a, 5, num_warps=8)
+    assert fn.log[-1][:2] == ("direct", 4)
+    # a launch that specialises otherwise goes to the JIT at the warps that compiled, first time
+    n = len(fn.log)
+    k[(3,)](Ptr(4100), 5, num_warps=8)
+    assert [e[:2] for e in fn.log[n:]] == [("jit", 4)]
+    assert len(launcher_mod.RETRIES) == 1
+
+
+def test_a_launch_line_retries_too():
+    fn = RefusingJit(refused={4, 2})
+    k = _launcher(fn)
+    ns: dict = {}
+    site = k.site(ns, "_L0", (2,), "..", num_warps=4)
+    site(Ptr(4096), 3)
+    assert [e[:2] for e in fn.log] == [("jit", 4), ("jit", 1)]
+    ns["_L0"](Ptr(4096), 3)
+    assert fn.log[-1][:2] == ("direct", 1)
+
+
+def test_refused_at_every_warp_count_raises_the_first_error():
+    fn = RefusingJit(refused={1, 2, 4, 8, 16})
+    with pytest.raises(RuntimeError, match="PassManager"):
+        _launcher(fn)[(1,)](Ptr(4096), num_warps=4)
+    assert fn.warmups == [4, 2, 1, 8, 16]
+    assert launcher_mod.RETRIES == []
+
+
+def test_a_fault_at_run_time_is_not_retried():
+    fn = RefusingJit(fault=True)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        _launcher(fn)[(1,)](Ptr(4096), num_warps=4)
+    assert fn.warmups == [4]        # it compiles: not a refusal, nothing else tried
+    assert [e[:2] for e in fn.log] == [("jit", 4)]
+
+
+def test_grid_barrier_kernels_and_the_knob_off_are_not_retried():
+    fn = RefusingJit(refused={8})
+    with pytest.raises(RuntimeError, match="PassManager"):
+        _launcher(fn)[(1,)](Ptr(4096), num_warps=8, maxnreg=128)
+    with config.override(retry_refused_kernels=False):
+        with pytest.raises(RuntimeError, match="PassManager"):
+            _launcher(fn)[(1,)](Ptr(4096), num_warps=8)
+    assert fn.warmups == []
+    assert launcher_mod.RETRIES == []
+
+
+class RefuseFirstWarps:
+    """A real (interpreted) kernel function that refuses the warp count of its first
+    launch, as a compiler bug would: everything else passes through."""
+
+    def __init__(self, fn):
+        self.inner, self.refused = fn, None
+
+    def warmup(self, *args, grid, **options):
+        if options.get("num_warps") == self.refused:
+            raise RuntimeError(REFUSAL)
+
+    def __getitem__(self, grid):
+        def call(*args, **options):
+            if self.refused is None:
+                self.refused = options.get("num_warps")
+            if options.get("num_warps") == self.refused:
+                raise RuntimeError(REFUSAL)
+            return self.inner[grid](*args, **options)
+        return call
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_model_whose_kernels_are_all_refused_as_planned_still_runs_stitched(monkeypatch):
+    real_bind = wrapper.bind_launchers
+    monkeypatch.setattr(wrapper, "bind_launchers",
+                        lambda functions: real_bind({n: RefuseFirstWarps(f) for n, f in functions.items()}))
+    torch._dynamo.reset()
+
+    def f(x, w):
+        h = torch.nn.functional.layer_norm(x, (x.shape[-1],), w)
+        return torch.softmax(h * 2.0, dim=-1) + torch.nn.functional.gelu(x)
+
+    x, w = torch.randn(37, 300), torch.randn(300)
+    compiled = stitchml.compile(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # a whole graph run eagerly would warn
+        out = compiled(x, w)
+        out2 = compiled(x, w)
+    torch.testing.assert_close(out, f(x, w), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out2, out)
+    assert launcher_mod.RETRIES, "no kernel was retried"
+    assert all(planned != used for _, planned, used, _ in launcher_mod.RETRIES)
+    report = stitchml.explain(f, x, w).to_text()
+    assert "runs eagerly" not in report
+    assert "at their planned warp count" in report and REFUSAL in report
+
+
+class RefuseWarps:
+    """A real Triton JIT function that refuses the warp counts in `refused` (launch and
+    warmup alike); everything else goes to Triton."""
+
+    def __init__(self, fn, refused):
+        self.inner, self.refused = fn, set(refused)
+
+    def warmup(self, *args, grid, **options):
+        if options.get("num_warps") in self.refused:
+            raise RuntimeError(REFUSAL)
+        return self.inner.warmup(*args, grid=grid, **options)
+
+    def __getitem__(self, grid):
+        def call(*args, **options):
+            if options.get("num_warps") in self.refused:
+                raise RuntimeError(REFUSAL)
+            return self.inner[grid](*args, **options)
+        return call
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.gpu
+def test_a_retried_kernel_binds_and_launches_at_the_warps_that_compiled_on_a_gpu():
+    """Triton's own `warmup` with real tensors decides the retry, and the direct launch
+    path calls the kernel compiled at the other warp count."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def scale(x, out, n):
+        i = tl.program_id(0) * 256 + tl.arange(0, 256)
+        tl.store(out + i, tl.load(x + i, mask=i < n) * 3.0, mask=i < n)
+
+    k = Launcher(RefuseWarps(scale, {4}))
+    x = torch.randn(2000, device="cuda")
+    for _ in range(3):
+        out = torch.full_like(x, float("nan"))
+        k[(8,)](x, out, 2000, num_warps=4)
+        torch.testing.assert_close(out, x * 3.0)
+    assert launcher_mod.RETRIES == [("scale", 4, 2, f"RuntimeError: {REFUSAL}")]
+    assert k.bound, "the retried kernel should have bound the direct path"
