@@ -328,7 +328,7 @@ def fake_gpu_pool(monkeypatch):
         def submit(self, fn, *args):
             submitted.append((fn.__name__, args))
             f = Future()
-            f.set_result(0.0)
+            f.set_result((0.0, None))   # (seconds, no retry: `precompile._warm_up`)
             return f
 
     monkeypatch.setattr(pc, "pool", lambda: FakePool())

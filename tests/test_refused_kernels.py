@@ -68,10 +68,13 @@ class Ptr:
 
 @pytest.fixture(autouse=True)
 def _fresh_retries():
-    saved = list(launcher_mod.RETRIES)
+    saved, refused = list(launcher_mod.RETRIES), dict(launcher_mod.REFUSED)
     launcher_mod.RETRIES.clear()
+    launcher_mod.REFUSED.clear()
     yield
     launcher_mod.RETRIES[:] = saved
+    launcher_mod.REFUSED.clear()
+    launcher_mod.REFUSED.update(refused)
 
 
 def _launcher(fn):
@@ -94,6 +97,7 @@ def test_a_refused_warp_count_is_retried_and_the_compiled_one_kept(caplog):
     assert [e[:2] for e in fn.log] == [("jit", 8), ("jit", 4)]
     assert fn.warmups == [8, 4]
     assert launcher_mod.RETRIES == [("RefusingJit", 8, 4, f"RuntimeError: {REFUSAL}")]
+    assert list(launcher_mod.REFUSED.values()) == [{"num_warps": 4}]
     assert "runs at 4 warps" in caplog.text
     # bound: later launches call the compiled (4-warp) kernel directly
     k[(3,)](a, 5, num_warps=8)
@@ -235,3 +239,102 @@ def test_a_retried_kernel_binds_and_launches_at_the_warps_that_compiled_on_a_gpu
         torch.testing.assert_close(out, x * 3.0)
     assert launcher_mod.RETRIES == [("scale", 4, 2, f"RuntimeError: {REFUSAL}")]
     assert k.bound, "the retried kernel should have bound the direct path"
+
+
+# ----------------------------------------------------------------------------- the compile pool
+
+_MODULE = """
+def k_fake():
+    pass
+
+
+class _Kernel:
+    fn = staticmethod(k_fake)
+    calls = []
+
+    def warmup(self, *args, grid, num_warps, **options):
+        _Kernel.calls.append(num_warps)
+        if num_warps in REFUSED_WARPS:
+            raise RuntimeError("PassManager::run failed\\nerror: operand #0 does not dominate this use")
+
+
+KERNEL = _Kernel()
+"""
+
+
+def _fake_kernel_module(folder, refused):
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "sk_fake.py"
+    path.write_text(f"REFUSED_WARPS = {set(refused)!r}\n" + _MODULE)
+    return str(path)
+
+
+def test_the_pool_worker_retries_like_the_launcher(tmp_path):
+    from stitchml.runtime import precompile as pc
+    job = pc.Job(_fake_kernel_module(tmp_path, {8, 4}), (torch.float32, 7), (("a", "*fp32"), ("n", "i32")), 8)
+    seconds, retried = pc._warm_up(job, None, True)
+    assert retried == (2, "k_fake", f"RuntimeError: {REFUSAL}")
+    with pytest.raises(RuntimeError, match="PassManager"):
+        pc._warm_up(job, None, False)                      # the knob off: the refusal stands
+    with pytest.raises(RuntimeError, match="PassManager"):  # a grid-barrier kernel is never retried
+        pc._warm_up(pc.Job(job.path, job.arg_types, job.signature, 8, maxnreg=128), None, True)
+    ok = pc.Job(_fake_kernel_module(tmp_path / "ok", set()), job.arg_types, job.signature, 8)
+    assert pc._warm_up(ok, None, True)[1] is None
+
+
+@pytest.fixture
+def inline_gpu_pool(monkeypatch):
+    """`precompile` believing a GPU is there, its pool running each job in this process."""
+    from concurrent.futures import Future
+
+    import stitchml.compiler as compiler
+    from stitchml.runtime import precompile as pc
+    submitted = []
+
+    class InlinePool:
+        def submit(self, fn, *args):
+            submitted.append(args[0])
+            f = Future()
+            try:
+                f.set_result(fn(*args))
+            except Exception as e:
+                f.set_exception(e)
+            return f
+
+    monkeypatch.setattr(pc, "pool", lambda: InlinePool())
+    monkeypatch.setattr(pc, "_POOL", [])
+    monkeypatch.setattr(pc, "_DONE", set())
+    monkeypatch.setattr(pc.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(pc, "_target", lambda: ((9, 0), "3.6.0", "2.11.0", "/tmp/triton"))
+    monkeypatch.setattr(compiler, "_interpreter_on", lambda: False)
+    return submitted
+
+
+def test_a_kernel_the_pool_compiled_at_other_warps_launches_there_in_this_and_a_later_process(
+        tmp_path, inline_gpu_pool):
+    """The pool's retry fills `launcher.REFUSED` and its marker keeps the warps: the
+    launch (this process, and a later one that only reads the markers) goes straight to
+    the warps that compiled, without compiling the refused kernel again."""
+    from stitchml.runtime import precompile as pc
+    path = _fake_kernel_module(tmp_path, {8})
+    jobs = [pc.Job(path, (torch.float32,), (("a", "*fp32"),), 8),
+            pc.Job(_fake_kernel_module(tmp_path / "ok", set()), (torch.float32,), (("a", "*fp32"),), 4)]
+    with config.override(cache_dir=str(tmp_path / "cache"), compile_workers=2):
+        pc.precompile(jobs).wait()
+        assert len(inline_gpu_pool) == 2
+        assert pc.marker(jobs[0]).read_text().startswith("4 k_fake ")
+        assert pc.marker(jobs[1]).read_text() == ""
+        key = ((path, "k_fake"), (("num_warps", 8),))
+        assert launcher_mod.REFUSED == {key: {"num_warps": 4}}
+
+        # the launcher of that kernel body (same module file and name) launches at 4 warps at once
+        fn = RefusingJit(refused={8})
+        fn.fn = pc._load_function(path).fn
+        k = _launcher(fn)
+        k[(1,)](Ptr(4096), num_warps=8)
+        assert [e[:2] for e in fn.log] == [("jit", 4)] and fn.warmups == []
+
+        launcher_mod.REFUSED.clear()          # a later process: markers only
+        pc._DONE.clear()
+        assert pc.precompile(jobs).futures == [] and len(inline_gpu_pool) == 2
+        assert launcher_mod.REFUSED == {key: {"num_warps": 4}}

@@ -55,8 +55,11 @@ in its layout pass, and the same kernels compile at others (bench/NOTES.md,
 forty-second session).  Where the JIT raises, the launcher asks whether the kernel
 compiles at all (`warmup`: compile, no launch); if not, it is a refusal and the
 launcher tries the other warp counts (`_retry_warps`: halves first, then doubles),
-keeping the first that compiles for every later launch of that kernel, and logs it
-(`RETRIES`, shown by explain).  Warps change how a program's threads share its block,
+keeping the first that compiles for every later launch of that kernel body (`REFUSED`,
+keyed by its module file and name), and logs it (`RETRIES`, shown by explain).  The
+compile pool retries the same way before the first launch (runtime/precompile.py) and
+fills `REFUSED`, and its marker keeps the warps for a later process, so the refused
+compile is not repeated at the launch.  Warps change how a program's threads share its block,
 never what it computes; kernels with a grid barrier (a `maxnreg` launch option) are
 not retried, since their grid was sized for co-residency at the planned warps.  An
 error from a kernel that compiles (a fault at run time) is raised as it was.
@@ -72,8 +75,12 @@ from .. import config
 _I32 = (-2**31, 2**31)
 log = logging.getLogger(__name__)
 
-# Kernels Triton refused at their planned warps and compiled at others, this process:
-# (kernel function name, planned warps, warps used, the refusal's first line).
+# Kernels Triton refused at their planned launch options, and the options it compiled
+# instead: (kernel origin, planned options) -> options.  Filled by a launch's retry
+# (`Launcher.compiling_options`) and by the compile pool (`precompile`), so that a
+# kernel is compiled at its refused warp count once, not at every launch site.
+REFUSED: dict[tuple, dict] = {}
+# What explain lists: (kernel function name, planned warps, warps used, the refusal's first line).
 RETRIES: list[tuple[str, int, int, str]] = []
 _WARPS = (1, 2, 4, 8, 16)
 
@@ -85,9 +92,42 @@ def _retry_warps(planned: int) -> list[int]:
     return fewer + [w for w in _WARPS if w > planned]
 
 
-def _fn_name(fn: Any) -> str:
+def compiling_warps(compile_at: Callable[[int], Any], planned: int) -> int | None:
+    """The first warp count after `planned` (`_retry_warps` order) at which
+    `compile_at(warps)` does not raise; None if every one does."""
+    for warps in _retry_warps(planned):
+        try:
+            compile_at(warps)
+        except Exception:
+            continue
+        return warps
+    return None
+
+
+def kernel_origin(fn: Any) -> tuple[str, str]:
+    """(file, function name) of a Triton function: what names one kernel body in this
+    process and in the compile pool's workers (both load it from the same module file)."""
     inner = getattr(fn, "fn", fn)
-    return getattr(inner, "__name__", type(fn).__name__)
+    code = getattr(inner, "__code__", None)
+    return (code.co_filename if code is not None else f"<{id(fn)}>", getattr(inner, "__name__", type(fn).__name__))
+
+
+def note_refusal(origin: tuple[str, str], options: dict, warps: int, reason: str) -> dict:
+    """Record that Triton refused `origin` at `options` and compiled it at `warps`
+    (logged, listed by explain); the options later launches use."""
+    other = {**options, "num_warps": warps}
+    REFUSED[(origin, tuple(options.items()))] = other
+    planned = int(options.get("num_warps", 4))
+    RETRIES.append((origin[1], planned, warps, reason))
+    log.warning("stitchml: Triton refused kernel %s at %d warps (%s); it runs at %d warps",
+                origin[1], planned, reason, warps)
+    return other
+
+
+def refusal_reason(error: BaseException) -> str:
+    """`Type: first line` of a compiler's error (its message can be pages of IR)."""
+    first = (str(error).strip().splitlines() or [""])[0][:200]
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def arg_spec(args: tuple) -> tuple:
@@ -233,7 +273,7 @@ class Launcher:
     """`launcher[(grid,)](*args, num_warps=N)` like the Triton function it wraps; and
     `launcher.site(...)`, one launch line of a wrapper (`Site`)."""
 
-    __slots__ = ("fn", "bound", "fresh", "stream", "direct", "grids", "sites", "retried")
+    __slots__ = ("fn", "bound", "fresh", "stream", "direct", "grids", "sites", "origin")
 
     def __init__(self, fn: Any, stream: Callable[[int], int] | None = None):
         self.fn = fn
@@ -245,7 +285,7 @@ class Launcher:
         self.direct = True
         self.grids: dict[tuple, Callable] = {}   # grid -> its launch callable, made once
         self.sites: dict[str, Site] = {}         # a wrapper's launch lines, by name
-        self.retried: dict[tuple, dict] = {}     # planned options -> the options Triton compiled instead
+        self.origin = kernel_origin(fn)          # the key of its refusals (REFUSED)
 
     def __getitem__(self, grid: tuple) -> Callable:
         launch = self.grids.get(grid)
@@ -258,8 +298,8 @@ class Launcher:
     def jit(self, grid: tuple, args: tuple, options: dict) -> Any:
         """A launch through Triton's JIT (compiles or loads, then launches); the
         compiled kernel it returns (None under the interpreter)."""
-        if self.retried:
-            options = self.retried.get(tuple(options.items()), options)
+        if REFUSED:
+            options = REFUSED.get((self.origin, tuple(options.items())), options)
         if config.get("record_launches"):
             from .launch_record import record
             record(self.fn, args, options)
@@ -273,32 +313,21 @@ class Launcher:
 
     def compiling_options(self, grid: tuple, args: tuple, options: dict, error: Exception) -> dict | None:
         """After the JIT raised `error`: launch options at which Triton compiles the
-        kernel it refused at `options` (other warps), remembered for later launches;
-        None where the kernel compiles as planned (the error is not a refusal), is not
-        retried (knob off, a grid-barrier kernel, no `warmup`: the interpreter), or is
-        refused at every warp count."""
+        kernel it refused at `options` (other warps), remembered for later launches
+        (`REFUSED`); None where the kernel compiles as planned (the error is not a
+        refusal), is not retried (knob off, a grid-barrier kernel, no `warmup`: the
+        interpreter), or is refused at every warp count."""
         warmup = getattr(self.fn, "warmup", None)
         if warmup is None or not config.get("retry_refused_kernels") or "maxnreg" in options:
             return None
-        planned = int(options.get("num_warps", 4))
         try:
             warmup(*args, grid=grid, **options)
             return None            # it compiles: the error came from the launch or the kernel's run
         except Exception:
             pass
-        for warps in _retry_warps(planned):
-            other = {**options, "num_warps": warps}
-            try:
-                warmup(*args, grid=grid, **other)
-            except Exception:
-                continue
-            reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-            self.retried[tuple(options.items())] = other
-            RETRIES.append((_fn_name(self.fn), planned, warps, f"{type(error).__name__}: {reason}"))
-            log.warning("stitchml: Triton refused kernel %s at %d warps (%s: %s); it runs at %d warps",
-                        _fn_name(self.fn), planned, type(error).__name__, reason, warps)
-            return other
-        return None
+        warps = compiling_warps(lambda w: warmup(*args, grid=grid, **{**options, "num_warps": w}),
+                                int(options.get("num_warps", 4)))
+        return None if warps is None else note_refusal(self.origin, options, warps, refusal_reason(error))
 
     def launch(self, grid: tuple, args: tuple, options: dict) -> None:
         key = (grid, tuple(options.items()))   # (a call site passes its options in one order)
@@ -417,4 +446,5 @@ def bind_launchers(functions: dict[str, Any]) -> dict[str, Launcher]:
     return {name: by_fn.setdefault(id(fn), Launcher(fn)) for name, fn in functions.items()}
 
 
-__all__ = ["RETRIES", "Launcher", "Site", "arg_spec", "bind_launchers"]
+__all__ = ["REFUSED", "RETRIES", "Launcher", "Site", "arg_spec", "bind_launchers", "compiling_warps",
+           "kernel_origin", "note_refusal"]

@@ -23,6 +23,10 @@ started at all when every job is marked.  Measured on an H200 (bench/NOTES.md,
 2026-11-25) before the markers: a second process spent 9–11 s spawning workers that
 only found Triton's cache warm (LLaMA-style step 9.4 s, its cold compile 2.4 s).
 A marker that lies (Triton's cache cleared by hand) costs time, never correctness.
+A kernel Triton refuses at its planned warps is retried at others in the worker, as the
+launcher retries at a launch (`launcher.compiling_warps`); the warps that compiled go
+into `launcher.REFUSED` for this process's launches and into the job's marker for a
+later process's, so no launch compiles the refused kernel again.
 
 The pool is reused for every graph of the process.  Its workers come from Python's
 *fork server* (knob `compile_pool_method`, default `forkserver`): one clean process,
@@ -241,15 +245,29 @@ def _adopt_env(env: dict[str, str] | None) -> None:
     os.environ.update(env)
 
 
-def _warm_up(job: Job, env: dict[str, str] | None = None) -> float:
-    """(Worker) Compile `job` for the current GPU into Triton's cache."""
+def _warm_up(job: Job, env: dict[str, str] | None = None,
+             retry: bool = False) -> tuple[float, tuple[int, str, str] | None]:
+    """(Worker) Compile `job` for the current GPU into Triton's cache: (seconds, None),
+    or where Triton refused it at its warps and `retry` (not a grid-barrier kernel):
+    (seconds, (the warps it compiled at, the function's name, the refusal)) — as the
+    launcher retries (`launcher.compiling_warps`)."""
+    from .launcher import compiling_warps, refusal_reason
     _adopt_env(env)
     t0 = time.perf_counter()
     options = {"num_warps": job.num_warps}
     if job.maxnreg:
         options["maxnreg"] = job.maxnreg
-    _load_function(job.path).warmup(*job.arg_types, grid=(1,), **options)
-    return time.perf_counter() - t0
+    fn = _load_function(job.path)
+    try:
+        fn.warmup(*job.arg_types, grid=(1,), **options)
+        return time.perf_counter() - t0, None
+    except Exception as error:
+        if not retry or job.maxnreg:
+            raise
+        warps = compiling_warps(lambda w: fn.warmup(*job.arg_types, grid=(1,), num_warps=w), job.num_warps)
+        if warps is None:
+            raise
+        return time.perf_counter() - t0, (warps, fn.fn.__name__, refusal_reason(error))
 
 
 def _compile_for(job: Job, arch: int, env: dict[str, str] | None = None) -> tuple[float, int | None]:
@@ -307,13 +325,41 @@ def marker(job: Job) -> Path:
     return Path(config.get("cache_dir")) / "compiled" / hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
-def _mark(job: Job) -> None:
+def _mark(job: Job, retried: tuple[int, str, str] | None = None) -> None:
+    """Leave `job`'s marker; a job Triton compiled at other warps keeps them in it
+    (`warps name reason`, one line) for a later process (`_note_retried`)."""
     try:
         path = marker(job)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
+        if retried is None:
+            path.touch()
+        else:
+            path.write_text(" ".join(map(str, retried)))
     except OSError:   # a read-only cache folder: the next process compiles again
         pass
+
+
+def _note_retried(job: Job, retried: tuple[int, str, str]) -> None:
+    """Launches of `job`'s kernel at its planned warps use the warps the pool compiled
+    it at (`launcher.REFUSED`), instead of compiling the refused kernel again."""
+    from .launcher import note_refusal
+    warps, name, reason = retried
+    note_refusal((job.path, name), {"num_warps": job.num_warps}, warps, reason)
+
+
+def _read_marker(job: Job) -> bool:
+    """Whether `job` has a marker (an earlier process compiled it); where the pool
+    compiled it at other warps, those are taken for its launches (`_note_retried`)."""
+    try:
+        path = marker(job)
+        if not path.stat().st_size:
+            return True
+        parts = path.read_text().split(" ", 2)
+    except OSError:
+        return False
+    if len(parts) == 3 and parts[0].isdigit():
+        _note_retried(job, (int(parts[0]), parts[1], parts[2]))
+    return True
 
 
 class Pending:
@@ -328,10 +374,12 @@ class Pending:
         t0 = time.perf_counter()
         for job, fut in self.futures:
             try:
-                fut.result()
+                _, retried = fut.result()
                 STATS["compiled"] += 1
                 _DONE.add(job.path)
-                _mark(job)
+                if retried is not None:
+                    _note_retried(job, retried)
+                _mark(job, retried)
             except Exception:   # the first launch compiles it in this process instead
                 STATS["failed"] += 1
         self.futures = []
@@ -349,7 +397,7 @@ def precompile(jobs: Iterable[Job]) -> Pending:
     if _interpreter_on() or workers() == 0 or not torch.cuda.is_available():
         return Pending()
     todo = [j for j in distinct(jobs) if j.path not in _DONE]
-    marked = [j for j in todo if marker(j).exists()]     # compiled by an earlier process
+    marked = [j for j in todo if _read_marker(j)]     # compiled by an earlier process
     STATS["marked"] += len(marked)
     _DONE.update(j.path for j in marked)
     todo = [j for j in todo if j.path not in _DONE]
@@ -357,7 +405,8 @@ def precompile(jobs: Iterable[Job]) -> Pending:
         return Pending()
     STATS["submitted"] += len(todo)
     env = _triton_env()
-    return Pending([(j, _submit(_warm_up, j, env)) for j in todo])
+    retry = bool(config.get("retry_refused_kernels"))
+    return Pending([(j, _submit(_warm_up, j, env, retry)) for j in todo])
 
 
 def compile_for_target(kernels: dict[str, KernelSource], graph, arch: int = 90,
