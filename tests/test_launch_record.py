@@ -91,12 +91,33 @@ def test_recorded_launches_compile_for_sm90_and_a_kernel_only_the_interpreter_ru
         import json
         from stitchml.tools.aot_replay import replay
         rs = replay({str(rec_dir)!r}, jobs=2)
-        print(json.dumps([[r["name"], v["ok"], v.get("error", "")] for r, v in rs]))
+        print(json.dumps([[r["name"], v["ok"], v.get("error", ""), v.get("warps", "-")] for r, v in rs]))
     """))
     assert len(out) == good + 1
-    failed = [(n, e) for n, ok, e in out if not ok]
-    assert [n for n, _ in failed] == ["kern"], failed
-    assert all(ok for n, ok, _ in out if n != "kern")
+    failed = [(n, e, w) for n, ok, e, w in out if not ok]
+    assert [n for n, _, _ in failed] == ["kern"], failed
+    assert failed[0][2] is None       # refused at every warp count: no retry would save it
+    assert all(ok for n, ok, _, _ in out if n != "kern")
+
+
+def test_the_replay_says_at_which_warps_a_refused_kernel_would_run(monkeypatch):
+    """A launch refused at its warp count is compiled at the others, in the launcher's
+    order: the verdict names the first that compiles (the warps a GPU's launch retries
+    at); a grid-barrier kernel (maxnreg) is not retried."""
+    from stitchml.tools import aot_check, aot_replay
+    tried = []
+
+    def compile_function(fn, sig, consts, options, arch, aligned):
+        tried.append(options["num_warps"])
+        return {"ok": False, "error": "PassManager::run failed"} if options["num_warps"] >= 4 else {"ok": True}
+    monkeypatch.setattr(aot_check, "compile_function", compile_function)
+    monkeypatch.setattr(aot_replay, "_function", lambda path, name: object())
+    rec = {"path": "k.py", "name": "k", "sig": {}, "consts": {}, "aligned": [], "options": {"num_warps": 8}}
+    verdict = aot_replay.compile_record(rec)
+    assert verdict["ok"] is False and verdict["warps"] == 2 and tried == [8, 4, 2]
+    tried.clear()
+    verdict = aot_replay.compile_record({**rec, "options": {"num_warps": 8, "maxnreg": 128}})
+    assert "warps" not in verdict and tried == [8]
 
 
 LENGTHS = torch.tensor([2, 0, 3, 1, 1])   # an empty segment included

@@ -9,7 +9,10 @@ ran could fail its first compile on a user's GPU (and its graph fall back to eag
 tool reads the launches a run recorded (`runtime/launch_record.py`: module file, function,
 argument types, the JIT's specialisation, launch options), drops repeats, compiles each
 with Triton for the target (no GPU needed) in a process pool and prints every failure with
-its module file; exit status 1 if one fails.  Triton must not be in interpreter mode.
+its module file.  A kernel refused at its warp count is compiled at the others, as the
+launcher does on a GPU (`launcher.compiling_warps`): the verdict says which count it would
+run at, or that none compiles (then its graph would run eagerly, with a warning).  Exit
+status 1 if a kernel compiles at no warp count.  Triton must not be in interpreter mode.
 """
 from __future__ import annotations
 
@@ -49,13 +52,25 @@ def _function(path: str, name: str) -> Any:
 
 
 def compile_record(rec: dict, arch: int = 90) -> dict:
-    """Compile one recorded launch for sm_`arch`: {ok, registers, spills | error}."""
+    """Compile one recorded launch for sm_`arch`: {ok, registers, spills | error}; a
+    refused one that is not a grid-barrier kernel also gets `warps`: the first other
+    warp count that compiles (the launcher's retry), None if none does."""
+    from ..runtime.launcher import compiling_warps
     from .aot_check import compile_function
     try:
         fn = _function(rec["path"], rec["name"])
     except Exception as e:   # (a module that no longer loads is a verdict too)
         return {"ok": False, "error": f"{type(e).__name__}: {str(e)[:500]}"}
-    return compile_function(fn, rec["sig"], rec["consts"], rec["options"], arch, rec["aligned"])
+    verdict = compile_function(fn, rec["sig"], rec["consts"], rec["options"], arch, rec["aligned"])
+    options = rec["options"]
+    if not verdict["ok"] and "maxnreg" not in options:
+        def compile_at(warps: int) -> None:
+            other = compile_function(fn, rec["sig"], rec["consts"], {**options, "num_warps": warps}, arch,
+                                     rec["aligned"])
+            if not other["ok"]:
+                raise RuntimeError(other["error"])
+        verdict["warps"] = compiling_warps(compile_at, int(options.get("num_warps", 4)))
+    return verdict
 
 
 def _compile_chunk(recs: list[dict], arch: int) -> list[dict]:
@@ -84,16 +99,19 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     results = replay(a.folder, a.jobs, a.arch)
     failed = [(r, v) for r, v in results if not v["ok"]]
+    lost = [(r, v) for r, v in failed if v.get("warps") is None]
     spilled = [(r, v) for r, v in results if v["ok"] and v.get("spills")]
     import triton
     print(f"{len(results)} distinct launches compiled for sm_{a.arch} by Triton {triton.__version__} "
-          f"in {time.perf_counter() - t0:.0f} s: {len(results) - len(failed)} ok, {len(failed)} failed, "
-          f"{len(spilled)} with stack use")
+          f"in {time.perf_counter() - t0:.0f} s: {len(results) - len(failed)} ok, {len(failed)} failed "
+          f"({len(failed) - len(lost)} of them compile at another warp count), {len(spilled)} with stack use")
     for r, v in failed:
-        print(f"FAILED {r['path']} {r['name']} {r['sig']} {r['consts']} {r['options']}\n    {v['error']}")
+        retry = (f"compiles at {v['warps']} warps: the launch runs there" if v.get("warps") is not None
+                 else "compiles at no warp count: its graph would run eagerly")
+        print(f"FAILED {r['path']} {r['name']} {r['sig']} {r['consts']} {r['options']} ({retry})\n    {v['error']}")
     for r, v in spilled:
         print(f"stack {v['spills']} bytes, {v['registers']} registers: {r['path']} {r['name']}")
-    return 1 if failed else 0
+    return 1 if lost else 0
 
 
 if __name__ == "__main__":
