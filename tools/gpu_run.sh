@@ -68,10 +68,10 @@ MICRO_CONTENDERS=(--contender eager --contender inductor --contender stitchml)
 # first (ten sessions of code no GPU has run), then the training rows against Inductor, the
 # never-measured issue-18 rows, compile time (its own step and folder: a --resume would otherwise
 # keep the steady-state rows and skip the cold-compile measurement), the later predictions
-STEP_ORDER=(env tests models-check models-18 compile-check dien models-15 micro-check trace ncu small-cols calibrate models-bf16 variants micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
+STEP_ORDER=(env tests models-check pdl models-18 compile-check dien models-15 micro-check trace ncu small-cols calibrate models-bf16 variants micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
 declare -A LIMIT=([env]=120 [tests]=900 [calibrate]=900 [micro-bf16]=2400 [micro-fp32]=2400
                   [models-bf16]=3600 [models-fp32]=3600 [models-rest]=3600 [micro-extra]=3600
-                  [compile]=2400 [compile-check]=900 [variants]=1200 [models-15]=1800 [models-18]=1800 [dien]=1200 [trace]=600 [ncu]=600 [small-cols]=600 [models-check]=900 [micro-check]=600)
+                  [compile]=2400 [compile-check]=900 [variants]=1200 [models-15]=1800 [models-18]=1800 [dien]=1200 [trace]=600 [ncu]=600 [small-cols]=600 [models-check]=900 [micro-check]=600 [pdl]=900)
 declare -A WHAT=(
     [env]="nvidia-smi, driver, torch/Triton versions, git commit -> env.txt"
     [tests]="pytest -m gpu tests (judged against float64) -> tests/"
@@ -82,6 +82,7 @@ declare -A WHAT=(
     [compile]="cold compile (empty caches) and warm-cache compile in a fresh process: BERT and LLaMA-style training, bf16, inductor vs stitchml -> compile/"
     [trace]="profiler traces (host + device) of BERT and LLaMA-style training steps, bf16, stitchml and inductor-ro: GPU idle gaps and the host work in them, CUDA-graph replay state, host time by function -> trace/; BERT inference b1 without CUDA graphs, stitchml-nograph and inductor: host time by function -> trace-host/"
     [compile-check]="the short compile check (issue 14): cold call on empty caches and a warm fresh process, BERT-base and LLaMA-style training, bf16, Inductor's default and stitchml, 20 timed reps -> compile-check/"
+    [pdl]="programmatic dependent launch A/B (forty-third session, runtime/pdl.py): BERT and LLaMA-style training and ResNet-50 training (issue18_resnet50), bf16, CUDA graphs; stitchml and stitchml-pdl (knob pdl=auto) in one run -> pdl/"
     [models-check]="the training rows against Inductor's CUDA graphs only (BERT, GPT-2, LLaMA-style; bf16; inductor-ro, stitchml): the short check of a runtime change -> models-check/"
     [ncu]="Nsight Compute counters (speed of light, occupancy, warp stalls, memory) of stitch's and Inductor's kernels on the BERT-shaped column reductions (2048 x 768, bf16) -> ncu.txt; of the training steps' stitched kernels that lost most against their prediction in models-check (tools/worst_kernels.py) -> ncu-models.txt"
     [small-cols]="the BERT-shaped column reductions (column_sum_tokens, layer_norm_bwd_tokens: 2048 x 768, bf16): eager, inductor, stitchml, then stitchml under mapping knob variants (and tuple_reductions on these and layer_norm N=1024) -> small-cols/"
@@ -229,6 +230,12 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         local B1='bert_infer[b1,s128]'; [ "${GPU_RUN_QUICK:-0}" = 1 ] && B1='bert_infer[b1,s8]'
         "$PY" -m stitchml.tools.step_trace --case "$B1" --dtype bf16 --steps 2 --profile-steps 50 \
             --contender stitchml-nograph --contender inductor --out "$R/trace-host" "${QUICK[@]:0:1}" ;;
+    pdl)
+        # the next kernel's launch overlapping the previous one's tail: predicted ~0.5-1 us a stitched
+        # kernel that follows another stitched kernel (bench/NOTES.md, forty-third session)
+        "$PY" -m stitchml.cli bench --out "$R/pdl" --resume --no-progress "${QUICK[@]}" ${GPU_RUN_BENCH_ARGS:-} \
+            --suite models --dtype bf16 --no-compile-time --case bert_train --case llama8_train \
+            --case issue18_resnet50 --contender stitchml --contender stitchml-pdl ;;
     models-check)
         "$PY" -m stitchml.cli bench --out "$R/models-check" --resume --no-progress "${QUICK[@]}" ${GPU_RUN_BENCH_ARGS:-} \
             --suite models --dtype bf16 --no-compile-time --case bert_train --case gpt2_train --case llama8_train \

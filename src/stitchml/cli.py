@@ -558,8 +558,9 @@ def _add_bench_parser(sub) -> None:
                         "--quick); long cases are cut to a ~10 s budget")
     p.add_argument("--contender", action="append", metavar="NAME",
                    choices=["eager", "inductor", "max-autotune", "inductor-ro", "stitchml", "stitchml-nograph",
-                            "jax"],
-                   help="run only these contenders (repeatable; default all; eager is the baseline for speedups)")
+                            "stitchml-pdl", "jax"],   # (bench.contenders.CONTENDER_NAMES, not imported here)
+                   help="run only these contenders (repeatable; default all but stitchml-pdl, the programmatic "
+                        "dependent launch A/B, run only when named; eager is the baseline for speedups)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in OUT (same device): keep the rows OUT/results.json has, measure only "
                         "the missing (case, dtype, contender) rows, rewrite the report over all of them; repeat "

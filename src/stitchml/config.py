@@ -370,6 +370,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Start the compile pool's workers in the background when the first graph reaches the backend on a GPU, "
          "so they are up by the time its kernels are generated; skipped when the cache folder holds compiled-"
          "kernel markers from an earlier process (a warm start then starts the pool only if a kernel needs it)."),
+    Knob("pdl", "STITCHML_PDL", "off", str,
+         "Programmatic dependent launch (Hopper and later): each stitched kernel (grid-barrier kernels "
+         "excepted) is launched with Triton's `launch_pdl` and starts with a grid-dependency wait, so the "
+         "next kernel's launch overlaps the previous one's tail. off | auto (CUDA GPUs of compute "
+         "capability 9.0 or more) | on (every device: for sm_90 compile checks; the interpreter ignores "
+         "it). Torch's static launcher takes no launch attributes: such kernels use Triton's launcher. "
+         "Not yet measured on a GPU (runtime/pdl.py)."),
     Knob("static_launch", "STITCHML_STATIC_LAUNCH", True, _bool,
          "Bound launches go through torch's static CUDA launcher for Triton cubins "
          "(`torch._C._StaticCudaLauncher`, what Inductor launches with) instead of Triton's compiled "

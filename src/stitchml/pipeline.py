@@ -38,6 +38,7 @@ from .plan.planner import build_plan
 from .runtime import plan_cache
 from .runtime.cuda_graphs import device_seed_source, device_seeds_wanted
 from .runtime.kernel_cache import cached_kernel, load_kernels
+from .runtime.pdl import pdl_sources
 from .runtime.precompile import Job, job_for, precompile
 from .runtime.steps import Program
 from .runtime.wrapper import build_program, load_callable
@@ -117,8 +118,9 @@ def load(built: Built, device: torch.device) -> tuple[Callable, str]:
     memory."""
     t0 = time.perf_counter()
     seeds = device_seeds_wanted(device)
-    program = build_program(built.plan, built.kernels, device, seeds)           # wrapper steps
-    kernels = {n: device_seed_source(ks) for n, ks in built.kernels.items()} if seeds else built.kernels
+    kernels = pdl_sources(built.kernels, device)     # (programmatic dependent launch: knob pdl)
+    program = build_program(built.plan, kernels, device, seeds)                 # wrapper steps
+    kernels = {n: device_seed_source(ks) for n, ks in kernels.items()} if seeds else kernels
     code = program.render()
     built.times.load_s += time.perf_counter() - t0
     jobs = (job_for(kernels[n], built.graph) for n in built.plan.launched)

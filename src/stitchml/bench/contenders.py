@@ -232,6 +232,7 @@ class Stitch(TorchContender):
 
     name = "stitchml"
     cuda_graphs: bool | None = None      # None: the knob's value
+    knobs: dict[str, Any] = {}           # other knobs this contender compiles and runs under
 
     def _graphs(self, w: Workload) -> bool | None:
         return False if w.suite == "micro" else self.cuda_graphs
@@ -239,18 +240,19 @@ class Stitch(TorchContender):
     def prepare(self, w: Workload, ctx: RunContext) -> Prepared:
         from .. import config
         graphs = self._graphs(w)
-        if graphs is None:
+        knobs = {**self.knobs, **({} if graphs is None else {"cuda_graphs": graphs})}
+        if not knobs:
             return super().prepare(w, ctx)
-        with config.override(cuda_graphs=graphs):
+        with config.override(**knobs):
             p = super().prepare(w, ctx)
         inner = p.step
 
         def step() -> Any:
             # the knob may be read per call by the runtime, not only at compile time
-            with config.override(cuda_graphs=graphs):
+            with config.override(**knobs):
                 return inner()
         p.step = step
-        p.notes.append(f"stitchml cuda_graphs={graphs}")
+        p.notes.append("stitchml " + ", ".join(f"{k}={v}" for k, v in knobs.items()))
         return p
 
     def compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -575,9 +577,26 @@ class StitchNoGraphs(Stitch):
         return None
 
 
+class StitchPDL(Stitch):
+    """stitchml with programmatic dependent launch (knob `pdl=auto`, runtime/pdl.py): its
+    A/B against `stitchml` in the same run, on the same inputs.  Skipped where no kernel
+    would take it (no CUDA GPU of compute capability 9.0 or more)."""
+
+    name = "stitchml-pdl"
+    knobs = {"pdl": "auto"}
+
+    def skip_reason(self, w: Workload, ctx: RunContext) -> tuple[str, str] | None:
+        if ctx.device.type != "cuda" or torch.cuda.get_device_capability(ctx.device) < (9, 0):
+            return ("skipped", "programmatic dependent launch needs a CUDA GPU of compute capability 9.0 or more")
+        return None
+
+
 def default_contenders() -> list[Contender]:
-    return [Eager(), Inductor(), InductorMaxAutotune(), InductorReduceOverhead(), Stitch(), StitchNoGraphs(), Jax()]
+    return [Eager(), Inductor(), InductorMaxAutotune(), InductorReduceOverhead(), Stitch(), StitchNoGraphs(),
+            StitchPDL(), Jax()]
 
 
-CONTENDER_NAMES = ("eager", "inductor", "max-autotune", "inductor-ro", "stitchml", "stitchml-nograph", "jax")
-STITCH_CONTENDERS = ("stitchml", "stitchml-nograph")
+CONTENDER_NAMES = ("eager", "inductor", "max-autotune", "inductor-ro", "stitchml", "stitchml-nograph",
+                   "stitchml-pdl", "jax")
+STITCH_CONTENDERS = ("stitchml", "stitchml-nograph", "stitchml-pdl")
+OPT_IN_CONTENDERS = ("stitchml-pdl",)   # run only when named (`--contender`): a knob's A/B

@@ -25,8 +25,8 @@ import torch
 from ..capture.logging_breaks import ignore_once_logging
 from . import environment
 from .compare import compare
-from .contenders import (CONTENDER_NAMES, Contender, Prepared, RunContext, build_step, default_contenders,
-                         make_cotangents)
+from .contenders import (CONTENDER_NAMES, OPT_IN_CONTENDERS, Contender, Prepared, RunContext, build_step,
+                         default_contenders, make_cotangents)
 from .timing import (CPU_BUDGET_S, QUICK_CPU_BUDGET_S, Timing, peak_memory, profile_device, time_cpu, time_gpu,
                      time_host, time_host_per_step, wall_call)
 from .workload import CaseSpec, CheckOutcome, Workload, flat_tensors, floor_bytes
@@ -42,7 +42,7 @@ class BenchOptions:
     out: Path | None = None
     dtype: str | None = None              # fp32 | bf16 | both; None: fp32 with --quick, else both
     reps: int | None = None               # None: 100 on a GPU, 10 on CPU, 3 with --quick
-    contenders: tuple[str, ...] = ()      # empty: all of CONTENDER_NAMES
+    contenders: tuple[str, ...] = ()      # empty: all of CONTENDER_NAMES but the opt-in ones
     progress: bool = True
     plots: bool = True
     device: str | None = None             # None: cuda if available
@@ -187,7 +187,8 @@ def pick_contenders(names: Iterable[str]) -> list[Contender]:
     unknown = [n for n in names if n not in CONTENDER_NAMES]
     if unknown:
         raise ValueError(f"unknown contender(s) {unknown}; choose from {CONTENDER_NAMES}")
-    return [c for c in default_contenders() if not names or c.name in names]
+    # (opt-in contenders, knob experiments such as stitchml-pdl, run only when named)
+    return [c for c in default_contenders() if c.name in names or (not names and c.name not in OPT_IN_CONTENDERS)]
 
 
 # --------------------------------------------------------------------------- one case

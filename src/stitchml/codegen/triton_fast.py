@@ -7,6 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _INTERPRETED = tl.constexpr(bool(triton.knobs.runtime.interpret))
 
@@ -24,4 +25,23 @@ def _exp_ftz(x):
         return libdevice.fast_expf(x)
 
 
-__all__ = ["_exp_ftz"]
+@triton.jit
+def _gdc_wait():
+    # programmatic dependent launch (runtime/pdl.py): wait until the grid before this one
+    # in the stream has finished and its writes are visible.  First in a kernel launched
+    # with `launch_pdl`, before any global memory access.  A no-op without PDL, and under
+    # the interpreter (which runs launches one after another anyway).
+    if not _INTERPRETED:
+        gdc_wait()
+
+
+@triton.jit
+def _gdc_launch_dependents():
+    # programmatic dependent launch: the next kernel of the stream may start launching
+    # once every program of this one got here (it then waits in its `_gdc_wait`), so its
+    # launch and start overlap this kernel's tail.  A no-op without PDL.
+    if not _INTERPRETED:
+        gdc_launch_dependents()
+
+
+__all__ = ["_exp_ftz", "_gdc_launch_dependents", "_gdc_wait"]

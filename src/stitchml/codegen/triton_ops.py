@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from stitchml.codegen.triton_fast import _exp_ftz
+from stitchml.codegen.triton_fast import _exp_ftz, _gdc_launch_dependents, _gdc_wait
 
 # kernels that must differ between the interpreter and compiled code branch on this
 # constant: a conversion the interpreter does not round, and `%` on floats (numpy's exact

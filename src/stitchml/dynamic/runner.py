@@ -30,6 +30,7 @@ import torch.fx as fx
 
 from .. import config, pipeline
 from ..runtime.precompile import Job, job_for
+from ..runtime.pdl import pdl_sources
 from ..runtime.wrapper import build_program
 from . import template as tpl
 from .shapes import Signature, bucket_of, concrete_graph, is_symbolic, probes, signature, tensor_args
@@ -89,8 +90,9 @@ def sources_at(gm: fx.GraphModule, sig: Signature, values: dict,
     # no horizontal launch groups: their program-id ranges are sums of grids, which
     # no single size expression gives (global groups have a fixed grid: kept)
     built = pipeline.build_static(concrete_graph(gm, sig, values), device, horizontal=False, fixed_row_blocks=True)
-    program = build_program(built.plan, built.kernels, device, generic=True)
-    return built, ({n: k.source for n, k in built.kernels.items()}, program, program.consts)
+    kernels = pdl_sources(built.kernels, device)     # (programmatic dependent launch: knob pdl)
+    program = build_program(built.plan, kernels, device, generic=True)
+    return built, ({n: k.source for n, k in kernels.items()}, program, program.consts)
 
 
 def _size_args(t: tpl.Template, name: str) -> tuple[tuple[str, int | float], ...]:

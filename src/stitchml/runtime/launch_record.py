@@ -78,7 +78,9 @@ def describe(fn: Any, args: tuple, options: dict) -> dict | None:
             consts[p.name] = None
         else:
             return None
-    opts = {k: v for k, v in options.items() if k in ("num_warps", "num_stages") and isinstance(v, int)}
+    opts = {k: v for k, v in options.items()
+            if (k in ("num_warps", "num_stages", "maxnreg") and isinstance(v, int))
+            or (k == "launch_pdl" and isinstance(v, bool))}
     return {"path": code.co_filename, "name": py.__name__, "sig": sig, "consts": consts, "aligned": aligned,
             "options": opts}
 

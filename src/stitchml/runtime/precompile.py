@@ -62,6 +62,7 @@ from .. import config
 from ..codegen.kernel_source import KernelSource
 from ..codegen.triton_ops import SIG_DTYPE
 from .kernel_cache import load_kernels, module_path
+from .pdl import launched_with_pdl
 
 _POOL: list[ProcessPoolExecutor] = []
 _DONE: set[str] = set()   # module paths already compiled by this process's pool
@@ -185,6 +186,17 @@ class Job:
     signature: tuple[tuple[str, str], ...]   # Triton type per parameter (for a named target)
     num_warps: int
     maxnreg: int | None = None
+    pdl: bool = False   # launched with programmatic dependent launch (runtime/pdl.py)
+
+    def options(self) -> dict:
+        """Its launch options, in the order a wrapper's launch line passes them
+        (`steps.Launch._options`: a refused kernel's options key both)."""
+        out: dict = {"num_warps": self.num_warps}
+        if self.maxnreg:
+            out["maxnreg"] = self.maxnreg
+        if self.pdl:
+            out["launch_pdl"] = True
+        return out
 
 
 def job_for(ks: KernelSource, graph, text: str | None = None,
@@ -218,7 +230,7 @@ def job_for(ks: KernelSource, graph, text: str | None = None,
         from ..plan.launches import MAXNREG
         maxnreg = MAXNREG
     return Job(str(module_path(text if text is not None else ks.source)), tuple(types), tuple(sig),
-               ks.num_warps, maxnreg)
+               ks.num_warps, maxnreg, launched_with_pdl(text if text is not None else ks))
 
 
 def _load_function(path: str):
@@ -254,9 +266,7 @@ def _warm_up(job: Job, env: dict[str, str] | None = None,
     from .launcher import compiling_warps, refusal_reason
     _adopt_env(env)
     t0 = time.perf_counter()
-    options = {"num_warps": job.num_warps}
-    if job.maxnreg:
-        options["maxnreg"] = job.maxnreg
+    options = job.options()
     fn = _load_function(job.path)
     try:
         fn.warmup(*job.arg_types, grid=(1,), **options)
@@ -264,7 +274,8 @@ def _warm_up(job: Job, env: dict[str, str] | None = None,
     except Exception as error:
         if not retry or job.maxnreg:
             raise
-        warps = compiling_warps(lambda w: fn.warmup(*job.arg_types, grid=(1,), num_warps=w), job.num_warps)
+        warps = compiling_warps(lambda w: fn.warmup(*job.arg_types, grid=(1,), **{**options, "num_warps": w}),
+                                job.num_warps)
         if warps is None:
             raise
         return time.perf_counter() - t0, (warps, fn.fn.__name__, refusal_reason(error))
@@ -278,11 +289,8 @@ def _compile_for(job: Job, arch: int, env: dict[str, str] | None = None) -> tupl
     from triton.compiler import ASTSource
     t0 = time.perf_counter()
     fn = _load_function(job.path)
-    options = {"num_warps": job.num_warps}
-    if job.maxnreg:
-        options["maxnreg"] = job.maxnreg
     compiled = triton.compile(ASTSource(fn, dict(job.signature), {}), target=GPUTarget("cuda", arch, 32),
-                              options=options)
+                              options=job.options())
     cubin = compiled.asm.get("cubin")
     return time.perf_counter() - t0, (len(cubin) if cubin else None)
 
@@ -321,7 +329,8 @@ def _target() -> tuple:
 
 def marker(job: Job) -> Path:
     """The file that says `job` was compiled into Triton's cache for this target."""
-    key = repr((Path(job.path).name, job.arg_types, job.num_warps, job.maxnreg, _target()))
+    key = repr((Path(job.path).name, job.arg_types, job.num_warps, job.maxnreg, _target())
+               + ((True,) if job.pdl else ()))   # (markers of jobs without PDL keep their names)
     return Path(config.get("cache_dir")) / "compiled" / hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
@@ -344,7 +353,7 @@ def _note_retried(job: Job, retried: tuple[int, str, str]) -> None:
     it at (`launcher.REFUSED`), instead of compiling the refused kernel again."""
     from .launcher import note_refusal
     warps, name, reason = retried
-    note_refusal((job.path, name), {"num_warps": job.num_warps}, warps, reason)
+    note_refusal((job.path, name), job.options(), warps, reason)
 
 
 def _read_marker(job: Job) -> bool:

@@ -251,12 +251,15 @@ class Launch:
     # per argument, "." where it is the wrapper's own buffer (same dtype and alignment at
     # every call: its specialisation is not checked again), "c" where it is checked
     checks: str = ""
+    pdl: bool = False   # launched with programmatic dependent launch (runtime/pdl.py)
 
     def reads(self) -> tuple[str, ...]:
         return tuple(a for a in self.args if _is_value(a))
 
     def _options(self) -> str:
-        return f"num_warps={self.num_warps}" + (f", maxnreg={self.maxnreg}" if self.maxnreg else "")
+        # (the order of `precompile.Job.options`: a refused kernel's options key both)
+        return (f"num_warps={self.num_warps}" + (f", maxnreg={self.maxnreg}" if self.maxnreg else "")
+                + (", launch_pdl=True" if self.pdl else ""))
 
     def render(self) -> str:
         args = ", ".join(self.args + self.size_args)

@@ -32,6 +32,7 @@ from ..plan.data import EagerStep, KernelPlan, Plan
 from ..plan.graph_view import is_free
 from .kernel_cache import load_kernels
 from .launcher import bind_launchers
+from .pdl import launched_with_pdl, pdl_sources
 from .cuda_graphs import SeedBuffer, device_seed_source, device_seeds_wanted
 from .steps import (Alloc, Barrier, Check, DrawSeeds, EagerCall, Free, Item, Launch, Layout, Program, Replay,
                     Return, StateSeed, Sym, View, defines, state_seed, storage_elems, view_layout)
@@ -269,7 +270,8 @@ class ProgramBuilder:
         if kind == "global" and self.device.type == "cuda":
             from ..plan.launches import MAXNREG
             maxnreg = MAXNREG  # keeps the residency assumption of the barrier grid
-        self.steps.append(Launch(ks.name, ks.grid, tuple(args), ks.num_warps, maxnreg, tuple(writes)))
+        self.steps.append(Launch(ks.name, ks.grid, tuple(args), ks.num_warps, maxnreg, tuple(writes),
+                                 pdl=launched_with_pdl(ks)))
 
     def _placed_part(self, nid: int, poison: bool) -> None:
         """A part of a placed concatenation (`plan/placement.py`): a view of its slice of
@@ -597,6 +599,7 @@ def build_callable(plan: Plan, sources: dict[str, KernelSource], device: torch.d
     in a CUDA graph, kernels read their seeds from device memory."""
     if device_seeds is None:
         device_seeds = device_seeds_wanted(device)
+    sources = pdl_sources(sources, device)
     program = build_program(plan, sources, device, device_seeds)
     if device_seeds:
         sources = {n: device_seed_source(ks) for n, ks in sources.items()}

@@ -375,8 +375,10 @@ def compile_function(fn, sig: dict, consts: dict, options: dict, arch: int = 90,
     types its run-time arguments, `consts` its constexprs and the integers the JIT
     specialises at a launch (an argument equal to 1 is compiled as the constant 1),
     `aligned` the arguments the JIT marks divisible by 16, `options` Triton's (num_warps,
-    num_stages).  A failure is a verdict, not an exception: the callers report every
-    kernel's."""
+    num_stages, launch_pdl).  A failure is a verdict, not an exception: the callers report
+    every kernel's.  A kernel launched with programmatic dependent launch (`launch_pdl`)
+    whose code never waits on the grid before it (`griddepcontrol.wait`, runtime/pdl.py)
+    would race with that grid's writes: a failure too."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -392,6 +394,9 @@ def compile_function(fn, sig: dict, consts: dict, options: dict, arch: int = 90,
         # (Triton's message follows the kernel's source: keep its position and its end)
         short = text if len(text) <= 700 else text[:120] + " [...] " + text[-500:]
         return {"ok": False, "error": f"{type(e).__name__}: {short}"}
+    if options.get("launch_pdl") and "griddepcontrol.wait" not in compiled.asm.get("ptx", ""):
+        return {"ok": False, "error": "launched with programmatic dependent launch (launch_pdl) but never waits "
+                                      "on the grid before it (no griddepcontrol.wait): a race with its writes"}
     regs, spills = _resources(compiled.asm.get("cubin", b""))
     return {"ok": True, "registers": regs, "spills": spills}
 

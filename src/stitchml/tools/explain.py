@@ -159,6 +159,10 @@ class Report:
                 lines.append(f"  CUDA graphs: {rec.cuda_graph_note}")
             elif getattr(rec, "graph_runner", None) is not None:   # replayed: what each replay costs
                 lines.append(f"  CUDA graphs: {rec.graph_runner.summary()}")
+            pdl = rec.wrapper_source.count("launch_pdl=True")
+            if pdl:   # (knob pdl, runtime/pdl.py)
+                lines.append(f"  programmatic dependent launch: {pdl} launch line(s) overlap the kernel before "
+                             "(each kernel waits on that grid first; grid-barrier kernels launch plainly)")
             if getattr(rec.plan, "graph_replay", False):   # (plans cached before the field have none)
                 lines.append(f"  launches priced at a CUDA-graph replay's gap ({rec.plan.launch_s * 1e6:.1f} us a "
                              "kernel), not the host launch path: the graph is planned for capture")
