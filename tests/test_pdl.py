@@ -106,16 +106,32 @@ def test_pdl_kernels_compile_for_sm90_with_the_wait_and_a_kernel_without_it_is_r
     assert plain and not any(r["options"].get("launch_pdl") for r in plain)
     racy = tmp_path / "racy"
     racy.mkdir()
+    # a kernel without the wait, and one that loads before it
+    late = tmp_path / "late_wait.py"
+    late.write_text(textwrap.dedent("""
+        import triton
+        import triton.language as tl
+        from triton.language.extra.cuda import gdc_wait
+
+        @triton.jit
+        def late(x, y):
+            v = tl.load(x + tl.arange(0, 128))
+            gdc_wait()
+            tl.store(y + tl.arange(0, 128), v * 2.0)
+    """))
     (racy / "launches-0.jsonl").write_text(
-        json.dumps({**plain[0], "options": {**plain[0]["options"], "launch_pdl": True}}) + "\n")
+        json.dumps({**plain[0], "options": {**plain[0]["options"], "launch_pdl": True}}) + "\n"
+        + json.dumps({"path": str(late), "name": "late", "sig": {"x": "*fp32", "y": "*fp32"}, "consts": {},
+                      "aligned": ["x", "y"], "options": {"num_warps": 4, "launch_pdl": True}}) + "\n")
     out = _run_outside_interpreter(textwrap.dedent(f"""
         import json
         from stitchml.tools.aot_replay import replay
-        print(json.dumps({{k: [[r["options"], v["ok"], v.get("error", "")[-300:]] for r, v in replay(d, jobs=2)]
+        print(json.dumps({{k: [[r["name"], v["ok"], v.get("error", "")[-300:]] for r, v in replay(d, jobs=2)]
                           for k, d in (("pdl", {str(tmp_path / "pdl")!r}), ("racy", {str(racy)!r}))}}))
     """))
     assert out["pdl"] and all(ok for _, ok, _ in out["pdl"]), out["pdl"]
-    assert [(ok, "griddepcontrol.wait" in err) for _, ok, err in out["racy"]] == [(False, True)]
+    assert sorted((name == "late", ok, "griddepcontrol.wait" in err) for name, ok, err in out["racy"]) == \
+        [(False, False, True), (True, False, True)], out["racy"]
 
 
 @pytest.mark.gpu

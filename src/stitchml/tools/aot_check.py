@@ -394,9 +394,14 @@ def compile_function(fn, sig: dict, consts: dict, options: dict, arch: int = 90,
         # (Triton's message follows the kernel's source: keep its position and its end)
         short = text if len(text) <= 700 else text[:120] + " [...] " + text[-500:]
         return {"ok": False, "error": f"{type(e).__name__}: {short}"}
-    if options.get("launch_pdl") and "griddepcontrol.wait" not in compiled.asm.get("ptx", ""):
-        return {"ok": False, "error": "launched with programmatic dependent launch (launch_pdl) but never waits "
-                                      "on the grid before it (no griddepcontrol.wait): a race with its writes"}
+    if options.get("launch_pdl"):
+        ptx = compiled.asm.get("ptx", "")
+        wait = ptx.find("griddepcontrol.wait")
+        access = re.search(r"\b(?:ld|st|atom|red|cp\.async)\.(?:global|shared::cluster)", ptx)
+        if wait < 0 or (access is not None and access.start() < wait):
+            return {"ok": False, "error": "launched with programmatic dependent launch (launch_pdl) but does not "
+                                          "wait on the grid before it (griddepcontrol.wait) before its first "
+                                          "global memory access: a race with that grid's writes"}
     regs, spills = _resources(compiled.asm.get("cubin", b""))
     return {"ok": True, "registers": regs, "spills": spills}
 
