@@ -460,7 +460,7 @@ def _add_size_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed for weights and inputs (default 0)")
 
 
-def cmd_ops(args) -> int:
+def cmd_ops(args: argparse.Namespace) -> int:
     from .tools.opstable import table
     print(table(), end="")
     return 0

@@ -12,7 +12,7 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
@@ -75,7 +75,8 @@ def _interpreter_on() -> bool:
     return type(tl.sigmoid).__name__ == "InterpretedFunction"
 
 
-def compile_graph(gm: fx.GraphModule, example_inputs, kind: str, records: list | None = None) -> Callable:
+def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str,
+                  records: list | None = None) -> Callable:
     rec = CompiledGraph(kind)
     if records is not None:
         records.append(rec)

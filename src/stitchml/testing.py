@@ -46,7 +46,8 @@ def _flat(out) -> list[torch.Tensor]:
     return []
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str, rtol=None, atol=None) -> None:
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str, rtol: float | None = None,
+                 atol: float | None = None) -> None:
     if expected.dtype.is_floating_point:
         r, a = TOL.get(expected.dtype, (1e-4, 1e-5))
         rtol, atol = rtol or r, atol or a
@@ -54,8 +55,9 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str, rtol=N
                                msg=lambda m: f"{what}: {m}")
 
 
-def compare_with_eager(fn: Callable, inputs: Sequence[Any], *, backward: bool = True, rtol=None, atol=None,
-                       fullgraph: bool = False, grad_rtol=None, grad_atol=None) -> Comparison:
+def compare_with_eager(fn: Callable, inputs: Sequence[Any], *, backward: bool = True, rtol: float | None = None,
+                       atol: float | None = None, fullgraph: bool = False, grad_rtol: float | None = None,
+                       grad_atol: float | None = None) -> Comparison:
     """Run `fn` eagerly and compiled on copies of `inputs`; check outputs, gradients of
     every input that requires grad (for a random cotangent), and mutated inputs.
     `grad_rtol`/`grad_atol` (default: `rtol`/`atol`) loosen gradients alone, e.g. for

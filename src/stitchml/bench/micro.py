@@ -46,7 +46,8 @@ def bias_gelu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.gelu(x + b)
 
 
-def residual_dropout_layer_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor):
+def residual_dropout_layer_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor,
+                                b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # the residual sum is returned too: the next block adds to it
     h = r + F.dropout(x, DROPOUT_P, training=True)
     return h, F.layer_norm(h, (h.shape[-1],), w, b, EPS_LN)
@@ -91,7 +92,7 @@ def max_pool_stem(x: torch.Tensor) -> torch.Tensor:
     return F.max_pool2d(x, 3, 2, 1)
 
 
-def astitch_running(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor):
+def astitch_running(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """AStitch's running example: a row reduce, an expensive element-wise op on its
     broadcast, a column reduce, and a consumer of both."""
     a = x + y

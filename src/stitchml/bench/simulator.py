@@ -37,7 +37,8 @@ FULL_ENVS, QUICK_ENVS = 10**6, 1024
 K_CHECK = 10               # steps of the deterministic twin
 
 
-def cartpole_step(xp: Any, x: Any, xd: Any, th: Any, thd: Any, u_act: Any, u_reset: list[Any]):
+def cartpole_step(xp: Any, x: Any, xd: Any, th: Any, thd: Any, u_act: Any,
+                  u_reset: list[Any]) -> tuple[Any, Any, Any, Any, Any]:
     """One Euler step of every environment, then reset the ones that fell.  `xp` is
     `torch` or `jax.numpy` (same function names), so both versions share the physics.
     `u_act` and `u_reset` are uniform [0, 1) numbers."""
@@ -55,7 +56,8 @@ def cartpole_step(xp: Any, x: Any, xd: Any, th: Any, thd: Any, u_act: Any, u_res
     return x, xd, th, thd, done
 
 
-def simulate(x: torch.Tensor, xd: torch.Tensor, th: torch.Tensor, thd: torch.Tensor, steps: int = K_STEPS):
+def simulate(x: torch.Tensor, xd: torch.Tensor, th: torch.Tensor, thd: torch.Tensor,
+             steps: int = K_STEPS) -> tuple[torch.Tensor, ...]:
     """K steps with in-function randomness; returns the final state and, per
     environment, how many episodes ended."""
     ends = torch.zeros_like(x)
@@ -67,7 +69,7 @@ def simulate(x: torch.Tensor, xd: torch.Tensor, th: torch.Tensor, thd: torch.Ten
 
 
 def simulate_predrawn(x: torch.Tensor, xd: torch.Tensor, th: torch.Tensor, thd: torch.Tensor,
-                      u: torch.Tensor):
+                      u: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The same steps with the random numbers read from `u` [steps, 5, N]."""
     ends = torch.zeros_like(x)
     for k in range(u.shape[0]):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -75,7 +75,7 @@ class StitchBackend:
                                    "torch._functorch._aot_autograd.autograd_cache)")
         return compiled
 
-    def compile_loaded(self, gm: torch.fx.GraphModule, example_inputs, kind: str) -> Callable:
+    def compile_loaded(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str) -> Callable:
         """A graph from AOTAutograd's cache (a warm process), compiled like any other."""
         fn = compile_graph(gm, example_inputs, kind, self.records)
         if self.records:
@@ -120,6 +120,6 @@ def writes_into_overlap(gm: torch.fx.GraphModule) -> str | None:
 DEFAULT = StitchBackend()
 
 
-def stitch_backend(gm: torch.fx.GraphModule, example_inputs) -> Callable:
+def stitch_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
     """Entry point registered as `torch.compile(..., backend="stitch")`."""
     return DEFAULT(gm, example_inputs)

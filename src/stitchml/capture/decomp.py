@@ -7,6 +7,8 @@ a pattern the planner reads (logsumexp's shift by the row maximum).
 from __future__ import annotations
 
 import math
+from types import NotImplementedType
+from typing import Sequence
 
 import torch
 from torch._decomp import get_decompositions
@@ -77,7 +79,8 @@ def _dims(x: torch.Tensor, dim) -> list[int]:
     return [d % max(x.dim(), 1) for d in dim]
 
 
-def var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = False):
+def var_mean(x: torch.Tensor, dim: int | Sequence[int] | None = None, *, correction: float | None = None,
+             keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The corrected two-pass algorithm (Chan, Golub & LeVeque): a first mean, then one
     pass over the deviations d from it that sums d and d².  sum(d) / n refines the
     mean (a row of equal values gets exactly that value as its mean, as eager's
@@ -102,15 +105,17 @@ def var_mean(x: torch.Tensor, dim=None, *, correction=None, keepdim: bool = Fals
     return var.to(x.dtype), mean.to(x.dtype)
 
 
-def var(x, dim=None, *, correction=None, keepdim=False):
+def var(x: torch.Tensor, dim: int | Sequence[int] | None = None, *, correction: float | None = None,
+        keepdim: bool = False) -> torch.Tensor:
     return var_mean(x, dim, correction=correction, keepdim=keepdim)[0]
 
 
-def std(x, dim=None, *, correction=None, keepdim=False):
+def std(x: torch.Tensor, dim: int | Sequence[int] | None = None, *, correction: float | None = None,
+        keepdim: bool = False) -> torch.Tensor:
     return torch.sqrt(var_mean(x, dim, correction=correction, keepdim=keepdim)[0])
 
 
-def logsumexp(x: torch.Tensor, dim, keepdim: bool = False) -> torch.Tensor:
+def logsumexp(x: torch.Tensor, dim: int | Sequence[int], keepdim: bool = False) -> torch.Tensor:
     """m + log(sum(exp(x - m))) with m = amax(x) itself, not torch's
     where(|m| == inf, 0, m): the planner sees `sum(exp(x - m))` as the online partner of
     `m` (`plan/row_loops.py`), so a looped row is read once.  Rows whose maximum is
@@ -166,8 +171,9 @@ def _batch_stats(x, weight, bias, eps: float):
             torch.squeeze(var, dims), n)
 
 
-def batch_norm_functional(x, weight, bias, running_mean, running_var, training: bool, momentum: float,
-                          eps: float):
+def batch_norm_functional(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                          running_mean: torch.Tensor, running_var: torch.Tensor, training: bool, momentum: float,
+                          eps: float) -> tuple[torch.Tensor, ...]:
     """`_native_batch_norm_legit_functional` in training: `_batch_stats`, and the running
     statistics updated with the unbiased variance.  Eval mode is torch's decomposition."""
     if not training:
@@ -180,7 +186,8 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training: 
     return out, mean, rstd, new_mean.to(running_mean.dtype), new_var.to(running_var.dtype)
 
 
-def batch_norm_no_stats(x, weight, bias, training: bool, momentum: float, eps: float):
+def batch_norm_no_stats(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, training: bool,
+                        momentum: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`_native_batch_norm_legit.no_stats` (batch norm without running statistics, always
     the batch's): `_batch_stats`."""
     out, mean, rstd, _, _ = _batch_stats(x, weight, bias, eps)
@@ -277,7 +284,8 @@ def _shift_sample(x: torch.Tensor) -> torch.Tensor:
     return x[:-(-nb // k)]
 
 
-def index_put_masked(x, indices, values, accumulate=False):
+def index_put_masked(x: torch.Tensor, indices: Sequence[torch.Tensor | None], values: torch.Tensor,
+                     accumulate: bool = False) -> torch.Tensor | NotImplementedType:
     """`x[..., mask, ...] = v` / `+= v` with one boolean mask over some of x's dims (after
     `p` full slices) and values that do not vary along the masked positions (one value,
     or one slice broadcast to every selected position): `masked_write`, a where, under
@@ -295,14 +303,15 @@ def index_put_masked(x, indices, values, accumulate=False):
     return masked_write(x, mask.to(torch.bool), values, p, accumulate, inplace=False)
 
 
-def put(x, index, source, accumulate=False):
+def put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
     """`put`: x's flat elements at `index` (negative from the end) set to (or, with
     accumulate, added) source's: an index_put of the flattened tensor."""
     flat = aten.index_put(x.reshape(-1), [index.reshape(-1)], source.reshape(-1), accumulate)
     return flat.reshape(x.shape)
 
 
-def addbmm(x, batch1, batch2, *, beta=1, alpha=1):
+def addbmm(x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: float = 1,
+           alpha: float = 1) -> torch.Tensor:
     """beta·x + alpha·Σ_b batch1[b] @ batch2[b] as ONE matrix product over the joined
     (batch, inner) axis: (n, B·m) @ (B·m, p) — the library's GEMM, the scaling stitched."""
     b, n, m = batch1.shape
@@ -315,7 +324,7 @@ def addbmm(x, batch1, batch2, *, beta=1, alpha=1):
     return (x * beta if beta != 1 else x) + prod_
 
 
-def angle(x):
+def angle(x: torch.Tensor) -> torch.Tensor | NotImplementedType:
     """Real inputs: pi for negative values, 0 otherwise, NaN kept (-0.0 gives 0, as
     eager); integers give the default float type.  Complex inputs: the op itself."""
     if x.is_complex():
@@ -326,12 +335,13 @@ def angle(x):
     return torch.where(torch.isnan(xf), xf, torch.where(xf < 0, pi, zero))
 
 
-def efficient_zero_tensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+def efficient_zero_tensor(size: Sequence[int], *, dtype: torch.dtype | None = None, layout: torch.layout | None = None,
+                          device: torch.device | None = None, pin_memory: bool | None = None) -> torch.Tensor:
     """Autograd's placeholder zero gradient (sgn's backward): plain zeros."""
     return torch.zeros(size, dtype=dtype, device=device)
 
 
-def embedding_renorm(weight, indices, max_norm: float, norm_type: float):
+def embedding_renorm(weight: torch.Tensor, indices: torch.Tensor, max_norm: float, norm_type: float) -> torch.Tensor:
     """The rows of `weight` that `indices` name, scaled to norm max_norm where theirs is
     larger (eager: max_norm / (norm + 1e-7)); an index_put of the scaled rows (duplicate
     indices write the same row value, so the write order does not matter)."""

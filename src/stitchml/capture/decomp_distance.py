@@ -19,6 +19,7 @@ own batch shape); no features or fewer than two rows give zero distances / no pa
 from __future__ import annotations
 
 import math
+from types import NotImplementedType
 
 import torch
 
@@ -60,7 +61,8 @@ def _direct(x1, x2, p: float):
     return d.pow(p).sum(-1).pow(1.0 / p)
 
 
-def cdist_forward(x1, x2, p, compute_mode=None):
+def cdist_forward(x1: torch.Tensor, x2: torch.Tensor, p: float,
+                  compute_mode: int | None = None) -> torch.Tensor | NotImplementedType:
     if not _supported(x1, x2, p):
         return NotImplemented
     e1, e2 = _broadcast(x1, x2)
@@ -92,7 +94,8 @@ def _pair_grad(grad, x1, x2, p: float, dist):
     return term.sum(-2)
 
 
-def cdist_backward(grad, x1, x2, p, dist):
+def cdist_backward(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, p: float,
+                   dist: torch.Tensor) -> torch.Tensor | NotImplementedType:
     if not _supported(x1, x2, p):
         return NotImplemented
     if x1.shape[-1] == 0 or x1.numel() == 0:
@@ -102,7 +105,7 @@ def cdist_backward(grad, x1, x2, p, dist):
     return _pair_grad(grad, e1, e2, float(p), dist).sum_to_size(x1.shape)
 
 
-def euclidean_dist(x1, x2):
+def euclidean_dist(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor | NotImplementedType:
     """eager's matrix-product form: |a|^2 - 2 a.b + |b|^2 (one matrix product), clamped
     at 1e-30 before the square root as eager does."""
     if not _supported(x1, x2, 2):
@@ -122,7 +125,7 @@ def _pair_positions(n: int, device):
     return i, j, pos
 
 
-def pdist_forward(x, p=2):
+def pdist_forward(x: torch.Tensor, p: float = 2) -> torch.Tensor | NotImplementedType:
     if x.dim() != 2 or p < 0:
         return NotImplemented
     n = x.shape[0]
@@ -135,7 +138,8 @@ def pdist_forward(x, p=2):
     return x.new_zeros(k + 1).index_put((dest,), full.reshape(-1))[:k]
 
 
-def pdist_backward(grad, x, p, pdist):
+def pdist_backward(grad: torch.Tensor, x: torch.Tensor, p: float,
+                   pdist: torch.Tensor) -> torch.Tensor | NotImplementedType:
     if x.dim() != 2 or p < 0:
         return NotImplemented
     if x.shape[0] < 2 or x.shape[1] == 0:

@@ -24,6 +24,8 @@ it, which only Triton's debug mode checks (README, known limits).
 from __future__ import annotations
 
 import math
+from types import NotImplementedType
+from typing import Sequence
 
 import torch
 
@@ -37,7 +39,7 @@ def _running_position(mask_flat: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(mask_flat.to(torch.int64), 0) - 1
 
 
-def masked_scatter(x, mask, source):
+def masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -> torch.Tensor | NotImplementedType:
     if mask.dtype != torch.bool or source.numel() == 0:
         return NotImplemented
     shape = torch.broadcast_shapes(x.shape, mask.shape)
@@ -47,7 +49,8 @@ def masked_scatter(x, mask, source):
     return torch.where(m, picked, x.expand(shape).reshape(-1)).reshape(shape)
 
 
-def masked_scatter_backward(grad, mask, sizes):
+def masked_scatter_backward(grad: torch.Tensor, mask: torch.Tensor,
+                            sizes: Sequence[int]) -> torch.Tensor | NotImplementedType:
     if mask.dtype != torch.bool:
         return NotImplemented
     n = math.prod(int(s) for s in sizes)
@@ -79,8 +82,10 @@ def _embedding_bag_supported(indices, offsets, scale_grad_by_freq, mode, sparse,
             and (per_sample_weights is None or mode == _SUM))
 
 
-def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
-                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+def embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, scale_grad_by_freq: bool = False,
+                  mode: int = 0, sparse: bool = False, per_sample_weights: torch.Tensor | None = None,
+                  include_last_offset: bool = False, padding_idx: int | None = -1
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | NotImplementedType:
     if not _embedding_bag_supported(indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
                                     include_last_offset):
         return NotImplemented
@@ -136,16 +141,20 @@ def _embedding_bag_max(weight, indices, bags: int, bag, keep):
     return out, bag.to(indices.dtype), size.to(indices.dtype), max_idx.to(indices.dtype)
 
 
-def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
-                           scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+def embedding_bag_backward(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, offset2bag: torch.Tensor,
+                           bag_size: torch.Tensor, maximum_indices: torch.Tensor, num_weights: int,
+                           scale_grad_by_freq: bool, mode: int, sparse: bool, per_sample_weights: torch.Tensor | None,
+                           padding_idx: int | None = -1) -> torch.Tensor | NotImplementedType:
     if sparse:
         return NotImplemented
     return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
                                         scale_grad_by_freq, mode, per_sample_weights, padding_idx)
 
 
-def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
-                                 scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+def embedding_bag_dense_backward(grad: torch.Tensor, indices: torch.Tensor, offset2bag: torch.Tensor,
+                                 bag_size: torch.Tensor, maximum_indices: torch.Tensor, num_weights: int,
+                                 scale_grad_by_freq: bool, mode: int, per_sample_weights: torch.Tensor | None,
+                                 padding_idx: int | None = -1) -> torch.Tensor | NotImplementedType:
     if mode not in (_SUM, _MEAN, _MAX) or scale_grad_by_freq or indices.dim() != 1:
         return NotImplemented
     if mode == _MAX:  # each bag's gradient to its winning rows, per feature (empty bags: none)
@@ -165,7 +174,9 @@ def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_in
     return grad.new_zeros(num_weights, grad.shape[1]).index_put((indices,), g, accumulate=True)
 
 
-def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+def embedding_bag_per_sample_weights_backward(grad: torch.Tensor, weight: torch.Tensor, indices: torch.Tensor,
+                                              offsets: torch.Tensor, offset2bag: torch.Tensor, mode: int,
+                                              padding_idx: int | None = -1) -> torch.Tensor | NotImplementedType:
     if mode != _SUM or indices.dim() != 1:
         return NotImplemented
     dot = (grad[offset2bag.to(torch.int64)] * weight[indices]).sum(1)
@@ -197,7 +208,9 @@ def _segments(data, lengths, offsets, axis: int):
     return nseg, torch.cumsum(marks, 0)[:n] - 1, lengths
 
 
-def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+def segment_reduce(data: torch.Tensor, reduce: str, *, lengths: torch.Tensor | None = None,
+                   indices: torch.Tensor | None = None, offsets: torch.Tensor | None = None, axis: int = 0,
+                   unsafe: bool = False, initial: float | None = None) -> torch.Tensor | NotImplementedType:
     """Each segment of `axis` reduced with the scatter forms (scatter_reduce into a
     buffer holding the empty segment's value): eager's rules — `initial` takes part in
     every segment (mean: added to the sum, the count unchanged) and is the value of an
@@ -225,7 +238,9 @@ def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, ax
     return out.movedim(0, axis)
 
 
-def segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+def segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: torch.Tensor, reduce: str, *,
+                            lengths: torch.Tensor | None = None, offsets: torch.Tensor | None = None, axis: int = 0,
+                            initial: float | None = None) -> torch.Tensor | NotImplementedType:
     """The gradient for `data`: each element takes its segment's gradient (mean: over
     the length; max/min: to the elements equal to the result, a positive gradient shared
     among ties, as eager;

@@ -20,6 +20,9 @@ grid_sampler_{2,3}d_backward(grad, input, grid, mode, padding, align_corners, ma
 """
 from __future__ import annotations
 
+from types import NotImplementedType
+from typing import Sequence
+
 import torch
 
 aten = torch.ops.aten
@@ -196,7 +199,8 @@ def _batch_index(inp, grid):
     return torch.arange(n, device=inp.device).view((n,) + (1,) * (grid.dim() - 2))
 
 
-def grid_sampler_3d(inp, grid, interpolation_mode, padding_mode, align_corners):
+def grid_sampler_3d(inp: torch.Tensor, grid: torch.Tensor, interpolation_mode: int, padding_mode: int,
+                    align_corners: bool) -> torch.Tensor | NotImplementedType:
     """Volumetric grid_sample (torch has no decomposition): the eight corners gathered
     and weighted (trilinear), or the nearest voxel."""
     if interpolation_mode not in (_BILINEAR, _NEAREST) or inp.dim() != 5 or inp.numel() == 0:
@@ -213,7 +217,9 @@ def grid_sampler_3d(inp, grid, interpolation_mode, padding_mode, align_corners):
     return out.movedim(-1, 1)
 
 
-def grid_sampler_backward(grad, inp, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+def grid_sampler_backward(grad: torch.Tensor, inp: torch.Tensor, grid: torch.Tensor, interpolation_mode: int,
+                          padding_mode: int, align_corners: bool, output_mask: Sequence[bool]
+                          ) -> tuple[torch.Tensor | None, torch.Tensor | None] | NotImplementedType:
     """grid_sampler_2d_backward and grid_sampler_3d_backward."""
     if (interpolation_mode not in (_BILINEAR, _NEAREST, _BICUBIC) or inp.dim() not in (4, 5)
             or inp.numel() == 0 or grid.numel() == 0):

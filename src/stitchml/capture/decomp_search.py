@@ -171,7 +171,7 @@ def nonzero_static(self: torch.Tensor, *, size: int, fill_value: int = -1) -> to
     return buf.index_put((dest,), coords)[:size]
 
 
-def repeat_interleave(repeats: torch.Tensor, *, output_size: int | None = None):
+def repeat_interleave(repeats: torch.Tensor, *, output_size: int | None = None) -> torch.Tensor | NotImplementedType:
     """The indices that repeat element j repeats[j] times (`x.repeat_interleave(r, dim)`
     selects with them): output position i belongs to the first j whose running total
     of repeats exceeds i, a search of i in the cumulative sum.  Only with `output_size`

@@ -20,7 +20,8 @@ runs eagerly with its reason.
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
+from types import NotImplementedType, SimpleNamespace
+from typing import Sequence
 
 import torch
 from torch._prims_common import invert_perm
@@ -103,7 +104,8 @@ def _unpool(term, grad: torch.Tensor, kh, kw, sh, sw, ph, pw, dh, dw, h, w) -> t
     return full[..., ph: ph + h, pw: pw + w]
 
 
-def slice_backward(grad, input_sizes, dim: int, start, end, step: int):
+def slice_backward(grad: torch.Tensor, input_sizes: Sequence[int], dim: int, start: int | None, end: int | None,
+                   step: int) -> torch.Tensor | NotImplementedType:
     if step == 1:
         return NotImplemented
     dim %= len(input_sizes)
@@ -144,8 +146,9 @@ def _avg_setup(x, kernel_size, stride, padding, ceil_mode):
     return kh, kw, sh, sw, ph, pw, h, w, oh, ow
 
 
-def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
+def avg_pool2d(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int] = (),
+               padding: int | Sequence[int] = 0, ceil_mode: bool = False, count_include_pad: bool = True,
+               divisor_override: int | None = None) -> torch.Tensor | NotImplementedType:
     if not x.is_floating_point():
         return NotImplemented
     kh, kw, sh, sw, ph, pw, h, w, oh, ow = _avg_setup(x, kernel_size, stride, padding, ceil_mode)
@@ -161,8 +164,9 @@ def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
     return total / _counts(h, w, oh, ow, kh, kw, sh, sw, ph, pw, count_include_pad, x.device).to(x.dtype)
 
 
-def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                        divisor_override):
+def avg_pool2d_backward(grad: torch.Tensor, x: torch.Tensor | SimpleNamespace, kernel_size: Sequence[int],
+                        stride: Sequence[int], padding: int | Sequence[int], ceil_mode: bool, count_include_pad: bool,
+                        divisor_override: int | None) -> torch.Tensor | NotImplementedType:
     if not grad.is_floating_point():
         return NotImplemented
     kh, kw, sh, sw, ph, pw, h, w, oh, ow = _avg_setup(x, kernel_size, stride, padding, ceil_mode)
@@ -192,7 +196,9 @@ def _inside(oh, ow, sh, sw, ph, pw, i, j, h, w, device) -> torch.Tensor:
     return (r >= 0) & (r < h) & (c >= 0) & (c < w)
 
 
-def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+def max_pool2d_with_indices(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int] = (),
+                            padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
+                            ceil_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor] | NotImplementedType:
     if not x.is_floating_point() or x.dim() not in (3, 4):
         return NotImplemented
     kh, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow, hp, wp = _max_setup(x, kernel_size, stride, padding,
@@ -243,7 +249,10 @@ def _eager_layout(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return out.contiguous(memory_format=_memory_format(x))
 
 
-def max_pool2d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+def max_pool2d_with_indices_backward(grad: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[int],
+                                     stride: Sequence[int], padding: int | Sequence[int],
+                                     dilation: int | Sequence[int], ceil_mode: bool,
+                                     indices: torch.Tensor) -> torch.Tensor | NotImplementedType:
     if not grad.is_floating_point() or x.dim() not in (3, 4):
         return NotImplemented
     kh, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow, hp, wp = _max_setup(x, kernel_size, stride, padding,
@@ -286,7 +295,9 @@ def _shaped(shape, device) -> SimpleNamespace:
     return SimpleNamespace(shape=tuple(shape), device=device)
 
 
-def avg_pool1d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True):
+def avg_pool1d(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int] = (),
+               padding: int | Sequence[int] = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> torch.Tensor | NotImplementedType:
     (k,), (p,) = tuple(kernel_size), _one(padding, 0)
     (s,) = _one(stride, k)
     out = avg_pool2d(x.unsqueeze(-2), (1, k), (1, s), (0, p), ceil_mode, count_include_pad)
@@ -299,15 +310,16 @@ def _one(v, default) -> tuple[int]:
     return (v,) if isinstance(v, int) else (v[0],)
 
 
-def adaptive_avg_pool1d(x, output_size):
+def adaptive_avg_pool1d(x: torch.Tensor, output_size: Sequence[int]) -> torch.Tensor | NotImplementedType:
     n, (o,) = x.shape[-1], _one(output_size, 1)
     if n % o:
         return _adaptive_avg(x, (o,))
     return avg_pool1d(x, (n // o,), (n // o,))
 
 
-def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
+def avg_pool3d(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int] = (),
+               padding: int | Sequence[int] = 0, ceil_mode: bool = False, count_include_pad: bool = True,
+               divisor_override: int | None = None) -> torch.Tensor | NotImplementedType:
     """With divisor_override: box sums (both stages divide by 1), then the divisor."""
     if not x.is_floating_point():
         return NotImplemented
@@ -320,7 +332,9 @@ def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
     return z / divisor_override if divisor_override else z
 
 
-def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+def avg_pool3d_backward(grad: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int],
+                        padding: int | Sequence[int], ceil_mode: bool, count_include_pad: bool,
+                        divisor_override: int | None) -> torch.Tensor | NotImplementedType:
     if not grad.is_floating_point():
         return NotImplemented
     (kd, kh, kw), (pd, ph, pw) = _triple(kernel_size), _triple(padding, 0)
@@ -335,7 +349,9 @@ def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_
     return avg_pool2d_backward(gy, x, (kh, kw), (sh, sw), (ph, pw), ceil_mode, count_include_pad, one)
 
 
-def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+def max_pool3d_with_indices(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int] = (),
+                            padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
+                            ceil_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor] | NotImplementedType:
     """Max over (H, W) per depth slice with its flat h*W+w index, then max over D of
     those (the first maximum in (d, h, w) order wins, NaN propagates, as in eager)."""
     if not x.is_floating_point() or x.dim() not in (4, 5):
@@ -353,7 +369,10 @@ def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
     return z.movedim(-1, 1).reshape(out_shape), idx.movedim(-1, 1).reshape(out_shape)
 
 
-def max_pool3d_with_indices_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+def max_pool3d_with_indices_backward(grad: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[int],
+                                     stride: Sequence[int], padding: int | Sequence[int],
+                                     dilation: int | Sequence[int], ceil_mode: bool,
+                                     indices: torch.Tensor) -> torch.Tensor | NotImplementedType:
     """Each output's gradient added at its input position (the scatter-add form; windows
     overlap when the stride is below the kernel, so positions repeat)."""
     if not grad.is_floating_point() or x.dim() not in (4, 5):
@@ -562,7 +581,9 @@ def _aa_scales(input_size, output_size, align_corners, scales_h, scales_w):
     return (_aa_scale(h, oh, align_corners, scales_h), _aa_scale(w, ow, align_corners, scales_w))
 
 
-def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_w=None):
+def upsample_bilinear2d_aa(x: torch.Tensor, output_size: Sequence[int], align_corners: bool,
+                           scales_h: float | None = None,
+                           scales_w: float | None = None) -> torch.Tensor | NotImplementedType:
     if not x.is_floating_point() or not _static(*x.shape[-2:], *output_size):
         return NotImplemented
     wt = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
@@ -575,7 +596,9 @@ def upsample_bilinear2d_aa(x, output_size, align_corners, scales_h=None, scales_
     return y.to(x.dtype)
 
 
-def upsample_bilinear2d_aa_backward(grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+def upsample_bilinear2d_aa_backward(grad: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
+                                    align_corners: bool, scales_h: float | None = None,
+                                    scales_w: float | None = None) -> torch.Tensor | NotImplementedType:
     if not grad.is_floating_point() or not _static(*input_size[-2:], *output_size):
         return NotImplemented
     wt = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
@@ -592,7 +615,8 @@ def upsample_bilinear2d_aa_backward(grad, output_size, input_size, align_corners
 
 # ------------------------------------------------------------- other backwards
 
-def weight_norm_backward(grad_w, saved_v, saved_g, saved_norms, dim: int):
+def weight_norm_backward(grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: torch.Tensor, saved_norms: torch.Tensor,
+                         dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """w = v * g / |v| (norm over every dim but `dim`): the two gradients in closed form."""
     dims = [d for d in range(saved_v.dim()) if d != dim % max(saved_v.dim(), 1)]
     dot = (grad_w * saved_v).sum(dims, keepdim=True)
@@ -607,7 +631,8 @@ def _add_at(grad, input_shape, rows: torch.Tensor, cols: torch.Tensor):
     return aten.index_put(zero, [None] * (grad.dim() - 2) + [rows.unsqueeze(1), cols.unsqueeze(0)], grad, True)
 
 
-def upsample_nearest2d_backward(grad, output_size, input_size, scales_h=None, scales_w=None):
+def upsample_nearest2d_backward(grad: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
+                                scales_h: float | None = None, scales_w: float | None = None) -> torch.Tensor:
     h, w = input_size[-2], input_size[-1]
     oh, ow = output_size
 
@@ -656,7 +681,8 @@ def _at_end(v: torch.Tensor, axis: int, n: int, first: bool) -> torch.Tensor:
     return aten.constant_pad_nd(v, pad, 0.0)
 
 
-def slice_scatter(x, src, dim: int = 0, start=None, end=None, step: int = 1):
+def slice_scatter(x: torch.Tensor, src: torch.Tensor, dim: int = 0, start: int | None = None, end: int | None = None,
+                  step: int = 1) -> torch.Tensor:
     """x with src written at x[start:end:step] along dim: src placed (slice_backward,
     zeros elsewhere) where a placed mask is set, x elsewhere.  Computed in x's memory
     order, so the result has x's strides as eager's `clone` of x does: functionalisation
@@ -674,7 +700,7 @@ def slice_scatter(x, src, dim: int = 0, start=None, end=None, step: int = 1):
     return torch.where(hit != 0, placed, xp).permute(invert_perm(perm))
 
 
-def select_scatter(x, src, dim: int, index):
+def select_scatter(x: torch.Tensor, src: torch.Tensor, dim: int, index: int) -> torch.Tensor:
     """x with src written at x.select(dim, index): a slice scatter of one position, in
     x's memory order (see `slice_scatter`)."""
     dim = dim % x.dim()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.fx import GraphModule, Node
@@ -125,7 +125,7 @@ def _exact_integer(node: Node) -> bool:
     return all(integral(a.meta.get("val")) for a in node.all_input_nodes)
 
 
-def remat_partition(joint_module: GraphModule, joint_inputs, **kwargs) -> tuple[GraphModule, GraphModule]:
+def remat_partition(joint_module: GraphModule, joint_inputs: Any, **kwargs: Any) -> tuple[GraphModule, GraphModule]:
     """Min-cut rematerialisation, with the values that backward comparisons depend on
     saved (module docstring)."""
     from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Iterator
 
 import torch
 
@@ -75,7 +75,7 @@ class SegmentLines(list):
     def append(self, line: str) -> None:
         self.body.append(_COL_NAMES.sub(lambda m: m.group(0) + self.suffix, line))
 
-    def extend(self, lines) -> None:
+    def extend(self, lines: Iterable[str]) -> None:
         for line in lines:
             self.append(line)
 
@@ -163,7 +163,7 @@ class KernelBuilder:
             self.params.append(key)
         return self.pname[key]
 
-    def emit(self, scope: Scope, expr: str, axes, dtype: torch.dtype, prefix: str = "t") -> Val:
+    def emit(self, scope: Scope, expr: str, axes: Collection[str], dtype: torch.dtype, prefix: str = "t") -> Val:
         if expr in scope.exprs and not any(r in expr for r in _RANDOM_CALLS):
             return scope.exprs[expr]
         name = self.new(prefix)
@@ -172,7 +172,7 @@ class KernelBuilder:
         scope.exprs[expr] = val
         return val
 
-    def scope_for(self, axes) -> Scope:
+    def scope_for(self, axes: Collection[str]) -> Scope:
         if COL in axes and self.segs and self.scopes[-1] is self.top:
             raise AssertionError("a column value pulled outside the row segments (emitter bug)")
         return self.scopes[-1] if COL in axes else self.top
@@ -336,7 +336,7 @@ class KernelBuilder:
                 k = coef
         return (k, e.const) if col else None
 
-    def aligned_address(self, nid: int, off: ix.Expr, axes) -> str | None:
+    def aligned_address(self, nid: int, off: ix.Expr, axes: Collection[str]) -> str | None:
         """The address of an access in a column loop as `aligned row start + crel`, where
         the access's row start is congruent to the plan's anchor (`KernelPlan.row_align`)
         modulo its own 16-byte vector; else None (addressed as usual)."""
@@ -364,7 +364,7 @@ class KernelBuilder:
         return f"({self.row_bases[key]} + crel)"
 
     # -- masks ----------------------------------------------------------------
-    def mask(self, axes) -> str | None:
+    def mask(self, axes: Collection[str]) -> str | None:
         parts = [m for a, m in ((ROW, "rmask"), (COL, "cmask")) if a in axes]
         return " & ".join(parts) if parts else None
 
@@ -385,7 +385,7 @@ class KernelBuilder:
         axes = ix.axes(a.expr)
         return self.emit(self.scope_for(axes), text, axes, torch.int32, prefix="i").name
 
-    def offset(self, e: ix.Expr, axes) -> str:
+    def offset(self, e: ix.Expr, axes: Collection[str]) -> str:
         s = self.render_index(self._as_flat(e))
         if not axes:
             return f"(zr + {s})"

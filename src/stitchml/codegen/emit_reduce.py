@@ -36,7 +36,7 @@ class Reductions:
                     self.loop_of[r] = grp
         self.running: set[int] = set()   # reductions whose loop is being emitted
 
-    def input_index(self, n: ir.Node, index) -> tuple[tuple[ix.Expr, ...], tuple, tuple[int, ...]]:
+    def input_index(self, n: ir.Node, index: tuple[ix.Expr, ...]) -> tuple[tuple[ix.Expr, ...], tuple, tuple[int, ...]]:
         """The index of a reduction's operand: `index` on the kept dims, the column
         axis unravelled over the reduced dims."""
         src = self.b.g[n.refs[0]]
@@ -48,7 +48,7 @@ class Reductions:
             full.append(next(ri) if d in dims else next(ki))
         return tuple(full), red, red_sizes
 
-    def reduce(self, n: ir.Node, index) -> Val:
+    def reduce(self, n: ir.Node, index: tuple[ix.Expr, ...]) -> Val:
         b = self.b
         outer, b.cond = b.cond, tuple(c for c in b.cond if COL not in c[1])
         try:

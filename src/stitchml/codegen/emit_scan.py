@@ -59,7 +59,7 @@ def _direction(b: KernelBuilder, n: ir.Node, index) -> bool:
     raise ix.IndexMismatch("scan requested off its column axis")
 
 
-def scan(b: KernelBuilder, n: ir.Node, index) -> Val:
+def scan(b: KernelBuilder, n: ir.Node, index: tuple[ix.Expr, ...]) -> Val:
     # (a segment would scan its own columns only: the planner gives scans whole-row tiles)
     assert not b.segs, "a scan in a kernel of row segments (planner bug)"
     reverse = _direction(b, n, index)

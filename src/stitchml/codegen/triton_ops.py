@@ -30,7 +30,7 @@ ROUND_EXACT = {torch.float32: "8388608.0", torch.float64: "4503599627370496.0",
                torch.float16: "8388608.0", torch.bfloat16: "8388608.0"}
 
 
-def literal(value, dtype: torch.dtype) -> str:
+def literal(value: bool | int | float, dtype: torch.dtype) -> str:
     if dtype == torch.bool:
         return "True" if value else "False"
     if dtype in FLOATS:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 import torch.fx as fx
@@ -34,6 +34,9 @@ from ..runtime.pdl import pdl_sources
 from ..runtime.wrapper import build_program
 from . import template as tpl
 from .shapes import Signature, bucket_of, concrete_graph, is_symbolic, probes, signature, tensor_args
+
+if TYPE_CHECKING:
+    from ..compiler import CompiledGraph
 
 __all__ = ["compile_dynamic", "is_symbolic", "sources_at", "DynamicState"]
 
@@ -113,7 +116,7 @@ def _jobs(t: tpl.Template, built: pipeline.Built) -> Iterable[Job]:
     return (job_for(built.kernels[name], built.graph, text, _size_args(t, name)) for name, text in t.launched.items())
 
 
-def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec) -> Callable:
+def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec: CompiledGraph) -> Callable:
     """The callable for a graph with symbolic sizes (`rec`: the graph's `CompiledGraph`)."""
     try:
         sig = signature(gm)

@@ -5,7 +5,7 @@ import time
 import traceback
 import warnings
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -291,5 +291,5 @@ def run_case(seed: int, profile: str = "ci") -> CaseResult:
         return CaseResult(seed, "error", f"harness raised {type(e).__name__}: {e} ({tb})", prog.describe(), 0.0)
 
 
-def run_many(seeds, profile: str = "ci") -> list[CaseResult]:
+def run_many(seeds: Iterable[int], profile: str = "ci") -> list[CaseResult]:
     return [run_case(s, profile) for s in seeds]

@@ -8,7 +8,7 @@ position is part of the calling convention and an eager call may have side effec
 """
 from __future__ import annotations
 
-from .nodes import CAT, GATHER, INPUT, ITEM, OPAQUE, POINTWISE, REDUCE, SCAN, VIEW, Graph, Ref
+from .nodes import CAT, GATHER, INPUT, ITEM, OPAQUE, POINTWISE, REDUCE, SCAN, VIEW, Graph, Node, Ref
 from .rewrite import copy_node, finish_copy
 
 
@@ -40,7 +40,7 @@ def eliminate_dead(g: Graph) -> Graph:
 
 
 
-def mutates(g: Graph, n) -> bool:
+def mutates(g: Graph, n: Node) -> bool:
     """Whether eager node `n` writes one of its operands (a mutable ATen schema)."""
     schema = getattr(g.eager_calls.get(n.id, (None,))[0], "_schema", None)
     return bool(schema is not None and schema.is_mutable)

@@ -7,7 +7,7 @@ and code generator read this data; nothing here runs kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -103,7 +103,8 @@ class Graph:
     eager_calls: dict[int, tuple[Any, tuple, dict]] = field(default_factory=dict)
     constants: dict[int, Any] = field(default_factory=dict)  # INPUT nodes holding a module's tensor
 
-    def add(self, kind: str, op: str, args: tuple, shape, dtype, stride=None, attrs=()) -> int:
+    def add(self, kind: str, op: str, args: tuple, shape: Sequence[int] | None, dtype: torch.dtype | None,
+            stride: Sequence[int] | None = None, attrs: Iterable[tuple[str, Any]] = ()) -> int:
         nid = len(self.nodes)
         self.nodes.append(Node(nid, kind, op, tuple(args), None if shape is None else tuple(shape),
                                dtype, None if stride is None else tuple(stride), tuple(attrs)))

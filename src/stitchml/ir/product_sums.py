@@ -24,11 +24,16 @@ concatenation, which `dce.merge_duplicates` then keeps once.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .nodes import CAT, OPAQUE, VIEW, Graph, Ref, contiguous_strides
 from .add_trees import add_trees
 from .rewrite import rebuild
+
+if TYPE_CHECKING:
+    from ..plan.devices import Device
 
 MIN_PIECES = 4
 MM = "aten.mm.default"
@@ -47,7 +52,7 @@ def _transposes(g: Graph, nid: int) -> tuple[int, bool, list[int]]:
     return n.id, flip, chain
 
 
-def fold_product_sums(g: Graph, dev) -> Graph:
+def fold_product_sums(g: Graph, dev: Device) -> Graph:
     """`g` with each qualifying add tree of matrix products replaced by one product
     (module doc); `dev` is the cost model's device."""
     users = g.users()

@@ -2,12 +2,12 @@
 graph rewrites: dead-node elimination, task splitting)."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from .nodes import Graph, Node, Ref
 
 
-def remap_refs(a, remap: dict[int, int]):
+def remap_refs(a: Any, remap: dict[int, int]) -> Any:
     """`a` with every Ref renumbered through `remap` (nested tuples, lists, dicts)."""
     if isinstance(a, Ref):
         return Ref(remap[a.id])

@@ -1,7 +1,7 @@
 """Helpers that rules use to build IR: casts, broadcasts, views and reductions."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -41,14 +41,15 @@ class LowerCtx:
         raise TypeError("scalar has no tensor dtype")
 
     # -- builders ----------------------------------------------------------
-    def pointwise(self, op: str, args: tuple, shape, dtype, attrs=()) -> Ref:
+    def pointwise(self, op: str, args: tuple, shape: Sequence[int], dtype: torch.dtype,
+                  attrs: Iterable[tuple[str, Any]] = ()) -> Ref:
         self._check_dtype(dtype)
         return Ref(self.g.add(ir.POINTWISE, op, args, shape, dtype, ir.contiguous_strides(tuple(shape)), attrs))
 
-    def full(self, shape, value, dtype) -> Ref:
+    def full(self, shape: Sequence[int], value: bool | int | float, dtype: torch.dtype) -> Ref:
         return self.pointwise("full", (), shape, dtype, (("value", value),))
 
-    def empty(self, shape, dtype) -> Ref:
+    def empty(self, shape: Sequence[int], dtype: torch.dtype) -> Ref:
         """A tensor without elements: a free node the wrapper allocates (any dtype the
         kernels may write, as nothing is computed)."""
         assert prod(shape) == 0, shape
@@ -73,26 +74,26 @@ class LowerCtx:
         shape = self.shape(x)
         return Ref(self.g.add(ir.POINTWISE, "bitcast", (x,), shape, dtype, ir.contiguous_strides(tuple(shape))))
 
-    def view(self, op: str, x: Ref, shape, params=()) -> Ref:
+    def view(self, op: str, x: Ref, shape: Sequence[int], params: Iterable[tuple[str, Any]] = ()) -> Ref:
         shape = tuple(shape)
         src = self.g[x.id]
         if op == "reshape" and src.shape == shape:
             return x
         return Ref(self.g.add(ir.VIEW, op, (x,), shape, src.dtype, ir.contiguous_strides(shape), params))
 
-    def broadcast_to(self, x: Any, shape) -> Any:
+    def broadcast_to(self, x: Any, shape: Sequence[int]) -> Any:
         shape = tuple(shape)
         if not isinstance(x, Ref) or self.shape(x) == shape:
             return x
         return self.view("expand", x, shape)
 
-    def reshape(self, x: Ref, shape) -> Ref:
+    def reshape(self, x: Ref, shape: Sequence[int]) -> Ref:
         shape = tuple(shape)
         if prod(shape) != prod(self.shape(x)):
             raise Unsupported(f"reshape {self.shape(x)} -> {shape} changes element count")
         return self.view("reshape", x, shape)
 
-    def reduce(self, op: str, x: Ref, dims, keepdim: bool, dtype: torch.dtype) -> Ref:
+    def reduce(self, op: str, x: Ref, dims: Iterable[int], keepdim: bool, dtype: torch.dtype) -> Ref:
         shape = self.shape(x)
         nd = len(shape)
         dims = tuple(sorted({d % nd for d in dims})) if nd else ()

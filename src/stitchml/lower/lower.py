@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -192,7 +193,7 @@ class Lowerer:
         except Unsupported as e:
             return self._opaque(node, args, kwargs, str(e))
 
-    def apply_rule(self, node, args: tuple, kwargs: dict):
+    def apply_rule(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         """IR of `node` by its rule (`args`/`kwargs`: its arguments with tensors as Refs),
         or `Unsupported` with the reason it runs eagerly (no node of it is left)."""
         if any(isinstance(a, Ref) and self.g[a.id].kind == ir.OPAQUE and self.g[a.id].shape is None

@@ -20,7 +20,7 @@ are views, recorded as eager steps without a reason.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from ..ir.nodes import Ref
 from .context import LowerCtx, static_shape
 from .registry import Unsupported
 from .rules_views import _concat
+
+if TYPE_CHECKING:
+    from .lower import Lowerer
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -54,7 +57,7 @@ class Pair:
         return f"Pair({self.ref}{', conj' if self.conj else ''})"
 
 
-def involves_complex(node) -> bool:
+def involves_complex(node: torch.fx.Node) -> bool:
     """Whether an FX node reads or produces a complex tensor."""
     vals = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
     for v in vals:
@@ -86,7 +89,7 @@ def _eager_view(lw, op, src: Ref, shape, dtype, stride) -> Ref:
     return Ref(nid)
 
 
-def pair_of(lw, x: Any) -> Ref:
+def pair_of(lw: Lowerer, x: Any) -> Ref:
     """The real (…, 2) tensor of a complex operand: a Pair's own (its conjugate
     computed if it is a lazy one), or an eager `view_as_real` of a complex tensor
     (graph input, library op's result)."""
@@ -111,7 +114,7 @@ def pair_of(lw, x: Any) -> Ref:
     return out
 
 
-def unpair(lw, value: Any) -> Any:
+def unpair(lw: Lowerer, value: Any) -> Any:
     """`value` with every Pair turned into a complex tensor (an eager view_as_complex)."""
     if isinstance(value, Pair):
         ref = pair_of(lw, value)
@@ -125,7 +128,7 @@ def unpair(lw, value: Any) -> Any:
     return value
 
 
-def lower(lw, node, args: tuple, kwargs: dict):
+def lower(lw: Lowerer, node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
     """Lower an FX node that reads or produces complex values (called by the Lowerer)."""
     rule = RULES.get(node.target)
     if rule is not None and getattr(node.target, "_schema", None) is not None and node.target._schema.is_mutable:

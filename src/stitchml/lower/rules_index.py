@@ -178,7 +178,8 @@ def winner_rows(ctx: LowerCtx, winner: Ref, sh: tuple, skip_row: int | None = No
     return hit, at
 
 
-def scatter_written(ctx: LowerCtx, node, winner: Ref, src_rows, x_rows: Ref, dtype) -> Ref:
+def scatter_written(ctx: LowerCtx, node: torch.fx.Node, winner: Ref, src_rows: Ref | int | float, x_rows: Ref,
+                    dtype: torch.dtype) -> Ref:
     """The scatter-write's second kernel: each destination row is the winning source
     row (gathered) where one wrote there, else x's row; `src_rows` may be a scalar
     (scatter.value).  Everything is per element of x, so it is one kernel."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ..ir.nodes import Ref
 from .context import FLOAT_TYPES, LowerCtx, static_shape
 from .registry import RULES, Unsupported, register
 
@@ -43,7 +44,8 @@ def _floor_divide(ctx, node, a, b):
     return floor_divide_ints(ctx, a, b, static_shape(val), val.dtype)
 
 
-def floor_divide_ints(ctx: LowerCtx, a, b, shape, dtype):
+def floor_divide_ints(ctx: LowerCtx, a: Ref | int | float, b: Ref | int | float, shape: tuple[int, ...],
+                      dtype: torch.dtype) -> Ref:
     """Python's floor quotient of integers (also div with rounding_mode='floor')."""
     a, b = _operands(ctx, a, b, shape, dtype)
     q = ctx.pointwise("tdiv", (a, b), shape, dtype)

@@ -93,7 +93,7 @@ def _narrowed(ctx: LowerCtx, src: Ref, ishape) -> Ref:
     return src
 
 
-def scatter_write(ctx: LowerCtx, node, x, dim: int, index, src) -> Ref:
+def scatter_write(ctx: LowerCtx, node: torch.fx.Node, x: Ref, dim: int, index: Ref, src: Ref | int | float) -> Ref:
     """x with src's elements written at scatter's addresses (`rules_index.scatter_winner`:
     of duplicate destinations the last source position wins)."""
     val = node.meta["val"]

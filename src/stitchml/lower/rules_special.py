@@ -234,7 +234,7 @@ for _name, _op in ORTHO_POLYS.items():
     register(_packet.default, _packet.x_scalar, _packet.n_scalar)(_ortho_poly(_op))
 
 
-def polygamma_ge1(ctx: LowerCtx, node, n: int, x) -> Ref:
+def polygamma_ge1(ctx: LowerCtx, node: torch.fx.Node, n: int, x: Ref) -> Ref:
     """polygamma(n, x) for n >= 1 as eager computes it: (-1)^(n+1) n! zeta(n + 1, x), and for
     n = 1 eager's trigamma (its reflection below 0: finite at the poles -1, -2, ..)."""
     shape, dtype = _out(node)

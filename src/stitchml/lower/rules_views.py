@@ -3,6 +3,8 @@ selects, concatenation, plain-re-index as_strided, and the ops built from them:
 constant padding, roll, repeat, and diagonals (diagonal, diag_embed, diagonal_scatter)."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from ..ir import nodes as ir
@@ -108,7 +110,7 @@ def _stack(ctx, node, tensors, dim=0):
     return _concat(ctx, parts, shape, dim, dtype)
 
 
-def storage_order(val) -> list[int]:
+def storage_order(val: torch.Tensor) -> list[int]:
     """The dims of a tensor (its metadata: eager's layout) by decreasing stride, when
     that layout is dense (a permutation of a contiguous one): permuted so, the tensor's
     contiguous order is its storage order.  Size-1 dims last (any stride)."""
@@ -121,13 +123,14 @@ def storage_order(val) -> list[int]:
     return order
 
 
-def in_storage_order(ctx, x, val, order: list[int]):
+def in_storage_order(ctx: LowerCtx, x: Ref, val: torch.Tensor, order: list[int]) -> Ref:
     if order == list(range(len(order))):
         return x
     return ctx.view("permute", x, tuple(val.shape[d] for d in order), (("dims", tuple(order)),))
 
 
-def strided_offset(ctx, node, x, size, stride, storage_offset) -> int:
+def strided_offset(ctx: LowerCtx, node: torch.fx.Node, x: Ref, size: Sequence[int], stride: Sequence[int],
+                   storage_offset: int | None) -> int:
     """as_strided's first storage position relative to its operand's own start;
     refuses a view reaching outside the operand's elements."""
     val = node.args[0].meta["val"]
@@ -214,7 +217,7 @@ def _constant_pad(ctx, node, x, pad, value=0):
     return constant_pad(ctx, x, pad, value, node.meta["val"].dtype)
 
 
-def constant_pad(ctx, x, pad, value, dtype):
+def constant_pad(ctx: LowerCtx, x: Ref, pad: Sequence[int], value: bool | int | float, dtype: torch.dtype) -> Ref:
     """Pairs (before, after) from the last dim backwards; negative amounts crop (also the
     complex rule's, on a (re, im) pair)."""
     for i in range(len(pad) // 2):
@@ -274,7 +277,8 @@ def _slice_backward(ctx, node, grad, input_sizes, dim, start, end, step):
     return slice_backward_pad(ctx, grad, static_shape(node.meta["val"]), dim, start, node.meta["val"].dtype)
 
 
-def slice_backward_pad(ctx, grad, shape, dim, start, dtype, trailing=()):
+def slice_backward_pad(ctx: LowerCtx, grad: Ref, shape: Sequence[int], dim: int, start: int, dtype: torch.dtype,
+                       trailing: Sequence[int] = ()) -> Ref:
     """The gradient zero-padded to `shape` along `dim` from `start` (normalised as eager
     does); `trailing` dims ride along untouched (the complex rule's (re, im) pair)."""
     dim %= len(shape)
@@ -288,7 +292,8 @@ def _select_backward(ctx, node, grad, input_sizes, dim, index):
     return select_backward_pad(ctx, grad, static_shape(node.meta["val"]), dim, index, node.meta["val"].dtype)
 
 
-def select_backward_pad(ctx, grad, shape, dim, index, dtype, trailing=()):
+def select_backward_pad(ctx: LowerCtx, grad: Ref, shape: Sequence[int], dim: int, index: int, dtype: torch.dtype,
+                        trailing: Sequence[int] = ()) -> Ref:
     """The gradient as a size-1 slice at `index` of `dim`, zero-padded to `shape`;
     `trailing` dims ride along untouched (the complex rule's (re, im) pair)."""
     shape = tuple(shape)
@@ -334,7 +339,7 @@ def _diagonal(ctx, node, x, offset=0, dim1=0, dim2=1):
     return diagonal_view(ctx, x, offset, dim1 % nd, dim2 % nd, out)
 
 
-def diagonal_view(ctx, x, offset, d1, d2, out):
+def diagonal_view(ctx: LowerCtx, x: Ref, offset: int, d1: int, d2: int, out: Sequence[int]) -> Ref:
     """A strided view: the matrix dims moved last and flattened, then a slice with step
     m + 1 from the diagonal's first element (the other dims first, in order)."""
     shape = ctx.shape(x)

@@ -20,6 +20,7 @@ of every call are also appended to `LOG` (bounded) so `explain` can show them.
 from __future__ import annotations
 
 import warnings
+from typing import Any, Sequence
 
 import torch.fx as fx
 
@@ -30,7 +31,7 @@ LOG: list[PatternRecord] = []
 _LOG_MAX = 1000
 
 
-def rewrite(gm: fx.GraphModule, example_inputs=None) -> list[PatternRecord]:
+def rewrite(gm: fx.GraphModule, example_inputs: Sequence[Any] | None = None) -> list[PatternRecord]:
     """Apply the enabled rewrites to gm in place; return their records."""
     from . import attention, cross_entropy, gemm_epilogue, linear_ce, masked_setitem
     from .common import positional

@@ -28,6 +28,7 @@ bound: the planner may fuse the element-wise pass into a neighbour's kernel.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.fx as fx
@@ -37,6 +38,9 @@ from ..ir.nodes import prod
 from .common import PatternRecord, Refused, arg, concrete_shape, kind, static_shape, value
 from .gemm_op import fused_linear
 from .linear_ce import _plain_transpose
+
+if TYPE_CHECKING:
+    from ..plan.devices import Device
 
 _STAGES = ("bias", "act", "mul", "residual", "cast")
 # the ops `_step` can take as an epilogue step, by kind
@@ -88,7 +92,7 @@ def _step(nxt: fx.Node, cur: fx.Node, out_shape, dtype, act: str | None):
     return None
 
 
-def match(node: fx.Node):
+def match(node: fx.Node) -> tuple[fx.Node, fx.Node, bool, fx.Node | None, dict[str, object], list[fx.Node]] | None:
     """(x, weight, transposed, bias, steps, chain) for a product with an epilogue, or None."""
     k = kind(node)
     # (operands may come by keyword: I-BERT calls `F.linear(x, weight=..., bias=...)`)
@@ -140,7 +144,8 @@ class Choice:
     reason: str
 
 
-def choose(x: fx.Node, weight: fx.Node, transposed: bool, steps: dict, need_grad: bool, dev=None) -> Choice:
+def choose(x: fx.Node, weight: fx.Node, transposed: bool, steps: dict, need_grad: bool,
+           dev: Device | None = None) -> Choice:
     """Price a match both ways on `dev` (default: the device plans are made for);
     `need_grad`: autograd will need the pre-activation z (the fused form writes it too)."""
     from ..plan.devices import current_device

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..ir import nodes as ir
-from .data import KernelPlan
+from .data import KernelPlan, Plan
 from .graph_view import GraphView, is_free
 from .row_loops import loop_groups
+
+if TYPE_CHECKING:
+    from .devices import Device
 
 
 def _nbytes(n: ir.Node, numel: int | None = None) -> int:
@@ -75,7 +79,7 @@ def row_bytes(g: ir.Graph, k: KernelPlan) -> float:
     return sum(_nbytes(g[i]) / max(k.domain.rows, 1) for i in k.inputs if g[i].numel >= k.domain.cols)
 
 
-def reread_miss(g: ir.Graph, k: KernelPlan, dev) -> float:
+def reread_miss(g: ir.Graph, k: KernelPlan, dev: Device) -> float:
     """Fraction of a looped kernel's re-reads of its row that miss L2 and go to DRAM.
     A program re-reads its row right after its previous pass; meanwhile every resident
     program streams its own row, so the row is still in L2 when the rows in flight fit
@@ -88,7 +92,7 @@ def reread_miss(g: ir.Graph, k: KernelPlan, dev) -> float:
     return 0.0 if in_flight <= 0 else min(1.0, max(0.0, 1.0 - 0.75 * dev.l2_bytes / in_flight))
 
 
-def kernel_bytes(g: ir.Graph, k: KernelPlan, dev=None) -> tuple[int, int]:
+def kernel_bytes(g: ir.Graph, k: KernelPlan, dev: Device | None = None) -> tuple[int, int]:
     """Modelled DRAM bytes: each input buffer counted once, capped at the elements the
     kernel can touch; a looped kernel's further passes over its rows count as far as
     they miss L2 (`reread_miss`) on `dev` (default: the current device)."""
@@ -153,7 +157,7 @@ def unfused_bytes(g: ir.Graph) -> int:
     return total
 
 
-def predict_seconds(k: KernelPlan, dev=None, warps: int = 0) -> float:
+def predict_seconds(k: KernelPlan, dev: Device | None = None, warps: int = 0) -> float:
     """Modelled time of one kernel: launch cost plus bytes over bandwidth, scaled by
     how much of the machine the grid occupies (too few programs cannot saturate
     DRAM; a partial last wave is paid in full) and by the form's measured efficiency
@@ -183,7 +187,7 @@ def predict_seconds(k: KernelPlan, dev=None, warps: int = 0) -> float:
     return dev.launch_s + mem + atomics
 
 
-def group_seconds(kind: str, kernels: list[KernelPlan], dev) -> float:
+def group_seconds(kind: str, kernels: list[KernelPlan], dev: Device) -> float:
     """Modelled time of a launch group: one launch, the members' memory time (in a
     horizontal group at the widest member's warps, as the composite runs them), and a
     grid barrier between consecutive phases of a global group (whose counter reset is
@@ -200,7 +204,7 @@ def group_seconds(kind: str, kernels: list[KernelPlan], dev) -> float:
     return dev.launch_s + reset + mem / dev.efficiency("global") + (len(kernels) - 1) * dev.barrier_s
 
 
-def plan_seconds(plan, dev) -> float:
+def plan_seconds(plan: Plan, dev: Device) -> float:
     """The plan's kernels and launch groups priced on `dev` (same structure: the
     plan as chosen, moved to another device)."""
     by_name = {k.name: k for k in plan.kernels}
@@ -209,7 +213,7 @@ def plan_seconds(plan, dev) -> float:
     return total + sum(group_seconds(g.kind, [by_name[m] for m in g.members], dev) for g in plan.groups)
 
 
-def unfused_seconds(g: ir.Graph, dev) -> tuple[float, int]:
+def unfused_seconds(g: ir.Graph, dev: Device) -> tuple[float, int]:
     """Modelled time and launch count if every memory-intensive primitive op ran as
     its own kernel (the eager what-if; the ops that run eagerly anyway are left out
     of every plan's figure alike)."""

@@ -19,9 +19,12 @@ import json
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import config
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,7 @@ class Device:
     # "" = the template's default)
     triton_gemm_config: str = ""
 
-    def matmul_rate(self, dtype) -> float:
+    def matmul_rate(self, dtype: torch.dtype | None) -> float:
         """Dense matrix-product flops/s for operands of `dtype` (datasheet)."""
         import torch
         key = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}.get(dtype, "fp32")

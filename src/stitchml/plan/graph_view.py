@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 from functools import cached_property
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 from ..ir import nodes as ir
 from ..ir.dce import mutates
@@ -51,7 +51,8 @@ def _is_source(n: ir.Node) -> bool:
     return n.kind in (ir.INPUT, ir.OPAQUE, ir.ITEM) or is_placed(n)
 
 
-def cheap_chains(g: ir.Graph, free=None, leaf_ok=None, cats: bool = False) -> Iterator[tuple[int, frozenset[int]]]:
+def cheap_chains(g: ir.Graph, free: Callable[[int], bool] | None = None, leaf_ok: Callable[[int], bool] | None = None,
+                 cats: bool = False) -> Iterator[tuple[int, frozenset[int]]]:
     """Casts of sources (graph inputs, eager results) and cheap element-wise ops (add,
     sub, mul, neg, division by a constant) and casts whose operands are sources or such nodes (through views), with at
     most two full-size sources in all, in graph order: (node, its sources).  Sources
@@ -116,7 +117,7 @@ def cheap_chains(g: ir.Graph, free=None, leaf_ok=None, cats: bool = False) -> It
                 yield n.id, leaf
 
 
-def source_bytes(g: ir.Graph, leaf) -> int:
+def source_bytes(g: ir.Graph, leaf: Iterable[int]) -> int:
     return sum(g[s].numel * g[s].dtype.itemsize for s in leaf)
 
 
@@ -126,7 +127,8 @@ def _full_size(g: ir.Graph, leaf, numel: int) -> list[int]:
     return [s for s in leaf if g[s].numel * 10 > numel]
 
 
-def mark_recompute(g: ir.Graph, ids, reason: str = "a cheap chain of sources") -> ir.Graph:
+def mark_recompute(g: ir.Graph, ids: Iterable[int] | dict[int, str],
+                   reason: str = "a cheap chain of sources") -> ir.Graph:
     """A copy of `g` whose nodes `ids` are free: computed by every kernel that reads them.
     The attribute holds why (`explain` lists it); `ids` may be a mapping of id to reason."""
     out = copy.copy(g)

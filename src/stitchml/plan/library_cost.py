@@ -37,12 +37,16 @@ datasheet tensor-core rates.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..ir import nodes as ir
 from ..ir.nodes import Ref, prod
+
+if TYPE_CHECKING:
+    from .data import Plan
+    from .devices import Device
 
 _MM = {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
        "aten.matmul.default"}
@@ -129,7 +133,7 @@ def _aligned(n: ir.Node | None) -> bool:
 _TILES = ((128, 256), (128, 128), (64, 128), (64, 64), (64, 32))
 
 
-def gemm_seconds(batch: int, m: int, n: int, k: int, dtype: torch.dtype | None, dev, aligned: bool = True,
+def gemm_seconds(batch: int, m: int, n: int, k: int, dtype: torch.dtype | None, dev: Device, aligned: bool = True,
                  nbytes: int = 0) -> float:
     """One (batched) matrix product on `dev`, without its launch gap: the best tile size
     over whole waves of tiles, a tile walking K in steps of 64, each step as long as its
@@ -159,7 +163,7 @@ def gemm_seconds(batch: int, m: int, n: int, k: int, dtype: torch.dtype | None, 
     return max(best, nbytes / dev.bandwidth)
 
 
-def attention_seconds(b: int, h: int, sq: int, sk: int, d: int, causal: bool, backward: bool, dev) -> float:
+def attention_seconds(b: int, h: int, sq: int, sk: int, d: int, causal: bool, backward: bool, dev: Device) -> float:
     """A fused attention call (flash / memory-efficient / cuDNN), without its launch gap."""
     if b * h * sq * sk * d == 0:
         return 0.0
@@ -280,7 +284,7 @@ def _price_epilogue(g: ir.Graph, nid: int, op: str, a: dict, dev, items) -> Libr
                         "Triton GEMM with a stitched epilogue")
 
 
-def price(g: ir.Graph, nid: int, dev, items: dict[int, list[ir.Node]] | None = None) -> LibraryPrice:
+def price(g: ir.Graph, nid: int, dev: Device, items: dict[int, list[ir.Node]] | None = None) -> LibraryPrice:
     """The predicted device time of eager node `nid` of `g` on `dev` (`items`: `_items(g)`,
     when pricing many ops of one graph)."""
     n = g[nid]
@@ -318,7 +322,7 @@ def price(g: ir.Graph, nid: int, dev, items: dict[int, list[ir.Node]] | None = N
                         "priced by its bytes at the copy bandwidth")
 
 
-def plan_library(plan, dev) -> list[LibraryPrice]:
+def plan_library(plan: Plan, dev: Device) -> list[LibraryPrice]:
     """A price for every eager step of `plan` (in launch order) on `dev`, each op's gap
     that of a CUDA-graph replay where the plan was made for capture (as its kernels are
     priced)."""

@@ -31,8 +31,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..ir import nodes as ir
+
+if TYPE_CHECKING:
+    from .data import Plan
 
 MIN_RUN_BYTES = 64   # two 32-byte sectors: a part's contiguous run in the concatenation
 
@@ -84,7 +88,7 @@ def written_parts(g: ir.Graph, cat: int) -> list[int]:
     return out
 
 
-def candidates(g: ir.Graph, plan) -> set[int]:
+def candidates(g: ir.Graph, plan: Plan) -> set[int]:
     """Concatenations a plan's kernel writes from parts other kernels write anyway: placed,
     the copy is gone and nothing is written that was not before.  (A concatenation whose
     parts its own kernel computes — `planner._parts_of_cats`, a free concatenation read

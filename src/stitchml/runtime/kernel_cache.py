@@ -33,13 +33,16 @@ import tempfile
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import config
 from ..codegen.composite import BARRIER
 from ..codegen.kernel_source import KernelSource
 from ..codegen.triton_ops import PRELUDE
-from ..ir.nodes import Ref
+from ..ir.nodes import Graph, Ref
+
+if TYPE_CHECKING:
+    from ..plan.data import KernelPlan
 
 FORMAT = 2
 STATS = {"generated": 0, "disk_hits": 0, "memory_hits": 0, "rebuilt": 0, "modules": 0}
@@ -117,7 +120,7 @@ def _renumber(a: Any, ids: dict[int, int]) -> Any:
     return a
 
 
-def canonical_kernel(g, k) -> tuple[str, list[int]]:
+def canonical_kernel(g: Graph, k: KernelPlan) -> tuple[str, list[int]]:
     """A text that describes everything the code generator reads for kernel `k`, with
     node ids replaced by their position in the kernel's closure, and that closure.
     Two kernels with equal texts generate equal code up to node ids."""
@@ -143,7 +146,7 @@ def canonical_kernel(g, k) -> tuple[str, list[int]]:
     return repr((parts, plan)), closure
 
 
-def kernel_key(g, k, device_kind: str, canonical: tuple[str, list[int]] | None = None) -> str:
+def kernel_key(g: Graph, k: KernelPlan, device_kind: str, canonical: tuple[str, list[int]] | None = None) -> str:
     """The cache key of kernel `k` (`canonical`: `canonical_kernel(g, k)`, when the
     caller has it already)."""
     text, _ = canonical if canonical is not None else canonical_kernel(g, k)
@@ -205,7 +208,7 @@ def cached_payload(key: str, generate: Callable[[], dict]) -> dict:
     return payload
 
 
-def cached_kernel(g, k, device_kind: str, generate: Callable[[], KernelSource]) -> KernelSource:
+def cached_kernel(g: Graph, k: KernelPlan, device_kind: str, generate: Callable[[], KernelSource]) -> KernelSource:
     """Kernel `k`'s source, generated once per content (see the module doc)."""
     canonical = canonical_kernel(g, k)   # (its text keys the cache; its closure numbers the payload)
     key = kernel_key(g, k, device_kind, canonical)

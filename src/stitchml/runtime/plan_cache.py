@@ -26,6 +26,7 @@ from .. import config
 from .kernel_cache import atomic_write, cache_root
 
 if TYPE_CHECKING:
+    from ..ir.nodes import Graph
     from ..plan.options import PlanOptions
 
 FORMAT = 1
@@ -86,7 +87,7 @@ def _describe(a: Any) -> str:
     return str(a)
 
 
-def plan_key(graph, device_type: str, options: "PlanOptions | None" = None) -> str:
+def plan_key(graph: Graph, device_type: str, options: "PlanOptions | None" = None) -> str:
     """The key of what planning (under `options`, default the knobs' values) and code
     generation make of lowered graph `graph`.  Every knob is part of it too: code
     generation reads some (e.g. output poisoning)."""
@@ -139,7 +140,7 @@ def _path(key: str) -> Path:
     return cache_root() / "plans" / f"{key}.pkl"
 
 
-def load(key: str, graph) -> Any | None:
+def load(key: str, graph: Graph) -> Any | None:
     """What `store` kept under `key`, with `graph`'s own objects put back; None on a miss."""
     if not config.get("plan_cache"):
         return None
@@ -168,7 +169,7 @@ def load(key: str, graph) -> Any | None:
     return value
 
 
-def store(key: str, graph, value: Any) -> None:
+def store(key: str, graph: Graph, value: Any) -> None:
     """Keep `value` (the plan and kernel sources made from lowered graph `graph`)."""
     if not config.get("plan_cache"):
         return

@@ -54,7 +54,7 @@ from functools import lru_cache
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import torch
 
@@ -63,6 +63,9 @@ from ..codegen.kernel_source import KernelSource
 from ..codegen.triton_ops import SIG_DTYPE
 from .kernel_cache import load_kernels, module_path
 from .pdl import launched_with_pdl
+
+if TYPE_CHECKING:
+    from ..ir.nodes import Graph
 
 _POOL: list[ProcessPoolExecutor] = []
 _DONE: set[str] = set()   # module paths already compiled by this process's pool
@@ -199,7 +202,7 @@ class Job:
         return out
 
 
-def job_for(ks: KernelSource, graph, text: str | None = None,
+def job_for(ks: KernelSource, graph: Graph, text: str | None = None,
             sizes: Sequence[tuple[str, int | float]] = ()) -> Job:
     """The compile job of kernel `ks` (whose node ids refer to `graph`), as loaded from
     `text` (default `ks.source`; a dynamic template's text has size arguments `sz0, sz1,
@@ -303,7 +306,7 @@ def distinct(jobs: Iterable[Job]) -> list[Job]:
     return list(out.values())
 
 
-def distinct_jobs(kernels: dict[str, KernelSource], graph, launched: Iterable[str] | None = None) -> list[Job]:
+def distinct_jobs(kernels: dict[str, KernelSource], graph: Graph, launched: Iterable[str] | None = None) -> list[Job]:
     """One job per distinct kernel body of a graph (their modules written).  With
     `launched` (`Plan.launched`) only those kernels: the members of a launch group run
     inside its composite kernel and need no binary of their own."""
@@ -418,7 +421,7 @@ def precompile(jobs: Iterable[Job]) -> Pending:
     return Pending([(j, _submit(_warm_up, j, env, retry)) for j in todo])
 
 
-def compile_for_target(kernels: dict[str, KernelSource], graph, arch: int = 90,
+def compile_for_target(kernels: dict[str, KernelSource], graph: Graph, arch: int = 90,
                        parallel: bool = True, launched: Iterable[str] | None = None) -> dict[str, Any]:
     """Compile a graph's distinct (launched) kernels for sm_`arch` without a GPU (Triton
     must not be in interpreter mode in this process).  Returns timings (`wall_s` from

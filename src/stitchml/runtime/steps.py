@@ -409,7 +409,7 @@ def _is_value(text: str) -> bool:
     return len(text) > 1 and text[0] in "avp" and text[1:].isdigit()
 
 
-def defines(step) -> str | None:
+def defines(step: Step) -> str | None:
     return getattr(step, "name", None) if not isinstance(step, (Free, Return, DrawSeeds)) else None
 
 

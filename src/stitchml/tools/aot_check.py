@@ -15,12 +15,17 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
 from .. import config
 from ..codegen.triton_ops import SIG_DTYPE
+
+if TYPE_CHECKING:
+    from triton.runtime.jit import JITFunction
+
+    from ..plan.data import Plan
 
 
 @dataclass
@@ -369,7 +374,7 @@ def sass_profiles(cubins: list[bytes], arch: int = 90) -> list[dict | None]:
     return out
 
 
-def compile_function(fn, sig: dict, consts: dict, options: dict, arch: int = 90,
+def compile_function(fn: JITFunction, sig: dict, consts: dict, options: dict, arch: int = 90,
                      aligned: Iterable[str] = ()) -> dict[str, Any]:
     """Compile Triton function `fn` for sm_`arch`: {ok, registers, spills | error}.  `sig`
     types its run-time arguments, `consts` its constexprs and the integers the JIT
@@ -406,7 +411,7 @@ def compile_function(fn, sig: dict, consts: dict, options: dict, arch: int = 90,
     return {"ok": True, "registers": regs, "spills": spills}
 
 
-def check(fn, *inputs, arch: int = 90, device: str = "H100") -> list[AotResult]:
+def check(fn: Callable, *inputs: Any, arch: int = 90, device: str = "H100") -> list[AotResult]:
     """Plan `fn` for `device`, generate every kernel, compile each for sm_`arch`."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("aot_check needs Triton out of interpreter mode (unset TRITON_INTERPRET)")
@@ -422,7 +427,7 @@ def check(fn, *inputs, arch: int = 90, device: str = "H100") -> list[AotResult]:
     return check_plan(plan, arch)
 
 
-def check_plan(plan, arch: int = 90) -> list[AotResult]:
+def check_plan(plan: Plan, arch: int = 90) -> list[AotResult]:
     """Generate every kernel of `plan` and compile each for sm_`arch`."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("aot_check needs Triton out of interpreter mode (unset TRITON_INTERPRET)")
@@ -497,7 +502,7 @@ def _warp_instructions(k, sass: dict | None, g=None) -> int | None:
     return row_blocks * runs * m.num_warps * sass["hot_instructions"]
 
 
-def check_dynamic(fn, *inputs, arch: int = 90, device: str = "H100") -> list[AotResult]:
+def check_dynamic(fn: Callable, *inputs: Any, arch: int = 90, device: str = "H100") -> list[AotResult]:
     """Dynamic shapes: trace `fn` with every size symbolic, build the template of the
     inputs' mapping buckets the way the dynamic runner does (static pipeline at the
     probe sizes, `dynamic/template.py`), and compile every kernel it launches, with
@@ -547,8 +552,8 @@ def check_dynamic(fn, *inputs, arch: int = 90, device: str = "H100") -> list[Aot
     return results
 
 
-def survey(suite: str = "micro", case_re: str = "", dtypes=("fp32", "bf16"), arch: int = 90, device: str = "H100",
-           replayed: bool = False):
+def survey(suite: str = "micro", case_re: str = "", dtypes: Sequence[str] = ("fp32", "bf16"), arch: int = 90,
+           device: str = "H100", replayed: bool = False) -> Iterator[tuple[str, str, str, AotResult]]:
     """Every kernel of every case of a bench suite (`micro` or `models`) at full size
     (forward and backward plans, as `stitchml.tools.predict` makes them for `device`;
     `replayed`: priced as CUDA-graph replays, as the models suite runs), compiled for
@@ -573,7 +578,8 @@ def survey(suite: str = "micro", case_re: str = "", dtypes=("fp32", "bf16"), arc
                     yield spec.name, dtype, f"graph {i}", r
 
 
-def survey_micro(case_re: str = "", dtypes=("fp32", "bf16"), arch: int = 90, device: str = "H100"):
+def survey_micro(case_re: str = "", dtypes: Sequence[str] = ("fp32", "bf16"), arch: int = 90,
+                 device: str = "H100") -> Iterator[tuple[str, str, str, AotResult]]:
     """`survey` of the micro suite."""
     yield from survey("micro", case_re, dtypes, arch, device)
 

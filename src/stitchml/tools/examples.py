@@ -10,6 +10,7 @@ quickly under the Triton interpreter on a CPU.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -93,7 +94,8 @@ def example_inputs(batch: int = 2, seq: int = 16, hidden: int = 64, heads: int =
     return x.to(device), mask.to(device)
 
 
-def block_training_case(batch: int = 2, seq: int = 16, hidden: int = 64, heads: int = 4):
+def block_training_case(batch: int = 2, seq: int = 16, hidden: int = 64,
+                        heads: int = 4) -> tuple[Callable[..., tuple[torch.Tensor, ...]], list[torch.Tensor]]:
     """(fn, inputs): the block's forward and its gradients w.r.t. x and every weight as
     one function of plain tensors (weights as inputs), for tracing a whole training
     step with make_fx (ahead-of-time compilation checks)."""

@@ -98,7 +98,7 @@ def measure(model: torch.nn.Module, *inputs, **kwargs) -> ModelStats:
     return stats
 
 
-def bert_base(batch: int = 2, seq: int = 128, layers: int = 12):
+def bert_base(batch: int = 2, seq: int = 128, layers: int = 12) -> tuple[torch.nn.Module, torch.Tensor]:
     from transformers import BertConfig, BertModel
     cfg = BertConfig(num_hidden_layers=layers, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
                      attn_implementation="eager")
@@ -107,7 +107,7 @@ def bert_base(batch: int = 2, seq: int = 128, layers: int = 12):
     return model, ids
 
 
-def main(argv=None) -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--batch", type=int, default=2)

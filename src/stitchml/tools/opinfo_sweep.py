@@ -37,13 +37,16 @@ import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 os.environ.setdefault("STITCHML_POISON_OUTPUTS", "1")
 os.environ.setdefault("STITCHML_FALLBACK_ON_ERROR", "0")  # a crash is a crash, not a fallback
 
 import torch  # noqa: E402
 import torch.utils._pytree as pytree  # noqa: E402
+
+if TYPE_CHECKING:
+    from torch.testing._internal.opinfo.core import OpInfo, SampleInput
 
 # ops whose results cannot be compared with eager's (random numbers from eager's
 # generator, uninitialised memory): not run
@@ -290,7 +293,7 @@ def _ours(e: BaseException) -> bool:
     return False
 
 
-def run_sample(opinfo, sample, dtype: torch.dtype, backward: bool) -> Outcome:
+def run_sample(opinfo: OpInfo, sample: SampleInput, dtype: torch.dtype, backward: bool) -> Outcome:
     """Compile `opinfo.op` on one sample with a fresh backend; compare with eager."""
     from ..capture.backend import StitchBackend
     fn, tensors = _make_fn(opinfo.op, sample)

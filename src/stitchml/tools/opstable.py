@@ -55,7 +55,7 @@ def core_aten_ops() -> list[torch._ops.OpOverload]:
 TRACED_AS = {torch.ops.aten.var.dim: torch.ops.aten.var.correction}
 
 
-def classify(op) -> OpRow:
+def classify(op: torch._ops.OpOverload) -> OpRow:
     if op in _lower.COMPUTE_INTENSIVE:
         return OpRow(str(op), LIBRARY, "compute-intensive: vendor library")
     lib = library_reason(op)

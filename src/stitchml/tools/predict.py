@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import re
 from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 from functorch.compile import make_boxed_func
@@ -29,7 +30,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 from ..bench import micro, models
 from ..bench.contenders import make_cotangents
-from ..bench.workload import DTYPES, floor_bytes
+from ..bench.workload import DTYPES, CaseSpec, floor_bytes
 from .. import patterns
 from ..capture.partition import partitioner
 from ..capture.logging_breaks import ignore_once_logging
@@ -57,11 +58,11 @@ class Prediction:
                 f"| {self.modelled_bytes / 1e6:.1f} | {self.predicted_s * 1e6:.1f} | {self.launches} | {self.forms} |")
 
 
-def predict_case(spec, dtype: str, opts: PlanOptions) -> Prediction:
+def predict_case(spec: CaseSpec, dtype: str, opts: PlanOptions) -> Prediction:
     return case_plans(spec, dtype, opts)[0]
 
 
-def case_plans(spec, dtype: str, opts: PlanOptions) -> tuple[Prediction, list]:
+def case_plans(spec: CaseSpec, dtype: str, opts: PlanOptions) -> tuple[Prediction, list]:
     """The prediction of one micro case and every plan made for it (forward, then
     backward graphs), e.g. for `aot_check --micro` or a test that inspects the plans."""
     cpu = torch.device("cpu")
@@ -77,7 +78,7 @@ def case_plans(spec, dtype: str, opts: PlanOptions) -> tuple[Prediction, list]:
         return _predict(spec, dtype, opts, cpu)
 
 
-def shape_only(gm: fx.GraphModule, device: torch.device):
+def shape_only(gm: fx.GraphModule, device: torch.device) -> Callable[[list], list]:
     """A boxed stand-in for a compiled AOT graph that computes nothing: it returns
     empty tensors of the sizes, strides and dtypes the graph's outputs were traced with
     (non-tensor outputs as traced), so planning a full-size step never runs it."""
@@ -95,7 +96,8 @@ def shape_only(gm: fx.GraphModule, device: torch.device):
     return run
 
 
-def planning_backend(opts: PlanOptions, device: torch.device, plans: dict[str, list]):
+def planning_backend(opts: PlanOptions, device: torch.device,
+                     plans: dict[str, list]) -> Callable[[fx.GraphModule, Sequence[Any]], Callable]:
     """A Dynamo backend that does what `StitchBackend` does up to the plan, with planning
     in place of compiling: each graph's plan is appended to `plans["forward"]` or
     `plans["backward"]`, and the graph computes nothing (sizes only: `shape_only`, or the

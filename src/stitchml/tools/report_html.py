@@ -22,12 +22,16 @@ import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..ir import nodes as ir
 from ..plan.data import EagerStep, Plan
-from ..plan.devices import current_device, describe_source
+from ..plan.devices import Device, current_device, describe_source
 from ..plan.graph_view import GraphView, is_free
+
+if TYPE_CHECKING:
+    from ..plan.ilp import SearchReport
+    from .explain import Report
 
 SCHEME_COLOURS = {"local": "#1f77b4", "regional": "#e6550d", "scatter": "#756bb1", "combine": "#31a354"}
 EAGER_FILL = "#d9d9d9"
@@ -181,7 +185,7 @@ def _png(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def roofline_png(rows: list[dict], dev) -> str | None:
+def roofline_png(rows: list[dict], dev: Device) -> str | None:
     """Bandwidth roofline: bytes a kernel moves against the bandwidth it achieves
     (predicted, and measured where given); the roof is what the model allows at that
     size, launch-bound on the left, copy bandwidth on the right."""
@@ -337,7 +341,7 @@ def _kernel_rows(report, colours: dict[str, str], measured: dict[str, float]) ->
     return rows
 
 
-def build_html(report, measured_us: dict[str, float] | None = None, title: str = "",
+def build_html(report: Report, measured_us: dict[str, float] | None = None, title: str = "",
                what_if: dict | None = None) -> str:
     measured = dict(measured_us or {})
     dev = current_device()
@@ -517,7 +521,7 @@ def _pattern_count(report) -> str:
     return f"{applied} applied, {len(recs) - applied} refused"
 
 
-def pattern_section(report) -> str:
+def pattern_section(report: Report) -> str:
     """The pattern rewrites of the Dynamo graph (before AOTAutograd): each applied or
     refused, at which node, and what it produced or why it refused."""
     recs = getattr(report, "patterns", None) or []
@@ -536,7 +540,7 @@ def pattern_section(report) -> str:
     return "".join(out)
 
 
-def partition_section(report) -> str:
+def partition_section(report: Report) -> str:
     """How AOTAutograd split each training graph (knob remat): min-cut or the default
     partition, and the forward values kept from recomputation for backward comparisons.
     Empty where nothing was recorded (inference, a planning-only report, a cache hit)."""
@@ -548,7 +552,7 @@ def partition_section(report) -> str:
             + _table(["method", "min-cut runs", "saved for backward comparisons", "meaning"], rows) + "</div>")
 
 
-def search_lines(s) -> list[list[Any]]:
+def search_lines(s: SearchReport) -> list[list[Any]]:
     """Rows for the plan-search table: per region where the search reports them,
     else one row for the whole graph."""
     regions = getattr(s, "per_region", None) or []
@@ -559,7 +563,7 @@ def search_lines(s) -> list[list[Any]]:
              f"{(s.rule_s - s.chosen_s) * 1e6:.2f} us", s.note]]
 
 
-def write_html(report, path: str | os.PathLike, measured_us: dict[str, float] | None = None, title: str = "",
+def write_html(report: Report, path: str | os.PathLike, measured_us: dict[str, float] | None = None, title: str = "",
                what_if: dict | None = None) -> str:
     p = check_writable(path)
     page = build_html(report, measured_us=measured_us, title=title, what_if=what_if)
