@@ -172,3 +172,12 @@ def test_the_pdl_contender_runs_only_when_named_and_only_on_hopper():
     action = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["bench"]._actions
                   if "--contender" in a.option_strings)
     assert list(action.choices) == list(CONTENDER_NAMES)
+
+
+@pytest.mark.gpu
+def test_calibrate_measures_the_replay_gap_with_and_without_pdl_on_a_gpu():
+    """`stitchml calibrate` stores the replayed-graph gap a kernel, plain and with PDL
+    (`graph_launch_pdl_s`): the two numbers the knob's default waits for."""
+    from stitchml.tools.calibrate import measure_graph_launch
+    plain, pdl = measure_graph_launch(50, 3), measure_graph_launch(50, 3, pdl=True)
+    assert 0 < plain < 1e-4 and 0 < pdl < 1e-4, (plain, pdl)

@@ -311,22 +311,34 @@ def measure_launch(reps: int = 200) -> float:
     return _events_median(batch, max(reps // per_batch, 5)) / per_batch
 
 
-def measure_graph_launch(launches: int = 200, reps: int = 20) -> float:
+def measure_graph_launch(launches: int = 200, reps: int = 20, pdl: bool = False) -> float:
     """Seconds per kernel inside a replayed CUDA graph: `launches` launches of an empty
     kernel captured once on one stream (each waits for the one before), the replay timed
     with CUDA events.  What the planner charges per launch for graphs it plans for
-    capture (`Device.replayed`): the GPU's gap between kernels, no host launch path."""
+    capture (`Device.replayed`): the GPU's gap between kernels, no host launch path.
+    `pdl`: each kernel launched with programmatic dependent launch, waiting on the one
+    before and letting the next launch at once (runtime/pdl.py): the gap PDL leaves."""
     import triton
+
+    from ..codegen.triton_fast import _gdc_launch_dependents, _gdc_wait
 
     @triton.jit
     def _empty(x):
         pass
 
+    @triton.jit
+    def _empty_pdl(x):
+        _gdc_wait()
+        _gdc_launch_dependents()
+
     buf = torch.zeros(1, device="cuda")
 
     def chain():
         for _ in range(launches):
-            _empty[(1,)](buf)
+            if pdl:
+                _empty_pdl[(1,)](buf, launch_pdl=True)
+            else:
+                _empty[(1,)](buf)
 
     from ..bench.timing import _graph_of   # (warmed up on a side stream, captured there: the bench's own)
     return _events_median(_graph_of(chain), reps) / launches
@@ -526,6 +538,10 @@ def calibrate() -> Device | None:
         graph_error = f"{type(e).__name__}: {e}"
     else:
         graph_error = ""
+    try:   # (not in the cost model yet: the knob pdl is off by default until measured)
+        graph_launch_pdl: float | str = measure_graph_launch(pdl=True)
+    except Exception as e:   # (a GPU before Hopper, a driver without PDL in graphs)
+        graph_launch_pdl = f"{type(e).__name__}: {e}"
     forms = measure_forms(dev)
     glob = measure_global(dev)
     try:
@@ -542,6 +558,7 @@ def calibrate() -> Device | None:
                     "launch_overhead": overheads,
                     "barrier_s": dev.barrier_s, "atomic_s": dev.atomic_s, "forms": forms, "global_scheme": glob,
                     "graph_launch_s": dev.graph_launch_s, "graph_launch_error": graph_error,
+                    "graph_launch_pdl_s": graph_launch_pdl,
                     "triton_gemm": gemm}
     path = save_calibration(dev, measurements)
     return replace(dev, calibration_file=str(path))
