@@ -74,6 +74,13 @@ def test_pdl_source_puts_the_wait_first_and_leaves_barrier_kernels_alone():
     assert pdl_source(p) == p
     barrier = KernelSource("g0", [("in", 0), ("counter", -1), ("base", -1)], ["x", "c", "b"], ["pass"], 4, 4, {})
     assert pdl_source(barrier) is barrier
+    # under CUDA graphs a kernel reads its seed from device memory: after the wait (the
+    # captured draw that writes it runs before the kernel)
+    from stitchml.runtime.cuda_graphs import device_seed_source
+    seeded = KernelSource("k1", [("seed", 0), ("out", 1)], ["seed0", "y"], ["tl.store(y, seed0)"], 1, 1, {})
+    both = device_seed_source(pdl_source(seeded))
+    assert both.body[:3] == ["_gdc_wait()", "_gdc_launch_dependents()", "seed0 = tl.load(seed0_ptr)"]
+    assert launched_with_pdl(both.source)
 
 
 def test_dynamic_templates_launch_with_pdl():

@@ -189,7 +189,11 @@ def device_seed_source(ks: KernelSource) -> KernelSource:
             names[i] = f"{names[i]}_ptr"
     if not first:
         return ks
-    return KernelSource(ks.name, list(ks.params), names, first + list(ks.body), ks.grid, ks.num_warps, ks.levels)
+    # (after a programmatic dependent launch's wait, runtime/pdl.py: the seed buffer is
+    # written by the captured draw before this kernel)
+    from .pdl import after_wait
+    return KernelSource(ks.name, list(ks.params), names, after_wait(ks.body, first), ks.grid, ks.num_warps,
+                        ks.levels)
 
 
 class SeedBuffer:

@@ -66,6 +66,13 @@ def pdl_source(ks: KernelSource) -> KernelSource:
     return dataclasses.replace(ks, body=_FIRST + list(ks.body))
 
 
+def after_wait(body: list[str], lines: list[str]) -> list[str]:
+    """`body` with `lines` put first, but after the PDL prologue where there is one (what
+    a kernel reads, e.g. its seeds from device memory, must come after the wait)."""
+    n = len(_FIRST) if list(body[:len(_FIRST)]) == _FIRST else 0
+    return list(body[:n]) + list(lines) + list(body[n:])
+
+
 def pdl_sources(kernels: dict[str, KernelSource], device: torch.device) -> dict[str, KernelSource]:
     """A graph's kernels as they are launched on `device`: `pdl_source`'s where the knob
     wants PDL there, else unchanged."""
@@ -74,4 +81,4 @@ def pdl_sources(kernels: dict[str, KernelSource], device: torch.device) -> dict[
     return {name: pdl_source(ks) for name, ks in kernels.items()}
 
 
-__all__ = ["launched_with_pdl", "pdl_source", "pdl_sources", "pdl_wanted", "takes_pdl"]
+__all__ = ["after_wait", "launched_with_pdl", "pdl_source", "pdl_sources", "pdl_wanted", "takes_pdl"]
