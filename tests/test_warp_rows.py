@@ -73,6 +73,34 @@ def test_one_row_programs_take_the_warps_with_the_fewest_live_masked_lanes(cols,
     assert -(-cols // lanes) * lanes // (got * 32) <= mapping.ROW_THREAD_ELEMS
 
 
+@pytest.mark.parametrize("values,expected", [
+    (1, 4),     # a softmax: 56 elements a thread at 4 warps (7168 lanes for 6272)
+    (3, 4),     # 168 values a thread
+    (11, 8),    # 616 at 4 warps: too many; 16 warps would leave 128 registers for 176: 8
+])
+def test_one_row_programs_trim_warps_no_further_than_the_inputs_they_hold_fit(values, expected):
+    """A row of 6272 bfloat16 (a channel's 2 x 56 x 56 in a batch-norm backward) in an
+    8192 tile: fewer warps leave fewer lanes masked, but each thread then holds more of
+    every input that varies along the row (bench/NOTES.md, forty-third session)."""
+    assert mapping.live_lane_warps(6272, 16, 8, values=values) == expected
+
+
+def _many(*xs):
+    """A per-channel normalisation of a sum of products: len(xs) inputs varying along each
+    channel's row of N x H x W elements (a batch-norm backward fused with what feeds it)."""
+    t = sum(a.float() * b.float() for a, b in zip(xs[1::2], xs[2::2]))
+    m = t.mean(dim=(0, 2, 3), keepdim=True)
+    v = (t - m).pow(2).mean(dim=(0, 2, 3), keepdim=True)
+    return ((xs[0].float() - m) * torch.rsqrt(v + 1e-5)).to(xs[0].dtype)
+
+
+def test_row_kernels_reading_many_inputs_keep_warps_for_their_registers():
+    (k,) = _plan(_many, torch.bfloat16, *[(2, 64, 56, 56)] * 11).kernels
+    assert (k.mapping.form, k.mapping.block_c, k.mapping.num_warps, len(k.inputs)) == ("row_persistent", 8192, 8, 11)
+    (k,) = _plan(_many, torch.bfloat16, *[(2, 64, 56, 56)] * 3).kernels
+    assert (k.mapping.form, k.mapping.num_warps) == ("row_persistent", 4)
+
+
 def test_a_softmax_over_5000_wide_bf16_rows_runs_at_four_warps():
     (k,) = _plan(lambda x: torch.softmax(x, -1), torch.bfloat16, (6710, 5000)).kernels
     assert (k.mapping.form, k.mapping.block_c, k.mapping.num_warps) == ("row_persistent", 8192, 4)

@@ -72,10 +72,14 @@ SCALED_MIN_PROGRAMS_PER_SM = 8   # dtype-scaled blocks only where programs of `b
 SCALED_MIN_COLS = 1024           # ... and, for row kernels, rows at least this wide (a row across warps)
 
 
-def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: int = 4) -> Mapping:
+def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: int = 4,
+           row_values: int = 1) -> Mapping:
     """The mapping of a kernel over `domain`; `itemsize`: the largest element size of
     its full-size accesses (programs hold the same bytes in any dtype, `elems_scale`;
-    not kernels with column partials, whose tiles `deeper_partial_tile` sizes)."""
+    not kernels with column partials, whose tiles `deeper_partial_tile` sizes);
+    `row_values`: how many inputs varying along the row it reads (what a thread holds
+    per element of a row it keeps whole: `live_lane_warps` trims no further than they
+    fit)."""
     fixed = opts.fixed_row_blocks
     scale = 1 if partials or not opts.dtype_scaled_blocks else elems_scale(itemsize)
     if scale > 1:
@@ -101,7 +105,7 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: 
                 return warp_row_mapping(rows, cols, vec, opts.warp_row_warps)   # a warp a row
             warps = _warps(br * bc)
             if br == 1 and opts.trim_row_warps and not fixed:
-                warps = live_lane_warps(cols, warps, vec)
+                warps = live_lane_warps(cols, warps, vec, values=row_values)
             return Mapping(form, br, bc, warps, blocks)
         # column partials: each program walks several row blocks (grid-stride) so the
         # partial buffer (programs x cols) stays small; a few waves of programs suffice
@@ -222,9 +226,15 @@ def warp_row_mapping(rows: int, cols: int, vec: int, warps: int) -> Mapping:
 
 
 ROW_THREAD_ELEMS = 64   # live_lane_warps: most row elements a thread may hold after fewer warps
+# ... and most input values (row elements x inputs varying along it): a batch-norm backward fused
+# with a max-pool backward (dla46x_c, bf16: 11 inputs, rows of 6272 in an 8192 tile) trimmed
+# to 4 warps held 56 elements of each, 255 registers and 1496 stack bytes a thread for
+# sm_90 (Triton 3.6); at 8 warps 220 registers, no stack (bench/NOTES.md, forty-third session)
+ROW_THREAD_VALUES = 384
+REGISTERS_AT_16_WARPS = 128   # 65536 registers an SM over 512 threads
 
 
-def live_lane_warps(cols: int, warps: int, vec: int, least: int = 1) -> int:
+def live_lane_warps(cols: int, warps: int, vec: int, least: int = 1, values: int = 1) -> int:
     """The warps of a one-row program over a row of `cols` elements (a power-of-two tile)
     that leave the fewest masked lanes live, at most `warps`.  Triton lays the tile out
     as `warps` x 32 threads of `vec` consecutive elements, repeated along the row: a
@@ -234,17 +244,26 @@ def live_lane_warps(cols: int, warps: int, vec: int, least: int = 1) -> int:
     for 5000 (39 % masked); at 4 warps (1024 a repeat) 5120: the softmax's sm_90
     warp-instructions a row fell from 16 x 286 to 4 x 544 (-52 %; Triton 3.6,
     bench/NOTES.md, twenty-seventh session).  Fewer warps only while a thread holds at
-    most ROW_THREAD_ELEMS of the row (registers), only where the span shrinks, and
+    most ROW_THREAD_ELEMS of the row and, over the kernel's `values` inputs that vary
+    along the row, at most ROW_THREAD_VALUES values (registers), only where the span shrinks, and
     never below `least` warps."""
     def span(w: int) -> int:
         lanes = w * 32 * vec
         return -(-cols // lanes) * lanes
 
+    def fits(w: int) -> bool:
+        held = span(w) // (w * 32)
+        return held <= ROW_THREAD_ELEMS and held * max(values, 1) <= ROW_THREAD_VALUES
+
     best, w = warps, warps // 2
-    while w >= max(least, 1) and span(w) // (w * 32) <= ROW_THREAD_ELEMS:
+    while w >= max(least, 1) and fits(w):
         if span(w) < span(best):
             best = w
         w //= 2
+    if best == 16 and span(16) // 512 * values > REGISTERS_AT_16_WARPS and least <= 8 and fits(8):
+        # sixteen warps leave a thread 128 registers: the dla46x_c kernel above spilled 160
+        # bytes at 16 warps, none at 8 (same span, more registers a thread)
+        best = 8
     return best
 
 

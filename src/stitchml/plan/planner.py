@@ -382,7 +382,11 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     sizes = [g[i].dtype.itemsize for i in (*inputs, *outputs) if g[i].numel * 2 >= full and g[i].dtype is not None]
     # (the widest: a dropout's bool mask beside bf16 data is not 1-byte data; with it,
     # BERT's bf16 layer-norm tiles grew 4x to 97-128 registers and spilled for sm_90)
-    mp = mapping_rules.choose(grp.domain, opts, partials=bool(partials), itemsize=max(sizes, default=4))
+    # inputs that vary along a row (every element loads from each, a concatenation's
+    # pieces included, masked or not), against per-row values such as a norm's weight
+    along = sum(1 for i in inputs if g[i].numel > grp.domain.rows)
+    mp = mapping_rules.choose(grp.domain, opts, partials=bool(partials), itemsize=max(sizes, default=4),
+                              row_values=along)
     if mp.segments > 1:
         # row segments combine reductions element-wise; a scan carries along the row, an
         # arg-reduction wants the first index, and register-heavy kernels are spread over
