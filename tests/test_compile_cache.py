@@ -458,7 +458,7 @@ def test_jobs_carry_the_callers_triton_cache_folder_into_long_lived_workers(tmp_
             assert pc._target()[-1] == str(tmp_path / folder)
             pc._DONE.clear()                              # the pool's memory: a new process's
             pc.precompile(jobs).wait()                    # row2: row1's markers name row1's folder: miss
-    envs = [args[-1] for name, args in fake_gpu_pool if name == "_warm_up"]
+    envs = [args[1] for name, args in fake_gpu_pool if name == "_warm_up"]   # (job, env, retry)
     assert [e["TRITON_CACHE_DIR"] for e in envs] == [str(tmp_path / "row1")] * 2 + [str(tmp_path / "row2")] * 2
 
     # the worker's side: set, changed and removed (this process's environment restored
