@@ -124,6 +124,17 @@ def note_refusal(origin: tuple[str, str], options: dict, warps: int, reason: str
     return other
 
 
+def launch_options(num_warps: int, maxnreg: int | None = None, pdl: bool = False) -> dict[str, Any]:
+    """A kernel's launch options in the one order every caller passes them (a wrapper's
+    launch line, the compile pool's job): a refused kernel's options key both (`REFUSED`)."""
+    out: dict[str, Any] = {"num_warps": num_warps}
+    if maxnreg:
+        out["maxnreg"] = maxnreg
+    if pdl:
+        out["launch_pdl"] = True
+    return out
+
+
 def refusal_reason(error: BaseException) -> str:
     """`Type: first line` of a compiler's error (its message can be pages of IR)."""
     first = (str(error).strip().splitlines() or [""])[0][:200]
@@ -446,5 +457,5 @@ def bind_launchers(functions: dict[str, Any]) -> dict[str, Launcher]:
     return {name: by_fn.setdefault(id(fn), Launcher(fn)) for name, fn in functions.items()}
 
 
-__all__ = ["REFUSED", "RETRIES", "Launcher", "Site", "arg_spec", "bind_launchers", "compiling_warps",
+__all__ = ["REFUSED", "RETRIES", "Launcher", "Site", "arg_spec", "bind_launchers", "compiling_warps", "launch_options",
            "kernel_origin", "note_refusal"]

@@ -62,6 +62,7 @@ from .. import config
 from ..codegen.kernel_source import KernelSource
 from ..codegen.triton_ops import SIG_DTYPE
 from .kernel_cache import load_kernels, module_path
+from .launcher import compiling_warps, launch_options, note_refusal, refusal_reason
 from .pdl import launched_with_pdl
 
 if TYPE_CHECKING:
@@ -192,14 +193,8 @@ class Job:
     pdl: bool = False   # launched with programmatic dependent launch (runtime/pdl.py)
 
     def options(self) -> dict:
-        """Its launch options, in the order a wrapper's launch line passes them
-        (`steps.Launch._options`: a refused kernel's options key both)."""
-        out: dict = {"num_warps": self.num_warps}
-        if self.maxnreg:
-            out["maxnreg"] = self.maxnreg
-        if self.pdl:
-            out["launch_pdl"] = True
-        return out
+        """Its launch options, as a wrapper's launch line passes them (`launcher.launch_options`)."""
+        return launch_options(self.num_warps, self.maxnreg, self.pdl)
 
 
 def job_for(ks: KernelSource, graph: Graph, text: str | None = None,
@@ -266,7 +261,6 @@ def _warm_up(job: Job, env: dict[str, str] | None = None,
     or where Triton refused it at its warps and `retry` (not a grid-barrier kernel):
     (seconds, (the warps it compiled at, the function's name, the refusal)) — as the
     launcher retries (`launcher.compiling_warps`)."""
-    from .launcher import compiling_warps, refusal_reason
     _adopt_env(env)
     t0 = time.perf_counter()
     options = job.options()
@@ -354,7 +348,6 @@ def _mark(job: Job, retried: tuple[int, str, str] | None = None) -> None:
 def _note_retried(job: Job, retried: tuple[int, str, str]) -> None:
     """Launches of `job`'s kernel at its planned warps use the warps the pool compiled
     it at (`launcher.REFUSED`), instead of compiling the refused kernel again."""
-    from .launcher import note_refusal
     warps, name, reason = retried
     note_refusal((job.path, name), job.options(), warps, reason)
 

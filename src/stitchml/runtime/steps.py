@@ -18,6 +18,7 @@ from typing import Union
 import torch
 
 from ..ir.nodes import contiguous_strides, prod
+from .launcher import launch_options
 
 
 # ----------------------------------------------------------------------------- leaves
@@ -257,9 +258,7 @@ class Launch:
         return tuple(a for a in self.args if _is_value(a))
 
     def _options(self) -> str:
-        # (the order of `precompile.Job.options`: a refused kernel's options key both)
-        return (f"num_warps={self.num_warps}" + (f", maxnreg={self.maxnreg}" if self.maxnreg else "")
-                + (", launch_pdl=True" if self.pdl else ""))
+        return ", ".join(f"{k}={v}" for k, v in launch_options(self.num_warps, self.maxnreg, self.pdl).items())
 
     def render(self) -> str:
         args = ", ".join(self.args + self.size_args)
