@@ -68,7 +68,7 @@ MICRO_CONTENDERS=(--contender eager --contender inductor --contender stitchml)
 # first (ten sessions of code no GPU has run), then the training rows against Inductor, the
 # never-measured issue-18 rows, compile time (its own step and folder: a --resume would otherwise
 # keep the steady-state rows and skip the cold-compile measurement), the later predictions
-STEP_ORDER=(env tests models-check pdl models-18 compile-check dien models-15 micro-check trace ncu small-cols calibrate models-bf16 variants micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
+STEP_ORDER=(env tests models-check models-18 pdl compile-check dien models-15 micro-check trace ncu small-cols calibrate models-bf16 variants micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
 declare -A LIMIT=([env]=120 [tests]=900 [calibrate]=900 [micro-bf16]=2400 [micro-fp32]=2400
                   [models-bf16]=3600 [models-fp32]=3600 [models-rest]=3600 [micro-extra]=3600
                   [compile]=2400 [compile-check]=900 [variants]=1200 [models-15]=1800 [models-18]=1800 [dien]=1200 [trace]=600 [ncu]=600 [small-cols]=600 [models-check]=900 [micro-check]=600 [pdl]=900)
