@@ -27,6 +27,7 @@ from .ir.nodes import Graph
 from .lower.registry import Unsupported
 from .pipeline import StageTimes
 from .runtime import cuda_graphs
+from .runtime.launcher import KernelRefused
 from .plan.data import Plan
 
 log = logging.getLogger("stitchml")
@@ -51,6 +52,7 @@ class CompiledGraph:
     gemm_pads: list[str] = field(default_factory=list)  # matrix products padded for cuBLAS (capture/pad_gemm.py)
     aot_cache: str = ""              # "hit": the ATen graph came from AOTAutograd's cache (capture/aot_cache.py)
     graph_runner: object = None      # runtime.cuda_graphs.GraphRunner when replayed (its counts: explain)
+    replan_note: str = ""            # why the graph was planned again at its first call (explain)
 
 
 def _device_of(gm: fx.GraphModule, example_inputs) -> torch.device:
@@ -115,35 +117,64 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str,
         log.warning("stitchml %s graph: %d kernels, %d eager ops (%.2fs)", kind, rec.plan.num_kernels,
                     len(rec.plan.steps) - rec.plan.num_kernels, rec.compile_seconds)
 
-    if graphs:  # captured at the second call, replayed after (runtime/cuda_graphs.py)
-        call = cuda_graphs.wrap(call, rec)
+    def captured(call: Callable) -> Callable:
+        if not graphs:
+            return call
+        call = cuda_graphs.wrap(call, rec)   # captured at the second call, replayed after (runtime/cuda_graphs.py)
         if isinstance(call, cuda_graphs.GraphRunner):
             rec.graph_runner = call
+        return call
 
-    state: dict = {}
+    def without_barriers(error: Exception) -> Callable | None:
+        """After Triton refused a kernel that no other warp count mends, at the first call:
+        the graph planned again without grid barriers (each global launch's phases as
+        launches of their own, whose kernels the launcher may retry at other warps), where
+        its plan had global launches; None otherwise."""
+        if not isinstance(error, KernelRefused) or not any(g.kind == "global" for g in rec.plan.groups):
+            return None
+        built = pipeline.build_static(gm, device, cuda_graphs=True, replayed=graphs)
+        again, source = pipeline.load(built, device)
+        rec.graph, rec.plan, rec.kernels, rec.wrapper_source = built.graph, built.plan, built.kernels, source
+        rec.replan_note = f"planned again without grid barriers at the first call: {str(error)[:300]}"
+        log.warning("stitchml: %s graph %s", kind, rec.replan_note)
+        return again
+
+    state: dict = {"call": captured(call)}
 
     def run(args):
         rec.calls += 1
         if "eager" in state:
             return _run_eager(gm, args)
         if rec.calls > 1:
-            return call(args)
+            return state["call"](args)
         # Triton compiles each kernel at its first launch, i.e. inside the first call:
-        # a failure there is a compile failure, so this graph runs eagerly from now on
+        # a failure there is a compile failure.  A kernel Triton refuses at every warp
+        # count makes a plan with grid barriers try once more without them; anything
+        # else (or a second failure) runs this graph eagerly from now on
         inputs = list(args)
         t_first = time.perf_counter()
         try:
-            out = call(args)
+            out = state["call"](args)
             rec.first_call_seconds = time.perf_counter() - t_first
             return out
         except Exception as e:
-            if not may_fall_back():
-                raise
-            rec.eager_reason = f"{type(e).__name__} at first launch: {str(e)[:300]}"
-            rec.plan, rec.kernels = None, {}
-            state["eager"] = True
-            warnings.warn(f"stitchml: {kind} graph runs eagerly: {rec.eager_reason}", stacklevel=2)
-            return _run_eager(gm, inputs)
+            error = e
+        try:
+            again = without_barriers(error)
+            if again is not None:
+                out = again(list(inputs))
+                state["call"] = captured(again)
+                rec.first_call_seconds = time.perf_counter() - t_first
+                return out
+        except Exception as e:
+            error = e
+        if not may_fall_back():
+            raise error
+        rec.eager_reason = f"{type(error).__name__} at first launch: {str(error)[:300]}"
+        rec.plan, rec.kernels = None, {}
+        state["eager"] = True
+        warnings.warn(f"stitchml: {kind} graph runs eagerly: {rec.eager_reason}", stacklevel=2)
+        return _run_eager(gm, inputs)
 
     run._boxed_call = True
     return run

@@ -124,6 +124,18 @@ def note_refusal(origin: tuple[str, str], options: dict, warps: int, reason: str
     return other
 
 
+class KernelRefused(RuntimeError):
+    """Triton refused a kernel at its first launch and no other warp count helps: every
+    count refused, or a grid-barrier kernel, whose warps are not changed.  `barrier`: it
+    has a grid barrier (the graph may be planned again without them: compiler.py)."""
+
+    def __init__(self, origin: tuple[str, str], reason: str, barrier: bool):
+        what = ("a grid-barrier kernel (not retried at other warp counts)" if barrier
+                else "at every warp count")
+        super().__init__(f"Triton refused kernel {origin[1]} {what}: {reason}")
+        self.origin, self.reason, self.barrier = origin, reason, barrier
+
+
 def launch_options(num_warps: int, maxnreg: int | None = None, pdl: bool = False) -> dict[str, Any]:
     """A kernel's launch options in the one order every caller passes them (a wrapper's
     launch line, the compile pool's job): a refused kernel's options key both (`REFUSED`)."""
@@ -326,19 +338,29 @@ class Launcher:
         """After the JIT raised `error`: launch options at which Triton compiles the
         kernel it refused at `options` (other warps), remembered for later launches
         (`REFUSED`); None where the kernel compiles as planned (the error is not a
-        refusal), is not retried (knob off, a grid-barrier kernel, no `warmup`: the
-        interpreter), or is refused at every warp count."""
+        refusal) or nothing is tried (knob off, no `warmup`: the interpreter).  A refusal
+        no other warp count mends (every count refused, or a grid-barrier kernel: its
+        grid was sized for co-residency at the planned warps) raises `KernelRefused`."""
         warmup = getattr(self.fn, "warmup", None)
-        if warmup is None or not config.get("retry_refused_kernels") or "maxnreg" in options:
+        if warmup is None or not config.get("retry_refused_kernels"):
             return None
         try:
             warmup(*args, grid=grid, **options)
             return None            # it compiles: the error came from the launch or the kernel's run
         except Exception:
             pass
+        reason = refusal_reason(error)
+        if "maxnreg" in options:
+            raise KernelRefused(self.origin, reason, barrier=True) from error
         warps = compiling_warps(lambda w: warmup(*args, grid=grid, **{**options, "num_warps": w}),
                                 int(options.get("num_warps", 4)))
-        return None if warps is None else note_refusal(self.origin, options, warps, refusal_reason(error))
+        if warps is None:
+            raise KernelRefused(self.origin, reason, barrier=self._barrier_kernel()) from error
+        return note_refusal(self.origin, options, warps, reason)
+
+    def _barrier_kernel(self) -> bool:
+        """Whether the kernel takes a grid-barrier counter (its parameters name one)."""
+        return "counter" in (getattr(self.fn, "arg_names", None) or ())
 
     def launch(self, grid: tuple, args: tuple, options: dict) -> None:
         key = (grid, tuple(options.items()))   # (a call site passes its options in one order)
@@ -457,5 +479,5 @@ def bind_launchers(functions: dict[str, Any]) -> dict[str, Launcher]:
     return {name: by_fn.setdefault(id(fn), Launcher(fn)) for name, fn in functions.items()}
 
 
-__all__ = ["REFUSED", "RETRIES", "Launcher", "Site", "arg_spec", "bind_launchers", "compiling_warps", "launch_options",
+__all__ = ["REFUSED", "RETRIES", "KernelRefused", "Launcher", "Site", "arg_spec", "bind_launchers", "compiling_warps", "launch_options",
            "kernel_origin", "note_refusal"]

@@ -153,6 +153,8 @@ class Report:
             if getattr(rec, "aot_cache", "") == "hit":   # a warm process: AOTAutograd did not trace this graph
                 lines.append("  ATen graph from AOTAutograd's cache (capture/aot_cache.py): joint-graph trace and "
                              "partition skipped")
+            if getattr(rec, "replan_note", ""):   # Triton refused a kernel: the plan below is the second one
+                lines.append(f"  {rec.replan_note}")
             for note in getattr(rec, "gemm_pads", ()):  # matrix products padded for cuBLAS, or left
                 lines.append(f"  GEMM alignment: {note}")
             if rec.cuda_graph_note:  # why this graph is not replayed in a CUDA graph
