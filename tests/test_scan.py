@@ -349,6 +349,10 @@ out["more"] = check(more_ops, torch.randn(11, 5), torch.randint(0, 11, (13,)), t
                     torch.randn(7, 3), torch.rand(2, 4, 6, 2) * 2 - 1, torch.randn(2, 3, 5, 7))
 out["backward"] = check(backward, torch.randn(2, 3, 5, 7), torch.rand(2, 4, 6, 2) * 2 - 1, torch.randn(11, 5),
                         torch.randn(7, 3))
+import sys
+sys.path.insert(0, "tests")
+from test_scan import _row_invariant_scans
+out["one row"] = check(_row_invariant_scans, torch.randn(2, 32, 32, dtype=torch.bfloat16))
 print(json.dumps({k: [r.__dict__ for r in v] for k, v in out.items()}))
 '''
 
@@ -363,4 +367,29 @@ def test_scan_and_index_kernels_compile_for_sm90():
     results, kernels = compiled_for_sm90(AOT_SCRIPT)
     assert len(kernels) >= 5 and set(results) == {"scan torch.float32", "scan torch.bfloat16", "looped torch.float32",
                                                   "looped torch.bfloat16", "index", "more",
-                                                  "backward"}
+                                                  "backward", "one row"}
+
+
+def _row_invariant_scans(x):
+    # along dim 1 of [2, 32, 32]: the scanned axis is not the innermost in memory (timm's
+    # edgenext_xx_small scans positions this way; the form Triton 3.6 refused)
+    pos = torch.ones_like(x).cumsum(1)                         # a constant's prefix sum (positions from ones)
+    run = torch.cummax(torch.cos(pos), 1)                      # (value, index) pairs of a row-invariant value
+    return x * pos + run.values + run.indices + torch.logcumsumexp(torch.sin(pos), 1)
+
+
+def test_a_scan_of_one_row_in_a_taller_tile_is_scanned_as_a_1d_block():
+    """A scan whose operand does not vary along the rows of a multi-row tile is a [1, C]
+    block: Triton 3.6 (torch 2.11's) asserted in its scan lowering on it (timm's
+    edgenext_xx_small: every graph with such a scan ran eagerly on a GPU), so it is
+    scanned as a 1-d block of C values (`emit_scan._one_row`); results as eager's.  (This
+    suite's Triton compiles either form for sm_90; Triton 3.6 refused the 2-d one for each
+    of these three scans, checked by hand: hence the kernel text is asserted.)"""
+    cmp = compare_with_eager(_row_invariant_scans, [torch.randn(2, 32, 32)], backward=False)
+    assert _forms(cmp, scans_only=True) == {"packed_rows"}
+    src = _sources(cmp)
+    assert len(re.findall(r"tl\.reshape\(tl\.(?:cumsum|associative_scan)\(", src)) >= 2, src   # cumsum, logaddexp
+    assert "tl.associative_scan((tl.reshape(" in src, src           # cummax's (value, index) pairs too
+    # a scan over rows that do vary keeps its 2-d form
+    cmp = compare_with_eager(lambda x: torch.cumsum(x * 2, 1), [torch.randn(2, 32, 32)], backward=False)
+    assert "tl.reshape(" not in _sources(cmp)

@@ -36,13 +36,23 @@ def _identity(op: str, cd) -> str:
     return reduce_identity("amax" if op == "logsumexp" else op, cd)
 
 
-def _scan_expr(op: str, x: str, reverse: bool) -> str:
+def _scan_expr(op: str, x: str, reverse: bool, axis: int = 1) -> str:
     rev = ", reverse=True" if reverse else ""
     if op == "sum":
-        return f"tl.cumsum({x}, 1{rev})"
+        return f"tl.cumsum({x}, {axis}{rev})"
     if op == "prod":
-        return f"tl.cumprod({x}, 1{rev})"
-    return f"tl.associative_scan({x}, 1, _logaddexp{rev})"
+        return f"tl.cumprod({x}, {axis}{rev})"
+    return f"tl.associative_scan({x}, {axis}, _logaddexp{rev})"
+
+
+def _one_row(b: KernelBuilder, axes: set) -> bool:
+    """Whether a scan's operand is one row of a taller tile (it does not vary along the
+    rows, a constant's prefix sum such as positions from a mask of ones).  Triton 3.6
+    (torch 2.11's) refuses to scan such a [1, C] block laid out for the kernel's [R, C]
+    tiles (an assertion in its scan lowering, `ScanOpToLLVM.cpp` AddPartialReduce; timm's
+    edgenext_xx_small, bench/NOTES.md, forty-third session): it is scanned as a 1-d block
+    of C values instead (`tl.reshape` there and back)."""
+    return ROW not in axes and b.m.block_r > 1
 
 
 def _direction(b: KernelBuilder, n: ir.Node, index) -> bool:
@@ -79,6 +89,10 @@ def scan(b: KernelBuilder, n: ir.Node, index: tuple[ix.Expr, ...]) -> Val:
     axes = set(v.axes) | {COL}
     lanes = b.emit(scope, f"tl.where({b.mask(axes)}, {v.name}, {ident})", axes, cd)
     if not b.looped:
+        if _one_row(b, axes):
+            bc = b.m.block_c
+            flat = _scan_expr(n.op, f"tl.reshape({lanes.name}, [{bc}])", reverse, axis=0)
+            return b.emit(scope, f"tl.reshape({flat}, [1, {bc}])", axes, cd)
         return b.emit(scope, _scan_expr(n.op, lanes.name, reverse), axes, cd)
     # one row per program walked in column blocks: the loop runs from the row's end for
     # a scan read backwards (`KernelBuilder.close_loop`), so in lane order every scan is
@@ -117,6 +131,11 @@ def _extreme(b: KernelBuilder, n: ir.Node, v: Val, reverse: bool, scope) -> Val:
     zero = "zr + zc" if ROW in axes else "zc"
     lanes = b.emit(scope, f"tl.where({b.mask(axes)}, {v.name}, {ident})", axes, cd)
     pos = b.emit(scope, f"({ix.render(b.col_flat)} + {zero}).to(tl.int64)", axes, torch.int64)
+    if not b.looped and _one_row(b, axes):   # (as a 1-d block: `_one_row`)
+        bc = b.m.block_c
+        pair = b.emit(scope, f"tl.associative_scan((tl.reshape({lanes.name}, [{bc}]), "
+                             f"tl.reshape({pos.name}, [{bc}])), 0, {comb})", axes, cd)
+        return b.emit(scope, f"tl.reshape({pair.name}[{n.attr('output')}], [1, {bc}])", axes, out_dtype)
     pair = b.emit(scope, f"tl.associative_scan(({lanes.name}, {pos.name}), 1, {comb})", axes, cd)
     if b.looped:
         # one carried pair per scan: the value and the index node share it (the key is
