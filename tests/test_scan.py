@@ -378,18 +378,18 @@ def _row_invariant_scans(x):
     return x * pos + run.values + run.indices + torch.logcumsumexp(torch.sin(pos), 1)
 
 
-def test_a_scan_of_one_row_in_a_taller_tile_is_scanned_as_a_1d_block():
+def test_a_scan_of_one_row_in_a_taller_tile_is_scanned_over_the_whole_tile():
     """A scan whose operand does not vary along the rows of a multi-row tile is a [1, C]
     block: Triton 3.6 (torch 2.11's) asserted in its scan lowering on it (timm's
     edgenext_xx_small: every graph with such a scan ran eagerly on a GPU), so it is
-    scanned as a 1-d block of C values (`emit_scan._one_row`); results as eager's.  (This
-    suite's Triton compiles either form for sm_90; Triton 3.6 refused the 2-d one for each
-    of these three scans, checked by hand: hence the kernel text is asserted.)"""
+    scanned over the whole [R, C] tile (`emit_scan._scan_axes`); results as eager's.  (This
+    suite's Triton compiles either form for sm_90; Triton 3.6 refused the [1, C] one for
+    each of these three scans and compiles the [R, C] one, checked by hand: hence the
+    kernel text is asserted.)"""
     cmp = compare_with_eager(_row_invariant_scans, [torch.randn(2, 32, 32)], backward=False)
     assert _forms(cmp, scans_only=True) == {"packed_rows"}
     src = _sources(cmp)
-    assert len(re.findall(r"tl\.reshape\(tl\.(?:cumsum|associative_scan)\(", src)) >= 2, src   # cumsum, logaddexp
-    assert "tl.associative_scan((tl.reshape(" in src, src           # cummax's (value, index) pairs too
-    # a scan over rows that do vary keeps its 2-d form
-    cmp = compare_with_eager(lambda x: torch.cumsum(x * 2, 1), [torch.randn(2, 32, 32)], backward=False)
-    assert "tl.reshape(" not in _sources(cmp)
+    scanned = dict(re.findall(r"^\s*(\w+) = tl\.where\((.*?), \w+, .*\)$", src, re.M))
+    lanes = re.findall(r"tl\.(?:cumsum|associative_scan)\(\(?(\w+)", src)
+    assert len(lanes) >= 3, src                                         # cumsum, cummax's pairs, logaddexp
+    assert all("rmask" in scanned[name] for name in lanes), (lanes, src)    # the whole tile's rows

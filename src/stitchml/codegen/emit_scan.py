@@ -36,23 +36,28 @@ def _identity(op: str, cd) -> str:
     return reduce_identity("amax" if op == "logsumexp" else op, cd)
 
 
-def _scan_expr(op: str, x: str, reverse: bool, axis: int = 1) -> str:
+def _scan_expr(op: str, x: str, reverse: bool) -> str:
     rev = ", reverse=True" if reverse else ""
     if op == "sum":
-        return f"tl.cumsum({x}, {axis}{rev})"
+        return f"tl.cumsum({x}, 1{rev})"
     if op == "prod":
-        return f"tl.cumprod({x}, {axis}{rev})"
-    return f"tl.associative_scan({x}, {axis}, _logaddexp{rev})"
+        return f"tl.cumprod({x}, 1{rev})"
+    return f"tl.associative_scan({x}, 1, _logaddexp{rev})"
 
 
-def _one_row(b: KernelBuilder, axes: set) -> bool:
-    """Whether a scan's operand is one row of a taller tile (it does not vary along the
-    rows, a constant's prefix sum such as positions from a mask of ones).  Triton 3.6
-    (torch 2.11's) refuses to scan such a [1, C] block laid out for the kernel's [R, C]
-    tiles (an assertion in its scan lowering, `ScanOpToLLVM.cpp` AddPartialReduce; timm's
-    edgenext_xx_small, bench/NOTES.md, forty-third session): it is scanned as a 1-d block
-    of C values instead (`tl.reshape` there and back)."""
-    return ROW not in axes and b.m.block_r > 1
+def _scan_axes(b: KernelBuilder, v: Val) -> set:
+    """The axes a scan's lanes span: the columns, and the rows wherever the tile holds
+    several of the domain's rows, even where the operand does not vary along them (a
+    constant's prefix sum, positions from a mask of ones): Triton 3.6 (torch 2.11's)
+    refused to scan such a [1, C] block laid out for the kernel's [R, C] tiles (an
+    assertion in its scan lowering, `ScanOpToLLVM.cpp` AddPartialReduce; timm's
+    edgenext_xx_small, bench/NOTES.md, forty-third session).  A domain of one row (under
+    a dynamic-shape row block) keeps a [1, C] block: its outputs' pointers have no row
+    axis."""
+    axes = set(v.axes) | {COL}
+    if b.m.block_r > 1 and b.dom.rows > 1:
+        axes.add(ROW)
+    return axes
 
 
 def _direction(b: KernelBuilder, n: ir.Node, index) -> bool:
@@ -84,15 +89,9 @@ def scan(b: KernelBuilder, n: ir.Node, index: tuple[ix.Expr, ...]) -> Val:
         return _extreme(b, n, v, reverse, scope)
     cd = compute_dtype(n.dtype)
     ident = _identity(n.op, cd)
-    # the scan varies along the columns, and along the rows only where its operand does
-    # (one row under a dynamic-shape row block: the store's pointer has no row axis)
-    axes = set(v.axes) | {COL}
+    axes = _scan_axes(b, v)
     lanes = b.emit(scope, f"tl.where({b.mask(axes)}, {v.name}, {ident})", axes, cd)
     if not b.looped:
-        if _one_row(b, axes):
-            bc = b.m.block_c
-            flat = _scan_expr(n.op, f"tl.reshape({lanes.name}, [{bc}])", reverse, axis=0)
-            return b.emit(scope, f"tl.reshape({flat}, [1, {bc}])", axes, cd)
         return b.emit(scope, _scan_expr(n.op, lanes.name, reverse), axes, cd)
     # one row per program walked in column blocks: the loop runs from the row's end for
     # a scan read backwards (`KernelBuilder.close_loop`), so in lane order every scan is
@@ -127,15 +126,10 @@ def _extreme(b: KernelBuilder, n: ir.Node, v: Val, reverse: bool, scope) -> Val:
     comb = "_cummax" if n.op == "max" else "_cummin"
     ident = reduce_identity("amax" if n.op == "max" else "amin", cd)
     out_dtype = torch.int64 if n.attr("output") == 1 else cd
-    axes = set(v.axes) | {COL}
+    axes = _scan_axes(b, v)
     zero = "zr + zc" if ROW in axes else "zc"
     lanes = b.emit(scope, f"tl.where({b.mask(axes)}, {v.name}, {ident})", axes, cd)
     pos = b.emit(scope, f"({ix.render(b.col_flat)} + {zero}).to(tl.int64)", axes, torch.int64)
-    if not b.looped and _one_row(b, axes):   # (as a 1-d block: `_one_row`)
-        bc = b.m.block_c
-        pair = b.emit(scope, f"tl.associative_scan((tl.reshape({lanes.name}, [{bc}]), "
-                             f"tl.reshape({pos.name}, [{bc}])), 0, {comb})", axes, cd)
-        return b.emit(scope, f"tl.reshape({pair.name}[{n.attr('output')}], [1, {bc}])", axes, out_dtype)
     pair = b.emit(scope, f"tl.associative_scan(({lanes.name}, {pos.name}), 1, {comb})", axes, cd)
     if b.looped:
         # one carried pair per scan: the value and the index node share it (the key is
