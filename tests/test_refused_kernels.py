@@ -151,22 +151,22 @@ def test_grid_barrier_kernels_and_the_knob_off_are_not_retried():
     assert launcher_mod.RETRIES == []
 
 
-class RefuseFirstWarps:
-    """A real (interpreted) kernel function that refuses the warp count of its first
-    launch, as a compiler bug would: everything else passes through."""
+class Refusing:
+    """A real Triton function (interpreted, or JIT-compiled on a GPU) behind a stand-in
+    compiler that refuses the launches `refuses(options)` says, launch and `warmup` alike,
+    as a compiler bug would; everything else goes to the function."""
 
-    def __init__(self, fn):
-        self.inner, self.refused = fn, None
+    def __init__(self, fn, refuses):
+        self.inner, self.refuses = fn, refuses
 
     def warmup(self, *args, grid, **options):
-        if options.get("num_warps") == self.refused:
+        if self.refuses(options):
             raise RuntimeError(REFUSAL)
+        return self.inner.warmup(*args, grid=grid, **options)
 
     def __getitem__(self, grid):
         def call(*args, **options):
-            if self.refused is None:
-                self.refused = options.get("num_warps")
-            if options.get("num_warps") == self.refused:
+            if self.refuses(options):
                 raise RuntimeError(REFUSAL)
             return self.inner[grid](*args, **options)
         return call
@@ -175,10 +175,21 @@ class RefuseFirstWarps:
         return getattr(self.inner, name)
 
 
+def refuse_first_warps(fn):
+    """`fn` refused at the warp count of its first launch."""
+    first = []
+
+    def refuses(options):
+        if not first:
+            first.append(options.get("num_warps"))
+        return options.get("num_warps") == first[0]
+    return Refusing(fn, refuses)
+
+
 def test_a_model_whose_kernels_are_all_refused_as_planned_still_runs_stitched(monkeypatch):
     real_bind = wrapper.bind_launchers
     monkeypatch.setattr(wrapper, "bind_launchers",
-                        lambda functions: real_bind({n: RefuseFirstWarps(f) for n, f in functions.items()}))
+                        lambda functions: real_bind({n: refuse_first_warps(f) for n, f in functions.items()}))
     torch._dynamo.reset()
 
     def f(x, w):
@@ -200,29 +211,6 @@ def test_a_model_whose_kernels_are_all_refused_as_planned_still_runs_stitched(mo
     assert "at their planned warp count" in report and REFUSAL in report
 
 
-class RefuseWarps:
-    """A real Triton JIT function that refuses the warp counts in `refused` (launch and
-    warmup alike); everything else goes to Triton."""
-
-    def __init__(self, fn, refused):
-        self.inner, self.refused = fn, set(refused)
-
-    def warmup(self, *args, grid, **options):
-        if options.get("num_warps") in self.refused:
-            raise RuntimeError(REFUSAL)
-        return self.inner.warmup(*args, grid=grid, **options)
-
-    def __getitem__(self, grid):
-        def call(*args, **options):
-            if options.get("num_warps") in self.refused:
-                raise RuntimeError(REFUSAL)
-            return self.inner[grid](*args, **options)
-        return call
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 @pytest.mark.gpu
 def test_a_retried_kernel_binds_and_launches_at_the_warps_that_compiled_on_a_gpu():
     """Triton's own `warmup` with real tensors decides the retry, and the direct launch
@@ -235,7 +223,7 @@ def test_a_retried_kernel_binds_and_launches_at_the_warps_that_compiled_on_a_gpu
         i = tl.program_id(0) * 256 + tl.arange(0, 256)
         tl.store(out + i, tl.load(x + i, mask=i < n) * 3.0, mask=i < n)
 
-    k = Launcher(RefuseWarps(scale, {4}))
+    k = Launcher(Refusing(scale, lambda options: options.get("num_warps") == 4))
     x = torch.randn(2000, device="cuda")
     for _ in range(3):
         out = torch.full_like(x, float("nan"))
@@ -345,43 +333,22 @@ def test_a_kernel_the_pool_compiled_at_other_warps_launches_there_in_this_and_a_
 
 
 
-class RefuseBarrierKernels:
-    """A real (interpreted) kernel function refused at every warp count, launch and
-    compile alike, when it has a grid barrier (a `counter` parameter), as Triton 3.6
-    refused a float16 global launch of the fuzz tests at 1-8 warps (bench/NOTES.md,
-    forty-third session); any other passes through."""
-
-    def __init__(self, fn):
-        self.inner = fn
-        self.refused = "counter" in fn.arg_names
-
-    def warmup(self, *args, grid, **options):
-        if self.refused:
-            raise RuntimeError(REFUSAL)
-
-    def __getitem__(self, grid):
-        def call(*args, **options):
-            if self.refused:
-                raise RuntimeError(REFUSAL)
-            return self.inner[grid](*args, **options)
-        return call
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 def _norm_softmax(x, w, b):
     h = torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b)
     return torch.softmax(h * 2.0, dim=-1) + torch.nn.functional.gelu(x)
 
 
 def test_a_refused_grid_barrier_kernel_replans_its_graph_without_barriers(monkeypatch):
-    """The layer-norm backward is one global launch here; refused at every warp count, the
-    graph is planned again without grid barriers at its first call (its phases as launches
-    of their own) and runs stitched: results as eager's, no eager fallback, explain says why."""
+    """The layer-norm backward is one global launch here.  Its grid-barrier kernel (one
+    with a `counter` parameter) refused at every warp count, as Triton 3.6 refused a
+    float16 global launch of the fuzz tests at 1-8 warps (bench/NOTES.md, forty-third
+    session), the graph is planned again without grid barriers at its first call (its
+    phases as launches of their own) and runs stitched: results as eager's, no eager
+    fallback, explain says why."""
     real_bind = wrapper.bind_launchers
     monkeypatch.setattr(wrapper, "bind_launchers",
-                        lambda functions: real_bind({n: RefuseBarrierKernels(f) for n, f in functions.items()}))
+                        lambda functions: real_bind({n: Refusing(f, lambda options, barrier="counter" in f.arg_names: barrier)
+                                                    for n, f in functions.items()}))
     torch._dynamo.reset()
     backend = StitchBackend()
     x, w, b = torch.randn(37, 300), torch.randn(300), torch.randn(300)
