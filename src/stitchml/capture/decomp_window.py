@@ -55,6 +55,24 @@ def _window(xp: torch.Tensor, i: int, j: int, oh: int, ow: int, sh: int, sw: int
     return xp[..., i: i + (oh - 1) * sh + 1: sh, j: j + (ow - 1) * sw + 1: sw]
 
 
+# Windows of more elements than this are reduced over a window axis instead of unrolled
+# (`_window_views`): code generation emits an unrolled window's every offset, and Triton 3.6
+# compiled timm cspnext's 13x13 stride-1 max pool (2489 lines) for 160 s into a kernel
+# spilling 15 KB a thread, its 9x9 one (963 lines) in 0.6 s without spills
+# (bench/NOTES.md, forty-fourth session).  A reduced window is one tile load per row of
+# windows, whatever its size.
+UNROLL_MAX_WINDOW = 25
+
+
+def _window_views(xp: torch.Tensor, kh: int, kw: int, oh: int, ow: int, sh: int, sw: int, dh: int = 1,
+             dw: int = 1) -> torch.Tensor:
+    """(..., oh, ow, kh, kw): every window of the padded `xp` as overlapping strided views."""
+    span_h, span_w = dh * (kh - 1) + 1, dw * (kw - 1) + 1
+    win = xp[..., : (oh - 1) * sh + span_h, : (ow - 1) * sw + span_w]
+    win = win.unfold(-2, span_h, sh).unfold(-2, span_w, sw)   # (..., oh, ow, span_h, span_w)
+    return win[..., ::dh, ::dw] if dh > 1 or dw > 1 else win
+
+
 def _axis_lags(k: int, s: int, d: int) -> list[list[int]]:
     """Per residue t of a padded position R = q*s + t: the lags of the windows whose
     element lands there, R = (q - lag)*s + i*d for a window offset i."""
@@ -87,10 +105,22 @@ def _unpool(term, grad: torch.Tensor, kh, kw, sh, sw, ph, pw, dh, dw, h, w) -> t
             c = torch.arange(qw, device=grad.device) * sw + (tw - pw)
             pos = r.unsqueeze(1) * w + c.unsqueeze(0)
             acc = None
+            hs, ws = [lag for lag in lags_h if lag < qh], [lag for lag in lags_w if lag < qw]
+            if (len(hs) * len(ws) > UNROLL_MAX_WINDOW and hs == list(range(len(hs)))
+                    and ws == list(range(len(ws)))):
+                # the class's lags 0..L-1 on both axes: one reduction over (L_h, L_w) windows
+                # of the sources padded by L-1 in front (window element m is lag L-1-m)
+                lh, lw = len(hs), len(ws)
+
+                def wshift(t: torch.Tensor, value) -> torch.Tensor:
+                    tp = aten.constant_pad_nd(t, [lw - 1, qw - ow, lh - 1, qh - oh], value)
+                    return tp.unfold(-2, lh, 1).unfold(-2, lw, 1)        # (..., qh, qw, lh, lw)
+                acc = term(wshift, pos.unsqueeze(-1).unsqueeze(-1)).sum((-2, -1))
+                hs = ws = []   # (done: no unrolled terms)
             for lag_h in lags_h:
                 for lag_w in lags_w:
-                    if lag_h >= qh or lag_w >= qw:
-                        continue   # (no window of the grid lags that far)
+                    if lag_h not in hs or lag_w not in ws:
+                        continue   # (no window of the grid lags that far; or reduced above)
 
                     def shift(t: torch.Tensor, value, lag_h=lag_h, lag_w=lag_w) -> torch.Tensor:
                         return aten.constant_pad_nd(t, [lag_w, qw - ow - lag_w, lag_h, qh - oh - lag_h], value)
@@ -155,7 +185,10 @@ def avg_pool2d(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int
     hp, wp = (oh - 1) * sh + kh, (ow - 1) * sw + kw
     xp = _padded(x, ph, pw, hp, wp, 0.0)
     total = None
-    for i in range(kh):
+    reduced = kh * kw > UNROLL_MAX_WINDOW
+    if reduced:
+        total = _window_views(xp, kh, kw, oh, ow, sh, sw).sum((-2, -1))
+    for i in range(0 if reduced else kh):
         for j in range(kw):
             win = _window(xp, i, j, oh, ow, sh, sw)
             total = win if total is None else total + win
@@ -204,6 +237,8 @@ def max_pool2d_with_indices(x: torch.Tensor, kernel_size: Sequence[int], stride:
     kh, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow, hp, wp = _max_setup(x, kernel_size, stride, padding,
                                                                       dilation, ceil_mode)
     xp = _padded(x, ph, pw, hp, wp, -math.inf)
+    if kh * kw > UNROLL_MAX_WINDOW:
+        return _max_pool_reduced(x, xp, kh, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow)
     offsets = [(i, j) for i in range(kh) for j in range(kw)]
     # The window offset of each maximum, numbered i * kw + j, in one byte where it fits; the
     # flat index is exact integer arithmetic on it.  A training graph's partition then saves
@@ -228,6 +263,30 @@ def max_pool2d_with_indices(x: torch.Tensor, kernel_size: Sequence[int], stride:
     wide = torch.int32 if h * w < 2**31 else torch.int64
     k = _eager_layout(k, x).to(wide)
     # (k >= 0: truncating division and fmod, without floor division's sign fix-ups)
+    r = torch.arange(oh, device=x.device, dtype=wide).unsqueeze(1) * sh - ph + \
+        torch.div(k, kw, rounding_mode="trunc") * dh
+    c = torch.arange(ow, device=x.device, dtype=wide).unsqueeze(0) * sw - pw + torch.fmod(k, kw) * dw
+    return _eager_layout(best, x), _eager_layout((r * w + c).to(torch.int64), x)
+
+
+def _max_pool_reduced(x, xp, kh, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow):
+    """A large window's maximum and its index as reductions over the window axes.  The
+    index is eager's: the first maximum in row-major window order, the last NaN where the
+    window holds one (eager takes `v > best || isnan(v)`), and for an all -inf window its
+    first position inside the input (not the -inf padding)."""
+    win = _window_views(xp, kh, kw, oh, ow, sh, sw, dh, dw)                  # (..., oh, ow, kh, kw)
+    best = win.amax((-2, -1))
+    code = (torch.arange(kh, device=x.device).unsqueeze(1) * kw + torch.arange(kw, device=x.device)).to(torch.int32)
+    first_max = torch.where(win == best.unsqueeze(-1).unsqueeze(-1), code, kh * kw).amin((-2, -1))
+    last_nan = torch.where(torch.isnan(win), code, -1).amax((-2, -1))
+    # first offset inside the input per output row / column: i*d >= p - o*s
+    oi = (ph - torch.arange(oh, device=x.device) * sh).clamp_min(0)
+    oj = (pw - torch.arange(ow, device=x.device) * sw).clamp_min(0)
+    first = (torch.div(oi + dh - 1, dh, rounding_mode="trunc").unsqueeze(1) * kw
+             + torch.div(oj + dw - 1, dw, rounding_mode="trunc").unsqueeze(0)).to(torch.int32)
+    k = torch.where(last_nan >= 0, last_nan, torch.where(best == -math.inf, first, first_max))
+    wide = torch.int32 if h * w < 2**31 else torch.int64
+    k = _eager_layout(k, x).to(wide)
     r = torch.arange(oh, device=x.device, dtype=wide).unsqueeze(1) * sh - ph + \
         torch.div(k, kw, rounding_mode="trunc") * dh
     c = torch.arange(ow, device=x.device, dtype=wide).unsqueeze(0) * sw - pw + torch.fmod(k, kw) * dw

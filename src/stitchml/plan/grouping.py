@@ -16,6 +16,7 @@ from .data import Domain, Refusal
 from .mapping import looped_rows, fits_on_chip, partials_fit
 from .options import PlanOptions
 from .graph_view import EXPENSIVE, GraphView, is_free, is_member
+from .window_reads import window_readers
 
 
 @dataclass
@@ -64,11 +65,16 @@ class _PrefixMax:
 
 
 class Grouper:
-    def __init__(self, gv: GraphView, opts: PlanOptions, forbidden: frozenset = frozenset()):
+    def __init__(self, gv: GraphView, opts: PlanOptions, forbidden: frozenset = frozenset(),
+                 cuts: dict[int, str] | None = None):
         # pairs of dominant ops whose kernels must stay apart, and singletons: dominant
         # ops that must not absorb an element-wise consumer group (a dry
         # run of code generation showed their index spaces do not line up)
         self.forbidden = forbidden
+        # values written once rather than computed again at each of many index maps
+        # (`window_reads.heavy_window_reads`), with their window readers and the reason
+        users = gv.g.users() if cuts else {}
+        self.cuts = {m: (window_readers(gv.g, m, users), why) for m, why in (cuts or {}).items()}
         self.opts = opts
         self.gv = gv
         self.g = gv.g
@@ -227,7 +233,7 @@ class Grouper:
                     or any(self.g[s].kind != ir.INPUT for s in self._reads(grp))):
                 continue
             keep = first.setdefault(tuple(grp.domain.shape), grp)
-            if keep is not grp and not self._creates_cycle(keep, grp):
+            if keep is not grp and not self._creates_cycle(keep, grp) and self._cut_apart(keep, grp) is None:
                 self._merge(keep, grp)
 
     def _merge_siblings(self) -> None:
@@ -260,6 +266,8 @@ class Grouper:
                     continue
                 if self._forbidden(a, b) or self._reads_cross(a, b) or self._reads_cross(b, a):
                     continue  # a reader of a column reduction needs the combined value
+                if self._cut_apart(a, b) is not None:
+                    continue
                 if any(frozenset((d,)) in self.forbidden for d in (*a.dominant, *b.dominant)):
                     continue  # a dry run failed for this reduction's kernel: no more members (seed 12021)
                 if self._creates_cycle(a, b):
@@ -304,6 +312,8 @@ class Grouper:
             reason = (f"reads node {again} (after a reduction) through a slice at other rows: the kernel would "
                       "compute that reduction again there, a second pass over its input")
         dom = None
+        if reason is None and (why := self._cut_apart(a, b)) is not None:
+            reason = why
         if reason is None and self._forbidden(a, b):
             reason = "reduction axes do not line up (transposed index spaces)"
         if reason is None:
@@ -390,6 +400,15 @@ class Grouper:
                     seen.add(r)
                     stack.append(r)
         return False
+
+    def _cut_apart(self, a: Group, b: Group) -> str | None:
+        """The reason a cut value of one group is read through index maps by a member
+        of the other (`cuts`), else None."""
+        for m, (readers, why) in self.cuts.items():
+            for x, y in ((a, b), (b, a)):
+                if m in x.members and not readers.isdisjoint(y.members):
+                    return why
+        return None
 
     def _forbidden(self, a: Group, b: Group) -> bool:
         return any(frozenset((x, y)) in self.forbidden for x in a.dominant for y in b.dominant)

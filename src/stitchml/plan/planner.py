@@ -22,6 +22,7 @@ from .grouping import Grouper, Group
 from .options import PlanOptions
 from .placement import candidates as placement_candidates, containers, place_cats
 from .ilp import search
+from .window_reads import heavy_window_reads
 from .split import split_long_rows
 
 
@@ -47,11 +48,18 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
     # dominant ops x and y apart; a singleton {d} keeps d's kernel from absorbing
     # consumers that read it through a reordering index map.
     forbidden: frozenset = frozenset()
+    # values written once instead of computed again at each of many index maps (a
+    # producer fused into large pooling windows: `window_reads`), with the reason
+    cuts: dict[int, str] = {}
     weighed = placed = False
     while True:
-        plan = _plan_once(g, gv, forbidden, opts)
+        plan = _plan_once(g, gv, forbidden, opts, cuts)
         bad = _invalid_kernel(g, plan)
         if bad is None:
+            heavy = heavy_window_reads(g, plan, opts.window_recompute_ops)
+            if heavy.keys() - cuts.keys():
+                cuts.update(heavy)
+                continue
             if opts.place_cats and not placed and not opts.fixed_row_blocks:
                 # concatenations copied from parts other kernels write: the parts are written
                 # into its slices instead (before the weighing below, which would have the
@@ -67,7 +75,7 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
                     kernel_of = {m: k for k in plan.kernels for m in k.members}
                     cats -= {c for c in _absorbable_parts(g, gv, plan) if kernel_of[c].members != (c,)}
                 if cats and (moved := place_cats(g, cats)) is not g:
-                    g, gv, forbidden = moved, GraphView(moved), frozenset()
+                    g, gv, forbidden, cuts = moved, GraphView(moved), frozenset(), {}
                     continue
             cheaper: dict[int, str] = {}
             if not weighed:
@@ -82,7 +90,7 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
             weighed = True
             if cheaper:   # plan once more with those values computed by their readers
                 g = mark_recompute(g, dict(sorted(cheaper.items())))
-                gv, forbidden = GraphView(g), frozenset()
+                gv, forbidden, cuts = GraphView(g), frozenset(), {}
                 continue
             plan.search = search(plan, opts)
             plan.launch_s, plan.graph_replay, plan.source = opts.device.launch_s, opts.graph_replay, source
@@ -229,8 +237,9 @@ def _invalid_kernel(g: ir.Graph, plan: Plan) -> KernelPlan | None:
     return None
 
 
-def _plan_once(g: ir.Graph, gv: GraphView, forbidden: frozenset, opts: PlanOptions) -> Plan:
-    grouper = Grouper(gv, opts, forbidden)
+def _plan_once(g: ir.Graph, gv: GraphView, forbidden: frozenset, opts: PlanOptions,
+               cuts: dict[int, str] | None = None) -> Plan:
+    grouper = Grouper(gv, opts, forbidden, cuts)
     groups = grouper.run()
     plan = Plan(graph=g, refusals=grouper.refusals)
     group_of = {m: grp for grp in groups for m in grp.members}
