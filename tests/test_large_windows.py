@@ -107,9 +107,9 @@ def test_bf16_large_window_is_as_close_to_float64_as_eager():
 # ---------------------------------------------------------------- window reads
 
 def _sppf(x, w, b):
-    """An SPPF block's front: a per-channel affine + SiLU read by three stride-1 pools."""
-    y = x * w.view(1, -1, 1, 1) + b.view(1, -1, 1, 1)
-    y = y * torch.sigmoid(y)
+    """An SPPF block's front (cspnext): batch norm (batch statistics) + SiLU read by three
+    stride-1 pools."""
+    y = F.silu(F.batch_norm(x, None, None, w, b, training=True))
     return torch.cat([y, F.max_pool2d(y, 5, 1, 2), F.max_pool2d(y, 9, 1, 4), F.max_pool2d(y, 13, 1, 6)], 1)
 
 
@@ -130,8 +130,8 @@ def test_a_producer_read_through_many_windows_is_written_once():
     (k,) = _silu_kernels(plan)
     g = plan.graph
     # the SiLU's kernel computes no window: each pool reads the written value
-    assert not any(g[m].kind == ir.REDUCE for m in k.members)
-    assert sum(1 for m in k.members if g[m].op == "gt") == 0
+    assert not any(g[m].kind == ir.REDUCE and len(g[g[m].refs[0]].shape) >= 6 for m in k.members)
+    assert not any(g[m].op == "gt" for m in k.members)
     assert any("index maps" in r.reason and "window_recompute_ops" in r.reason for r in plan.refusals)
     # without the limit the producer is evaluated at every window offset of the 5x5 pool
     fused = _sppf_plan(window_recompute_ops=0)

@@ -44,6 +44,27 @@ def test_few_long_rows_are_split(rows, cols, chunks):
     assert_barriers_fit_one_wave(plan)
 
 
+def test_few_long_rows_without_a_wave_of_chunks_take_the_most_chunks_that_divide():
+    """No divisor of 62720 (PoolFormer's group norm over 320 x 14 x 14 a sample) lies
+    between the 132 chunks a wave of an H100 wants for 2 rows and the 61 of 1024 elements:
+    the row is still split, into the most chunks that divide it (56 of 1120), not left
+    as two programs for the whole GPU."""
+    plan = h100_plan(lambda x: torch.softmax(x, -1), (2, 62720))
+    g = plan.graph
+    parts = [m for k in plan.kernels for m in k.members if g[m].attr("split_of") is not None]
+    assert len(parts) == 2 and all(g[p].shape == (2, 56) for p in parts)
+    assert max(k.mapping.grid for k in plan.kernels if set(k.members) & set(parts)) >= 56   # (was 2)
+
+
+def test_few_long_rows_split_below_a_wave_match_eager():
+    x = torch.randn(2, 256 * 61, requires_grad=True)   # 61 chunks of 256: fewer than a wave wants
+    with config.override(device="H100", split_min_cols=256):
+        cmp = compare_with_eager(lambda x: torch.softmax(x, -1) * 3, [x])
+    (fwd,) = [r.plan for r in cmp.backend.records if r.kind == "forward"]
+    assert any(fwd.graph[m].attr("split_of") is not None and fwd.graph[m].shape == (2, 61)
+               for k in fwd.kernels for m in k.members)
+
+
 def test_layer_norm_of_few_long_rows_reads_its_input_twice():
     """LayerNorm over (128, 262144) on an H100: the mean and variance from one pass of
     persistent chunk statistics (sum and M2 per chunk of 8192), then the output pass:

@@ -200,13 +200,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "interleaved with zeros) is computed by the kernels that read it, each part loaded under its "
          "position's mask, where the plan weighs that cheaper than writing it and reading it back: a "
          "pooling window reads the input in place of its -inf padded copy. Not yet measured on a GPU."),
-    Knob("window_recompute_ops", "STITCHML_WINDOW_RECOMPUTE_OPS", 48.0, float,
+    Knob("window_recompute_ops", "STITCHML_WINDOW_RECOMPUTE_OPS", 256.0, float,
          "A value that a kernel would compute again at each of many index maps (a producer fused into a "
          "pooling window evaluated at every window offset) is written once and read instead when the "
          "recomputation exceeds this many operations an element ((evaluations - 1) x operations per "
          "evaluation; 0: no limit). timm cspnext's SPPF: a batch norm + SiLU fused into 5x5, 9x9 and 13x13 "
          "windows was evaluated 275 times an element (a 7900-line kernel, minutes of Triton compile); "
-         "ResNet-50's stem pool (~8 operations an element) stays fused. Not yet measured on a GPU."),
+         "ResNet-50's stem pool (~8 operations an element) and PoolFormer's 3x3 stride-1 pool of a group norm stay fused. Not yet measured on a GPU."),
     Knob("narrow_writes", "STITCHML_NARROW_WRITES", True, _bool,
          "A kernel that would write an exact widening cast (bfloat16 to float32) of a value it computes writes "
          "the narrow value, and each reader casts it: half the bytes written and read back, the same numbers "

@@ -73,13 +73,15 @@ SCALED_MIN_COLS = 1024           # ... and, for row kernels, rows at least this 
 
 
 def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: int = 4,
-           row_values: int = 1) -> Mapping:
+           row_values: int = 1, row_loads: int = 1) -> Mapping:
     """The mapping of a kernel over `domain`; `itemsize`: the largest element size of
     its full-size accesses (programs hold the same bytes in any dtype, `elems_scale`;
     not kernels with column partials, whose tiles `deeper_partial_tile` sizes);
     `row_values`: how many inputs varying along the row it reads (what a thread holds
     per element of a row it keeps whole: `live_lane_warps` trims no further than they
-    fit)."""
+    fit); `row_loads`: the loads it issues per element of such a row (each input once per
+    index map it is read through): a warp a row holds 32 elements a lane of each
+    (`WARP_ROW_LOADS`)."""
     fixed = opts.fixed_row_blocks
     scale = 1 if partials or not opts.dtype_scaled_blocks else elems_scale(itemsize)
     if scale > 1:
@@ -101,7 +103,8 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: 
         blocks = -(-rows // br)
         if not partials:
             vec = 16 // max(min(itemsize, 16), 1)
-            if opts.warp_rows and not fixed and 32 * vec < bc <= 32 * WARP_ROW_ELEMS:
+            if (opts.warp_rows and not fixed and 32 * vec < bc <= 32 * WARP_ROW_ELEMS
+                    and bc // 32 * row_loads <= WARP_ROW_LOADS):
                 return warp_row_mapping(rows, cols, vec, opts.warp_row_warps)   # a warp a row
             warps = _warps(br * bc)
             if br == 1 and opts.trim_row_warps and not fixed:
@@ -208,6 +211,13 @@ WARP_ROW_ELEMS = 32   # a row this many elements a lane or fewer (1024) is one w
 # the H200), bfloat16: BERT's 768-wide residual + layer norm 2.0 -> 0.8 µs, barriers
 # 12 -> 0; layer norm forward over 32768 x 1024 20.4 -> 14.3 µs, barriers 8 -> 0
 # (bench/NOTES.md, twenty-seventh session).
+
+
+# ... while a lane's loads hold at most this many values: PoolFormer's float32 group norm
+# recomputed at a 3x3 pool's nine offsets (chunks of 1024, 50 loads an element, five of
+# them per offset) as a warp a row took 255 registers and 1160 stack bytes a thread for
+# sm_90 (Triton 3.6; bench/NOTES.md, forty-fourth session)
+WARP_ROW_LOADS = 384
 
 
 def warp_row_mapping(rows: int, cols: int, vec: int, warps: int) -> Mapping:

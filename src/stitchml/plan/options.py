@@ -38,7 +38,7 @@ class PlanOptions:
     layout_columns: bool = True    # reductions over the dims outermost in memory (channels last): column partials
     chained_columns: bool = False  # two dependent reductions over the same <= 1024 leading rows: row reductions
     free_cats: bool = True         # concatenations of cheap parts computed by their readers (weighed on the plan)
-    window_recompute_ops: float = 48.0   # ops an element a value may be recomputed through window maps (0: no limit)
+    window_recompute_ops: float = 256.0   # ops an element a value may be recomputed through window maps (0: no limit)
     narrow_writes: bool = True     # a written exact widening cast of a computed value: the narrow value written
     cat_parts: bool = True         # element-wise kernels that only feed a concatenation: computed by its kernel
     reduction_sums: bool = True    # adds of many same-shaped sums: one sum over their concatenation

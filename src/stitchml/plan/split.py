@@ -30,6 +30,9 @@ from .options import PlanOptions
 from .row_loops import through_views, online_partner
 
 
+FALLBACK_MIN_CHUNKS = 16   # `_chunks` without a wave's divisor: the fewest chunks worth a split
+
+
 def _chunks(rows: int, cols: int, opts: PlanOptions, persistent: bool = False) -> int | None:
     """The number of chunks, or None; `persistent`: chunks no longer than
     `persistent_max_cols` (held in registers), if there is such a divisor."""
@@ -44,6 +47,17 @@ def _chunks(rows: int, cols: int, opts: PlanOptions, persistent: bool = False) -
     if persistent:
         want = max(want, -(-cols // opts.persistent_max_cols))
     for s in range(max(want, 2), cols // min_cols + 1):
+        if cols % s == 0:
+            return s
+    # no divisor gives a wave: the most chunks that divide the row (PoolFormer's float32
+    # group norm over 320 x 14 x 14 = 62720 values a sample at a batch of 2: no divisor of
+    # 62720 between the 132 chunks a wave wants and the 61 of 1024 elements, so its two
+    # rows were two programs for the whole GPU; 56 chunks of 1120 are 112)
+    # At least FALLBACK_MIN_CHUNKS: a short row's sum (a loss's mean over 8192 tokens, 8
+    # chunks) would only gain a launch (the cross-entropy micro rows: 4 -> 5 launches)
+    # (persistent chunks still no longer than `persistent_max_cols`)
+    least = max(FALLBACK_MIN_CHUNKS, -(-cols // opts.persistent_max_cols) if persistent else 1)
+    for s in range(min(want - 1, cols // min_cols), least - 1, -1):
         if cols % s == 0:
             return s
     return None

@@ -20,7 +20,11 @@ often as the sum over those readers, scaled by the elements the view covers.  Th
 planner then keeps such a value and its window readers in different kernels
 (`Grouper(cuts=...)`): it is written once and the readers load it.  ResNet-50's stem
 pool (3x3, stride 2: ~2.3 evaluations per element of a ~6-operation producer, ~8
-operations) stays fused under the default budget.
+operations) and PoolFormer's token mixer (a 3x3 stride-1 average pool of a group norm
+that planning recomputes in its readers: the residual add under it, ~170 operations)
+stay fused under the default budget of 256; cspnext's SPPF (~7000) is cut.  Per-row and
+per-sample values (a group norm's rstd) are left alone: code generation computes those
+once a row, or reads them from cache.
 """
 from __future__ import annotations
 
@@ -136,10 +140,11 @@ def heavy_window_reads(g: ir.Graph, plan: Plan, budget: float) -> dict[int, str]
         closure = set(f)
         inputs = set(k.inputs)
         member = set(k.members)
+        size = k.domain.rows * k.domain.cols
         for nid in k.members:
             n = g[nid]
-            if f[nid] <= 2 or is_free(n):
-                continue
+            if f[nid] <= 2 or is_free(n) or n.numel * 8 <= size:
+                continue   # (a per-row or per-sample value: computed once a row, or cached)
             base = max((f[r] for r in _nearest_members(g, nid, readers)), default=1.0)
             extra_evals = f[nid] - base
             if extra_evals < 2:
