@@ -24,6 +24,7 @@ from stitchml import config
 from stitchml.capture.decomp_window import UNROLL_MAX_WINDOW
 from stitchml.ir import nodes as ir
 from stitchml.plan import window_reads
+from stitchml.plan.data import EagerStep
 from stitchml.testing import compare_against_float64, compare_with_eager
 
 sys.path.insert(0, "tests")
@@ -34,6 +35,15 @@ aten = torch.ops.aten
 
 def _x(shape, dtype=torch.float32):
     return (torch.randn(shape) * 2 + 0.3).to(dtype).requires_grad_()
+
+
+def _assert_stitched(c) -> None:
+    """Every op of every graph in a kernel: no eager step (an `as_strided` of an
+    overlapping view would run eagerly and materialise every window)."""
+    for r in c.backend.records:
+        assert r.eager_reason is None
+        eager = [(s.op, s.reason) for s in r.plan.steps if isinstance(s, EagerStep)]
+        assert not eager, eager
 
 
 def _window_reductions(plan) -> list[tuple[int, ...]]:
@@ -58,7 +68,7 @@ def test_a_large_window_is_a_reduction_and_matches_eager(name, fn):
     c = compare_with_eager(fn, [x])
     (fwd,) = [r.plan for r in c.backend.records if r.kind == "forward"]
     assert _window_reductions(fwd), "the window was unrolled"
-    assert not any(r.eager_reason for r in c.backend.records)
+    _assert_stitched(c)
 
 
 def test_a_small_window_stays_unrolled():
@@ -86,22 +96,29 @@ def test_large_window_indices_follow_eagers_nan_tie_and_all_minus_inf_rules():
     assert torch.equal(c.outputs[0].isnan(), vals.isnan())
     (fwd,) = [r.plan for r in c.backend.records]
     assert _window_reductions(fwd) == [(13, 13)]
+    _assert_stitched(c)
 
 
-def test_large_window_backward_sums_each_class_window_and_matches_eager():
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
+def test_large_window_backward_sums_each_class_window_and_matches_eager(channels_last):
     def fn(x):
         return F.max_pool2d(x, 13, 1, 6) * 2, F.avg_pool2d(x, 10, 3, 5)
-    c = compare_with_eager(fn, [_x((1, 2, 16, 14))])
+    x = _x((1, 2, 16, 14))
+    if channels_last:
+        x = x.detach().to(memory_format=torch.channels_last).requires_grad_()
+    c = compare_with_eager(fn, [x])
     (back,) = [r.plan for r in c.backend.records if r.kind == "backward"]
     assert _window_reductions(back), "the backward's class sums were unrolled"
+    _assert_stitched(c)
 
 
 def test_bf16_large_window_is_as_close_to_float64_as_eager():
     def fn(x):
         y = torch.sigmoid(x) * x
         return F.max_pool2d(y, 9, 1, 4) + F.avg_pool2d(y, 13, 1, 6)
-    _, verdict = compare_against_float64(fn, [_x((2, 4, 11, 13), torch.bfloat16)])
+    c, verdict = compare_against_float64(fn, [_x((2, 4, 11, 13), torch.bfloat16)])
     verdict.assert_ok("bf16 SiLU + large windows")
+    _assert_stitched(c)
 
 
 # ---------------------------------------------------------------- window reads
@@ -144,7 +161,7 @@ def test_a_producer_read_through_many_windows_is_written_once():
 
 def test_sppf_front_matches_eager():
     x, w, b = _x((1, 3, 7, 7)), torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
-    compare_with_eager(_sppf, [x, w, b])
+    _assert_stitched(compare_with_eager(_sppf, [x, w, b]))
 
 
 def test_a_strided_small_window_keeps_its_producer_fused():

@@ -65,12 +65,14 @@ UNROLL_MAX_WINDOW = 25
 
 
 def _window_views(xp: torch.Tensor, kh: int, kw: int, oh: int, ow: int, sh: int, sw: int, dh: int = 1,
-             dw: int = 1) -> torch.Tensor:
-    """(..., oh, ow, kh, kw): every window of the padded `xp` as overlapping strided views."""
-    span_h, span_w = dh * (kh - 1) + 1, dw * (kw - 1) + 1
-    win = xp[..., : (oh - 1) * sh + span_h, : (ow - 1) * sw + span_w]
-    win = win.unfold(-2, span_h, sh).unfold(-2, span_w, sw)   # (..., oh, ow, span_h, span_w)
-    return win[..., ::dh, ::dw] if dh > 1 or dw > 1 else win
+                  dw: int = 1) -> torch.Tensor:
+    """(..., oh, ow, kh, kw): every window of the padded `xp` as one overlapping strided
+    view of its storage.  (`as_strided` of the dense `xp`, which lowers to a re-index;
+    `unfold` twice would be an as_strided of an overlapping view, which runs eagerly.)"""
+    st = xp.stride()
+    r, c = st[-2], st[-1]
+    return xp.as_strided((*xp.shape[:-2], oh, ow, kh, kw), (*st[:-2], r * sh, c * sw, r * dh, c * dw),
+                         xp.storage_offset())
 
 
 def _axis_lags(k: int, s: int, d: int) -> list[list[int]]:
@@ -114,7 +116,7 @@ def _unpool(term, grad: torch.Tensor, kh, kw, sh, sw, ph, pw, dh, dw, h, w) -> t
 
                 def wshift(t: torch.Tensor, value) -> torch.Tensor:
                     tp = aten.constant_pad_nd(t, [lw - 1, qw - ow, lh - 1, qh - oh], value)
-                    return tp.unfold(-2, lh, 1).unfold(-2, lw, 1)        # (..., qh, qw, lh, lw)
+                    return _window_views(tp, lh, lw, qh, qw, 1, 1)       # (..., qh, qw, lh, lw)
                 acc = term(wshift, pos.unsqueeze(-1).unsqueeze(-1)).sum((-2, -1))
                 hs = ws = []   # (done: no unrolled terms)
             for lag_h in lags_h:
