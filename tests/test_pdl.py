@@ -15,12 +15,8 @@ from stitchml.capture.backend import StitchBackend
 from stitchml.runtime.pdl import launched_with_pdl, pdl_source, pdl_wanted
 from stitchml.testing import compare_with_eager
 
+from blocks import norm_softmax_gelu
 from test_aot_gpu import _run_outside_interpreter
-
-
-def _block(x, w, b):
-    h = torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b)
-    return torch.softmax(h * 2.0, dim=-1) + torch.nn.functional.gelu(x)
 
 
 def _inputs():
@@ -49,7 +45,7 @@ def test_pdl_kernels_wait_first_launch_with_pdl_and_match_eager():
     wait (before any memory access) and its launch line passes launch_pdl; forward and
     backward match eager with poisoned outputs."""
     with config.override(pdl="on", poison_outputs=True):
-        cmp = compare_with_eager(_block, _inputs(), backward=True)
+        cmp = compare_with_eager(norm_softmax_gelu, _inputs(), backward=True)
     assert cmp.num_kernels >= 2
     pdl_lines = barrier_lines = 0
     for rec in cmp.backend.records:
@@ -103,9 +99,9 @@ def test_pdl_kernels_compile_for_sm90_with_the_wait_and_a_kernel_without_it_is_r
     its PTX waits on the grid (aot_check.compile_function refuses a PDL launch whose code
     does not); the same launch record of a kernel without the wait is refused."""
     with config.override(pdl="on", record_launches=str(tmp_path / "pdl")):
-        compare_with_eager(_block, _inputs(), backward=True)
+        compare_with_eager(norm_softmax_gelu, _inputs(), backward=True)
     with config.override(record_launches=str(tmp_path / "plain")):
-        compare_with_eager(_block, _inputs())
+        compare_with_eager(norm_softmax_gelu, _inputs())
     from stitchml.tools.aot_replay import read_records
     recs = read_records(str(tmp_path / "pdl"))
     assert recs and any(r["options"].get("launch_pdl") for r in recs)
@@ -149,11 +145,11 @@ def test_pdl_training_step_matches_eager_on_a_gpu_with_and_without_cuda_graphs()
         torch._dynamo.reset()
         backend = StitchBackend()
         with config.override(pdl="on", cuda_graphs=graphs, poison_outputs=True):
-            f = torch.compile(_block, backend=backend)
+            f = torch.compile(norm_softmax_gelu, backend=backend)
             for _ in range(3):
                 inputs = [t.detach().cuda().requires_grad_() for t in _inputs()]
                 ref_in = [t.detach().clone().requires_grad_() for t in inputs]
-                out, ref = f(*inputs), _block(*ref_in)
+                out, ref = f(*inputs), norm_softmax_gelu(*ref_in)
                 torch.testing.assert_close(out, ref)
                 cot = torch.randn_like(ref)
                 out.backward(cot)

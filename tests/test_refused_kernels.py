@@ -16,6 +16,8 @@ from stitchml.runtime import wrapper
 from stitchml.capture.backend import StitchBackend
 from stitchml.runtime.launcher import Launcher, _retry_warps
 
+from blocks import norm_softmax_gelu
+
 REFUSAL = "PassManager::run failed"
 
 
@@ -333,11 +335,6 @@ def test_a_kernel_the_pool_compiled_at_other_warps_launches_there_in_this_and_a_
 
 
 
-def _norm_softmax(x, w, b):
-    h = torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b)
-    return torch.softmax(h * 2.0, dim=-1) + torch.nn.functional.gelu(x)
-
-
 def test_a_refused_grid_barrier_kernel_replans_its_graph_without_barriers(monkeypatch):
     """The layer-norm backward is one global launch here.  Its grid-barrier kernel (one
     with a `counter` parameter) refused at every warp count, as Triton 3.6 refused a
@@ -356,11 +353,11 @@ def test_a_refused_grid_barrier_kernel_replans_its_graph_without_barriers(monkey
     ref = [t.clone().requires_grad_() for t in (x, w, b)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")      # a graph run eagerly would warn
-        f = torch.compile(_norm_softmax, backend=backend)
+        f = torch.compile(norm_softmax_gelu, backend=backend)
         out = f(*ins)
         cot = torch.randn_like(out)
         out.backward(cot)
-    expected = _norm_softmax(*ref)
+    expected = norm_softmax_gelu(*ref)
     expected.backward(cot)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     for a, e in zip(ins, ref):
