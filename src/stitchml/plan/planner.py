@@ -55,8 +55,8 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
     weighed = placed = False
     while True:
         plan = _plan_once(g, gv, forbidden, opts, cuts)
-        bad = _invalid_kernel(g, plan)
-        if bad is None:
+        bads = _invalid_kernels(g, plan)
+        if not bads:
             heavy = heavy_window_reads(g, plan, opts.window_recompute_ops)
             if heavy.keys() - cuts.keys():
                 cuts.update(heavy)
@@ -96,11 +96,17 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
             plan.search = search(plan, opts)
             plan.launch_s, plan.graph_replay, plan.source = opts.device.launch_s, opts.graph_replay, source
             return plan
-        learned = {frozenset((x, y)) for x in bad.dominant for y in bad.dominant if x != y}
-        if not learned or learned <= forbidden:
-            learned = {frozenset((d,)) for d in bad.dominant}
-        if learned <= forbidden:
-            raise RuntimeError(f"kernel {bad.name} cannot be generated and cannot be split")
+        # every kernel the dry run refused teaches its pairs at once (one at a time, halonet's
+        # backward was planned 36 times: 190 s of a 240 s compile, bench/NOTES.md,
+        # forty-fourth session); each kernel's lesson is its own, as before
+        learned: set = set()
+        for bad in bads:
+            pairs = {frozenset((x, y)) for x in bad.dominant for y in bad.dominant if x != y}
+            if not pairs or pairs <= forbidden:
+                pairs = {frozenset((d,)) for d in bad.dominant}
+            if pairs <= forbidden:
+                raise RuntimeError(f"kernel {bad.name} cannot be generated and cannot be split")
+            learned |= pairs
         forbidden = forbidden | learned
 
 
@@ -224,18 +230,19 @@ def _interior(g: ir.Graph, nid: int, leaf) -> set[int]:
     return found
 
 
-def _invalid_kernel(g: ir.Graph, plan: Plan) -> KernelPlan | None:
+def _invalid_kernels(g: ir.Graph, plan: Plan) -> list[KernelPlan]:
     """Dry-run the index analysis of every kernel that stitches a dominant op with
-    other members (text only, nothing compiled); return the first whose index spaces
-    do not line up."""
+    other members (text only, nothing compiled); return those whose index spaces do not
+    line up."""
     from ..codegen.triton_kernel import generate
+    bad = []
     for k in plan.kernels:
         if k.dominant and len(k.members) > 1 and not k.combine_of:
             try:
                 generate(g, k)
             except ix.IndexMismatch:   # any other exception is a bug and propagates
-                return k
-    return None
+                bad.append(k)
+    return bad
 
 
 def _plan_once(g: ir.Graph, gv: GraphView, forbidden: frozenset, opts: PlanOptions,
@@ -545,7 +552,7 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
                 kp.row_align = row_alignment(g, kp)   # whole blocks from a 16-byte boundary (codegen)
             except ix.IndexMismatch:
                 # the probe generates the kernel, and this one's indices do not line up:
-                # no anchor; the plan's validity check (`_invalid_kernel`) splits it
+                # no anchor; the plan's validity check (`_invalid_kernels`) splits it
                 kp.row_align = ()
     if not kp.domain.is_flat and not scatter and may_reorder(g, kp):
         # transposed reads whose runs fall short of a sector: priced as the sectors moved
