@@ -11,8 +11,9 @@ windows, 275 maps, and the fused kernel evaluated the producer (~18 lines) at ea
 per element on the GPU, work the byte model does not see (a fused value costs no bytes).
 
 `heavy_window_reads(g, plan, budget)` finds, in a plan, each member that a kernel
-evaluates at more than `budget` operations per element beyond computing it once:
-(evaluations per element - 1) x (operations per evaluation).  Evaluations per element
+evaluates at more than `budget` operations per element beyond what its readers need
+anyway: (its evaluations per element - its most-evaluated reader's) x (operations per
+evaluation).  Evaluations per element
 follow the kernel's reads back from its members: a value read by members at its own
 index (element-wise) is evaluated as often as the most-evaluated of them (one map, code
 generation computes it once); read through a view or a concatenation (another map), as
