@@ -4,6 +4,8 @@ On a GPU the first launch compiles; Triton 3.6 refuses a few kernels at some war
 counts and takes them at others (bench/NOTES.md, forty-second session).  Here a
 stand-in for Triton's JIT function refuses chosen warp counts the way Triton does
 (the launch and `warmup`, which compiles without launching, both raise), on CPU."""
+import inspect
+import re
 import warnings
 
 import pytest
@@ -367,3 +369,31 @@ def test_a_refused_grid_barrier_kernel_replans_its_graph_without_barriers(monkey
     assert back.plan is not None and not any(g.kind == "global" for g in back.plan.groups)
     assert "counter" not in back.wrapper_source
     assert "planned again without grid barriers" in stitchml.Report(backend.records).to_text()
+
+
+def test_a_refused_column_tail_kernel_replans_its_graph_with_one_loop_a_row(monkeypatch):
+    """Triton 3.6 refused a float16 fuzz kernel (seeds 24400-25199, recorded and replayed)
+    at every warp count: a looped row's whole column blocks and its partial block in two
+    loops, a value of the first used in the second ("operand does not dominate this
+    use").  Such a kernel refused here by a stand-in, the graph is planned again without
+    column tails (one masked loop a row) and runs stitched: results as eager's, no eager
+    fallback, explain says why."""
+    def two_loops(f) -> bool:   # a second loop over the partial block (or over aligned whole blocks)
+        src = inspect.getsource(f.fn if hasattr(f, "fn") else f)
+        return bool(re.search(r"for cbase in range\([1-9]", src)) or "whole" in src
+    real_bind = wrapper.bind_launchers
+    monkeypatch.setattr(wrapper, "bind_launchers",
+                        lambda functions: real_bind({n: Refusing(f, lambda options, refused=two_loops(f): refused)
+                                                    for n, f in functions.items()}))
+    torch._dynamo.reset()
+    backend = StitchBackend()
+    x = torch.randn(6, 5000)      # rows looped in column blocks, the last one partial
+    with warnings.catch_warnings(), config.override(persistent_max_cols=1024, loop_block_cols=1024):
+        warnings.simplefilter("error")      # a graph run eagerly would warn
+        out = torch.compile(lambda t: torch.softmax(t * 1.5, -1), backend=backend)(x)
+    torch.testing.assert_close(out, torch.softmax(x * 1.5, -1), rtol=1e-5, atol=1e-6)
+    (rec,) = backend.records
+    assert rec.eager_reason is None and "column tails" in rec.replan_note
+    assert not any(k.column_tail or k.row_align for k in rec.plan.kernels)
+    assert any(k.mapping.form == "row_looped" for k in rec.plan.kernels)
+    assert "without grid barriers or column tails" in stitchml.Report(backend.records).to_text()

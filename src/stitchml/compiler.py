@@ -125,19 +125,32 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str,
             rec.graph_runner = call
         return call
 
-    def without_barriers(error: Exception) -> Callable | None:
+    def replanned(error: Exception, tried: set[str]) -> Callable | None:
         """After Triton refused a kernel that no other warp count mends, at the first call:
-        the graph planned again without grid barriers (each global launch's phases as
-        launches of their own, whose kernels the launcher may retry at other warps), where
-        its plan had global launches; None otherwise."""
-        if not isinstance(error, KernelRefused) or not any(g.kind == "global" for g in rec.plan.groups):
+        the graph planned again in the first way not yet tried that removes what the
+        refused kernels are built from, else None.  Without grid barriers, where the plan
+        had global launches (each global launch's phases as launches of their own, whose
+        kernels the launcher may retry at other warps); without column tails, where a
+        looped row walks its whole column blocks and the partial one in two loops (Triton
+        3.6 refused such a float16 fuzz kernel at every warp count, a value of the first
+        loop used in the second: bench/NOTES.md, forty-fourth session)."""
+        if not isinstance(error, KernelRefused):
             return None
-        built = pipeline.build_static(gm, device, cuda_graphs=True, replayed=graphs)
-        again, source = pipeline.load(built, device)
-        rec.graph, rec.plan, rec.kernels, rec.wrapper_source = built.graph, built.plan, built.kernels, source
-        rec.replan_note = f"planned again without grid barriers at the first call: {str(error)[:300]}"
-        log.warning("stitchml: %s graph %s", kind, rec.replan_note)
-        return again
+        ways = [("barriers", any(g.kind == "global" for g in rec.plan.groups), {},
+                 "without grid barriers"),
+                ("tails", any(k.column_tail or k.row_align for k in rec.plan.kernels), {"plain_rows": True},
+                 "without grid barriers or column tails")]
+        for name, applies, extra, what in ways:
+            if name in tried or not applies:
+                continue
+            tried.add(name)
+            built = pipeline.build_static(gm, device, cuda_graphs=True, replayed=graphs, **extra)
+            again, source = pipeline.load(built, device)
+            rec.graph, rec.plan, rec.kernels, rec.wrapper_source = built.graph, built.plan, built.kernels, source
+            rec.replan_note = f"planned again {what} at the first call: {str(error)[:300]}"
+            log.warning("stitchml: %s graph %s", kind, rec.replan_note)
+            return again
+        return None
 
     state: dict = {"call": captured(call)}
 
@@ -149,8 +162,9 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str,
             return state["call"](args)
         # Triton compiles each kernel at its first launch, i.e. inside the first call:
         # a failure there is a compile failure.  A kernel Triton refuses at every warp
-        # count makes a plan with grid barriers try once more without them; anything
-        # else (or a second failure) runs this graph eagerly from now on
+        # count makes the graph planned again without what such kernels are built from
+        # (grid barriers, then column tails: `replanned`); anything else (or a refusal
+        # left after those) runs this graph eagerly from now on
         inputs = list(args)
         t_first = time.perf_counter()
         try:
@@ -159,15 +173,18 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], kind: str,
             return out
         except Exception as e:
             error = e
-        try:
-            again = without_barriers(error)
-            if again is not None:
+        tried: set[str] = set()   # (each way once: the loop ends)
+        while True:
+            try:
+                again = replanned(error, tried)
+                if again is None:
+                    break
                 out = again(list(inputs))
                 state["call"] = captured(again)
                 rec.first_call_seconds = time.perf_counter() - t_first
                 return out
-        except Exception as e:
-            error = e
+            except Exception as e:
+                error = e
         if not may_fall_back():
             raise error
         rec.eager_reason = f"{type(error).__name__} at first launch: {str(error)[:300]}"

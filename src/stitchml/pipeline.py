@@ -79,12 +79,16 @@ def _kernel_source(device_kind: str) -> Callable:
 
 
 def build_static(gm: fx.GraphModule, device: torch.device, *, cuda_graphs: bool = False,
-                 horizontal: bool = True, fixed_row_blocks: bool = False, replayed: bool = False) -> Built:
+                 horizontal: bool = True, fixed_row_blocks: bool = False, replayed: bool = False,
+                 plain_rows: bool = False) -> Built:
     """lower → plan → codegen for a graph whose sizes are all known.  `cuda_graphs`:
     no barrier launches; `horizontal=False`: no horizontal launch groups;
     `fixed_row_blocks`: row blocks independent of the row count (dynamic templates);
     `replayed`: the graph will be captured in a CUDA graph, so launches are priced at
-    the replay's per-kernel gap (a barrier or a shared launch must beat that)."""
+    the replay's per-kernel gap (a barrier or a shared launch must beat that);
+    `plain_rows`: looped rows walk their column blocks in one masked loop (no unmasked
+    whole blocks apart from the partial one, no alignment shift: the plan the compiler
+    falls back to when Triton refuses a kernel of those two loops)."""
     times = StageTimes()
     t0 = time.perf_counter()
     graph = lower(gm)                                                           # lower
@@ -92,7 +96,8 @@ def build_static(gm: fx.GraphModule, device: torch.device, *, cuda_graphs: bool 
     times.lower_s = t1 - t0
     opts = PlanOptions.from_config(global_barriers=config.get("global_barriers") and not cuda_graphs,
                                    horizontal_fusion=config.get("horizontal_fusion") and horizontal,
-                                   fixed_row_blocks=fixed_row_blocks, graph_replay=replayed)
+                                   fixed_row_blocks=fixed_row_blocks, graph_replay=replayed,
+                                   **({"column_tails": False, "align_rows": False} if plain_rows else {}))
     key = plan_cache.plan_key(graph, device.type, opts)
     cached = plan_cache.load(key, graph)
     t2 = time.perf_counter()
