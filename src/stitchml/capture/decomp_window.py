@@ -260,6 +260,11 @@ def max_pool2d_with_indices(x: torch.Tensor, kernel_size: Sequence[int], stride:
         take = (v > best) | torch.isnan(v)  # the first maximum wins; NaN propagates, as in eager
         best = torch.where(take, v, best)
         k = torch.where(take, i * kw + j, k)
+    return _with_flat_index(x, best, k, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow)
+
+
+def _with_flat_index(x, best, k, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow):
+    """(maximum, eager's flat input index) from each maximum's window offset `k` = i*kw + j."""
     # (in int32, which divides by a constant in a multiply and a shift: int64 takes ~20
     # instructions, nine times an element where the backward recomputes it)
     wide = torch.int32 if h * w < 2**31 else torch.int64
@@ -287,12 +292,7 @@ def _max_pool_reduced(x, xp, kh, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow):
     first = (torch.div(oi + dh - 1, dh, rounding_mode="trunc").unsqueeze(1) * kw
              + torch.div(oj + dw - 1, dw, rounding_mode="trunc").unsqueeze(0)).to(torch.int32)
     k = torch.where(last_nan >= 0, last_nan, torch.where(best == -math.inf, first, first_max))
-    wide = torch.int32 if h * w < 2**31 else torch.int64
-    k = _eager_layout(k, x).to(wide)
-    r = torch.arange(oh, device=x.device, dtype=wide).unsqueeze(1) * sh - ph + \
-        torch.div(k, kw, rounding_mode="trunc") * dh
-    c = torch.arange(ow, device=x.device, dtype=wide).unsqueeze(0) * sw - pw + torch.fmod(k, kw) * dw
-    return _eager_layout(best, x), _eager_layout((r * w + c).to(torch.int64), x)
+    return _with_flat_index(x, best, k, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow)
 
 
 def _memory_format(x) -> torch.memory_format:
