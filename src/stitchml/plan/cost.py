@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from ..ir import nodes as ir
 from .data import KernelPlan, Plan
@@ -113,8 +113,14 @@ def read_paths(g: ir.Graph, k: KernelPlan) -> dict[int, int]:
     to it through free nodes.  An input larger than the kernel's domain read through
     several maps touches up to that many domains' worth of it (a pooling window's nine
     strided slices of its padded input touch all of it; the two halves of a chunk, both)."""
-    inputs = set(k.inputs)
-    members = set(k.members)
+    return input_paths(g, k.members, k.inputs)
+
+
+def input_paths(g: ir.Graph, kernel_members: Sequence[int], kernel_inputs: Sequence[int]) -> dict[int, int]:
+    """`read_paths` of the kernel those members and inputs would make (before it exists:
+    the mapping counts a lane's loads with it)."""
+    inputs = set(kernel_inputs)
+    members = set(kernel_members)
     count: dict[int, int] = {}
     seen = set(members)
     stack = list(members)
@@ -131,7 +137,7 @@ def read_paths(g: ir.Graph, k: KernelPlan) -> dict[int, int]:
         if weight:
             for r in set(g[nid].refs):
                 count[r] = count.get(r, 0) + weight
-    return {i: count.get(i, 1) for i in k.inputs}
+    return {i: count.get(i, 1) for i in kernel_inputs}
 
 
 def _as_eager(g: ir.Graph) -> ir.Graph:

@@ -3,7 +3,6 @@ a thread mapping per kernel, and modelled bytes."""
 from __future__ import annotations
 
 import heapq
-from types import SimpleNamespace
 from dataclasses import replace
 
 import torch
@@ -16,7 +15,7 @@ from ..ir.product_sums import fold_product_sums
 from . import mapping as mapping_rules
 from .access import (generates, layout_domain, may_reorder, row_run_reads, row_values_domain, sector_waste,
                      transposed_reads)
-from .cost import input_passes, kernel_bytes, predict_seconds, read_paths, reread_miss, row_bytes, unfused_bytes
+from .cost import input_passes, input_paths, kernel_bytes, predict_seconds, reread_miss, row_bytes, unfused_bytes
 from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, cheap_chains, is_free, mark_recompute, recompute_cheap, source_bytes, view_base
 from .grouping import Grouper, Group
@@ -403,9 +402,9 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     # pieces included, masked or not), against per-row values such as a norm's weight
     along = sum(1 for i in inputs if g[i].numel > grp.domain.rows)
     # loads a thread issues for each element of a row it holds: every input read once per
-    # index map (`cost.read_paths`: a pooling window's nine shifted reads of its input,
+    # index map (`cost.input_paths`: a pooling window's nine shifted reads of its input,
     # and of the per-channel values a normalisation recomputed at each offset reads)
-    loads = sum(read_paths(g, SimpleNamespace(inputs=tuple(inputs), members=members)).values())
+    loads = sum(input_paths(g, members, tuple(inputs)).values())
     mp = mapping_rules.choose(grp.domain, opts, partials=bool(partials), itemsize=max(sizes, default=4),
                               row_values=along, row_loads=loads)
     if mp.segments > 1:
