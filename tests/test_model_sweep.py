@@ -36,3 +36,19 @@ def test_architecture_trains_stitched_at_two_sizes_against_float64(name):
 def test_unknown_model_names_are_refused_with_the_list():
     with pytest.raises(SystemExit):
         model_sweep.main(["--models", "no_such_model"])
+
+
+def test_model_processes_get_the_interpreter_where_there_is_no_gpu(monkeypatch):
+    # without TRITON_INTERPRET=1 on a CPU machine every model of a sweep failed at its
+    # first kernel ("kernels need a GPU"); the sm_90 sweep (interpret=False) compiles
+    # real GPU code and must not get it, and an explicit value is the user's
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert model_sweep._child_env(True)["TRITON_INTERPRET"] == "1"
+    assert "TRITON_INTERPRET" not in model_sweep._child_env(False)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert model_sweep._child_env(True)["TRITON_INTERPRET"] == "0"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "TRITON_INTERPRET" not in model_sweep._child_env(True)

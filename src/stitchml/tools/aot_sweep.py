@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
 
     def run(spec: str) -> dict:
-        row = _subprocess(spec, a.timeout, module="stitchml.tools.aot_sweep", marker=MARKER)
+        row = _subprocess(spec, a.timeout, module="stitchml.tools.aot_sweep", marker=MARKER, interpret=False)
         row.setdefault("name", spec)
         return row
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:

@@ -585,14 +585,15 @@ def _eager_ops(records) -> dict[str, int]:
 
 
 def _subprocess(name: str, timeout: float, module: str = "stitchml.tools.model_sweep",
-                marker: str = "SWEEP ") -> dict:
+                marker: str = "SWEEP ", interpret: bool = True) -> dict:
     """`python -m module --one name` in its own process (a crash is a row, not the end of
     the sweep): the JSON row it prints after `marker`, or an error row.  The vision sweep
-    (`timm_sweep`) runs its models through it too."""
+    (`timm_sweep`) and the sm_90 sweep (`aot_sweep`, `interpret=False`) run their models
+    through it too."""
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", module, "--one", name]
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_child_env(interpret))
     except subprocess.TimeoutExpired:
         return {"name": name, "ok": False, "error": f"timed out after {timeout:.0f} s",
                 "seconds": round(time.perf_counter() - t0, 1)}
@@ -603,6 +604,19 @@ def _subprocess(name: str, timeout: float, module: str = "stitchml.tools.model_s
     row = json.loads(line[len(marker):])
     row["seconds"] = round(time.perf_counter() - t0, 1)
     return row
+
+
+def _child_env(interpret: bool) -> dict[str, str]:
+    """The environment of a model's process: on a machine without a GPU, kernels run in
+    Triton's interpreter, which must be chosen before triton is imported, so an unset
+    TRITON_INTERPRET becomes 1 there (as `opinfo_sweep` does for itself): without it
+    every model of the sweep fails at its first kernel with the same message."""
+    env = os.environ.copy()
+    if interpret and env.get("TRITON_INTERPRET", "") == "":
+        import torch
+        if not torch.cuda.is_available():
+            env["TRITON_INTERPRET"] = "1"
+    return env
 
 
 def write_report(text: str, out: str | None) -> None:
