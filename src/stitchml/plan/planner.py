@@ -140,6 +140,15 @@ def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan, opts: PlanOption
         n = g[nid]
         if nid not in producer or nid in escapes or n.attr("recompute"):
             continue
+        if leaf & out:
+            # a chain read from a value chosen above (chains come in graph order): its
+            # bytes were weighed with that value written, and with both computed by the
+            # readers each would compute the one from the other at every index map it
+            # reads it through.  A chain of writes into rows (Kimi's delta rule: 63 row
+            # updates, each a select of the last) was one expression 63 levels deep in
+            # every kernel: 25206 generated lines at a chunk of 32, ~C^3; every other value
+            # written, each kernel computes one level
+            continue
         others = [k for k in readers.get(nid, []) if k is not producer[nid]]
         written = n.numel * n.dtype.itemsize * (1 + len(others))
         recomputed = sum(source_bytes(g, [s for s in leaf if s not in k.inputs]) for k in others)
