@@ -109,6 +109,10 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
         forbidden = forbidden | learned
 
 
+# recomputed chains stacked on one another at most this deep (`_cheaper_recomputed`)
+RECOMPUTE_DEPTH = 4
+
+
 def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan, opts: PlanOptions) -> set[int]:
     """Cheap values of at most two full-size sources (`graph_view.cheap_chains`) that a kernel
     writes and other kernels read, where the readers would read fewer bytes computing
@@ -126,6 +130,7 @@ def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan, opts: PlanOption
             readers.setdefault(i, []).append(k)
     escapes = gv.escapes   # (the view the plan was made with: its escapes are computed once)
     out: set[int] = set()
+    levels: dict[int, int] = {}   # chosen value -> chains stacked up to it, itself included
     # A chain's leaves are sources and values the plan writes anyway (a reader reads them
     # in place of the chain's result: a column reduction's combined per-channel values, a
     # gradient written for other kernels whose float32 cast a later kernel reads).  It
@@ -140,21 +145,23 @@ def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan, opts: PlanOption
         n = g[nid]
         if nid not in producer or nid in escapes or n.attr("recompute"):
             continue
-        if leaf & out:
-            # a chain read from a value chosen above (chains come in graph order): its
-            # bytes were weighed with that value written, and with both computed by the
-            # readers each would compute the one from the other at every index map it
-            # reads it through.  A chain of writes into rows (Kimi's delta rule: 63 row
-            # updates, each a select of the last) was one expression 63 levels deep in
-            # every kernel: 25206 generated lines at a chunk of 32, ~C^3; every other value
-            # written, each kernel computes one level
+        # chains come in graph order; one read from a value chosen above is recomputed on
+        # top of it, each reader computing the one from the other at every index map it
+        # reads it through.  Stacked without bound, a chain of writes into rows (Kimi's
+        # delta rule: 63 row updates, each a select of the last) was one expression 63
+        # levels deep in every kernel: 25206 generated lines at a chunk of 32, ~C^3.  A
+        # chain deeper than RECOMPUTE_DEPTH is left written (a max-pool reads its ReLU
+        # through the -inf padded copy, its backward through three levels; DIEN 2)
+        depth = 1 + max((levels.get(s, 0) for s in leaf), default=0)
+        if depth > RECOMPUTE_DEPTH:
             continue
         others = [k for k in readers.get(nid, []) if k is not producer[nid]]
         written = n.numel * n.dtype.itemsize * (1 + len(others))
         recomputed = sum(source_bytes(g, [s for s in leaf if s not in k.inputs]) for k in others)
         if recomputed < written:
-            out.add(nid)
-            out |= _interior(g, nid, leaf)
+            chosen = {nid} | _interior(g, nid, leaf)
+            out |= chosen
+            levels.update(dict.fromkeys(chosen, depth))
     return out
 
 
