@@ -109,8 +109,9 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
         forbidden = forbidden | learned
 
 
-# recomputed chains stacked on one another at most this deep (`_cheaper_recomputed`)
-RECOMPUTE_DEPTH = 4
+# a recomputed chain evaluates its written sources at most this many times an element,
+# through the recomputed chains below it (`_cheaper_recomputed`)
+RECOMPUTE_PATHS = 16
 
 
 def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan, opts: PlanOptions) -> set[int]:
@@ -130,7 +131,7 @@ def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan, opts: PlanOption
             readers.setdefault(i, []).append(k)
     escapes = gv.escapes   # (the view the plan was made with: its escapes are computed once)
     out: set[int] = set()
-    levels: dict[int, int] = {}   # chosen value -> chains stacked up to it, itself included
+    weight: dict[int, int] = {}   # chosen value -> evaluations of written sources one evaluation costs
     # A chain's leaves are sources and values the plan writes anyway (a reader reads them
     # in place of the chain's result: a column reduction's combined per-channel values, a
     # gradient written for other kernels whose float32 cast a later kernel reads).  It
@@ -146,14 +147,16 @@ def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan, opts: PlanOption
         if nid not in producer or nid in escapes or n.attr("recompute"):
             continue
         # chains come in graph order; one read from a value chosen above is recomputed on
-        # top of it, each reader computing the one from the other at every index map it
-        # reads it through.  Stacked without bound, a chain of writes into rows (Kimi's
-        # delta rule: 63 row updates, each a select of the last) was one expression 63
-        # levels deep in every kernel: 25206 generated lines at a chunk of 32, ~C^3.  A
-        # chain deeper than RECOMPUTE_DEPTH is left written (a max-pool reads its ReLU
-        # through the -inf padded copy, its backward through three levels; DIEN 2)
-        depth = 1 + max((levels.get(s, 0) for s in leaf), default=0)
-        if depth > RECOMPUTE_DEPTH:
+        # top of it: a reader evaluates the lower chain once for each path the upper one
+        # reads it through (each path another index map: no two evaluations share code).
+        # Stacked without bound, a chain of writes into rows (Kimi's delta rule: 63 row
+        # updates, each reading the last version as a whole and at its row) doubled the
+        # evaluations a level: 25206 generated lines at a chunk of 32.  A chain whose
+        # evaluations of its written sources, counted through the chains below it, pass
+        # RECOMPUTE_PATHS is left written (Swin-T's float32 backward stacks nine chains,
+        # each read once; a max-pool reads its ReLU through nine windows)
+        evals = sum(k * weight.get(s, 1) for s, k in _paths_to(g, nid, leaf).items())
+        if evals > RECOMPUTE_PATHS:
             continue
         others = [k for k in readers.get(nid, []) if k is not producer[nid]]
         written = n.numel * n.dtype.itemsize * (1 + len(others))
@@ -161,7 +164,7 @@ def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan, opts: PlanOption
         if recomputed < written:
             chosen = {nid} | _interior(g, nid, leaf)
             out |= chosen
-            levels.update(dict.fromkeys(chosen, depth))
+            weight.update(dict.fromkeys(chosen, evals))
     return out
 
 
@@ -229,6 +232,25 @@ def _absorbable_parts(g: ir.Graph, gv: GraphView, plan: Plan) -> dict[int, set[i
                 if all(o in parts and o not in gv.escapes and gv.consumers[o] == (c,) for o in kp.outputs):
                     out.setdefault(c, set()).update(kp.members)
     return out
+
+
+def _paths_to(g: ir.Graph, nid: int, leaf) -> dict[int, int]:
+    """For each leaf of the chain from `nid`, the paths that reach it from `nid` through
+    the chain's nodes (how many times evaluating `nid` evaluates the leaf)."""
+    memo: dict[int, dict[int, int]] = {}
+
+    def walk(m: int) -> dict[int, int]:
+        if m not in memo:
+            acc: dict[int, int] = {}
+            for r in g[m].refs:
+                if r in leaf:
+                    acc[r] = acc.get(r, 0) + 1
+                elif g[r].kind in (ir.VIEW, ir.POINTWISE, ir.CAT):
+                    for lf, k in walk(r).items():
+                        acc[lf] = acc.get(lf, 0) + k
+            memo[m] = acc
+        return memo[m]
+    return walk(nid)
 
 
 def _interior(g: ir.Graph, nid: int, leaf) -> set[int]:
