@@ -111,7 +111,7 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
 
 # a recomputed chain evaluates its written sources at most this many times an element,
 # through the recomputed chains below it (`_cheaper_recomputed`)
-RECOMPUTE_PATHS = 16
+RECOMPUTE_PATHS = 32
 
 
 def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan, opts: PlanOptions) -> set[int]:
