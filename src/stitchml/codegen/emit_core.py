@@ -743,15 +743,15 @@ class KernelBuilder:
             return self.value(src, tuple(ix.mod(pos + (size - shift), size) if d == dim else e
                                          for d, e in enumerate(index)))
         subs = self._part_indices(n, index, pos)
-        if pos.is_const:
+        held = next(((r, sub) for r, (start, size, sub) in zip(n.args, subs)
+                     if start <= pos.const < start + size), None) if pos.is_const else None
+        if held is not None:
             # read at a known position (a row of it selected, an index map that fixed the
             # axis): the one part that holds it, under no branch condition.  A chain of
             # writes into rows (Kimi's and Qwen3-Next's chunked delta rule: 63 in-place row
             # updates, each a select over parts) evaluated every part of every level under
             # its own condition, 2^depth evaluations (a chunk of 12 took 180 s to generate)
-            ref, sub = next((r, sub) for r, (start, size, sub) in zip(n.args, subs)
-                            if start <= pos.const < start + size)
-            return self.value(ref.id, sub)
+            return self.value(held[0].id, held[1])
         if len(subs) >= CAT_POINTER_PARTS and (reads := self._cat_reads(n, subs)) is not None:
             return self._cat_by_pointer(n, pos, subs, reads)
         if len(subs) >= CAT_POINTER_PARTS and (pieces := self._cat_of_cats(n, subs)) is not None:

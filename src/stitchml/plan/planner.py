@@ -236,21 +236,25 @@ def _absorbable_parts(g: ir.Graph, gv: GraphView, plan: Plan) -> dict[int, set[i
 
 def _paths_to(g: ir.Graph, nid: int, leaf) -> dict[int, int]:
     """For each leaf of the chain from `nid`, the paths that reach it from `nid` through
-    the chain's nodes (how many times evaluating `nid` evaluates the leaf)."""
-    memo: dict[int, dict[int, int]] = {}
-
-    def walk(m: int) -> dict[int, int]:
-        if m not in memo:
-            acc: dict[int, int] = {}
-            for r in g[m].refs:
-                if r in leaf:
-                    acc[r] = acc.get(r, 0) + 1
-                elif g[r].kind in (ir.VIEW, ir.POINTWISE, ir.CAT):
-                    for lf, k in walk(r).items():
-                        acc[lf] = acc.get(lf, 0) + k
-            memo[m] = acc
-        return memo[m]
-    return walk(nid)
+    the chain's nodes (how many times evaluating `nid` evaluates the leaf).  Counted
+    from the top in descending id order (a node's readers have larger ids), without
+    recursion: a chain may be hundreds of nodes deep."""
+    nodes, stack = {nid}, [nid]
+    while stack:
+        for r in g[stack.pop()].refs:
+            if r not in leaf and r not in nodes and g[r].kind in (ir.VIEW, ir.POINTWISE, ir.CAT):
+                nodes.add(r)
+                stack.append(r)
+    count = dict.fromkeys(nodes, 0)
+    count[nid] = 1
+    paths: dict[int, int] = {}
+    for m in sorted(nodes, reverse=True):
+        for r in g[m].refs:
+            if r in leaf:
+                paths[r] = paths.get(r, 0) + count[m]
+            elif r in count:
+                count[r] += count[m]
+    return paths
 
 
 def _interior(g: ir.Graph, nid: int, leaf) -> set[int]:
