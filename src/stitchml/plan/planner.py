@@ -153,8 +153,9 @@ def _cheaper_recomputed(g: ir.Graph, gv: GraphView, plan: Plan, opts: PlanOption
         # updates, each reading the last version as a whole and at its row) doubled the
         # evaluations a level: 25206 generated lines at a chunk of 32.  A chain whose
         # evaluations of its written sources, counted through the chains below it, pass
-        # RECOMPUTE_PATHS is left written (Swin-T's float32 backward stacks nine chains,
-        # each read once; a max-pool reads its ReLU through nine windows)
+        # RECOMPUTE_PATHS is left written (within it: the max-pool backward's three stacked
+        # chains, DIEN's two, Swin-T's float32 backward's nine; its shifted-window mask
+        # counts 19)
         evals = sum(k * weight.get(s, 1) for s, k in _paths_to(g, nid, leaf).items())
         if evals > RECOMPUTE_PATHS:
             continue
