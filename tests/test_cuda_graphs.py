@@ -413,7 +413,7 @@ def test_mutated_user_input_refuses_capture():
         out = runner([x, y])
         torch.testing.assert_close(out[0], y * 2.0)
         torch.testing.assert_close(x, x0 + 1.0)      # the user's tensor was written, not a copy
-    assert runner.dead and "mutates input 0" in runner.rec.cuda_graph_note and backend.captures == 0
+    assert runner.dead and "input 0 is written in place" in runner.rec.cuda_graph_note and backend.captures == 0
 
 
 def test_dropout_under_replay_differs_per_replay_and_repeats_under_the_seed():

@@ -162,18 +162,21 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         local MC=(--case 'column_sum_tokens[2048x768]' --case 'layer_norm_bwd_tokens[2048x768]'
                   --case 'batch_sum[8x512x768]' --case 'layer_norm_fwd[N=32768]' --case 'rms_norm_fwd[N=32768]'
                   --case 'softmax_fwd[N=32768]' --case 'softmax_bwd[N=32768]'
-                  --case 'max_pool_fwdbwd[32x64x112x112,cl]')   # (thirty-sixth session: 62 µs predicted)
+                  --case 'max_pool_fwdbwd[32x64x112x112,cl]'   # (thirty-sixth session: 62 µs predicted)
+                  --case 'adamw_foreach[bert_base]')   # (forty-sixth session: in-place optimizer step)
         local ROWS='column_sum_tokens[2048x768];layer_norm_bwd_tokens[2048x768];layer_norm_bwd[N=1024];column_sum[32768x1024]'
         local LONG='layer_norm_fwd[N=32768];rms_norm_fwd[N=32768];softmax_fwd[N=32768];softmax_bwd[N=32768]'
+        local OPT='adamw_foreach[bert_base]'
         if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then   # (their --quick sizes)
             MC=(--case 'column_sum_tokens[40x24]' --case 'layer_norm_bwd_tokens[16x24]' --case 'batch_sum[2x8x24]'
-                --case 'max_pool_fwdbwd[2x8x12x12,cl]')
-            ROWS='column_sum_tokens[40x24];layer_norm_bwd_tokens[16x24]' LONG='softmax_fwd'
+                --case 'max_pool_fwdbwd[2x8x12x12,cl]' --case 'adamw_foreach[tiny]')
+            ROWS='column_sum_tokens[40x24];layer_norm_bwd_tokens[16x24]' LONG='softmax_fwd' OPT='adamw_foreach[tiny]'
         fi
         "${BENCH[@]}" --suite micro --dtype bf16 "${MC[@]}" "${MICRO_CONTENDERS[@]}" || return $?
         "$PY" -m stitchml.tools.bench_variants --out "$R/micro-check" "${QUICK[@]:0:1}" \
-            --variant "default::$ROWS;$LONG" --variant "nocolwarps:partial_column_warps=0:$ROWS" \
-            --variant "nospread:combine_spread=0:$ROWS" --variant "p32k:persistent_max_cols=32768:$LONG" ;;
+            --variant "default::$ROWS;$LONG;$OPT" --variant "nocolwarps:partial_column_warps=0:$ROWS" \
+            --variant "nospread:combine_spread=0:$ROWS" --variant "p32k:persistent_max_cols=32768:$LONG" \
+            --variant "serial:serial_siblings=1:$OPT" ;;
     models-15) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time --case 'issue15_*' \
                    --contender eager --contender inductor --contender inductor-ro --contender stitchml ;;
     models-18) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time --case 'issue18_*' \

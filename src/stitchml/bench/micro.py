@@ -7,7 +7,8 @@ vocabularies; AStitch's irregular shapes (<750000,32> row sum, <64,30000> row
 softmax); column sums; and AStitch's running example.  `--quick` keeps the case
 families at tiny sizes (a few thousand elements).
 
-Every case also has a JAX version (used only where JAX is installed).
+Every case but the optimizer step (lists of tensors) also has a JAX version (used only
+where JAX is installed).
 """
 from __future__ import annotations
 
@@ -100,6 +101,42 @@ def astitch_running(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> tuple[
     p1 = (a / r1) ** 2
     r2 = p1.sum(0)
     return p1 * (r2 / z), r2
+
+
+# AdamW's update as `torch.optim.AdamW(foreach=True)` computes it, over lists of tensors,
+# its results written into the caller's tensors (`_foreach_copy_`): what a compiled
+# `optimizer.step()` does.  The new values are computed from `*0` copies of the state,
+# so every call computes the same thing (a timed loop, and each contender's check
+# against eager, start from the same state); the bytes are a real step's: four tensors
+# read, three written in place.
+ADAMW = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01, step=10)
+
+
+def adamw_foreach(ps: list[torch.Tensor], ms: list[torch.Tensor], vs: list[torch.Tensor], gs: list[torch.Tensor],
+                  p0: list[torch.Tensor], m0: list[torch.Tensor],
+                  v0: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    a = ADAMW
+    bc1, bc2 = 1 - a["beta1"] ** a["step"], 1 - a["beta2"] ** a["step"]
+    m = torch._foreach_lerp(m0, gs, 1 - a["beta1"])
+    v = torch._foreach_mul(v0, a["beta2"])
+    torch._foreach_addcmul_(v, gs, gs, 1 - a["beta2"])
+    denom = torch._foreach_sqrt(v)
+    torch._foreach_div_(denom, bc2 ** 0.5)
+    torch._foreach_add_(denom, a["eps"])
+    p = torch._foreach_mul(p0, 1 - a["lr"] * a["weight_decay"])
+    torch._foreach_addcdiv_(p, m, denom, -a["lr"] / bc1)
+    torch._foreach_copy_(ps, p)
+    torch._foreach_copy_(ms, m)
+    torch._foreach_copy_(vs, v)
+    return ps, ms, vs
+
+
+# BERT-base's parameter shapes (embeddings, 12 layers, pooler): 199 tensors, 109.5 M values
+def bert_base_shapes() -> list[tuple[int, ...]]:
+    h, f = 768, 3072
+    shapes = [(30522, h), (512, h), (2, h), (h,), (h,)]
+    layer = [(h, h), (h,)] * 4 + [(h,), (h,), (f, h), (f,), (h, f), (h,), (h,), (h,)]
+    return shapes + layer * 12 + [(h, h), (h,)]
 
 
 # --------------------------------------------------------------------------- JAX versions
@@ -389,4 +426,19 @@ def cases(quick: bool) -> list[CaseSpec]:
         return Workload(name, "micro", dtype, astitch_running, [x, y, z], shape=f"x{list(as_shape)}",
                         tol=tolerance("micro", dtype), jax=JaxSpec(_jax_astitch))
     specs.append(_spec(f"astitch_running[{as_shape[0]}x{as_shape[1]}]", running))
+
+    opt_shapes = [(16, 24), (24,), (24, 16), (16,)] if quick else bert_base_shapes()
+
+    def adamw(dtype: str, device: torch.device, name: str) -> Workload:
+        g, dt = _gen(name), DTYPES[dtype]
+        lists = [[randn(s, dt, device, g) for s in opt_shapes] for _ in range(3)]   # p0, m0, g
+        v0 = [rand(s, dt, device, g, low=0.0, high=1e-2) for s in opt_shapes]
+        p0, m0, gs = lists
+        ps, ms, vs = ([t.clone() for t in ts] for ts in (p0, m0, v0))
+        n = sum(t.numel() for t in p0)
+        return Workload(name, "micro", dtype, adamw_foreach, [ps, ms, vs, gs, p0, m0, v0],
+                        shape=f"{len(opt_shapes)} tensors, {n} values", min_bytes=7 * n * p0[0].element_size(),
+                        tol=tolerance("micro", dtype),
+                        notes="optimizer step: 4 tensors read, 3 written in place into the inputs; no JAX twin")
+    specs.append(_spec(f"adamw_foreach[{'bert_base' if not quick else 'tiny'}]", adamw))
     return specs

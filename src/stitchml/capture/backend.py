@@ -69,7 +69,8 @@ class StitchBackend:
         bypassed = counters["aot_autograd"]["autograd_cache_bypass"]
         with scope, partition.recording(self.partitions):
             compiled = aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=fw,
-                                    decompositions=decomposition_table(), partition_fn=partition.partitioner())(gm, example_inputs)
+                                    decompositions=decomposition_table(), partition_fn=partition.partitioner(),
+                                    keep_inference_input_mutations=True)(gm, example_inputs)
         if self.aot_cache_note is None and counters["aot_autograd"]["autograd_cache_bypass"] > bypassed:
             self.aot_cache_note = ("torch's AOTAutograd cache bypassed this graph (torch logs why at INFO: "
                                    "torch._functorch._aot_autograd.autograd_cache)")

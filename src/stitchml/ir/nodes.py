@@ -94,6 +94,10 @@ class Graph:
 
     `outputs` holds Refs or plain Python values (aot_autograd graphs may return ints).
     `eager_calls` maps an opaque node id to the FX target and arguments it replays.
+    `input_writes`: graph inputs the graph writes in place (an optimizer step's parameters
+    and moments: AOTAutograd's `copy_(input, new value)` kept in inference graphs), as
+    input positions; the last `len(input_writes)` entries of `outputs` are their new
+    values, in that order, kept alive like outputs but not returned (`returned`).
     """
 
     nodes: list[Node] = field(default_factory=list)
@@ -102,6 +106,7 @@ class Graph:
     fallbacks: list[Fallback] = field(default_factory=list)
     eager_calls: dict[int, tuple[Any, tuple, dict]] = field(default_factory=dict)
     constants: dict[int, Any] = field(default_factory=dict)  # INPUT nodes holding a module's tensor
+    input_writes: list[int] = field(default_factory=list)
 
     def add(self, kind: str, op: str, args: tuple, shape: Sequence[int] | None, dtype: torch.dtype | None,
             stride: Sequence[int] | None = None, attrs: Iterable[tuple[str, Any]] = ()) -> int:
@@ -122,6 +127,16 @@ class Graph:
 
     def output_ids(self) -> list[int]:
         return [o.id for o in self.outputs if isinstance(o, Ref)]
+
+    @property
+    def returned(self) -> list[Arg]:
+        """The outputs the compiled graph returns (`outputs` less the in-place writes)."""
+        return self.outputs[:len(self.outputs) - len(self.input_writes)]
+
+    def written(self) -> list[tuple[int, int]]:
+        """(input position, node id of its new value) of each in-place write."""
+        new = self.outputs[len(self.outputs) - len(self.input_writes):]
+        return [(pos, r.id) for pos, r in zip(self.input_writes, new)]
 
     def summary(self) -> str:
         lines = []

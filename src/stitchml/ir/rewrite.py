@@ -34,6 +34,7 @@ def copy_node(new: Graph, g: Graph, n: Node, remap: dict[int, int]) -> int:
 def finish_copy(new: Graph, g: Graph, remap: dict[int, int]) -> None:
     new.inputs = [remap[i] for i in g.inputs]
     new.outputs = [remap_refs(o, remap) for o in g.outputs]
+    new.input_writes = list(g.input_writes)
 
 
 def rebuild(g: Graph, replace: dict[int, Callable[[Graph, Node, dict[int, int]], int]],

@@ -62,6 +62,7 @@ class Lowerer:
         self.g = ir.Graph()
         self.ctx = LowerCtx(self.g)
         self.env: dict[fx.Node, object] = {}
+        self.writes: list[tuple[int, Ref]] = []   # (input position, new value): `_write_input`
 
     def run(self) -> ir.Graph:
         for node in self.gm.graph.nodes:
@@ -75,6 +76,8 @@ class Lowerer:
                 out = rules_complex.unpair(self, self._map(node.args[0]))  # complex outputs
                 self.g.outputs = list(out) if isinstance(out, (tuple, list)) else [out]
                 self._check_output_layouts(node)
+                self.g.outputs += [r for _, r in self.writes]   # kept alive, not returned
+                self.g.input_writes = [pos for pos, _ in self.writes]
             else:
                 raise Unsupported(f"FX op {node.op} is not supported")
         return self.g
@@ -184,6 +187,10 @@ class Lowerer:
             return base[node.args[1]] if isinstance(base, (tuple, list)) else self._item(node, base)
         args = self._map(node.args)
         kwargs = self._map(node.kwargs)
+        if node.target is aten.copy_.default:
+            write = self._write_input(node, args)
+            if write is not None:
+                return write
         if node.target in rules_rng_state.HOPS:  # a random op of a recomputed (checkpointed) region
             return rules_rng_state.lower(self, node, args, kwargs)
         if rules_complex.involves_complex(node):  # complex values are lowered as pairs of reals
@@ -192,6 +199,34 @@ class Lowerer:
             return self.apply_rule(node, args, kwargs)
         except Unsupported as e:
             return self._opaque(node, args, kwargs, str(e))
+
+    def _write_input(self, node: fx.Node, args: tuple) -> Ref | None:
+        """`copy_(input, value)`: AOTAutograd's write of a mutated graph input's new value
+        (kept in the graph: `keep_inference_input_mutations`), e.g. an optimizer
+        step's parameters and moments.  The new value becomes a copy node with the
+        input's layout, kept alive like an output (`Graph.input_writes`); the plan then
+        lets its kernel write it into the input's own buffer where that is safe
+        (`plan/in_place.py`), else the wrapper copies it there after the call.  None
+        (the copy runs eagerly) for anything but a whole graph input of the same shape
+        and dtype whose elements do not share memory, or an input written twice.
+        (AOTAutograd keeps these in training forward graphs too: a batch norm's running
+        statistics.)"""
+        dst, src = (args + (None, None))[:2]
+        if not isinstance(dst, Ref) or not isinstance(src, Ref) or len(node.args) > 2:
+            return None
+        d, v = self.g[dst.id], self.g[src.id]
+        if d.kind != ir.INPUT or d.attr("constant") or d.shape != v.shape or d.dtype != v.dtype \
+                or d.stride is None or not _non_overlapping(d.shape, d.stride):
+            return None
+        pos = self.g.inputs.index(dst.id)
+        if any(p == pos for p, _ in self.writes):
+            return None
+        new = self.ctx.pointwise("identity", (src,), d.shape, d.dtype)
+        # (the attribute keeps `dce.fold_copies` from folding the copy into its source)
+        self.g.nodes[new.id] = dataclasses.replace(self.g[new.id], stride=d.stride,
+                                                   attrs=(("into_input", pos),))
+        self.writes.append((pos, new))
+        return new
 
     def apply_rule(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         """IR of `node` by its rule (`args`/`kwargs`: its arguments with tensors as Refs),
@@ -317,6 +352,18 @@ def _dense(shape, stride) -> bool:
         if st != expect:
             return False
         expect *= sz
+    return True
+
+
+def _non_overlapping(shape, stride) -> bool:
+    """No two elements share memory (a strided slice may leave gaps; an expanded view
+    overlaps): a kernel can write each element where it lives."""
+    dims = sorted((st, sz) for st, sz in zip(stride, shape) if sz != 1)
+    span = 1
+    for st, sz in dims:
+        if st < span:
+            return False
+        span = st * sz
     return True
 
 

@@ -163,6 +163,9 @@ class Plan:
     # recompute marks, placement): what-if plans it again without them.  Not pickled
     # (the plan cache would store two graphs); the pipeline sets it again on a cache hit
     source: Graph | None = None
+    # each in-place write's new value (`Graph.input_writes`): None where its kernel writes
+    # it into the input's buffer, else why it is copied there after the call (plan/in_place.py)
+    in_place: dict[int, str | None] = field(default_factory=dict)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -171,6 +174,7 @@ class Plan:
 
     def __setstate__(self, state: dict) -> None:
         state.setdefault("source", None)   # (plans pickled before the field)
+        state.setdefault("in_place", {})
         self.__dict__.update(state)
 
     @property

@@ -22,6 +22,7 @@ from .grouping import Grouper, Group
 from .options import PlanOptions
 from .placement import candidates as placement_candidates, containers, place_cats
 from .ilp import search
+from .in_place import in_place_writes
 from .window_reads import heavy_window_reads
 from .split import split_long_rows
 
@@ -94,6 +95,7 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
                 continue
             plan.search = search(plan, opts)
             plan.launch_s, plan.graph_replay, plan.source = opts.device.launch_s, opts.graph_replay, source
+            plan.in_place = in_place_writes(plan)   # (after launch grouping: it fixes the launch order)
             return plan
         # every kernel the dry run refused teaches its pairs at once (one at a time, halonet's
         # backward was planned 36 times: planning both graphs took 74.7 s, now 27.5 s,

@@ -152,12 +152,13 @@ def plan_refusal(plan: Plan) -> str | None:
 
 
 def mutated_inputs(g: ir.Graph) -> set[int]:
-    """Positions of the graph inputs an eager op writes into (through views too)."""
+    """Positions of the graph inputs an eager op writes into (through views too), and
+    those the graph writes new values into (`Graph.input_writes`)."""
     root: dict[int, int] = {nid: i for i, nid in enumerate(g.inputs)}
     for n in g.nodes:
         if n.kind == ir.VIEW and n.refs and n.refs[0] in root:
             root[n.id] = root[n.refs[0]]
-    out = set()
+    out = set(g.input_writes)
     for nid, (target, _args, _kw) in g.eager_calls.items():
         schema = getattr(target, "_schema", None)
         if schema is None:
@@ -341,7 +342,8 @@ class GraphRunner:
         copied = sorted(set(tensors) - set(self.static))
         written = sorted(self.mutated & set(copied))
         if written:
-            return self._refuse(f"an eager op mutates input {written[0]}, which would be copied per replay", inputs)
+            return self._refuse(f"input {written[0]} is written in place (by an eager op or a new value), and would "
+                                f"be copied per replay", inputs)
         for i in copied:
             x = tensors[i]
             if _dense(x):

@@ -380,6 +380,24 @@ class Check:
 
 
 @dataclass(frozen=True)
+class CopyInto:
+    """Graph inputs' new values copied into the inputs' own tensors after the call's
+    kernels ran (in-place writes their kernels could not make: `plan/in_place.py`), all
+    in one multi-tensor copy (an optimizer's 0-d step counters: one launch, not one each)."""
+
+    dsts: tuple[str, ...]
+    srcs: tuple[str, ...]
+
+    def reads(self) -> tuple[str, ...]:
+        return self.dsts + self.srcs
+
+    def render(self) -> str:
+        if len(self.dsts) == 1:
+            return f"{self.dsts[0]}.copy_({self.srcs[0]})"
+        return f"torch._foreach_copy_([{', '.join(self.dsts)}], [{', '.join(self.srcs)}])"
+
+
+@dataclass(frozen=True)
 class Free:
     names: tuple[str, ...]
 
@@ -401,7 +419,7 @@ class Return:
         return "return " + fmt(tuple(self.values))
 
 
-Step = Union[Alloc, View, Replay, Launch, Barrier, DrawSeeds, StateSeed, EagerCall, Item, Check, Free, Return]
+Step = Union[Alloc, View, Replay, Launch, Barrier, DrawSeeds, StateSeed, EagerCall, Item, Check, CopyInto, Free, Return]
 
 
 def _is_value(text: str) -> bool:
@@ -409,7 +427,7 @@ def _is_value(text: str) -> bool:
 
 
 def defines(step: Step) -> str | None:
-    return getattr(step, "name", None) if not isinstance(step, (Free, Return, DrawSeeds)) else None
+    return getattr(step, "name", None) if not isinstance(step, (Free, Return, DrawSeeds, CopyInto)) else None
 
 
 @dataclass

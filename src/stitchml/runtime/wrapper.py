@@ -34,8 +34,8 @@ from .kernel_cache import load_kernels
 from .launcher import bind_launchers
 from .pdl import launched_with_pdl, pdl_sources
 from .cuda_graphs import SeedBuffer, device_seed_source, device_seeds_wanted
-from .steps import (Alloc, Barrier, Check, DrawSeeds, EagerCall, Free, Item, Launch, Layout, Program, Replay,
-                    Return, StateSeed, Sym, View, defines, state_seed, storage_elems, view_layout)
+from .steps import (Alloc, Barrier, Check, CopyInto, DrawSeeds, EagerCall, Free, Item, Launch, Layout, Program,
+                    Replay, Return, StateSeed, Sym, View, defines, state_seed, storage_elems, view_layout)
 
 log = logging.getLogger("stitchml")
 
@@ -70,6 +70,9 @@ class ProgramBuilder:
         self.partials: set[str] = set()
         self.users = self.g.users()
         self.outputs = set(self.g.output_ids())
+        # new values of graph inputs that their kernel writes into the input's buffer
+        # (plan/in_place.py); the others are copied there after the call
+        self.into = {new: pos for pos, new in self.g.written() if plan.in_place.get(new, "") is None}
 
     # -- names and constants
     def _const(self, value: Any) -> str:
@@ -193,7 +196,10 @@ class ProgramBuilder:
                 self._kernel(step)
             else:
                 self._eager(step)
-        outs = tuple(self._tree(o, []) for o in self.g.outputs)
+        copies = [(f"a{pos}", self.need(new)) for pos, new in self.g.written() if new not in self.into]
+        if copies:   # (the inputs' own tensors, written after every reader ran)
+            self.steps.append(CopyInto(*(tuple(c) for c in zip(*copies))))
+        outs = tuple(self._tree(o, []) for o in self.g.returned)
         self.steps.append(Return(outs))
         if self.nseeds:
             self.consts["SEEDS"] = SeedBuffer(self.nseeds, self.device)
@@ -221,7 +227,10 @@ class ProgramBuilder:
         poison = bool(config.get("poison_outputs"))
         for pkind, nid in ks.params:
             if pkind == "out":
-                if nid not in self.names and self.g[nid].attr("placed_in") is not None:
+                if nid in self.into and nid not in self.names:
+                    name = self.names[nid] = f"a{self.into[nid]}"   # the input's buffer, overwritten
+                    self.known[name] = Layout(self.g[nid].shape, self.g[nid].stride)
+                elif nid not in self.names and self.g[nid].attr("placed_in") is not None:
                     self._placed_part(nid, poison)
                 elif nid not in self.names:
                     n = self.g[nid]

@@ -226,6 +226,15 @@ class Report:
             for cat, parts in placed.items():
                 lines.append(f"  written in place: {', '.join(parts)} straight into the slices of concatenation "
                              f"%{cat}, which no kernel copies (buffer placement)")
+            into = [pos for pos, new in g.written() if rec.plan.in_place.get(new, "") is None]
+            if into:
+                shown = ", ".join(str(p) for p in into[:12]) + (", ..." if len(into) > 12 else "")
+                lines.append(f"  graph inputs overwritten by the kernels computing their new values ({len(into)}): "
+                             f"{shown}")
+            for pos, new in g.written():
+                why = rec.plan.in_place.get(new, "not planned")
+                if why is not None:
+                    lines.append(f"  graph input {pos}: new value copied into it after the call: {why}")
             s = rec.plan.search
             if s is not None:
                 lines.append(f"  launch search: {s.method}, modelled {s.chosen_s * 1e6:.1f} us vs rules "
@@ -301,7 +310,7 @@ def plan_report(model: Callable, *example_inputs: Any, backward: bool = True) ->
 
     torch._dynamo.reset()
     backend = aot_autograd(fw_compiler=planned("forward"), bw_compiler=planned("backward"),
-                           decompositions=decomposition_table())
+                           decompositions=decomposition_table(), keep_inference_input_mutations=True)
     out = torch.compile(model, backend=backend)(*example_inputs)
     if backward:
         outs = out if isinstance(out, (tuple, list)) else (getattr(out, "last_hidden_state", out),)

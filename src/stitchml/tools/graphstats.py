@@ -88,7 +88,7 @@ def measure(model: torch.nn.Module, *inputs, **kwargs) -> ModelStats:
         return gm.forward
 
     ours = aot_autograd(fw_compiler=stitched("forward"), bw_compiler=stitched("backward"),
-                        decompositions=decomposition_table())
+                        decompositions=decomposition_table(), keep_inference_input_mutations=True)
     theirs = aot_autograd(fw_compiler=undecomposed, bw_compiler=undecomposed)
     for backend in (ours, theirs):
         torch._dynamo.reset()

@@ -173,7 +173,8 @@ def _planning_backend(records: list[CompiledGraph], rewrites: list[PatternRecord
         rewrites.extend(patterns.rewrite(gm, example_inputs))
         fw = planned("forward")
         return aot_autograd(fw_compiler=fw, bw_compiler=planned("backward"), inference_compiler=planned("inference"),
-                            decompositions=decomposition_table())(gm, example_inputs)
+                            decompositions=decomposition_table(),
+                            keep_inference_input_mutations=True)(gm, example_inputs)
     return backend
 
 

@@ -114,6 +114,7 @@ def planning_backend(opts: PlanOptions, device: torch.device,
         patterns.rewrite(gm, example_inputs)
         return aot_autograd(fw_compiler=planner("forward"), bw_compiler=planner("backward"),
                             inference_compiler=planner("forward"), decompositions=decomposition_table(),
+                            keep_inference_input_mutations=True,
                             partition_fn=partitioner())(gm, example_inputs)
     return backend
 
