@@ -1,4 +1,4 @@
-"""The differential fuzzer's CI slice (`stitchml.fuzz`): 262 fixed seeds, forward and
+"""The differential fuzzer's CI slice (`stitchml.fuzz`): 267 fixed seeds, forward and
 backward, fp32/fp16/bf16, checked against eager with a float64 judge.  The long
 run is `make fuzz N=10000` (docs/FUZZ.md).
 
@@ -21,7 +21,12 @@ from stitchml import fuzz
 # seeds 0-255 lack (docs/FUZZ.md: seeds 256 on run outside CI); and four programs whose
 # concatenation is placed (`_Builder.placed_cat`, drawn from seed 19800 on)
 PLACED_SEEDS = [19826, 19993, 20018, 20242]
-SEEDS = list(range(256)) + [368, 538] + PLACED_SEEDS
+# and five forward programs that end by writing computed values into inputs
+# (`_Builder.write_inputs`, from seed 26000 on): written in place (26017) or copied after the
+# call because another kernel reads the input later (26016, 26083), because the writer reads
+# it in a kernel of whole rows it packs (26035) or for another value (26044)
+WRITE_SEEDS = [26016, 26017, 26035, 26044, 26083]
+SEEDS = list(range(256)) + [368, 538] + PLACED_SEEDS + WRITE_SEEDS
 CHUNK = 16
 
 
@@ -95,6 +100,30 @@ def test_placed_cat_programs_place_their_concatenation():
         assert "torch.cat([" in fuzz.generate(19800, "long").source()
     finally:
         fuzz.programs.PLACED_CAT_SHARE = share
+
+
+def test_written_input_programs_write_in_place_or_copy_with_a_reason():
+    """The CI seeds of the in-place family write an input, some straight from the kernel
+    computing the value, some copied after the call with the plan's reason (plan only);
+    the family leaves the programs of earlier seeds as they were."""
+    from stitchml.fuzz.cases import DTYPES, _function, make_inputs
+    from stitchml.tools.explain import plan_report
+    decisions = []
+    for seed in WRITE_SEEDS:
+        prog = fuzz.generate(seed, "ci")
+        assert prog.written and not prog.backward and ".copy_(" in prog.source(), seed
+        with stitchml.config.override(**prog.knobs):
+            rep = plan_report(_function(prog, DTYPES[prog.dtype], torch.float32), *make_inputs(prog),
+                              backward=False)
+        decisions += [p.in_place[n] for p in rep.plans for _, n in p.graph.written()]
+    assert None in decisions and any(isinstance(d, str) and "reads it" in d for d in decisions), decisions
+    before = [fuzz.generate(s, "long").describe() for s in (3, 2739, 8050, 19826, 25999)]
+    share = fuzz.programs.IN_PLACE_SHARE
+    try:
+        fuzz.programs.IN_PLACE_SHARE = 1.0
+        assert [fuzz.generate(s, "long").describe() for s in (3, 2739, 8050, 19826, 25999)] == before
+    finally:
+        fuzz.programs.IN_PLACE_SHARE = share
 
 
 def test_judge_accepts_rounding_and_rejects_wrong_values():

@@ -60,8 +60,11 @@ def _function(prog: Program, dt: torch.dtype, hi: torch.dtype) -> Callable:
     return namespace["program"]
 
 
-def _forward_backward(fn: Callable, inputs: list[torch.Tensor], cotangents: list | None, backward: bool):
-    outs = list(fn(*inputs))
+def _forward_backward(fn: Callable, inputs: list[torch.Tensor], cotangents: list | None, backward: bool,
+                      written: list[int] = ()):
+    """Outputs (then the inputs the program writes, as they are after the call) and
+    the gradients."""
+    outs = list(fn(*inputs)) + [inputs[k].detach() for k in written]
     grads: list = []
     if backward:
         pairs = [(o, c) for o, c in zip(outs, cotangents) if o.requires_grad]
@@ -180,16 +183,17 @@ def check(prog: Program) -> CaseResult:
         probe = list(_function(prog, dt, hi)(*low_in))
         gen = torch.Generator().manual_seed(prog.seed + 7)
         cot = [(torch.rand(o.shape, generator=gen, dtype=torch.float64) * 2 - 1).to(DEVICE, o.dtype) for o in probe]
-        low_out, low_grads = _forward_backward(_function(prog, dt, hi), make_inputs(prog), cot, prog.backward)
+        low_out, low_grads = _forward_backward(_function(prog, dt, hi), make_inputs(prog), cot, prog.backward,
+                                               prog.written)
         runs = [_forward_backward(_function(prog, dt, hi), _nudge(make_inputs(prog), prog.seed + 1000 * k),
-                                  cot, prog.backward) for k in range(NUDGES)]
+                                  cot, prog.backward, prog.written) for k in range(NUDGES)]
         # per tensor, the nudged runs' results side by side
         nudged_out = [list(t) for t in zip(*(r[0] for r in runs))]
         nudged_grads = [list(t) for t in zip(*(r[1] for r in runs))] if prog.backward else []
         ref_in = [x.detach().double().requires_grad_(x.requires_grad) for x in make_inputs(prog)]
         with _ContiguousOperands():
             ref_out, ref_grads = _forward_backward(_function(prog, torch.float64, torch.float64), ref_in,
-                                                   [c.double() for c in cot], prog.backward)
+                                                   [c.double() for c in cot], prog.backward, prog.written)
     except Exception as e:  # the generator wrote an invalid program
         return result("error", f"eager raised {type(e).__name__}: {str(e).splitlines()[0][:300]}")
 
@@ -201,7 +205,8 @@ def check(prog: Program) -> CaseResult:
             config.override(poison_outputs=True, **prog.knobs):
         warnings.simplefilter("always")
         try:
-            comp_out, comp_grads = _forward_backward(compiled, make_inputs(prog), cot, prog.backward)
+            comp_out, comp_grads = _forward_backward(compiled, make_inputs(prog), cot, prog.backward,
+                                                     prog.written)
         except Exception as e:
             msg = str(e).strip().splitlines()
             return result("fail", f"compiled run raised {type(e).__name__}: {(msg[0] if msg else '')[:300]}",
@@ -269,7 +274,7 @@ def _upstream_fails_too(prog: Program, fails: list[Verdict], cot, low_out, low_g
     try:
         ref_fn = torch.compile(_function(prog, DTYPES[prog.dtype], torch.float32), backend="aot_eager",
                                fullgraph=True)
-        up_out, up_grads = _forward_backward(ref_fn, make_inputs(prog), cot, prog.backward)
+        up_out, up_grads = _forward_backward(ref_fn, make_inputs(prog), cot, prog.backward, prog.written)
     except Exception:
         return False
     finally:

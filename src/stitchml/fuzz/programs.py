@@ -6,7 +6,7 @@ import math
 import os
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -56,6 +56,11 @@ SPLIT_SHARE = 0.25
 # stay what they were (an appended op moves which values are returned)
 PLACED_CAT_SHARE = 0.25
 PLACED_CAT_FROM = 19800
+# forward programs that end by writing computed values into some of their inputs
+# (`a0.copy_(v7)`: what an optimizer step does; `_Builder.write_inputs`), from seed
+# IN_PLACE_FROM on; the written inputs are compared after the call like outputs
+IN_PLACE_SHARE = 0.3
+IN_PLACE_FROM = 26000
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ class Program:
     inputs: list[InputSpec]
     lines: list[str]
     outputs: list[str]
+    written: list[int] = field(default_factory=list)   # inputs the program writes (compared after the call)
 
     def source(self) -> str:
         args = ", ".join(i.name for i in self.inputs)
@@ -582,6 +588,23 @@ class _Builder:
                   f"{x.name}.reshape({rows}, {width}){pad})", ids_shape + (width,), x.bound, x.hi)
         return True
 
+    def write_inputs(self, rng: random.Random) -> list[int]:
+        """End the program by writing computed values of an input's shape into one or two
+        inputs (never an expanded one: eager refuses writes into shared elements)."""
+        written: list[int] = []
+        for _ in range(rng.choice([1, 1, 2])):
+            pairs = [(i, v) for i, spec in enumerate(self.inputs) if not spec.layout.startswith("expand")
+                     and i not in written
+                     for v in self.values if not v.is_input and v.shape == spec.shape]
+            if not pairs:
+                break
+            i, v = rng.choice(pairs)
+            # (cloned: the value may be a view of the input itself, which eager refuses to
+            # copy in place; a clone of a computed value is folded into it anyway)
+            self.lines.append(f"{self.inputs[i].name}.copy_({v.name}.clone())")
+            written.append(i)
+        return written
+
     def placed_cat(self, rng: random.Random) -> bool:
         """Parts that kernels of their own write anyway (a kernel reads them for a sum),
         concatenated, and the concatenation read by sums over two dims and not returned:
@@ -761,4 +784,9 @@ def generate(seed: int, profile: str = "ci") -> Program:
         extra = rng.choice(computed)
         if extra not in outs:
             outs.append(extra)
-    return Program(seed, profile, dtype, backward, knobs, b.inputs, b.lines, [v.name for v in outs])
+    # in-place writes of inputs likewise, after the outputs are chosen (forward programs)
+    written: list[int] = []
+    wrng = random.Random(seed * 6700417 + 29)
+    if seed >= IN_PLACE_FROM and not backward and wrng.random() < IN_PLACE_SHARE:
+        written = b.write_inputs(wrng)
+    return Program(seed, profile, dtype, backward, knobs, b.inputs, b.lines, [v.name for v in outs], written)
