@@ -339,3 +339,29 @@ def test_a_strided_input_is_written_where_its_elements_live():
     plan = backend.records[0].plan
     [(pos, new)] = plan.graph.written()
     assert plan.in_place[new] is None and plan.graph[new].stride == (10, 2)
+
+
+def test_tensor_learning_rate_under_a_scheduler_compiles_once():
+    """PyTorch's advice for compiled optimizers: the learning rate as a tensor (with
+    `capturable=True`), so a scheduler's new rate recompiles nothing.  Four steps of a
+    decaying rate, one graph, no eager op, against eager's float-rate AdamW."""
+    torch._dynamo.reset()
+    eager_ps, mine_ps = _params(0), _params(0)
+    eager_opt = torch.optim.AdamW(eager_ps, lr=0.01, foreach=True)
+    mine_opt = torch.optim.AdamW(mine_ps, lr=torch.tensor(0.01), foreach=True, capturable=True)
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda e: 0.9 ** e) for o in (eager_opt, mine_opt)]
+    backend = StitchBackend()
+    compiled = torch.compile(lambda: mine_opt.step(), backend=backend)
+    g = torch.Generator().manual_seed(1)
+    with config.override(strict=True, fallback_on_error=False):
+        for _ in range(4):
+            for a, b in zip(eager_ps, mine_ps):
+                a.grad = torch.randn(a.shape, generator=g)
+                b.grad = a.grad.clone()
+            eager_opt.step()
+            compiled()
+            for s in scheds:
+                s.step()
+    for a, b in zip(eager_ps, mine_ps):
+        torch.testing.assert_close(b.detach(), a.detach(), rtol=2e-5, atol=2e-6)
+    assert len(backend.records) == 1 and not backend.records[0].plan.graph.fallbacks
