@@ -365,3 +365,24 @@ def test_tensor_learning_rate_under_a_scheduler_compiles_once():
     for a, b in zip(eager_ps, mine_ps):
         torch.testing.assert_close(b.detach(), a.detach(), rtol=2e-5, atol=2e-6)
     assert len(backend.records) == 1 and not backend.records[0].plan.graph.fallbacks
+
+
+def test_explain_and_its_html_page_say_which_inputs_were_overwritten():
+    """The text report lists the inputs the kernels overwrote and, for each input copied
+    after the call, why; the HTML page has the same in a table."""
+    import stitchml
+    from stitchml.tools.report_html import build_html
+    torch._dynamo.reset()
+
+    def fn(x, y):
+        with torch.no_grad():
+            x.mul_(2).add_(1)
+            y.copy_(y.flip(0) * 2)
+
+    report = stitchml.explain(fn, torch.randn(8, 6), torch.randn(8, 6))
+    text = report.to_text()
+    assert "graph inputs overwritten by the kernels computing their new values (1): 0" in text, text
+    assert "graph input 1: new value copied into it after the call: kernel" in text, text
+    html = build_html(report)
+    assert "Graph inputs written" in html and "overwritten by the kernel computing it" in html
+    assert "copied into it after the call: kernel" in html

@@ -504,6 +504,17 @@ def build_html(report: Report, measured_us: dict[str, float] | None = None, titl
                     erows[(rec.kind, st.op, st.reason)] += 1
     parts.append(_table(["graph", "op", "reason", "count"], [[a, b, c, n] for (a, b, c), n in sorted(erows.items())])
                  if erows else "<p class='note'>no eager ops</p>")
+    wrows: Counter = Counter()
+    for rec in report.graphs:
+        if rec.plan is None:
+            continue
+        for pos, new in rec.plan.graph.written():
+            why = getattr(rec.plan, "in_place", {}).get(new, "not planned")
+            wrows[(rec.kind, "overwritten by the kernel computing it" if why is None
+                   else f"copied into it after the call: {why}")] += 1
+    if wrows:   # graph inputs written (optimizer steps, batch-norm buffers: plan/in_place.py)
+        parts.append("<h2>Graph inputs written</h2>")
+        parts.append(_table(["graph", "how", "inputs"], [[a, b, n] for (a, b), n in sorted(wrows.items())]))
     breaks = getattr(report, "graph_breaks", None)
     if breaks:   # Dynamo's: each ends a graph, so nothing is fused across it
         parts.append("<h2>Dynamo graph breaks</h2><p class='note'>nothing is fused or rewritten across a break; "
