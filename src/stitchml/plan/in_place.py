@@ -44,9 +44,10 @@ def in_place_writes(plan: Plan) -> dict[int, str | None]:
             kernels_of.setdefault(m, []).append(k)
     launch = _launch_positions(plan)
     returned = {r.id for r in g.returned if isinstance(r, ir.Ref)}
+    users = g.users()   # (once: an optimizer step writes hundreds of inputs)
     out: dict[int, str | None] = {}
     for pos, new in written:
-        out[new] = _refusal(g, plan, g.inputs[pos], new, kernels_of, launch, returned)
+        out[new] = _refusal(g, plan, g.inputs[pos], new, kernels_of, launch, returned, users)
     return out
 
 
@@ -65,7 +66,7 @@ def _launch_positions(plan: Plan) -> dict[object, int]:
 
 
 def _refusal(g: ir.Graph, plan: Plan, x: int, new: int, kernels_of: dict, launch: dict,
-             returned: set[int]) -> str | None:
+             returned: set[int], users: dict[int, list[int]]) -> str | None:
     writers = kernels_of.get(new, [])
     if len(writers) != 1 or new not in writers[0].outputs:
         return "its new value is not written by one kernel"
@@ -77,7 +78,7 @@ def _refusal(g: ir.Graph, plan: Plan, x: int, new: int, kernels_of: dict, launch
     group = plan.group_of(k.name)
     inside = set(k.members)
     feeding = _feeding(g, new, inside)
-    for r, elementwise in _readers(g, x):
+    for r, elementwise in _readers(g, x, users):
         n = g[r]
         if r in returned and n.kind == ir.VIEW:
             return f"a view of it (%{r} {n.op}) is also returned"
@@ -115,12 +116,11 @@ def _refusal(g: ir.Graph, plan: Plan, x: int, new: int, kernels_of: dict, launch
     return None
 
 
-def _readers(g: ir.Graph, x: int) -> list[tuple[int, bool]]:
+def _readers(g: ir.Graph, x: int, users: dict[int, list[int]]) -> list[tuple[int, bool]]:
     """Every node that reads input `x`, directly or through free nodes (views, and values
     computed where they are read: casts of inputs, recomputed chains), each with whether
     every path from `x` to it is element-wise (through free point-wise nodes of `x`'s
     shape only, no view)."""
-    users = g.users()
     shape = g[x].shape
     ew_of: dict[int, bool] = {}
     stack = [(x, True)]
