@@ -2,7 +2,7 @@
 architectures, each one training step at two sizes through stitchml under strict mode
 with the fallback off, output and every parameter gradient judged against a float64
 run, then a third size (no recompile beyond Dynamo's own with AOTAutograd, `aot_eager`)
-and, for the decoder, `generate()`.  The full sweep (171 architectures; its last full run, of 147, ~45 min on 2
+then two compiled AdamW steps, and, for the decoder, `generate()`.  The full sweep (171 architectures; its last full run, of 147, ~45 min on 2
 idle cores) is docs/MODELS.md:
 `python -m stitchml.tools.model_sweep --out docs/MODELS.md`."""
 import pytest
@@ -27,6 +27,10 @@ def test_architecture_trains_stitched_at_two_sizes_against_float64(name):
     assert row["dynamic"] >= 1 and row["kernels"] >= 10, row
     # a third size is served by the dynamic graph: no graph beyond aot_eager's count
     assert row["third_size"]["ok"] and row["third_size"]["graphs"] <= row["third_size"]["dynamo_graphs"], row
+    # two compiled AdamW steps (with clipping) from eager's gradients: eager's parameters, no
+    # eager op, every parameter and moment overwritten in place
+    opt = row["optimizer"]
+    assert opt["ok"] and opt["ratio"] <= 1.0 and opt["copied"] == 0 and opt["written"] >= opt["tensors"], opt
     if name == "gpt_oss":   # a decoder: greedy generate() with its cache, graphs counted likewise
         gen = row["generate"]
         assert gen["tokens_equal"] and gen["logit_err"] <= 1e-5 and gen["graphs"] <= gen["dynamo_graphs"], gen

@@ -9,8 +9,9 @@ forward and backward of `(out * w).sum()` (w fixed random, out the model's first
 eagerly in float32, eagerly in float64 on a copy, and compiled with the stitch backend
 under `fallback_on_error=False` and `strict=True` (an exception inside stitchml, an op
 left eager for "no lowering rule" or a graph run wholly eagerly is an error, not a
-fallback); then the same at a second size (a dynamic-shape graph); decoders then
-`generate()` greedily with their cache (see `_generate`).  The output and
+fallback); then the same at a second size (a dynamic-shape graph); trained models then
+take two compiled AdamW steps (see `_optimizer_step`); decoders then `generate()`
+greedily with their cache (see `_generate`).  The output and
 every parameter gradient are judged by `stitchml.testing.judge_against_float64`
 (stitch's error within 4x eager's own, plus a few ulps: quantities that are zero in
 exact arithmetic, such as an attention key bias, are judged at their group's scale).
@@ -524,10 +525,59 @@ def run_one(name: str) -> dict:
     # Python loop over the tokens): our count was checked against Dynamo's above
     row["ok"] = (all(s["ok"] for s in row["sizes"]) and not eager and not row["whole_graph_eager"]
                  and (row["dynamic"] >= 1 or row["third_size"]["dynamo_graphs"] >= 3) and row["third_size"]["ok"])
+    if arch.train:
+        row["optimizer"] = _optimizer_step(model, mine)
+        row["ok"] = row["ok"] and row["optimizer"]["ok"]
     if arch.auto in ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM"):
         row["generate"] = _generate(fresh, cfg)
         row["ok"] = row["ok"] and row["generate"]["ok"]
     return row
+
+
+def _optimizer_step(model, mine, steps: int = 2) -> dict:
+    """The model's AdamW step with gradient clipping (`foreach`, as torch picks on a GPU)
+    compiled with the stitch backend, strict, the fallback off, against the same step
+    eagerly: both start from eager's gradients of the last training step, so only the
+    update differs.  Parameters within 1e-5 relative (plus 1e-6) after `steps` steps; no
+    eager op; every parameter and moment the update writes is overwritten in place by
+    the kernel computing it (0-d step counters may be copied after the call)."""
+    import torch
+
+    from stitchml import StitchBackend, config
+
+    pairs = [(p, q) for p, q in zip(model.parameters(), mine.parameters()) if p.grad is not None]
+    grads = [p.grad.detach().clone() for p, _ in pairs]
+    eager_opt = torch.optim.AdamW([p for p, _ in pairs], lr=1e-3, weight_decay=0.01, foreach=True)
+    mine_opt = torch.optim.AdamW([q for _, q in pairs], lr=1e-3, weight_decay=0.01, foreach=True)
+    mine_ps = [q for _, q in pairs]
+    backend = StitchBackend()
+
+    def step():
+        torch.nn.utils.clip_grad_norm_(mine_ps, 1.0, foreach=True)
+        mine_opt.step()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=backend)
+    with torch.no_grad():
+        for (p, q), g in zip(pairs, grads):
+            q.copy_(p)
+    for _ in range(steps):
+        for (p, q), g in zip(pairs, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        torch.nn.utils.clip_grad_norm_([p for p, _ in pairs], 1.0, foreach=True)
+        eager_opt.step()
+        with config.override(fallback_on_error=False, strict=True):
+            compiled()
+    err = max(float(((q - p).abs() / (1e-6 + 1e-5 * p.abs())).max()) for p, q in pairs) if pairs else 0.0
+    records = [r for r in backend.records if r.plan is not None]
+    written = [(r, n) for r in records for _, n in r.plan.graph.written()]
+    copied = [n for r, n in written if r.plan.in_place.get(n, "") is not None and r.plan.graph[n].numel > 1]
+    out = {"tensors": len(pairs), "ratio": err, "graphs": len(backend.records), "written": len(written),
+           "copied": len(copied), "eager": _eager_ops(backend.records),
+           "whole_graph_eager": [f"{r.kind}: {r.eager_reason}" for r in backend.records if r.eager_reason]}
+    out["ok"] = (err <= 1.0 and not out["eager"] and not out["whole_graph_eager"] and not copied
+                 and len(written) >= len(pairs))
+    return out
 
 
 def _training_step(run, inputs: dict):
@@ -700,7 +750,10 @@ def _markdown(rows: list[dict], command: str, seconds: float) -> str:
            "a few ulps). Ratio: the worst tensor's error over its allowance (≤ 1 passes). Decoders then "
            "`generate()` 6 tokens greedily with their cache: tokens equal to eager's, logits within 1e-5, "
            "and no more graphs compiled than Dynamo with AOTAutograd and no compiler (`aot_eager`) for the "
-           "same loop (graphs / Dynamo's). A third training step at a third size must compile nothing that "
+           "same loop (graphs / Dynamo's). Trained models then take two compiled AdamW steps with gradient "
+           "clipping (`foreach`) from eager's gradients: parameters within 1e-5 relative of eager's (ratio ≤ 1), "
+           "no eager op, every parameter and moment written in place (written / copied after the call). "
+           "A third training step at a third size must compile nothing that "
            "`aot_eager` would not (Dynamo graphs over the three sizes, ours / Dynamo's, in the graphs column). "
            "Where the float64 run itself loses a value eager keeps, stitch is measured from eager there. "
            "A model whose own code cannot run in float64 (marked \"vs float32 eager\") is judged against float32 "
@@ -709,11 +762,11 @@ def _markdown(rows: list[dict], command: str, seconds: float) -> str:
            f"**{ok} of {len(rows)} pass.**", "",
            "| model | family | size 1 | size 2 | worst ratio (tensor) | graphs (dynamic); Dynamo graphs, 3 sizes | "
            "kernels | eager ops "
-           "| generate | s |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| generate | optimizer | s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['name']} | {ARCHS[r['name']].family} | ERROR | | {r['error']} | | | | | |")
+            out.append(f"| {r['name']} | {ARCHS[r['name']].family} | ERROR | | {r['error']} | | | | | | |")
             continue
         s1, s2 = r["sizes"]
 
@@ -726,19 +779,24 @@ def _markdown(rows: list[dict], command: str, seconds: float) -> str:
         gen_cell = "—" if gen is None else (
             ("pass" if gen["ok"] else "FAIL") + f" ({gen['graphs']} / {gen['dynamo_graphs']}, "
             f"{gen['logit_err']:.0e}{'' if gen['tokens_equal'] else ', tokens differ'})")
+        opt = r.get("optimizer")
+        opt_cell = "—" if opt is None else (("pass" if opt["ok"] else "FAIL")
+                                            + f" ({opt['written']} written, {opt['copied']} copied, {opt['ratio']:.2f})")
         against = " vs float32 eager" if r.get("reference") == "float32" else ""
         out.append(f"| {r['name']} | {r['family']} | {cell(s1)} | {cell(s2)} | {worst['ratio']:.2f} "
                    f"({worst['worst']}{against}) | {r['graphs']} ({r['dynamic']}); {r['third_size']['graphs']} / "
                    f"{r['third_size']['dynamo_graphs']}"
                    f"{'' if r['third_size'].get('baseline', BASELINE) == BASELINE else ' (Dynamo alone: aot_eager fails)'}"
                    f" | {r['kernels']} | {eager} | "
-                   f"{gen_cell} | {r.get('seconds', '')} |")
+                   f"{gen_cell} | {opt_cell} | {r.get('seconds', '')} |")
     notes = [f"- {r['name']}: {'; '.join(s['failed'] + ['missing gradients: ' + ', '.join(s['missing'])] if s['missing'] else s['failed'])}"
              for r in rows if "sizes" in r for s in r["sizes"] if not s["ok"]]
     notes += [f"- {r['name']} third size: {r['third_size']}" for r in rows
               if "third_size" in r and not r["third_size"]["ok"]]
     notes += [f"- {r['name']} generate: {r['generate']}" for r in rows
               if r.get("generate") is not None and not r["generate"]["ok"]]
+    notes += [f"- {r['name']} optimizer: {r['optimizer']}" for r in rows
+              if r.get("optimizer") is not None and not r["optimizer"]["ok"]]
     if notes:
         out += ["", "## Failures", ""] + notes
     return "\n".join(out) + "\n"
