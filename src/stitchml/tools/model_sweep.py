@@ -558,8 +558,8 @@ def _optimizer_step(model, mine, steps: int = 2) -> dict:
 
     torch._dynamo.reset()
     compiled = torch.compile(step, backend=backend)
-    with torch.no_grad():
-        for (p, q), g in zip(pairs, grads):
+    with torch.no_grad():   # (equal already: both are copies of one model, neither stepped)
+        for p, q in pairs:
             q.copy_(p)
     for _ in range(steps):
         for (p, q), g in zip(pairs, grads):
