@@ -193,6 +193,11 @@ class Plan:
         """GPU kernels launched per call: a global or horizontal group counts once."""
         return len(self.launched)
 
+    def copy_reason(self, new: int) -> str | None:
+        """None where an in-place write's new value (`Graph.written`) is stored by its kernel
+        into the input's buffer, else why it is copied there after the call."""
+        return self.in_place.get(new, "not planned")
+
     def group_of(self, kernel_name: str) -> LaunchGroup | None:
         for g in self.groups:
             if kernel_name in g.members:

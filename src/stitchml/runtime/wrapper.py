@@ -72,7 +72,7 @@ class ProgramBuilder:
         self.outputs = set(self.g.output_ids())
         # new values of graph inputs that their kernel writes into the input's buffer
         # (plan/in_place.py); the others are copied there after the call
-        self.into = {new: pos for pos, new in self.g.written() if plan.in_place.get(new, "") is None}
+        self.into = {new: pos for pos, new in self.g.written() if plan.copy_reason(new) is None}
 
     # -- names and constants
     def _const(self, value: Any) -> str:

@@ -226,13 +226,13 @@ class Report:
             for cat, parts in placed.items():
                 lines.append(f"  written in place: {', '.join(parts)} straight into the slices of concatenation "
                              f"%{cat}, which no kernel copies (buffer placement)")
-            into = [pos for pos, new in g.written() if rec.plan.in_place.get(new, "") is None]
+            into = [pos for pos, new in g.written() if rec.plan.copy_reason(new) is None]
             if into:
                 shown = ", ".join(str(p) for p in into[:12]) + (", ..." if len(into) > 12 else "")
                 lines.append(f"  graph inputs overwritten by the kernels computing their new values ({len(into)}): "
                              f"{shown}")
             for pos, new in g.written():
-                why = rec.plan.in_place.get(new, "not planned")
+                why = rec.plan.copy_reason(new)
                 if why is not None:
                     lines.append(f"  graph input {pos}: new value copied into it after the call: {why}")
             s = rec.plan.search

@@ -571,7 +571,7 @@ def _optimizer_step(model, mine, steps: int = 2) -> dict:
     err = max(float(((q - p).abs() / (1e-6 + 1e-5 * p.abs())).max()) for p, q in pairs) if pairs else 0.0
     records = [r for r in backend.records if r.plan is not None]
     written = [(r, n) for r in records for _, n in r.plan.graph.written()]
-    copied = [n for r, n in written if r.plan.in_place.get(n, "") is not None and r.plan.graph[n].numel > 1]
+    copied = [n for r, n in written if r.plan.copy_reason(n) is not None and r.plan.graph[n].numel > 1]
     out = {"tensors": len(pairs), "ratio": err, "graphs": len(backend.records), "written": len(written),
            "copied": len(copied), "eager": _eager_ops(backend.records),
            "whole_graph_eager": [f"{r.kind}: {r.eager_reason}" for r in backend.records if r.eager_reason]}

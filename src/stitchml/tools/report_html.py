@@ -509,7 +509,7 @@ def build_html(report: Report, measured_us: dict[str, float] | None = None, titl
         if rec.plan is None:
             continue
         for pos, new in rec.plan.graph.written():
-            why = getattr(rec.plan, "in_place", {}).get(new, "not planned")
+            why = rec.plan.copy_reason(new)
             wrows[(rec.kind, "overwritten by the kernel computing it" if why is None
                    else f"copied into it after the call: {why}")] += 1
     if wrows:   # graph inputs written (optimizer steps, batch-norm buffers: plan/in_place.py)
