@@ -218,7 +218,7 @@ class Lowerer:
         if d.kind != ir.INPUT or d.attr("constant") or d.shape != v.shape or d.dtype != v.dtype \
                 or d.stride is None or not _non_overlapping(d.shape, d.stride):
             return None
-        pos = self.g.inputs.index(dst.id)
+        pos = d.attr("index")   # (its position among the graph inputs)
         if any(p == pos for p, _ in self.writes):
             return None
         new = self.ctx.pointwise("identity", (src,), d.shape, d.dtype)
