@@ -215,17 +215,24 @@ def test_an_input_read_in_place_that_moves_is_not_trusted():
     assert backend.captures == 2 and runner.misses == 1
 
 
-def test_replay_checks_addresses_in_one_call_where_torch_has_it(monkeypatch):
-    """CUDA builds of torch compare the static inputs' addresses in one C++ call
-    (`_tensors_data_ptrs_at_indices_equal`); the CPU build has none and the runner loops.
-    A stand-in with the same contract: used every replay, and a moved input is still
-    caught."""
-    calls = []
-
+def _ptrs_equal_contract(calls: list):
+    """torch's `_tensors_data_ptrs_at_indices_equal(tensors, ptrs, indices)` as the C++ reads
+    it (its .pyi, and Inductor's cudagraph_trees, which passes one entry per input):
+    `ptrs[i]` is input i's address, for every i in `indices`; an index past `ptrs` raises."""
     def ptrs_equal(tensors, ptrs, idxs):
         calls.append(len(idxs))
-        return all(tensors[i].data_ptr() == p for i, p in zip(idxs, ptrs))
-    monkeypatch.setattr(cg, "_PTRS_EQUAL", ptrs_equal)
+        assert len(ptrs) == len(tensors), "ptrs must hold one entry per input"
+        return all(tensors[i].data_ptr() == ptrs[i] for i in idxs)
+    return ptrs_equal
+
+
+def test_replay_checks_addresses_in_one_call_where_torch_has_it(monkeypatch):
+    """CUDA builds of torch compare the static inputs' addresses in one C++ call
+    (`_tensors_data_ptrs_at_indices_equal`); the CPU build has none and the runner uses a
+    Python twin.  A stand-in with the C++ contract: used every replay, and a moved input is
+    still caught."""
+    calls = []
+    monkeypatch.setattr(cg, "_PTRS_EQUAL", _ptrs_equal_contract(calls))
     w = torch.randn(8, 8)
     runner, backend = _runner(_model, w, torch.randn(4, 8))
     x = torch.randn(4, 8)
@@ -235,6 +242,59 @@ def test_replay_checks_addresses_in_one_call_where_torch_has_it(monkeypatch):
     x2 = torch.randn(4, 8)
     torch.testing.assert_close(runner([w, x2])[0], _model(w, x2)[0])
     assert runner.misses == 1 and runner.graph is None and calls == [2, 2]
+
+
+@pytest.mark.gpu
+def test_the_cpp_address_check_reads_addresses_by_input_position():
+    """The contract the runner relies on, checked against torch's own C++ call."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    cpp = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+    if cpp is None:
+        pytest.skip("this torch build has no _tensors_data_ptrs_at_indices_equal")
+    a, b, c = (torch.randn(4, device="cuda") for _ in range(3))
+    for tensors, ptrs, idx in [([a, b, c], [None, b.data_ptr(), c.data_ptr()], [1, 2]),
+                               ([a, a, c], [None, b.data_ptr(), c.data_ptr()], [1, 2]),
+                               ([a, b, c], [a.data_ptr(), None, None], [0])]:
+        assert cpp(tensors, ptrs, idx) == cg._ptrs_equal_py(tensors, ptrs, idx)
+    assert cg._PTRS_EQUAL is cpp
+
+
+def _model_x_first(x, w):
+    return torch.tanh(x @ w) * 2.0, (x * 3.0).sum(0)
+
+
+def test_static_inputs_that_are_not_a_prefix_are_compared_at_their_positions(monkeypatch):
+    """A training backward reads saved activations and parameters in place after inputs it
+    copies: its static positions are not 0..k-1.  H200 2026-11-30: a list of addresses in the
+    order of the static positions made torch's C++ check raise IndexError on the first replay
+    of every model's backward; a moved static input must still be caught, at its position."""
+    calls = []
+    monkeypatch.setattr(cg, "_PTRS_EQUAL", _ptrs_equal_contract(calls))
+    w = torch.nn.Parameter(torch.randn(8, 8))
+    runner, backend = _runner(_model_x_first, torch.randn(4, 8), w.detach())
+
+    def step():   # x fresh every call: copied; w a parameter: read in place at position 1
+        x = torch.randn(4, 8)     # (the outputs let go of between calls, as a training loop does)
+        for o, r in zip(runner([x, w]), _model_x_first(x, w.detach())):
+            torch.testing.assert_close(o, r)
+    for _ in range(4):
+        step()
+    assert runner.static == [1] and list(runner.copies) == [0]
+    assert calls == [1, 1] and runner.replays == 3 and runner.misses == 0, (calls, runner.replays, runner.misses, runner.last_miss)
+    w2 = torch.nn.Parameter(torch.randn(8, 8))   # the parameter moves (e.g. reassigned)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(runner([x, w2])[0], _model_x_first(x, w2.detach())[0])
+    assert runner.misses == 1 and "input 1" in runner.last_miss
+
+
+def test_the_python_twin_of_the_address_check_has_the_cpp_contract():
+    a, b, c = torch.randn(2), torch.randn(2), torch.randn(2)
+    ptrs = [None, b.data_ptr(), c.data_ptr()]
+    assert cg._ptrs_equal_py([a, b, c], ptrs, [1, 2])
+    assert not cg._ptrs_equal_py([a, a, c], ptrs, [1, 2])
+    with pytest.raises(IndexError):
+        cg._ptrs_equal_py([a, b, c], [b.data_ptr()], [1])   # a list by rank, not by position
 
 
 def test_an_output_held_only_through_a_view_is_never_overwritten():

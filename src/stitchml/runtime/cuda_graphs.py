@@ -253,8 +253,17 @@ def _held_by_runner_only() -> tuple[int, int]:
 _ONLY_RUNNER, _ONLY_RUNNER_LOCAL = _held_by_runner_only()
 
 
-# (CUDA builds of torch: one C++ call compares many inputs' addresses; the CPU build has none)
-_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+def _ptrs_equal_py(tensors: list, ptrs: list, indices: list[int]) -> bool:
+    """The same test as torch's C++ `_tensors_data_ptrs_at_indices_equal`: `ptrs` is indexed
+    by INPUT POSITION (one entry per input, None where not compared), not by rank in `indices`."""
+    return all(tensors[i].data_ptr() == ptrs[i] for i in indices)
+
+
+# (CUDA builds of torch: one C++ call compares many inputs' addresses; the CPU build has none
+# and uses the Python twin, so that the CPU tests pass the arguments in the very layout the
+# C++ call reads: H200 2026-11-30, a compact list of addresses raised IndexError in every
+# training backward, whose static inputs are not a prefix of its inputs)
+_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None) or _ptrs_equal_py
 
 
 try:
@@ -283,7 +292,7 @@ class GraphRunner:
         # ~215 outputs), so what can be is worked out once at capture: the static inputs'
         # addresses as a list, the aliased outputs' storages (`_cdata`: stable while
         # `self.out` holds them) with their use counts after capture, each output's rebuild
-        self.static_ptrs: list[int] = []
+        self.static_ptrs: list = []      # per input position: its address if read in place, else None
         self.held_check: list[tuple[int, int, int]] = []   # (output, storage _cdata, use count)
         self.rebuild: list[tuple] = []   # per output: (kind, tensor or input position, shape, stride)
         # per output: the alias the last replay handed out and its version then (None: none
@@ -376,7 +385,7 @@ class GraphRunner:
                 self.policy.append(("view",))
             else:
                 self.policy.append(("alias",))
-        self.static_ptrs = [self.ptrs[i] for i in self.static]
+        self.static_ptrs = [self.ptrs.get(i) for i in range(len(inputs))]
         self.held_check = [(k, o.untyped_storage()._cdata, _use_count(o)) for k, o in enumerate(self.out)
                            if self.policy[k][0] == "alias"]
         self.handed = [None] * len(self.out)
@@ -402,8 +411,8 @@ class GraphRunner:
 
     # -- replay
     def _replay(self, inputs: list) -> Any:
-        if _PTRS_EQUAL is None or not _PTRS_EQUAL(inputs, self.static_ptrs, self.static):
-            moved = [i for i, p in zip(self.static, self.static_ptrs) if inputs[i].data_ptr() != p]
+        if not _PTRS_EQUAL(inputs, self.static_ptrs, self.static):
+            moved = [i for i in self.static if inputs[i].data_ptr() != self.static_ptrs[i]]
             if moved:  # warm up and capture again: these inputs are copied then
                 self.moving |= set(moved)
                 return self._again(inputs, f"inputs read in place moved (input {moved[0]})", warm=True)
