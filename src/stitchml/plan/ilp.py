@@ -42,7 +42,7 @@ import numpy as np
 from .cost import group_seconds, predict_seconds
 from .data import KernelPlan, LaunchGroup, Plan
 from .devices import Device
-from .launches import form_groups, wave_capacity
+from .launches import form_groups, wave_capacity, wide_horizontal
 from .options import PlanOptions
 
 MAX_SEGMENT = 8
@@ -104,8 +104,9 @@ def search(plan: Plan, opts: PlanOptions) -> SearchReport:
     rule_groups = list(plan.groups)
     rule_s = plan.predicted_s
     if not opts.ilp or opts.plan_search == "rules":
-        return SearchReport("rules", rule_s, rule_s, note="ILP disabled (plan_search=rules)"
-                            if opts.plan_search == "rules" else "ILP disabled")
+        wide = wide_horizontal(plan, opts)
+        note = "ILP disabled (plan_search=rules)" if opts.plan_search == "rules" else "ILP disabled"
+        return SearchReport("rules", rule_s, plan.predicted_s, note=note + _wide_note(wide))
     t0 = time.perf_counter()
     cap = opts.ilp_time_limit
     groups: list[LaunchGroup] = []
@@ -136,13 +137,14 @@ def search(plan: Plan, opts: PlanOptions) -> SearchReport:
     rule_steps = list(plan.steps)
     sched_note, movable, svars = _schedule_across(plan, opts)
     nvars += svars
+    wide = wide_horizontal(plan, opts)
     chosen_s = plan.predicted_s
     solve = time.perf_counter() - t0
     results = _per_region(rule_steps, rule_groups, plan, results, movable, dev)
     won = sum(1 for r in results if r.winner == "ilp")
     method = "ilp" if won or chosen_s < rule_s - 1e-12 else "rules"
     note = f"ILP won {won} of {len(results)} regions" + (f"; {sched_note}" if sched_note else "") + \
-        (f"; {'; '.join(notes)}" if notes else "")
+        (f"; {'; '.join(notes)}" if notes else "") + _wide_note(wide)
     return SearchReport(method, rule_s, chosen_s, solve, worst_gap, len(results), nvars, note, results)
 
 
@@ -178,6 +180,11 @@ def _schedule_across(plan: Plan, opts: PlanOptions) -> tuple[str, set[str], int]
     plan.groups = [replace(g, name=f"g{i}") for i, g in enumerate(best.groups)]
     return (f"schedule across eager ops: {best.moved} kernels moved, "
             f"{(base - best_s) * 1e6:.1f} us saved"), movable, nvars
+
+
+def _wide_note(groups: int) -> str:
+    return f"; {groups} horizontal launches of independent point-wise kernels (launches.wide_horizontal)" \
+        if groups else ""
 
 
 def _back_to_back(t, group: LaunchGroup) -> bool:

@@ -61,8 +61,8 @@ class PlanOptions:
     global_barriers: bool = True   # the global scheme (phases + grid barrier) may be chosen
     horizontal_fusion: bool = True   # independent launch-bound kernels may share a launch
     sibling_fusion: bool = True    # element-wise kernels of one domain reading one buffer merge
-    # ... also where the common buffer is small and the domain fills fewer programs than SMs
-    # (each merged body is serial work for those programs: `grouping._serial_siblings`)
+    # ... also where the common buffer is small (no byte saved; each merged body is serial
+    # work for the same programs: `grouping._serial_siblings`)
     serial_siblings: bool = False
     multi_output_siblings: bool = True   # column reductions over one multi-output op's outputs merge
     ilp: bool = True               # launch grouping by ILP (else the rules)
