@@ -194,6 +194,31 @@ def test_outputs_still_held_are_never_overwritten():
     assert runner.replays == 3
 
 
+def test_a_clone_at_a_reused_address_is_not_read_in_place():
+    """Graph A's outputs are held by the caller across calls, so A returns them as clones
+    (a fresh allocation each call); graph B reads such a clone (a backward reading the KV
+    cache a model also returns).  Where B's warm-up and capture see the clone at one
+    address (as the allocator may hand out), B still copies it rather than trust the
+    address and capture again when it moves (LLaMA's backward on CPU stand-ins: three
+    captures of the three allowed)."""
+    w = torch.randn(8, 8)
+    a, _ = _runner(_model, w, torch.randn(4, 8))
+    b, _ = _runner(lambda t, u: (t * 2.0 + u,), torch.randn(4, 8), torch.randn(4, 8))
+    keep = []
+    x = torch.randn(4, 8)
+    keep.append(a([w, x]))
+    keep.append(a([w, x]))
+    out = a([w, x])                      # held outputs: A captured again and clones them now
+    keep.append(out)
+    out = a([w, x])
+    assert a.clone and cg._cloned_elsewhere(out[0])
+    t, u = out[0], torch.randn(4, 8)
+    b([t, u])                            # warm-up and capture with the same clone: same address
+    got = b([t, u])
+    torch.testing.assert_close(got[0], t * 2.0 + u)
+    assert 0 in b.copies and 0 not in b.static
+
+
 def test_an_input_read_in_place_that_moves_is_not_trusted():
     w = torch.randn(8, 8)
     runner, backend = _runner(_model, w, torch.randn(4, 8))

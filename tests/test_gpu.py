@@ -230,9 +230,8 @@ def test_training_steps_replay_under_cuda_graphs_and_match_eager(model):
     be = StitchBackend()
     with config.override(cuda_graphs=True):
         compiled = torch.compile(mc, backend=be)
-        # (LLaMA's backward captures again twice on CPU stand-ins: once when the forward, whose
-        # held output is cloned from its second call on, is captured again, once when that clone
-        # moves; its third capture replays)
+        # (LLaMA's backward captures again once on CPU stand-ins: when the forward, whose held
+        # outputs — the KV cache — are cloned from its second capture on, is captured again)
         for _ in range(8):
             ids = torch.randint(0, 1000, (4, 128), device=DEV)
             g = None

@@ -72,6 +72,16 @@ _STATIC_OUTPUTS: dict[int, frozenset[int]] = {}
 _VERSION = [0]
 
 
+# Storage addresses of the clones each runner handed out at its latest call (runner id ->
+# addresses).  An output the caller holds across calls is returned as a clone, a fresh
+# allocation every call: a graph that reads it (a training backward reading the key/value
+# tensors Hugging Face also returns as its KV cache) must copy it, even where the allocator
+# happened to give the clone the same address at its warm-up and its capture (it trusted
+# such an input, saw it move at the next step and captured again: LLaMA's backward took
+# three captures of the three allowed on CPU stand-ins, 2026-11-30).
+_CLONED: dict[int, frozenset[int]] = {}
+
+
 def _register(key: int, ptrs: frozenset[int]) -> None:
     _STATIC_OUTPUTS[key] = ptrs
     _VERSION[0] += 1
@@ -80,6 +90,17 @@ def _register(key: int, ptrs: frozenset[int]) -> None:
 def _unregister(key: int) -> None:
     if _STATIC_OUTPUTS.pop(key, None) is not None:
         _VERSION[0] += 1
+
+
+def _forget(key: int) -> None:
+    """A collected runner: neither its static outputs nor its clones are known any more."""
+    _unregister(key)
+    _CLONED.pop(key, None)
+
+
+def _cloned_elsewhere(x: torch.Tensor) -> bool:
+    ptr = x.untyped_storage().data_ptr()
+    return any(ptr in ptrs for ptrs in _CLONED.values())
 
 
 def _graph_output_storage(x: torch.Tensor) -> bool:
@@ -313,8 +334,9 @@ class GraphRunner:
         self.misses = 0
         self.recaptures = 0
         self.last_miss = ""              # why the last call ran without the graph
+        self._cloned_any = False         # the last call handed out clones (registered in _CLONED)
         # a runner that is collected leaves no stale addresses in the registry
-        weakref.finalize(self, _unregister, id(self))
+        weakref.finalize(self, _forget, id(self))
 
     def __call__(self, args: list) -> Any:
         inputs = list(args)
@@ -346,6 +368,8 @@ class GraphRunner:
         # moves when that graph is captured again (its held outputs then cloned), once
         # (H200: the forward recaptured at the third step, and 230 activations a BERT
         # step were copied ever after because the backward had marked them moving)
+        # (a clone another graph handed out is a fresh allocation every call: copied)
+        self.moving |= {i for i, x in tensors.items() if _cloned_elsewhere(x)}
         self.static = [i for i, x in tensors.items() if isinstance(x, torch.nn.Parameter) or
                        _graph_output_storage(x) or (i not in self.moving and self.ptrs.get(i) == x.data_ptr())]
         copied = sorted(set(tensors) - set(self.static))
@@ -463,6 +487,7 @@ class GraphRunner:
         _unregister(id(self))
         if self.recaptures >= MAX_RECAPTURES:
             self.dead = True
+            _CLONED.pop(id(self), None)   # (plain calls from now on: nothing is cloned)
             self.rec.cuda_graph_note = f"CUDA graphs given up after {self.misses} misses: {why}"
             return self.call(inputs)
         self.recaptures += 1
@@ -483,7 +508,7 @@ class GraphRunner:
         return line
 
     def _outputs(self, inputs: list) -> tuple:
-        res = []
+        res, cloned = [], []
         handed, versions, reuse, refcount = self.handed, self.handed_version, self.reuse, sys.getrefcount
         for k, (kind, o, shape, stride) in enumerate(self.rebuild):
             if kind == "alias" or kind == "view":
@@ -509,6 +534,10 @@ class GraphRunner:
                 res.append(inputs[o])
             else:  # clone
                 res.append(o.clone())
+                cloned.append(res[-1].untyped_storage().data_ptr())
+        if cloned or self._cloned_any:
+            _CLONED[id(self)] = frozenset(cloned)
+            self._cloned_any = bool(cloned)
         return tuple(res)
 
 
