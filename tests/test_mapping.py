@@ -263,3 +263,43 @@ def test_persistent_looped_rows_match_eager(fn, monkeypatch):
         cmp, judgement = compare_against_float64(f, [x, w])
     judgement.assert_ok()
     assert all(r.plan is not None for r in cmp.backend.records)
+
+
+def _long_row_forms(dtype, **knobs):
+    n = 32768
+    cases = {
+        "softmax": (lambda x: torch.softmax(x, -1), [(1024, n)]),
+        "softmax_bwd": (lambda y, dy: y * (dy - (y * dy).sum(-1, keepdim=True)), [(1024, n), (1024, n)]),
+        "layer_norm": (lambda x, w, b: F.layer_norm(x, (n,), w, b), [(1024, n), (n,), (n,)]),
+    }
+    return {name: [k.mapping.form for k in plan_on("H200", f, *shapes, dtype=dtype, **knobs).kernels]
+            for name, (f, shapes) in cases.items()}
+
+
+def test_long_half_type_rows_are_held_whole_where_their_inputs_fit():
+    """Rows of 32768 bf16 elements (H200 2026-11-30: softmax 74.6 -> 50.2 us held whole,
+    its backward 67.1 -> 56.5) are one program's registers when the inputs varying along
+    the row hold at most 65536 elements (x; y and dy); a layer norm's x, weight and bias
+    (48.7 -> 53.5 us held whole) keep the looped form, and so does float32 (not measured)
+    and the knob off."""
+    assert _long_row_forms(torch.bfloat16) == {"softmax": ["row_persistent"], "softmax_bwd": ["row_persistent"],
+                                               "layer_norm": ["row_looped"]}
+    assert set(sum(_long_row_forms(torch.float32).values(), [])) == {"row_looped"}
+    assert set(sum(_long_row_forms(torch.bfloat16, persistent_long_rows=False).values(), [])) == {"row_looped"}
+    # a lowered `persistent_max_cols` (tests, the fuzzer) still loops rows up to 8192
+    with config.override(persistent_max_cols=64):
+        p = plan_of(lambda x: torch.softmax(x, -1), torch.empty(16, 4096, dtype=torch.bfloat16))
+    assert [k.mapping.form for k in p.kernels] == ["row_looped"]
+
+
+@pytest.mark.parametrize("cols", [16384, 30522])
+def test_long_half_type_rows_held_whole_match_eager(cols):
+    x = torch.randn(8, cols, dtype=torch.bfloat16) * 4
+    dy = torch.randn(8, cols, dtype=torch.bfloat16)
+
+    def f(x, dy):
+        y = torch.softmax(x.float(), -1)
+        return y.to(x.dtype), (y * (dy.float() - (y * dy.float()).sum(-1, keepdim=True))).to(x.dtype)
+    cmp = compare_with_eager(f, [x, dy])   # (raises where an output differs beyond its tolerance)
+    forms = {k.mapping.form for r in cmp.backend.records if r.plan is not None for k in r.plan.kernels}
+    assert forms == {"row_persistent"}, forms

@@ -3,7 +3,8 @@
 Rules (thresholds are fields of `PlanOptions`, from knobs in config.py; defaults are
 the AStitch paper's guidance and Triton's usual register budget until measured on a GPU):
 - no column axis → flat point-wise, `pointwise_block` elements per program;
-- rows that fit on chip (next pow2 ≤ `persistent_max_cols`) → whole row per program;
+- rows that fit on chip (next pow2 ≤ `persistent_max_cols`, or a half-type row of up to
+  32768 whose varying inputs fit: `long_row_on_chip`) → whole row per program;
   short rows are packed (horizontal packing) until a program holds `block_elems`;
 - longer rows → one row per program, looping over `loop_block_cols` columns; beside
   column reductions (`looped_partials`) a few rows per program, so that each column
@@ -32,6 +33,27 @@ def _warps(elems: int) -> int:
 def fits_on_chip(cols: int, opts: PlanOptions) -> bool:
     """A row of `cols` elements is held whole in one program's registers."""
     return next_pow2(cols) <= opts.persistent_max_cols
+
+
+LONG_ROW_MAX_COLS = 32768     # long_row_on_chip: the longest row (next power of two) ...
+LONG_ROW_MAX_ELEMS = 65536    # ... and the most elements its varying inputs hold together
+
+
+def long_row_on_chip(cols: int, itemsize: int, row_values: int, opts: PlanOptions) -> bool:
+    """A row longer than `persistent_max_cols` (and 8192) that is still held whole in one program
+    (knob `persistent_long_rows`): 2-byte data, at most LONG_ROW_MAX_COLS elements, and
+    the inputs varying along it (`row_values`) hold at most LONG_ROW_MAX_ELEMS elements
+    together.  Only in kernels without column partials (grouping decides those with
+    `fits_on_chip` alone).  H200, 2026-11-30, bf16 [1024 x 32768], rows held whole
+    against looped: softmax 74.6 -> 50.2 us (one varying input), its backward 67.1 ->
+    56.5 (two), RMS norm 43.7 -> 41.7 (two), layer norm 48.7 -> 53.5 (three: x, weight,
+    bias; excluded).  The looped form walks a row two or three times, from L2 at best."""
+    bc = next_pow2(cols)
+    # (above 8192 whatever `persistent_max_cols` is: tests and the fuzzer lower that knob to
+    # force short rows into the looped form)
+    return (opts.persistent_long_rows and not opts.fixed_row_blocks and itemsize <= 2
+            and max(opts.persistent_max_cols, 8192) < bc <= LONG_ROW_MAX_COLS
+            and bc * max(row_values, 1) <= LONG_ROW_MAX_ELEMS)
 
 
 def partials_fit(rows: int, cols: int, opts: PlanOptions) -> bool:
@@ -95,7 +117,7 @@ def choose(domain: Domain, opts: PlanOptions, partials: bool = False, itemsize: 
         return Mapping("pointwise", block, 1, _warps(block), -(-n // block))
     rows, cols = domain.rows, domain.cols
     bc = next_pow2(cols)
-    if fits_on_chip(cols, opts):
+    if fits_on_chip(cols, opts) or not partials and long_row_on_chip(cols, itemsize, row_values, opts):
         # (tall tiles of narrow rows, [64, 128], took 75 registers for sm_90 where [32, 128] took 40)
         cap = opts.block_elems * (scale if bc >= SCALED_MIN_COLS else 1) // bc
         br = max(1, cap if fixed else min(next_pow2(rows), cap))

@@ -22,6 +22,7 @@ class PlanOptions:
     device: Device                 # the cost model's device (calibrated figures if any)
     pointwise_block: int = 1024    # elements per program, flat point-wise kernels
     persistent_max_cols: int = 8192   # longest row (next pow2) kept whole on chip
+    persistent_long_rows: bool = True   # ... and half-type rows up to 32768 whose varying inputs fit (mapping.long_row_on_chip)
     loop_block_cols: int = 2048    # columns per iteration of row-looped kernels
     block_elems: int = 4096        # target elements per program of row kernels
     split_min_cols: int = 1024     # task splitting: smallest chunk of a split row
