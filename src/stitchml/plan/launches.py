@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from .cost import group_seconds, predict_seconds
-from .data import EagerStep, KernelPlan, LaunchGroup, Plan
+from .data import KernelPlan, LaunchGroup, Plan
 from .devices import Device
 from .options import PlanOptions
 
