@@ -158,7 +158,8 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         # the rows with open predictions (bench/NOTES.md, twenty-eighth session: column lanes
         # on BERT-shaped column partials), eager, inductor, stitchml; then stitchml with the
         # knob off in the same process
-        # (thirtieth session: rows of 32768 held whole in registers, `persistent_max_cols`)
+        # (thirtieth session: rows of 32768 held whole in registers, `persistent_max_cols`;
+        # forty-seventh: held whole by default where they fit, `nolong` the looped form)
         local MC=(--case 'column_sum_tokens[2048x768]' --case 'layer_norm_bwd_tokens[2048x768]'
                   --case 'batch_sum[8x512x768]' --case 'layer_norm_fwd[N=32768]' --case 'rms_norm_fwd[N=32768]'
                   --case 'softmax_fwd[N=32768]' --case 'softmax_bwd[N=32768]'
@@ -175,7 +176,7 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         "${BENCH[@]}" --suite micro --dtype bf16 "${MC[@]}" "${MICRO_CONTENDERS[@]}" || return $?
         "$PY" -m stitchml.tools.bench_variants --out "$R/micro-check" "${QUICK[@]:0:1}" \
             --variant "default::$ROWS;$LONG;$OPT" --variant "nocolwarps:partial_column_warps=0:$ROWS" \
-            --variant "nospread:combine_spread=0:$ROWS" --variant "p32k:persistent_max_cols=32768:$LONG" \
+            --variant "nospread:combine_spread=0:$ROWS" --variant "nolong:persistent_long_rows=0:$LONG" \
             --variant "serial:serial_siblings=1:$OPT" ;;
     models-15) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time --case 'issue15_*' \
                    --contender eager --contender inductor --contender inductor-ro --contender stitchml ;;
