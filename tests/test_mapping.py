@@ -303,3 +303,11 @@ def test_long_half_type_rows_held_whole_match_eager(cols):
     cmp = compare_with_eager(f, [x, dy])   # (raises where an output differs beyond its tolerance)
     forms = {k.mapping.form for r in cmp.backend.records if r.plan is not None for k in r.plan.kernels}
     assert forms == {"row_persistent"}, forms
+    # a cross-entropy's forward and backward over such rows, targets at both ends
+    x = x.detach().requires_grad_()
+    t = torch.randint(0, cols, (8,))
+    t[0], t[1] = 0, cols - 1
+    cmp = compare_with_eager(lambda x, t: F.cross_entropy(x.float(), t), [x, t])
+    forms = {k.mapping.form for r in cmp.backend.records if r.plan is not None for k in r.plan.kernels
+             if k.domain.cols >= cols}
+    assert forms == {"row_persistent"}, forms
