@@ -292,9 +292,7 @@ class Grouper:
         each FFN weight 159 us for 396 MB, where the word-embedding update alone, one body
         over 11446 programs, ran at 100%.  (Forty-sixth session: refused only where the
         domain filled fewer programs than SMs.)"""
-        if self.opts.serial_siblings or shared < 0 or self.g[shared].numel * 8 > _numel(grp.domain):
-            return False
-        return True
+        return not (self.opts.serial_siblings or shared < 0 or self.g[shared].numel * 8 > _numel(grp.domain))
 
     def _one_origin(self, grp: Group) -> int | None:
         """The multi-output op all of a column-reduction kernel's reads are outputs of

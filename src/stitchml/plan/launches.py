@@ -38,6 +38,13 @@ def _mem_s(k: KernelPlan, dev: Device) -> float:
     return predict_seconds(k, dev) - dev.launch_s
 
 
+def _may_share(s, grouped: set[str]) -> bool:
+    """A kernel that may join a horizontal launch: not in a launch group yet, no column
+    partials or combine (their global chains), not tied to its own warp count."""
+    return (isinstance(s, KernelPlan) and s.name not in grouped and not s.combine_of and not s.partials
+            and not s.own_warps)
+
+
 def form_groups(plan: Plan, opts: PlanOptions) -> None:
     if opts.global_barriers:
         _global(plan, opts.device)
@@ -80,8 +87,7 @@ def _horizontal(plan: Plan, dev: Device) -> None:
     grouped = {m for g in plan.groups for m in g.members}
 
     def candidate(s) -> bool:
-        return (isinstance(s, KernelPlan) and s.name not in grouped and not s.combine_of and not s.partials
-                and not s.own_warps and _mem_s(s, dev) <= 2 * dev.launch_s)
+        return _may_share(s, grouped) and _mem_s(s, dev) <= 2 * dev.launch_s
 
     run: list[KernelPlan] = []
 
@@ -129,8 +135,7 @@ def wide_horizontal(plan: Plan, opts: PlanOptions) -> int:
         writer_of[g.inputs[pos]] = new
 
     def eligible(s) -> bool:
-        return (isinstance(s, KernelPlan) and s.name not in grouped and s.mapping.form == "pointwise"
-                and not s.combine_of and not s.partials and not s.own_warps and s.scheme != "scatter"
+        return (_may_share(s, grouped) and s.mapping.form == "pointwise" and s.scheme != "scatter"
                 and _mem_s(s, dev) > 2 * dev.launch_s)
 
     by_name = {k.name: k for k in plan.kernels}

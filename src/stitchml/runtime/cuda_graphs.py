@@ -334,7 +334,6 @@ class GraphRunner:
         self.misses = 0
         self.recaptures = 0
         self.last_miss = ""              # why the last call ran without the graph
-        self._cloned_any = False         # the last call handed out clones (registered in _CLONED)
         # a runner that is collected leaves no stale addresses in the registry
         weakref.finalize(self, _forget, id(self))
 
@@ -535,9 +534,8 @@ class GraphRunner:
             else:  # clone
                 res.append(o.clone())
                 cloned.append(res[-1].untyped_storage().data_ptr())
-        if cloned or self._cloned_any:
+        if cloned or _CLONED.get(id(self)):
             _CLONED[id(self)] = frozenset(cloned)
-            self._cloned_any = bool(cloned)
         return tuple(res)
 
 
