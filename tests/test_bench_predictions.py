@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from stitchml.bench import BenchOptions, run_bench
-from stitchml.bench.contenders import Eager, Stitch, match_kernels, predict_call, triton_function_name
+from stitchml.bench.contenders import Eager, Stitch, as_replayed, match_kernels, predict_call, triton_function_name
 from stitchml.bench.harness import CaseResult
 from stitchml.bench.report import _models_table, kernel_class_errors, prediction_lines
 from stitchml.bench.timing import device_time_by_name, median_by_name
@@ -71,6 +71,38 @@ def test_profiler_names_are_the_names_kernels_run_under():
         fn = load_kernels({entry["kernel"]: src})[entry["kernel"]]
         assert fn.__name__ == triton_function_name(src) == entry["names"][0]
     assert predict_call(backend.records, [rec.calls])["predicted_s"] is None     # no graph ran since the snapshot
+
+
+def test_predictions_of_calls_timed_as_graph_replays_price_launches_at_the_replay_gap():
+    """A micro row is timed as a CUDA-graph replay of the whole call while its plan
+    priced each launch at the host launch path (H200, 2026-11-30: the AdamW step's 27
+    launches at 9.1 us, 713.6 us predicted against 431.3 measured): `as_replayed` takes
+    each stitched launch's term down to the replay's gap, in the total, per graph and per
+    kernel, and leaves the library calls alone."""
+    from stitchml import config
+    from stitchml.plan.devices import current_device
+    with config.override(device="H200", cuda_graphs=False):
+        torch._dynamo.reset()
+        backend = StitchBackend()
+        f = torch.compile(lambda x, y: ((torch.softmax(x * 2, -1) + y.sum(0)) @ y.t()).relu() * 3, backend=backend)
+        f(torch.randn(8, 32), torch.randn(8, 32))
+        rec = backend.records[0]
+        pred = predict_call(backend.records, [0])
+        kernels = pred.pop("kernels")
+        gap, launch = current_device().graph_launch_s, pred["graphs"][0]["launch_s"]
+    assert launch > gap and rec.plan.num_kernels >= 2
+    before = {k["kernel"]: k["predicted_s"] for k in kernels}
+    total = pred["predicted_s"]
+    as_replayed(pred, kernels)
+    assert pred["replayed"] and pred["launch_s"] == gap
+    assert pred["predicted_s"] == pytest.approx(total - rec.plan.num_kernels * (launch - gap))
+    assert pred["graphs"][0]["stitched_s"] == pytest.approx(rec.plan.predicted_s - rec.plan.num_kernels * (launch - gap))
+    for k in kernels:
+        if "library" in k:
+            assert k["predicted_s"] == before[k["kernel"]] > 0
+        else:
+            assert k["predicted_s"] == pytest.approx(before[k["kernel"]] - (launch - gap))
+    assert any("library" in k for k in kernels)
 
 
 def _entry(graph, kernel, cls, pred, names, launches=1, note=""):

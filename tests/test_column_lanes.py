@@ -55,15 +55,26 @@ def test_bert_shaped_column_partials_lay_their_warps_along_the_columns(dtype, wa
 def test_column_lanes_are_priced_at_the_sixteen_warp_tiles_occupancy():
     """The cost model counts occupancy in programs x warps, which calls 4-warp programs
     2-3x slower; the H200 ran them 2.4-2.8x faster: they (and their combine) are priced
-    at the occupancy of the tiles they replace, so neither the plan's predicted time nor
-    its launch grouping moves with the knob."""
+    at the occupancy of the tiles they replace, so the plan's launch grouping does not
+    move with the knob, and its predicted time only by the memory latency of the longer
+    walk over row blocks (`cost.walk_latency`: column lanes take shorter row blocks, so
+    each program walks more of them; the 16-warp tiles' own measured slowness, 2.4x at
+    2048 x 768, is not in the model)."""
+    from stitchml.plan.devices import get_device
+    lat = get_device("H200").mem_latency_s
+
+    def walked(plan):
+        return sum(k.mapping.row_blocks for k in plan.kernels if k.partials and k.mapping.row_blocks > 1)
+
     for dtype in (torch.bfloat16, torch.float32):
         on = plan_on("H200", lambda x: x.sum(0), (2048, 768), dtype=dtype)
         off = plan_on("H200", lambda x: x.sum(0), (2048, 768), dtype=dtype, partial_column_warps=False)
         assert all(k.mapping.column_lanes for k in on.kernels), [k.mapping for k in on.kernels]
-        assert on.predicted_s <= off.predicted_s * 1.01, (on.predicted_s, off.predicted_s)
+        assert on.predicted_s <= off.predicted_s * 1.01 + (walked(on) - walked(off)) * lat, \
+            (on.predicted_s, off.predicted_s)
         on, off = _ln_backward_plan(2048, 768, dtype), _ln_backward_plan(2048, 768, dtype, partial_column_warps=False)
-        assert on.predicted_s <= off.predicted_s * 1.01 and on.num_kernels == off.num_kernels
+        assert on.num_kernels == off.num_kernels and walked(on) > walked(off)
+        assert on.predicted_s <= off.predicted_s * 1.01 + (walked(on) - walked(off)) * lat
 
 
 def test_long_walks_and_the_knob_off_keep_sixteen_warp_tiles():

@@ -86,7 +86,7 @@ declare -A WHAT=(
     [models-check]="the training rows against Inductor's CUDA graphs only (BERT, GPT-2, LLaMA-style; bf16; inductor-ro, stitchml): the short check of a runtime change -> models-check/"
     [ncu]="Nsight Compute counters (speed of light, occupancy, warp stalls, memory) of stitch's and Inductor's kernels on the BERT-shaped column reductions (2048 x 768, bf16) -> ncu.txt; of the training steps' stitched kernels that lost most against their prediction in models-check (tools/worst_kernels.py) -> ncu-models.txt"
     [small-cols]="the BERT-shaped column reductions (column_sum_tokens, layer_norm_bwd_tokens: 2048 x 768, bf16): eager, inductor, stitchml, then stitchml under mapping knob variants (and tuple_reductions on these and layer_norm N=1024) -> small-cols/"
-    [micro-check]="the micro rows with open predictions (bench/NOTES.md, twenty-eighth and twenty-ninth sessions: column lanes, combines; thirty-sixth: the stem max-pool), bf16: column_sum_tokens and layer_norm_bwd_tokens (2048 x 768), batch_sum (8 x 512 x 768), max_pool_fwdbwd (32 x 64 x 112 x 112, channels last); eager, inductor, stitchml -> bench/; then stitchml on those, layer_norm_bwd N=1024 and column_sum 32768 x 1024 with partial_column_warps on and off, combine_spread off -> micro-check/"
+    [micro-check]="the micro rows with open predictions, bf16 (BERT-shaped column sums and layer-norm backward, batch_sum, the N=32768 norms and softmax, the stem max-pool, the BERT-base AdamW step): eager, inductor, stitchml -> bench/; then stitchml alone on those and layer_norm_bwd / rms_norm_bwd N=1024, column_sum 32768 x 1024 (default), and on the walks over row blocks with prefetch_rows=0 (noprefetch) and partial_programs_per_sm=4 (pp4) (forty-eighth session) -> micro-check/"
     [models-15]="issue 15's rows, bf16: BERT-base train and infer at b32 s128, the LLaMA-style 8-layer step with vocabulary 128256 (peak memory of its loss); eager, inductor, inductor-ro, stitchml -> bench/"
     [models-fp32]="the same rows in fp32"
     [models-18]="issue 18's rows, bf16: ResNet-50 training (channels_last, b32, 224 px), Swin-T training (b32), a small Mixtral-style MoE decoder's training step (b8 s512); inductor-ro, stitchml -> bench/; ResNet-50 again with STITCHML_BN_CHUNK_STATS=0 STITCHML_LAYOUT_COLUMNS=0 (the batch-norm statistics a row per channel, as before the thirty-fifth session) -> bench-rows-per-channel/, with STITCHML_BN_CHUNK_STATS=1 STITCHML_CHAINED_COLUMNS=1 (the thirty-ninth session's chunk statistics, off by default) -> bench-bn-chunks/, and with STITCHML_BN_SHIFT_SAMPLE=1 (the shift a pass over the whole batch, as before the thirty-seventh) -> bench-bn-whole-shift/; MoE with STITCHML_PLACE_CATS=0 (the expert backward's concatenation computed by one kernel from the parts' sources, as in the thirty-seventh session) -> bench-moe-no-placement/, and with STITCHML_CAT_PARTS=0 STITCHML_PLACE_CATS=0 (copied, as before) -> bench-cat-parts-off/; Swin-T with STITCHML_PARTIAL_SEGMENTS=0 (no row segments beside column partials, as before the forty-first session) -> bench-swin-no-segments/"
@@ -168,16 +168,21 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         local ROWS='column_sum_tokens[2048x768];layer_norm_bwd_tokens[2048x768];layer_norm_bwd[N=1024];column_sum[32768x1024]'
         local LONG='layer_norm_fwd[N=32768];rms_norm_fwd[N=32768];softmax_fwd[N=32768];softmax_bwd[N=32768]'
         local OPT='adamw_foreach[bert_base]'
+        # (forty-eighth session: walks over row blocks with the next block's loads issued first)
+        local WALK='column_sum_tokens[2048x768];layer_norm_bwd_tokens[2048x768];layer_norm_bwd[N=1024];rms_norm_bwd[N=1024];column_sum[32768x1024]'
         if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then   # (their --quick sizes)
             MC=(--case 'column_sum_tokens[40x24]' --case 'layer_norm_bwd_tokens[16x24]' --case 'batch_sum[2x8x24]'
                 --case 'max_pool_fwdbwd[2x8x12x12,cl]' --case 'adamw_foreach[tiny]')
             ROWS='column_sum_tokens[40x24];layer_norm_bwd_tokens[16x24]' LONG='softmax_fwd' OPT='adamw_foreach[tiny]'
+            WALK=$ROWS
         fi
         "${BENCH[@]}" --suite micro --dtype bf16 "${MC[@]}" "${MICRO_CONTENDERS[@]}" || return $?
         "$PY" -m stitchml.tools.bench_variants --out "$R/micro-check" "${QUICK[@]:0:1}" \
-            --variant "default::$ROWS;$LONG;$OPT" --variant "nocolwarps:partial_column_warps=0:$ROWS" \
-            --variant "nospread:combine_spread=0:$ROWS" --variant "nolong:persistent_long_rows=0:$LONG" \
-            --variant "serial:serial_siblings=1:$OPT" ;;
+            --variant "default::$ROWS;$LONG;$OPT;rms_norm_bwd[N=1024]" --variant "noprefetch:prefetch_rows=0:$WALK" \
+            --variant "pp4:partial_programs_per_sm=4:$WALK" ;;
+        # (column lanes, combine spread, long rows held whole and the AdamW sibling refusal were
+        # measured three, three, two and one times against their knob off: nocolwarps, nospread,
+        # nolong, serial in bench/results/h200-2026-11-30-b/micro-check; dropped for device time)
     models-15) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time --case 'issue15_*' \
                    --contender eager --contender inductor --contender inductor-ro --contender stitchml ;;
     models-18) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time --case 'issue18_*' \

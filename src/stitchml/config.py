@@ -59,6 +59,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "Column partials beside rows held on chip (a norm backward's weight gradient): programs per SM, each "
          "walking several row blocks and storing one partial row (more programs: more latency hidden, a "
          "larger partial buffer). H200, 2026-11-25: layer_norm_bwd N=1024 at 2 per SM ran 4x its prediction."),
+    Knob("prefetch_rows", "STITCHML_PREFETCH_ROWS", True, _bool,
+         "Kernels whose programs walk row blocks (column partials beside rows held on chip) issue the next "
+         "block's loads before computing the current one, hiding a memory latency per block. H200, 2026-11-30 "
+         "(without it): these kernels ran 2.0-2.6x bytes over bandwidth, ~0.75 us a walked block "
+         "(bench/NOTES.md, forty-eighth session); with it: not measured yet."),
     Knob("looped_partial_elems", "STITCHML_LOOPED_PARTIAL_ELEMS", 2048, int,
          "Column partials beside long (looped) rows: elements per loop iteration of a program's row block "
          "(rows x columns). H200, 2026-11-25: rms_norm_bwd N=32768 at 2048 ran 3.7x its prediction."),

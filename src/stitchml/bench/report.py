@@ -377,7 +377,8 @@ def to_markdown(run: "BenchRun", plot_files: list[Path], plot_note: str) -> str:
             lines += [f"## {suite}", "",
                       "(g) = replayed from a CUDA graph (micro rows: every contender); device time "
                       "= kernel time per call from the profiler (GPU only); predicted, meas./pred.: stitchml's cost "
-                      "model (section 'prediction check').", ""] + _suite_table(rows) + [""]
+                      "model (section 'prediction check'); for a row replayed from a CUDA graph each stitched launch is priced "
+                      "at the replay's gap between kernels (`contenders.as_replayed`).", ""] + _suite_table(rows) + [""]
     lines += prediction_lines(results)
     if ttt:
         lines += ["## time_to_target", "",

@@ -29,6 +29,7 @@ from .emit_core import COL, ROW, KernelBuilder, Val, vector_elems
 from .emit_reduce import Reductions
 from .emit_store import Stores
 from .kernel_source import KernelSource
+from .prefetch import prefetched_walk
 from .triton_ops import REDUCE_COMBINE, TL_DTYPE, cast_expr, compute_dtype, reduce_identity, round_half, store_expr
 
 
@@ -109,8 +110,14 @@ def emit_rows(b: KernelBuilder, stores: Stores) -> list[str]:
                 stores.store(o)
     if not b.k.partials:
         return b.top.lines
-    return (stores.before + [f"for rblk in range(tl.program_id(0), {blocks}, {b.m.grid}):"]
-            + ["    " + x for x in b.top.lines] + stores.after)
+    walk = None
+    if b.k.prefetch and isinstance(blocks, int) and isinstance(b.m.grid, int):
+        # the next row block's loads issued before this one's arithmetic (None: the body
+        # has nothing to hoist, the plain walk stays)
+        walk = prefetched_walk(b.top.lines, "rblk", "tl.program_id(0)", blocks, b.m.grid)
+    if walk is None:
+        walk = [f"for rblk in range(tl.program_id(0), {blocks}, {b.m.grid}):"] + ["    " + x for x in b.top.lines]
+    return stores.before + walk + stores.after
 
 
 def emit_looped(b: KernelBuilder, stores: Stores) -> list[str]:

@@ -106,6 +106,10 @@ class KernelPlan:
     # program's rows cover less than a sector of each column's run (`plan/access.py`,
     # `cost.sector_waste`); priced as more bytes by the cost model
     sector_waste: int = 0
+    # a walk over row blocks (column partials: `Mapping.row_blocks` > 1) that issues the next
+    # block's loads before computing this one (`codegen/prefetch.py`; knob `prefetch_rows`):
+    # the cost model prices the walk's memory latency as hidden then (`cost.walk_latency`)
+    prefetch: bool = False
     # a combine kernel's epilogue: per-column element-wise members computed from its
     # reductions after they are complete (a batch norm's rstd and running-statistics
     # update), in place of a one-program kernel after it (`planner._absorb_epilogues`)

@@ -47,6 +47,11 @@ class Device:
     # per-kernel cost inside a replayed CUDA graph: no host launch path, only the GPU's
     # gap between dependent kernels (table value ~1.5 us on Hopper until calibrated)
     graph_launch_s: float = 1.5e-6
+    # a DRAM load's latency as a program that waits for its loads sees it: the step time of
+    # a walk over row blocks (`cost.walk_latency`).  Fitted on the H200 (2026-11-30,
+    # bench/NOTES.md forty-eighth session): four column-partial kernels of 16-block walks
+    # gave 0.65-0.83 us a block beyond their bytes over bandwidth
+    mem_latency_s: float = 0.75e-6
     # priced as a replayed CUDA graph (`replayed`): a global launch's barrier counter is then
     # zeroed by a memset node before it (a replay repeats the host's base of 0), one more
     # node on the stream, priced like a launch

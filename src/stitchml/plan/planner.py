@@ -602,6 +602,10 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
         # transposed reads whose runs fall short of a sector: priced as the sectors moved
         kp.sector_waste = sector_waste(g, kp, list(kp.transposed) or transposed_reads(g, kp))
     kp.exact_rows = opts.exact_rows and not opts.fixed_row_blocks
+    # programs walking row blocks wait a memory latency per block unless the next block's
+    # loads are issued first (codegen/prefetch.py; H200: 2.0-2.6x their bytes' time without)
+    kp.prefetch = (opts.prefetch_rows and bool(kp.partials) and kp.mapping.row_blocks > 1
+                   and kp.mapping.form in ("row_persistent", "packed_rows"))
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp, opts.device)
     kp.predicted_s = predict_seconds(kp, opts.device)
     return kp

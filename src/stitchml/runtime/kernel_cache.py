@@ -142,7 +142,7 @@ def canonical_kernel(g: Graph, k: KernelPlan) -> tuple[str, list[int]]:
             # (the emitter reads these too: row vectors of a transposed tile, the column tail)
             tuple(ids.get(x, "ext") for x in k.transposed), k.column_tail, k.exact_rows, k.row_align,
             tuple((ids.get(a, "ext"), ids.get(b, "ext")) for a, b in k.combine_casts),
-            tuple(ids.get(x, "ext") for x in k.epilogue))
+            tuple(ids.get(x, "ext") for x in k.epilogue), k.prefetch)
     return repr((parts, plan)), closure
 
 

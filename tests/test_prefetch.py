@@ -1,0 +1,123 @@
+"""Software prefetch in walks over row blocks (`codegen/prefetch.py`, knob `prefetch_rows`):
+the rewrite of a walk's body as plain data, the plans that ask for it, the cost model's
+walk latency, and the kernels against float64 under the interpreter with the knob on and
+off (outputs poisoned: tests/conftest.py)."""
+import ast
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stitchml import config
+from stitchml.codegen.prefetch import prefetched_walk
+
+sys.path.insert(0, "tests")
+from planning import plan_on  # noqa: E402
+
+BODY = [
+    "rflat = rblk * 2 + tl.arange(0, 2)[:, None]",
+    "rmask = rflat < 600",
+    "cflat = tl.arange(0, 1024)[None, :]",
+    "cmask = cflat < 768",
+    "t1 = _from_bf16(tl.load(in0 + cflat + rflat * 768, mask=rmask & cmask, other=0))",
+    "t2 = tl.load(in1 + cflat, mask=cmask, other=0)",        # the same every block: not hoisted
+    "t3 = tl.load(in2 + t1.to(tl.int32), mask=rmask & cmask, other=0)",   # address from a load: not hoisted
+    "pacc = _add(pacc, tl.where(rmask & cmask, t1 * t2 + t3, 0.0))",
+    "tl.store(out0 + cflat + rflat * 768, t1 * t2, mask=rmask & cmask)",
+]
+
+
+def test_the_next_blocks_loads_are_issued_before_this_blocks_arithmetic():
+    lines = prefetched_walk(BODY, "rblk", "tl.program_id(0)", 300, 264)
+    assert lines is not None
+    ast.parse("\n".join(lines))   # valid Python
+    loop = lines.index("for rblk in range(tl.program_id(0), 300, 264):")
+    prologue, inner = lines[:loop], [x.strip() for x in lines[loop + 1:]]
+    # one hoisted load: the row-indexed read of in0, for the first block before the loop
+    assert prologue[0] == "rblk_pf = tl.minimum(tl.program_id(0), 299)"
+    assert [x for x in prologue if "tl.load" in x] == [
+        "pf0 = tl.load(in0 + cflat_pf + rflat_pf * 768, mask=rmask_pf & cmask_pf, other=0)"]
+    # in the walk: this block's value taken first, the next block's load (clamped to the
+    # last block) issued before any arithmetic, the body reading the taken value
+    assert inner[0] == "pc0 = pf0"
+    assert inner[1] == "rblk_pf = tl.minimum(rblk + 264, 299)"
+    first_use = next(i for i, x in enumerate(inner) if x.startswith("t1 ="))
+    next_load = next(i for i, x in enumerate(inner) if x.startswith("pf0 = tl.load"))
+    assert next_load < first_use and inner[first_use] == "t1 = _from_bf16(pc0)"
+    # the loop-invariant load and the indirect one stay where they were
+    assert "t2 = tl.load(in1 + cflat, mask=cmask, other=0)" in inner
+    assert any(x.startswith("t3 = tl.load(in2 + t1.to(tl.int32)") for x in inner)
+    assert sum("tl.load" in x for x in inner) == 3
+
+
+def test_bodies_it_cannot_rewrite_keep_the_plain_walk():
+    nested = BODY[:4] + ["for j in range(4):", "    tl.store(out0 + j, 1.0)"]
+    assert prefetched_walk(nested, "rblk", "tl.program_id(0)", 300, 264) is None
+    invariant = ["cflat = tl.arange(0, 1024)[None, :]", "t = tl.load(in1 + cflat)", "tl.store(out0 + cflat, t)"]
+    assert prefetched_walk(invariant, "rblk", "tl.program_id(0)", 300, 264) is None
+    # a name the rewrite would add already in use
+    assert prefetched_walk(["pf0 = rblk * 2", "t = tl.load(in0 + pf0)", "tl.store(out0 + pf0, t)"],
+                           "rblk", "tl.program_id(0)", 300, 264) is None
+
+
+def _ln_backward(x, w, b, g):
+    x, w, b = (t.detach().requires_grad_() for t in (x, w, b))
+    return torch.autograd.grad(F.layer_norm(x, (x.shape[-1],), w, b), (x, w, b), g)
+
+
+def test_walks_over_row_blocks_ask_for_prefetch_and_are_priced_with_its_latency():
+    """A layer norm's backward over 2048 tokens (column partials: 264 programs walking
+    row blocks) asks for prefetch; the knob off, each block of the walk costs a memory
+    latency more; kernels that walk no blocks never ask."""
+    from stitchml.plan.cost import walk_latency
+    from stitchml.plan.devices import get_device
+    dev = get_device("H200")
+    shapes = ((2048, 768), (768,), (768,), (2048, 768))
+    on = plan_on("H200", _ln_backward, *shapes, dtype=torch.bfloat16)
+    off = plan_on("H200", _ln_backward, *shapes, dtype=torch.bfloat16, prefetch_rows=False)
+    walks = [k for k in on.kernels if k.partials and k.mapping.row_blocks > 1]
+    assert walks and all(k.prefetch for k in walks)
+    assert not any(k.prefetch for k in on.kernels if not k.partials or k.mapping.row_blocks == 1)
+    assert not any(k.prefetch for k in off.kernels)
+    assert [k.mapping for k in on.kernels] == [k.mapping for k in off.kernels]
+    for k_on, k_off in zip(walks, [k for k in off.kernels if k.partials and k.mapping.row_blocks > 1]):
+        lat = k_on.mapping.row_blocks * dev.mem_latency_s
+        mem = 1e-6   # (any bytes' time)
+        assert walk_latency(k_off, mem, dev) == pytest.approx(mem + lat)
+        assert walk_latency(k_on, mem, dev) == pytest.approx(max(mem, lat))
+        assert k_off.predicted_s > k_on.predicted_s
+    assert off.predicted_s > on.predicted_s
+
+
+@pytest.mark.parametrize("dtype,rows", [(torch.bfloat16, 600), (torch.float32, 531), (torch.bfloat16, 130)])
+def test_prefetched_walks_match_float64(dtype, rows):
+    """Planned for the H200 (264 programs: 600 rows walk 3 blocks, 531 rows a ragged last
+    block, 130 rows leave programs with no block: the clamped prefetch stays in bounds),
+    a layer norm forward and backward run under the interpreter against float64 with the
+    knob on (and, over 600 rows, off), and a GELU backward beside its bias gradient; the
+    kernels generated carry the hoisted loads where programs walk blocks, and without the
+    knob do not (the kernel cache keys on it)."""
+    from stitchml.testing import compare_against_float64
+
+    def walk_sources(cmp):
+        return [ks.source for r in cmp.backend.records if r.plan for ks in r.kernels.values()
+                if "pf0 = tl.load" in ks.source]
+
+    for prefetch in ((True, False) if rows == 600 else (True,)):
+        with config.override(device="H200", prefetch_rows=prefetch):
+            torch._dynamo.reset()
+            x = torch.randn(rows, 768).to(dtype).requires_grad_()
+            w = (torch.rand(768) + 0.5).to(dtype).requires_grad_()
+            b = torch.randn(768).to(dtype).requires_grad_()
+            cmp, judgement = compare_against_float64(lambda x, w, b: F.layer_norm(x, (768,), w, b), [x, w, b])
+            judgement.assert_ok(f"layer norm forward and backward, prefetch {prefetch}")
+            assert bool(walk_sources(cmp)) == (prefetch and rows > 264), rows
+    with config.override(device="H200"):
+        torch._dynamo.reset()
+        xs, gs = torch.randn(rows, 3072).to(dtype), torch.randn(rows, 3072).to(dtype)
+        cmp, judgement = compare_against_float64(
+            lambda x, g: ((g.float() * 0.5 * (1 + torch.erf(x.float() * 0.7071067811865476))).to(x.dtype),
+                          (g.float() * x.float()).sum(0)), [xs, gs], backward=False)
+        judgement.assert_ok("GELU-like backward and a bias gradient")
+        assert bool(walk_sources(cmp)) == (rows > 264), rows
