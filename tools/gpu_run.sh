@@ -164,12 +164,13 @@ print(calibration_path(current_device().name))" 2>/dev/null)
                   --case 'batch_sum[8x512x768]' --case 'layer_norm_fwd[N=32768]' --case 'rms_norm_fwd[N=32768]'
                   --case 'softmax_fwd[N=32768]' --case 'softmax_bwd[N=32768]'
                   --case 'max_pool_fwdbwd[32x64x112x112,cl]'   # (thirty-sixth session: 62 µs predicted)
-                  --case 'adamw_foreach[bert_base]')   # (forty-sixth session: in-place optimizer step)
+                  --case 'adamw_foreach[bert_base]'    # (forty-sixth session: in-place optimizer step)
+                  --case 'bias_gelu_bwd_tokens[2048x3072]')   # (forty-eighth: BERT's GELU backward walk)
         local ROWS='column_sum_tokens[2048x768];layer_norm_bwd_tokens[2048x768];layer_norm_bwd[N=1024];column_sum[32768x1024]'
         local LONG='layer_norm_fwd[N=32768];rms_norm_fwd[N=32768];softmax_fwd[N=32768];softmax_bwd[N=32768]'
         local OPT='adamw_foreach[bert_base]'
         # (forty-eighth session: walks over row blocks with the next block's loads issued first)
-        local WALK='column_sum_tokens[2048x768];layer_norm_bwd_tokens[2048x768];layer_norm_bwd[N=1024];rms_norm_bwd[N=1024];column_sum[32768x1024]'
+        local WALK='column_sum_tokens[2048x768];layer_norm_bwd_tokens[2048x768];layer_norm_bwd[N=1024];rms_norm_bwd[N=1024];column_sum[32768x1024];bias_gelu_bwd_tokens[2048x3072]'
         if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then   # (their --quick sizes)
             MC=(--case 'column_sum_tokens[40x24]' --case 'layer_norm_bwd_tokens[16x24]' --case 'batch_sum[2x8x24]'
                 --case 'max_pool_fwdbwd[2x8x12x12,cl]' --case 'adamw_foreach[tiny]')

@@ -341,6 +341,20 @@ def cases(quick: bool) -> list[CaseSpec]:
         return Workload(name, "micro", dtype, bias_gelu, [x, b], shape=f"x{list(gelu_shape)}",
                         tol=tolerance("micro", dtype), jax=JaxSpec(_jax_bias_gelu))
     specs.append(_spec(f"bias_gelu[{gelu_shape[0]}x{gelu_shape[1]}]", gelu))
+    # BERT-base's FFN GELU backward beside its bias gradient (2048 tokens x 3072): column
+    # partials walked over row blocks, and issue-bound (erf and exp an element); in the BERT
+    # step on the H200 (2026-11-30) 25.4 µs a launch where its bytes take 9.8 (bench/NOTES.md,
+    # forty-eighth session)
+    gelu_bwd_shape = (16, 96) if quick else (2048, 3072)
+
+    def gelu_bwd(dtype: str, device: torch.device, name: str) -> Workload:
+        g, dt = _gen(name), DTYPES[dtype]
+        x = randn(gelu_bwd_shape, dt, device, g).requires_grad_(True)
+        b = randn(gelu_bwd_shape[1:], dt, device, g).requires_grad_(True)
+        return Workload(name, "micro", dtype, bias_gelu, [x, b], mode="bwd", grad_targets=[x, b],
+                        shape=f"x{list(gelu_bwd_shape)}", tol=tolerance("micro", dtype),
+                        jax=JaxSpec(_jax_bias_gelu, (0, 1)))
+    specs.append(_spec(f"bias_gelu_bwd_tokens[{gelu_bwd_shape[0]}x{gelu_bwd_shape[1]}]", gelu_bwd))
 
     rdl_shape = (4, 1024) if quick else (32768, 1024)
 
