@@ -379,3 +379,16 @@ def test_compiled_adamw_step_writes_in_place_on_gpu(dtype):
         torch.testing.assert_close(b.detach(), a.detach(), **tol)
     writes = [(r, n) for r in backend.records if r.plan is not None for _, n in r.plan.graph.written()]
     assert writes and all(r.plan.in_place[n] is None for r, n in writes if r.plan.graph[n].numel > 1)
+
+
+def test_calibration_measures_the_walk_latency_on_gpu():
+    """`stitchml calibrate`'s walk latency (the cost model's `mem_latency_s`): two
+    column sums of one grid walking 4 and 32 row blocks; a memory latency a block is a
+    fraction of a microsecond to a few (H200 fit from the bench's kernels: 0.75 µs)."""
+    from stitchml.plan.devices import current_device
+    from stitchml.tools.calibrate import measure_walk_latency
+    res = measure_walk_latency(current_device())
+    plain = res["plain"]
+    assert plain["walk"][1] > plain["walk"][0] and plain["grid"] == res["prefetch"]["grid"]
+    assert 0.05e-6 < res["mem_latency_s"] < 5e-6, res
+    assert res["prefetch"]["seconds"][1] <= plain["seconds"][1] * 1.05, res   # prefetch never costs

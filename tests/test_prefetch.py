@@ -121,3 +121,28 @@ def test_prefetched_walks_match_float64(dtype, rows):
                           (g.float() * x.float()).sum(0)), [xs, gs], backward=False)
         judgement.assert_ok("GELU-like backward and a bias gradient")
         assert bool(walk_sources(cmp)) == (rows > 264), rows
+
+
+def test_the_walk_latency_is_calibrated_and_read_back(tmp_path):
+    """`stitchml calibrate` derives the latency a walked block pays from two runs that
+    differ in their walks (`calibrate.walk_latency_from`); the calibration file carries
+    it and the cost model reads it (`Device.mem_latency_s`); the table value otherwise."""
+    from dataclasses import replace
+
+    from stitchml.plan.devices import DEVICES, get_device, save_calibration
+    from stitchml.tools.calibrate import walk_latency_from
+    # 4 and 32 blocks walked: 75.6 us against 14.1, of which 54.6 us more bytes
+    assert walk_latency_from((14.1e-6, 89.7e-6), (11.0e-6, 65.6e-6), (4, 32)) == pytest.approx(0.75e-6, rel=0.01)
+    assert walk_latency_from((10e-6, 20e-6), (5e-6, 16e-6), (4, 32)) == 0.0    # never negative
+    with pytest.raises(ValueError):
+        walk_latency_from((1e-6, 2e-6), (0.0, 0.0), (8, 8))
+    with config.override(cache_dir=str(tmp_path)):
+        assert get_device("H200").mem_latency_s == DEVICES["H200"].mem_latency_s
+        save_calibration(replace(DEVICES["H200"], mem_latency_s=1.1e-6), {})
+        dev = get_device("H200")
+        assert dev.source == "calibrated" and dev.mem_latency_s == 1.1e-6
+        on = plan_on("H200", _ln_backward, (2048, 768), (768,), (768,), (2048, 768), dtype=torch.bfloat16,
+                     prefetch_rows=False)
+        walk = next(k for k in on.kernels if k.partials and k.mapping.row_blocks > 1)
+        from stitchml.plan.cost import walk_latency
+        assert walk_latency(walk, 1e-6, dev) == pytest.approx(1e-6 + walk.mapping.row_blocks * 1.1e-6)

@@ -180,7 +180,9 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         "${BENCH[@]}" --suite micro --dtype bf16 "${MC[@]}" "${MICRO_CONTENDERS[@]}" || return $?
         "$PY" -m stitchml.tools.bench_variants --out "$R/micro-check" "${QUICK[@]:0:1}" \
             --variant "default::$ROWS;$LONG;$OPT;rms_norm_bwd[N=1024]" --variant "noprefetch:prefetch_rows=0:$WALK" \
-            --variant "pp4:partial_programs_per_sm=4:$WALK" ;;
+            --variant "pp4:partial_programs_per_sm=4:$WALK" || return $?
+        # the walk latency the cost model uses (`stitchml calibrate`'s figure, alone; stores nothing)
+        "$PY" -m stitchml.tools.calibrate --walk-only > "$R/micro-check/walk_latency.txt" 2>&1 ;;
         # (column lanes, combine spread, long rows held whole and the AdamW sibling refusal were
         # measured three, three, two and one times against their knob off: nocolwarps, nospread,
         # nolong, serial in bench/results/h200-2026-11-30-b/micro-check; dropped for device time)

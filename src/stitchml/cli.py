@@ -131,7 +131,7 @@ def _problems(report, caught: list[warnings.WarningMessage]) -> list[str]:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .tools.calibrate import main as calibrate
-    return calibrate()
+    return calibrate(["--launch-only"] * args.launch_only + ["--walk-only"] * args.walk_only)
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -525,6 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("calibrate", help="measure this GPU's copy bandwidth and launch cost for the cost model")
+    p.add_argument("--launch-only", action="store_true", help="print the launch overheads, store nothing")
+    p.add_argument("--walk-only", action="store_true",
+                   help="print the memory latency a walk over row blocks pays a block, store nothing")
     p.set_defaults(func=cmd_calibrate)
 
     _add_bench_parser(sub)

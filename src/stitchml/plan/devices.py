@@ -195,6 +195,7 @@ def load_calibration(base: Device, versions: tuple[str, str] | None = None) -> D
                       barrier_s=float(data.get("barrier_s", base.barrier_s)),
                       atomic_s=float(data.get("atomic_s", base.atomic_s)), form_efficiency=eff,
                       graph_launch_s=float(data.get("graph_launch_s", base.graph_launch_s)),
+                      mem_latency_s=float(data.get("mem_latency_s", base.mem_latency_s)),
                       source="calibrated", calibration_file=str(path))
         # our Triton GEMM against cuBLAS, where this calibration measured it (a file's
         # top-level `triton_gemm_efficiency` is only the table value it was written with)

@@ -15,6 +15,11 @@ Measured (CUDA events, median of many runs, buffers far larger than L2):
   through 1 and through 33 barriers, the difference over 32;
 - atomics: an atomic add against a plain store of the same scattered elements, the
   difference per element;
+- the memory latency a walk over row blocks pays a block (`Device.mem_latency_s`,
+  `cost.walk_latency`): stitchml's column sum over 1024 bfloat16 columns at two row
+  counts, the same grid (so the same combine), without prefetch; the difference in time
+  beyond the difference in bytes at the copy bandwidth, over the difference in blocks
+  walked (and the same with prefetch, reported);
 - per-form efficiency: stitchml's own kernels of each form (pointwise, row_persistent,
   packed_rows, row_looped, combine) timed against their modelled bytes at the copy
   bandwidth, and the global scheme against its separate-launch twin on two patterns;
@@ -400,6 +405,46 @@ def measure_atomics(n: int = 1 << 24, targets: int = 1 << 16, reps: int = 20) ->
 
 # --------------------------------------------------------------------------- stitchml's own kernels
 
+def walk_latency_from(t: tuple[float, float], mem: tuple[float, float], walks: tuple[int, int]) -> float:
+    """Seconds a walked block costs beyond its bytes, from two runs of one kernel that
+    differ only in how many blocks its programs walk: (t1 - t0 - (mem1 - mem0)) / (w1 - w0),
+    never below 0."""
+    if walks[1] <= walks[0]:
+        raise ValueError(f"the second run must walk more blocks: {walks}")
+    return max((t[1] - t[0] - (mem[1] - mem[0])) / (walks[1] - walks[0]), 0.0)
+
+
+WALK_ROWS = (16384, 131072)   # rows of the column sums timed by `measure_walk_latency`
+
+
+def measure_walk_latency(dev: Device, reps: int = 20) -> dict[str, Any]:
+    """The memory latency a program walking row blocks pays a block (no prefetch: the
+    cost model's `mem_latency_s`), and what is left of it with the next block's loads
+    issued first."""
+    out: dict[str, Any] = {"rows": list(WALK_ROWS), "cols": 1024, "dtype": "bf16"}
+    for prefetch in (False, True):
+        runs = []
+        for rows in WALK_ROWS:
+            x = torch.randn(rows, 1024, device="cuda", dtype=torch.bfloat16)
+            seconds, plans = _run_stitched(lambda x: x.sum(0), [x], reps, prefetch_rows=prefetch,
+                                           global_barriers=False, horizontal_fusion=False)
+            walked = [k for p in plans for k in p.kernels if k.partials and k.mapping.row_blocks > 1]
+            if len(walked) != 1:
+                raise RuntimeError(f"expected one kernel walking row blocks, the plan has {len(walked)}")
+            k = walked[0]
+            runs.append((seconds, (k.bytes_read + k.bytes_written) / dev.bandwidth, k.mapping.row_blocks,
+                         k.mapping.grid))
+            del x
+        if runs[0][3] != runs[1][3]:
+            raise RuntimeError(f"the two column sums run different grids ({runs[0][3]}, {runs[1][3]})")
+        lat = walk_latency_from((runs[0][0], runs[1][0]), (runs[0][1], runs[1][1]), (runs[0][2], runs[1][2]))
+        out["prefetch" if prefetch else "plain"] = {"seconds": [r[0] for r in runs], "mem_s": [r[1] for r in runs],
+                                                    "walk": [r[2] for r in runs], "grid": runs[0][3],
+                                                    "latency_s": lat}
+    out["mem_latency_s"] = out["plain"]["latency_s"]
+    return out
+
+
 def _form_cases() -> dict[str, tuple[Callable, Callable[[], list]]]:
     import torch.nn.functional as F
     cuda = "cuda"
@@ -542,6 +587,11 @@ def calibrate() -> Device | None:
         graph_launch_pdl: float | str = measure_graph_launch(pdl=True)
     except Exception as e:   # (a GPU before Hopper, a driver without PDL in graphs)
         graph_launch_pdl = f"{type(e).__name__}: {e}"
+    try:
+        walk: dict[str, Any] = measure_walk_latency(dev)
+        dev = replace(dev, mem_latency_s=walk["mem_latency_s"])
+    except Exception as e:   # the table value stands, said in the file
+        walk = {"error": f"{type(e).__name__}: {e}"}
     forms = measure_forms(dev)
     glob = measure_global(dev)
     try:
@@ -559,6 +609,7 @@ def calibrate() -> Device | None:
                     "barrier_s": dev.barrier_s, "atomic_s": dev.atomic_s, "forms": forms, "global_scheme": glob,
                     "graph_launch_s": dev.graph_launch_s, "graph_launch_error": graph_error,
                     "graph_launch_pdl_s": graph_launch_pdl,
+                    "walk_latency": walk,
                     "triton_gemm": gemm}
     path = save_calibration(dev, measurements)
     return replace(dev, calibration_file=str(path))
@@ -566,11 +617,24 @@ def calibrate() -> Device | None:
 
 def main(argv: list[str] | None = None) -> int:
     """`stitchml calibrate`; `--launch-only`: measure and print the launch overheads,
-    store nothing."""
+    store nothing; `--walk-only`: the same for the walk latency."""
     import argparse
     ap = argparse.ArgumentParser(prog="stitchml calibrate")
     ap.add_argument("--launch-only", action="store_true")
+    ap.add_argument("--walk-only", action="store_true")
     args = ap.parse_args(argv or [])
+    if args.walk_only:
+        if not torch.cuda.is_available():
+            print("no CUDA GPU: the walk latency needs one")
+            return 0
+        res = measure_walk_latency(current_device())
+        for name in ("plain", "prefetch"):
+            r = res[name]
+            print(f"{name}: column sums of {res['rows']} x {res['cols']} {res['dtype']} rows, grid {r['grid']}, "
+                  f"walks {r['walk']}: {[round(s * 1e6, 1) for s in r['seconds']]} us "
+                  f"(bytes at copy bandwidth {[round(s * 1e6, 1) for s in r['mem_s']]} us): "
+                  f"{r['latency_s'] * 1e6:.2f} us a walked block beyond its bytes")
+        return 0
     if args.launch_only:
         if not torch.cuda.is_available():
             print("no CUDA GPU: launch overheads need one")
@@ -584,7 +648,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{dev.name}: copy bandwidth {dev.bandwidth / 1e12:.2f} TB/s, launch {dev.launch_s * 1e6:.2f} us "
           f"({dev.graph_launch_s * 1e6:.2f} us in a CUDA-graph replay), "
-          f"grid barrier {dev.barrier_s * 1e6:.2f} us, atomic add {dev.atomic_s * 1e12:.2f} ps/element")
+          f"grid barrier {dev.barrier_s * 1e6:.2f} us, atomic add {dev.atomic_s * 1e12:.2f} ps/element, "
+          f"memory latency a walked row block {dev.mem_latency_s * 1e6:.2f} us")
     print("form efficiency: " + ", ".join(f"{f} {e:.2f}" for f, e in dev.form_efficiency))
     if dev.triton_gemm_source == "calibrated":
         print(f"Triton GEMM template: {dev.triton_gemm_efficiency:.2f} of cuBLAS's speed with tiles "
