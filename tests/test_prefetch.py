@@ -113,6 +113,10 @@ def test_prefetched_walks_match_float64(dtype, rows):
             cmp, judgement = compare_against_float64(lambda x, w, b: F.layer_norm(x, (768,), w, b), [x, w, b])
             judgement.assert_ok(f"layer norm forward and backward, prefetch {prefetch}")
             assert bool(walk_sources(cmp)) == (prefetch and rows > 264), rows
+            if rows > 264:   # explain says how each walk waits for its loads
+                from stitchml.tools.explain import Report
+                text = Report(cmp.backend.records).to_text()
+                assert ("(prefetch)" in text) == prefetch and ("prefetch_rows off" in text) == (not prefetch)
     with config.override(device="H200"):
         torch._dynamo.reset()
         xs, gs = torch.randn(rows, 3072).to(dtype), torch.randn(rows, 3072).to(dtype)

@@ -179,6 +179,12 @@ class Report:
                     lines.append(f"  kernel {step.name}: {step.scheme:8} {step.mapping.describe()}{within}")
                     lines.append(f"      reads {_mb(step.bytes_read)}, writes {_mb(step.bytes_written)}, "
                                  f"predicted {step.predicted_s * 1e6:.1f} us; ops: {ops}")
+                    if step.partials and step.mapping.row_blocks > 1:
+                        how = ("the next block's loads issued before this block's arithmetic (prefetch)"
+                               if getattr(step, "prefetch", False) else
+                               "each block's loads waited for before its arithmetic (knob prefetch_rows off)")
+                        lines.append(f"      each program walks {step.mapping.row_blocks} row blocks: {how}; "
+                                     f"a memory latency a block is priced (cost.walk_latency)")
                     if getattr(step, "row_runs", False):   # (plans cached before the field have none)
                         lines.append("      reads row runs out of flat order: one element a thread, so each warp "
                                      "access is 32 consecutive elements")
