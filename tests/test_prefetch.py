@@ -150,3 +150,35 @@ def test_the_walk_latency_is_calibrated_and_read_back(tmp_path):
         walk = next(k for k in on.kernels if k.partials and k.mapping.row_blocks > 1)
         from stitchml.plan.cost import walk_latency
         assert walk_latency(walk, 1e-6, dev) == pytest.approx(1e-6 + walk.mapping.row_blocks * 1.1e-6)
+
+
+@pytest.mark.parametrize("cols,waits", [(768, 1), (3072, 9)])
+def test_combines_read_every_partial_in_the_same_unrolled_steps(cols, waits):
+    """A combine reads all its reductions' partial rows in one walk of steps, unrolled
+    (`tl.static_range`: every load in flight at once) where steps x reductions is at
+    most `COMBINE_UNROLL_LOADS` — a layer norm's weight and bias gradients over 768
+    columns: 3 steps of 128 partial rows; over 3072 columns, 9 steps of 32 each, two
+    reductions: 18 loads, rolled — and the cost model charges one memory latency or one a
+    step; the results against float64 under the interpreter."""
+    from stitchml.codegen.triton_kernel import COMBINE_UNROLL_LOADS, combine_waits, generate
+    from stitchml.plan.cost import walk_latency
+    from stitchml.plan.devices import get_device
+    from stitchml.testing import compare_against_float64
+    dev = get_device("H200")
+    plan = plan_on("H200", _ln_backward, (2048, cols), (cols,), (cols,), (2048, cols), dtype=torch.bfloat16)
+    (comb,) = [k for k in plan.kernels if k.mapping.form == "combine"]
+    steps = -(-comb.domain.shape[0] // comb.mapping.block_r)
+    assert len(comb.dominant) == 2 and combine_waits(comb) == waits
+    assert (steps * 2 <= COMBINE_UNROLL_LOADS) == (waits == 1)
+    src = generate(plan.graph, comb).source
+    loops = [x for x in src.splitlines() if x.strip().startswith("for ")]
+    assert len(loops) == 1 and ("tl.static_range" in loops[0]) == (waits == 1), src
+    assert walk_latency(comb, 1e-6, dev) == pytest.approx(1e-6 + waits * dev.mem_latency_s)
+    with config.override(device="H200"):
+        torch._dynamo.reset()
+        x = torch.randn(300, cols).requires_grad_()
+        w = (torch.rand(cols) + 0.5).requires_grad_()
+        b = torch.randn(cols).requires_grad_()
+        cmp, judgement = compare_against_float64(lambda x, w, b: F.layer_norm(x, (cols,), w, b), [x, w, b])
+        judgement.assert_ok(f"layer norm over {cols} columns, forward and backward")
+        assert any(k.mapping.form == "combine" for r in cmp.backend.records if r.plan for k in r.plan.kernels)

@@ -224,15 +224,31 @@ def row_alignment(g: ir.Graph, k: KernelPlan) -> tuple[int, ...]:
     return best
 
 
+COMBINE_UNROLL_LOADS = 16   # a combine's steps x reductions unrolled at most (tile loads in flight)
+
+
+def combine_waits(k: KernelPlan) -> int:
+    """Memory latencies a program of combine kernel `k` waits one after another: one when
+    its steps are unrolled (every load in flight at once), else one a step."""
+    steps = -(-k.domain.shape[0] // max(k.mapping.block_r, 1))
+    return 1 if steps * max(len(k.dominant), 1) <= COMBINE_UNROLL_LOADS else steps
+
+
 def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
     """Reduce the (programs x cols) partials of column reductions into their outputs.
     Each program owns `block_c` columns and reads `block_r` partial rows per step, so
     the partial rows are combined in a few wide steps rather than one load after
-    another (a latency-bound chain of 2 x SMs dependent loads)."""
+    another (a latency-bound chain of 2 x SMs dependent loads).  Every reduction's
+    partials are read in the same steps, and where steps x reductions is at most
+    `COMBINE_UNROLL_LOADS` the steps are unrolled (`tl.static_range`), so all the loads
+    are in flight at once: a rolled loop waits a memory latency a step and reduction
+    (H200, 2026-11-30: two BERT layer-norm-backward combines of 3 reductions x 3 steps,
+    2.4 MB each, took 4.7 µs in one launch; bench/NOTES.md forty-eighth session)."""
     rows = k.domain.shape[0]
     br, bc = k.mapping.block_r, k.mapping.block_c
     lines = [f"c = tl.program_id(0) * {bc} + tl.arange(0, {bc})",
              f"p = tl.arange(0, {br})[:, None]"]
+    steps = [], []   # (each reduction's accumulation a step, what follows the steps)
     params, names = [], []
     casts = dict(k.combine_casts)   # a reduction stored as its cast (plan/planner.py::_absorb_casts)
     for i, nid in enumerate(k.dominant):   # (a combine's reductions)
@@ -246,23 +262,21 @@ def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
         value = f"red{i}" if dest is n else cast_expr(f"red{i}", n.dtype, dest.dtype)
         store = store_expr(value, dest.dtype)
         reduced = f"tl.sum(acc{i}, 0)" if n.op == "sum" else f"tl.reduce(acc{i}, 0, {combine})"
-        lines += [
-            f"cmask{i} = c < {cols}",
-            f"acc{i} = tl.full([{br}, {bc}], {ident}, {TL_DTYPE[cd]})",
-            f"for r in range(0, {rows}, {br}):",
-            f"    acc{i} = {combine}(acc{i}, tl.load(part{i} + (r + p) * {cols} + c[None, :], "
-            f"mask=cmask{i}[None, :] & (r + p < {rows}), other={ident}))",
-            f"red{i} = {reduced}",
-        ]
+        lines += [f"cmask{i} = c < {cols}", f"acc{i} = tl.full([{br}, {bc}], {ident}, {TL_DTYPE[cd]})"]
+        steps[0].append(f"    acc{i} = {combine}(acc{i}, tl.load(part{i} + (r + p) * {cols} + c[None, :], "
+                        f"mask=cmask{i}[None, :] & (r + p < {rows}), other={ident}))")
+        steps[1].append(f"red{i} = {reduced}")
         params.append(("partial", nid))
         names.append(f"part{i}")
         if dest.id not in k.outputs:
             continue   # read by the epilogue only (`KernelPlan.epilogue`)
         # a one-element output has a constant offset: keep the pointer a block (c * 0)
-        lines.append(f"tl.store(dst{i} + {ix.render(off) if ix.axes(off) else f'(c * 0 + {ix.render(off)})'}, "
-                     f"{store}, mask=cmask{i})")
+        steps[1].append(f"tl.store(dst{i} + {ix.render(off) if ix.axes(off) else f'(c * 0 + {ix.render(off)})'}, "
+                        f"{store}, mask=cmask{i})")
         params.append(("out", dest.id))
         names.append(f"dst{i}")
+    unrolled = combine_waits(k) == 1 and rows > br
+    lines += [f"for r in {'tl.static_range' if unrolled else 'range'}(0, {rows}, {br}):"] + steps[0] + steps[1]
     levels: dict[int, frozenset] = {}
     if k.epilogue:
         b = _epilogue(g, k, {nid: f"red{i}" for i, nid in enumerate(k.dominant)})

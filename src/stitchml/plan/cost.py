@@ -173,6 +173,17 @@ def predict_seconds(k: KernelPlan, dev: Device | None = None, warps: int = 0) ->
     runs every body at the widest member's warp count: fewer of its programs fit an SM)."""
     from .devices import current_device
     dev = dev or current_device()
+    mem = memory_seconds(k, dev, warps)
+    return dev.launch_s + walk_latency(k, mem, dev) + atomic_seconds(k, dev)
+
+
+def atomic_seconds(k: KernelPlan, dev: Device) -> float:
+    return dev.atomic_s * k.domain.rows * k.domain.cols if k.scheme == "scatter" else 0.0
+
+
+def memory_seconds(k: KernelPlan, dev: Device, warps: int = 0) -> float:
+    """`predict_seconds`'s bytes term: bytes over bandwidth at the grid's occupancy and
+    the form's efficiency, before any latency its programs wait (`walk_latency`)."""
     # column-lane programs (and their combine) are priced at the occupancy of the 16-warp
     # tiles they replace: the H200 ran them 2.4-2.8x faster, where occupancy counted in
     # programs x warps would call them 2-3x slower (these kernels are latency-bound, not
@@ -188,9 +199,7 @@ def predict_seconds(k: KernelPlan, dev: Device | None = None, warps: int = 0) ->
     # (sectors that transposed reads move beyond their bytes pass through L2 and L1 as
     # well: priced at the copy bandwidth, an estimate the H200 has not checked yet)
     moved = k.bytes_read + k.bytes_written + k.sector_waste
-    mem = moved / (dev.bandwidth * max(efficiency, 1.0 / slots))
-    atomics = dev.atomic_s * k.domain.rows * k.domain.cols if k.scheme == "scatter" else 0.0
-    return dev.launch_s + walk_latency(k, mem, dev) + atomics
+    return moved / (dev.bandwidth * max(efficiency, 1.0 / slots))
 
 
 def walk_latency(k: KernelPlan, mem: float, dev: Device) -> float:
@@ -199,8 +208,14 @@ def walk_latency(k: KernelPlan, mem: float, dev: Device) -> float:
     before it computes, so the walk adds a latency a block to the bytes' time (H200,
     2026-11-30: 2.0-2.6x bytes over bandwidth measured, within 15% of this on four
     kernels).  With the next block's loads issued first (`KernelPlan.prefetch`) a step
-    takes the longer of the latency and its bytes' time."""
-    walk = k.mapping.row_blocks if k.mapping.form != "combine" else 1
+    takes the longer of the latency and its bytes' time.  A combine waits a latency for
+    its partial rows, once where its steps are unrolled (`codegen.triton_kernel.
+    combine_waits`; H200: 1.7 µs for one of 3 steps rolled, 4.2-4.7 for two of 9 in one
+    launch, against 0.3-1.9 priced by bytes alone)."""
+    if k.mapping.form == "combine":   # (its steps over the partial rows: unrolled where few)
+        from ..codegen.triton_kernel import combine_waits
+        return mem + combine_waits(k) * dev.mem_latency_s
+    walk = k.mapping.row_blocks
     if walk <= 1 or not k.partials:
         return mem
     lat = walk * dev.mem_latency_s
@@ -216,12 +231,15 @@ def group_seconds(kind: str, kernels: list[KernelPlan], dev: Device) -> float:
         # one composite kernel at the widest member's warps (codegen/composite.py)
         widest = max((k.mapping.num_warps for k in kernels), default=1)
         return dev.launch_s + sum(predict_seconds(k, dev, widest) - dev.launch_s for k in kernels)
-    mem = sum(predict_seconds(k, dev) - dev.launch_s for k in kernels)
+    mems = [memory_seconds(k, dev) for k in kernels]
+    mem = sum(m + atomic_seconds(k, dev) for k, m in zip(kernels, mems))
+    # the latencies its phases wait (walks, combines) are not bytes: not scaled below
+    waits = sum(walk_latency(k, m, dev) - m for k, m in zip(kernels, mems))
     # a persistent grid capped at the resident programs moves bytes slower than the
     # separate launches do: `stitchml calibrate` measures by how much ("global" efficiency);
     # replayed in a CUDA graph, its barrier counter is zeroed by a memset node first
     reset = dev.launch_s if dev.replay else 0.0
-    return dev.launch_s + reset + mem / dev.efficiency("global") + (len(kernels) - 1) * dev.barrier_s
+    return dev.launch_s + reset + mem / dev.efficiency("global") + waits + (len(kernels) - 1) * dev.barrier_s
 
 
 def plan_seconds(plan: Plan, dev: Device) -> float:

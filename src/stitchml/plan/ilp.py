@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .cost import group_seconds, predict_seconds
+from .cost import atomic_seconds, group_seconds, memory_seconds, predict_seconds
 from .data import KernelPlan, LaunchGroup, Plan
 from .devices import Device
 from .launches import form_groups, wave_capacity, wide_horizontal
@@ -258,7 +258,9 @@ def _join_value(region: list[KernelPlan], j: int, opts: PlanOptions) -> tuple[fl
             return 0.0, "none"
         # a calibrated global-scheme efficiency below 1 costs memory time too (counted for
         # both kernels of every join: conservative; the plan is re-priced exactly after)
-        slow = (1.0 / dev.efficiency("global") - 1.0) * sum(predict_seconds(k, dev) - dev.launch_s for k in (a, b))
+        # (bytes only: the latencies a phase waits are not slowed by the persistent grid)
+        slow = (1.0 / dev.efficiency("global") - 1.0) * sum(memory_seconds(k, dev) + atomic_seconds(k, dev)
+                                                           for k in (a, b))
         # replayed, a global launch's counter reset is one more node: charged to every join
         # (conservative for segments of 3+; the plan is re-priced exactly after)
         reset = dev.launch_s if dev.replay else 0.0
