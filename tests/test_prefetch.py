@@ -182,3 +182,26 @@ def test_combines_read_every_partial_in_the_same_unrolled_steps(cols, waits):
         cmp, judgement = compare_against_float64(lambda x, w, b: F.layer_norm(x, (cols,), w, b), [x, w, b])
         judgement.assert_ok(f"layer norm over {cols} columns, forward and backward")
         assert any(k.mapping.form == "combine" for r in cmp.backend.records if r.plan for k in r.plan.kernels)
+
+
+def test_prefetch_only_where_the_registers_it_holds_leave_the_walk_its_programs():
+    """Prefetch keeps a block's row loads live a step longer.  Walks of 16-warp programs
+    (two an SM: 64 registers a thread) went from 62-64 to 82-93 registers on sm_90, so
+    only one program an SM fit and the grid ran in two rounds; 8-warp walks over 8192
+    float32 columns from 106-128 to 156-184: neither is prefetched.  BERT-shaped walks (4
+    warps) and their float32 twins (8 warps, 2048-element tiles) are."""
+    from stitchml.plan.planner import PREFETCH_MAX_BYTES, PREFETCH_MAX_WARPS_PER_SM
+
+    def walk(rows, cols, dtype):
+        plan = plan_on("H200", _ln_backward, (rows, cols), (cols,), (cols,), (rows, cols), dtype=dtype)
+        (k,) = [k for k in plan.kernels if k.partials and k.mapping.row_blocks > 1]
+        return k
+
+    wide = walk(32768, 1024, torch.bfloat16)   # layer_norm_bwd N=1024: 16-warp tiles
+    assert wide.mapping.num_warps * 2 > PREFETCH_MAX_WARPS_PER_SM and not wide.prefetch
+    long_fp32 = walk(6710, 5000, torch.float32)   # layer_norm_bwd N=5000: 8192-column tiles
+    held = 2 * 4 * long_fp32.mapping.block_r * long_fp32.mapping.block_c / (long_fp32.mapping.num_warps * 32)
+    assert held > PREFETCH_MAX_BYTES and not long_fp32.prefetch
+    for dtype in (torch.bfloat16, torch.float32):
+        k = walk(2048, 768, dtype)
+        assert k.prefetch and k.mapping.num_warps * 2 <= PREFETCH_MAX_WARPS_PER_SM

@@ -605,10 +605,30 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     # programs walking row blocks wait a memory latency per block unless the next block's
     # loads are issued first (codegen/prefetch.py; H200: 2.0-2.6x their bytes' time without)
     kp.prefetch = (opts.prefetch_rows and bool(kp.partials) and kp.mapping.row_blocks > 1
-                   and kp.mapping.form in ("row_persistent", "packed_rows"))
+                   and kp.mapping.form in ("row_persistent", "packed_rows") and _prefetch_fits(g, kp, opts))
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp, opts.device)
     kp.predicted_s = predict_seconds(kp, opts.device)
     return kp
+
+
+# prefetch (codegen/prefetch.py) holds a block's row loads for a whole step more: only where
+# the programs an SM walks with leave a thread registers to spare (warps an SM at most this
+# many: 128 registers a thread and more) and the loads held are at most PREFETCH_MAX_BYTES a
+# thread.  sm_90 (Triton 3.6): 16-warp walks went from 62-64 to 82-93 registers and their
+# second program an SM no longer fit (a 264-program grid in two rounds); 8-warp walks over
+# 8192-column tiles of float32 from 106-128 to 156-184
+PREFETCH_MAX_WARPS_PER_SM = 16
+PREFETCH_MAX_BYTES = 128
+
+
+def _prefetch_fits(g: ir.Graph, kp: KernelPlan, opts: PlanOptions) -> bool:
+    m = kp.mapping
+    per_sm = -(-m.grid // opts.device.sms)
+    if m.num_warps * per_sm > PREFETCH_MAX_WARPS_PER_SM:
+        return False
+    full = kp.domain.rows * kp.domain.cols
+    held = sum(g[i].dtype.itemsize for i in kp.inputs if g[i].numel >= full) * m.block_r * m.block_c
+    return held <= PREFETCH_MAX_BYTES * m.num_warps * 32
 
 
 def _priced(g: ir.Graph, k: KernelPlan, opts: PlanOptions) -> float:
