@@ -189,7 +189,7 @@ def test_prefetch_only_where_the_registers_it_holds_leave_the_walk_its_programs(
     (two an SM: 64 registers a thread) went from 62-64 to 82-93 registers on sm_90, so
     only one program an SM fit and the grid ran in two rounds; 8-warp walks over 8192
     float32 columns from 106-128 to 156-184: neither is prefetched.  BERT-shaped walks (4
-    warps) and their float32 twins (8 warps, 2048-element tiles) are."""
+    warps) and their float32 twins (8 warps, 2048-element tiles) are, and 4-warp walks may hold twice the bytes."""
     from stitchml.plan.planner import PREFETCH_MAX_BYTES, PREFETCH_MAX_WARPS_PER_SM
 
     def walk(rows, cols, dtype):
@@ -201,7 +201,8 @@ def test_prefetch_only_where_the_registers_it_holds_leave_the_walk_its_programs(
     assert wide.mapping.num_warps * 2 > PREFETCH_MAX_WARPS_PER_SM and not wide.prefetch
     long_fp32 = walk(6710, 5000, torch.float32)   # layer_norm_bwd N=5000: 8192-column tiles
     held = 2 * 4 * long_fp32.mapping.block_r * long_fp32.mapping.block_c / (long_fp32.mapping.num_warps * 32)
-    assert held > PREFETCH_MAX_BYTES and not long_fp32.prefetch
+    assert long_fp32.mapping.num_warps == 8 and held > PREFETCH_MAX_BYTES and not long_fp32.prefetch
+    assert walk(6710, 5000, torch.bfloat16).prefetch   # (4 warps: twice the bytes, 255 registers)
     for dtype in (torch.bfloat16, torch.float32):
         k = walk(2048, 768, dtype)
         assert k.prefetch and k.mapping.num_warps * 2 <= PREFETCH_MAX_WARPS_PER_SM

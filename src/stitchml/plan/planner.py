@@ -614,21 +614,24 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
 # prefetch (codegen/prefetch.py) holds a block's row loads for a whole step more: only where
 # the programs an SM walks with leave a thread registers to spare (warps an SM at most this
 # many: 128 registers a thread and more) and the loads held are at most PREFETCH_MAX_BYTES a
-# thread.  sm_90 (Triton 3.6): 16-warp walks went from 62-64 to 82-93 registers and their
-# second program an SM no longer fit (a 264-program grid in two rounds); 8-warp walks over
-# 8192-column tiles of float32 from 106-128 to 156-184
+# thread (twice that at 8 warps an SM or fewer: 255 registers).  sm_90 (Triton 3.6): 16-warp
+# walks went from 62-64 to 82-93 registers and their second program an SM no longer fit (a
+# 264-program grid in two rounds); 8-warp walks over 8192-column tiles of float32 (256 bytes
+# held) from 106-128 to 156-184; 4-warp bfloat16 walks holding 192 bytes (GPT-2's QKV bias
+# gradient) stay at 127
 PREFETCH_MAX_WARPS_PER_SM = 16
 PREFETCH_MAX_BYTES = 128
 
 
 def _prefetch_fits(g: ir.Graph, kp: KernelPlan, opts: PlanOptions) -> bool:
     m = kp.mapping
-    per_sm = -(-m.grid // opts.device.sms)
-    if m.num_warps * per_sm > PREFETCH_MAX_WARPS_PER_SM:
+    warps_per_sm = m.num_warps * -(-m.grid // opts.device.sms)
+    if warps_per_sm > PREFETCH_MAX_WARPS_PER_SM:
         return False
     full = kp.domain.rows * kp.domain.cols
     held = sum(g[i].dtype.itemsize for i in kp.inputs if g[i].numel >= full) * m.block_r * m.block_c
-    return held <= PREFETCH_MAX_BYTES * m.num_warps * 32
+    budget = PREFETCH_MAX_BYTES * (2 if 2 * warps_per_sm <= PREFETCH_MAX_WARPS_PER_SM else 1)
+    return held <= budget * m.num_warps * 32
 
 
 def _priced(g: ir.Graph, k: KernelPlan, opts: PlanOptions) -> float:
