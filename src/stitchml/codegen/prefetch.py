@@ -28,6 +28,7 @@ valid row (the same row for every program: L2 serves it) whatever masks the body
 from __future__ import annotations
 
 import ast
+import copy
 from collections import Counter
 
 _IMPURE = ("load", "store", "atomic", "rand", "debug", "program_id")
@@ -125,10 +126,9 @@ def prefetched_walk(body: list[str], var: str, start: str, stop: int, step: int)
             need.add(n)
             frontier |= _names(index[n].value)
     ahead = {n: n + "_pf" for n in need} | {var: var + "_pf"}
-    ahead_stmts = [ast.unparse(_Rename(ahead).visit(ast.parse(ast.unparse(index[n])).body[0]))
+    ahead_stmts = [ast.unparse(_Rename(ahead).visit(copy.deepcopy(index[n])))
                    for n in (s.targets[0].id for s in stmts if isinstance(s, ast.Assign)) if n in need]
-    ahead_loads = [f"pf{i} = {ast.unparse(_Rename(ahead).visit(ast.parse(ast.unparse(c)).body[0].value))}"
-                   for i, c in enumerate(hoist.loads)]
+    ahead_loads = [f"pf{i} = {ast.unparse(_Rename(ahead).visit(copy.deepcopy(c)))}" for i, c in enumerate(hoist.loads)]
     last = stop - 1
     lines = [f"{var}_pf = tl.minimum({start}, {last})"] + ahead_stmts + ahead_loads
     lines.append(f"for {var} in range({start}, {stop}, {step}):")

@@ -248,7 +248,7 @@ def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
     br, bc = k.mapping.block_r, k.mapping.block_c
     lines = [f"c = tl.program_id(0) * {bc} + tl.arange(0, {bc})",
              f"p = tl.arange(0, {br})[:, None]"]
-    steps = [], []   # (each reduction's accumulation a step, what follows the steps)
+    accumulate, finish = [], []   # each reduction's step in the walk, and what follows the walk
     params, names = [], []
     casts = dict(k.combine_casts)   # a reduction stored as its cast (plan/planner.py::_absorb_casts)
     for i, nid in enumerate(k.dominant):   # (a combine's reductions)
@@ -263,20 +263,20 @@ def generate_combine(g: ir.Graph, k: KernelPlan) -> KernelSource:
         store = store_expr(value, dest.dtype)
         reduced = f"tl.sum(acc{i}, 0)" if n.op == "sum" else f"tl.reduce(acc{i}, 0, {combine})"
         lines += [f"cmask{i} = c < {cols}", f"acc{i} = tl.full([{br}, {bc}], {ident}, {TL_DTYPE[cd]})"]
-        steps[0].append(f"    acc{i} = {combine}(acc{i}, tl.load(part{i} + (r + p) * {cols} + c[None, :], "
-                        f"mask=cmask{i}[None, :] & (r + p < {rows}), other={ident}))")
-        steps[1].append(f"red{i} = {reduced}")
+        accumulate.append(f"    acc{i} = {combine}(acc{i}, tl.load(part{i} + (r + p) * {cols} + c[None, :], "
+                          f"mask=cmask{i}[None, :] & (r + p < {rows}), other={ident}))")
+        finish.append(f"red{i} = {reduced}")
         params.append(("partial", nid))
         names.append(f"part{i}")
         if dest.id not in k.outputs:
             continue   # read by the epilogue only (`KernelPlan.epilogue`)
         # a one-element output has a constant offset: keep the pointer a block (c * 0)
-        steps[1].append(f"tl.store(dst{i} + {ix.render(off) if ix.axes(off) else f'(c * 0 + {ix.render(off)})'}, "
-                        f"{store}, mask=cmask{i})")
+        finish.append(f"tl.store(dst{i} + {ix.render(off) if ix.axes(off) else f'(c * 0 + {ix.render(off)})'}, "
+                      f"{store}, mask=cmask{i})")
         params.append(("out", dest.id))
         names.append(f"dst{i}")
     unrolled = combine_waits(k) == 1 and rows > br
-    lines += [f"for r in {'tl.static_range' if unrolled else 'range'}(0, {rows}, {br}):"] + steps[0] + steps[1]
+    lines += [f"for r in {'tl.static_range' if unrolled else 'range'}(0, {rows}, {br}):"] + accumulate + finish
     levels: dict[int, frozenset] = {}
     if k.epilogue:
         b = _epilogue(g, k, {nid: f"red{i}" for i, nid in enumerate(k.dominant)})
