@@ -364,8 +364,7 @@ def predict_call(records: list[Any], snapshot: list[int]) -> dict[str, Any]:
         launch = plan.launch_s or dev.launch_s
         graphs.append({"graph": r.kind, "calls": calls, "predicted_s": plan.predicted_s + library_s,
                        "stitched_s": plan.predicted_s, "library_s": library_s,
-                       "kernels": plan.num_kernels, "eager_ops": len(prices), "launch_s": launch,
-                       "record": i})
+                       "kernels": plan.num_kernels, "eager_ops": len(prices), "launch_s": launch})
         lost = [p.op for p in prices if p.kind == "unpriced"]
         if lost:
             unpriced.append(f"{r.kind}: {len(lost)} eager op(s) with no price ({', '.join(sorted(set(lost))[:6])}) "
@@ -393,7 +392,7 @@ def predict_call(records: list[Any], snapshot: list[int]) -> dict[str, Any]:
             kernels.append({"graph": r.kind, "kernel": name, "class": cls, "launches": calls,
                             "predicted_s": calls * pred,
                             "predicted_device_s": calls * max(pred - launch, 0.0),
-                            "names": names, "note": note, "launch_s": launch, "record": i})
+                            "names": names, "note": note, "launch_s": launch})
     return {"predicted_s": total if graphs else None, "device": dev.name, "figures": describe_source(dev),
             "launch_s": dev.launch_s, "graphs": graphs, "unpriced": unpriced, "kernels": kernels}
 
@@ -415,10 +414,9 @@ def as_replayed(prediction: dict[str, Any], kernels: list[dict[str, Any]]) -> No
     total = 0.0
     for g in prediction.get("graphs", []):
         extra = g.get("launch_s", 0.0) - gap
-        if extra > 0:   # (a call of the graph launches each of its stitched units once)
-            units = sum(1 for k in kernels if k.get("record") == g.get("record") and "library" not in k)
-            g["stitched_s"] -= units * extra
-            g["predicted_s"] -= units * extra
+        if extra > 0:   # (a call of the graph launches each of its `kernels` once)
+            g["stitched_s"] -= g["kernels"] * extra
+            g["predicted_s"] -= g["kernels"] * extra
             g["launch_s"] = gap
         total += g["calls"] * g["predicted_s"]
     if prediction.get("graphs"):

@@ -215,10 +215,9 @@ def walk_latency(k: KernelPlan, mem: float, dev: Device) -> float:
     if k.mapping.form == "combine":   # (its steps over the partial rows: unrolled where few)
         from ..codegen.triton_kernel import combine_waits
         return mem + combine_waits(k) * dev.mem_latency_s
-    walk = k.mapping.row_blocks
-    if walk <= 1 or not k.partials:
+    if not k.walks_rows:
         return mem
-    lat = walk * dev.mem_latency_s
+    lat = k.mapping.row_blocks * dev.mem_latency_s
     return max(mem, lat) if k.prefetch else mem + lat
 
 

@@ -124,6 +124,12 @@ class KernelPlan:
         concatenations it writes parts of (the dependency tests of launch grouping)."""
         return self.outputs + self.completes
 
+    @property
+    def walks_rows(self) -> bool:
+        """Its programs walk several row blocks one after another (column partials): a
+        memory latency a block (`cost.walk_latency`), hidden by `prefetch`."""
+        return bool(self.partials) and self.mapping.row_blocks > 1
+
 
 @dataclass
 class LaunchGroup:

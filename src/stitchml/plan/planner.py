@@ -604,8 +604,8 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     kp.exact_rows = opts.exact_rows and not opts.fixed_row_blocks
     # programs walking row blocks wait a memory latency per block unless the next block's
     # loads are issued first (codegen/prefetch.py; H200: 2.0-2.6x their bytes' time without)
-    kp.prefetch = (opts.prefetch_rows and bool(kp.partials) and kp.mapping.row_blocks > 1
-                   and kp.mapping.form in ("row_persistent", "packed_rows") and _prefetch_fits(g, kp, opts))
+    kp.prefetch = (opts.prefetch_rows and kp.walks_rows and kp.mapping.form in ("row_persistent", "packed_rows")
+                   and _prefetch_fits(g, kp, opts))
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp, opts.device)
     kp.predicted_s = predict_seconds(kp, opts.device)
     return kp

@@ -428,7 +428,7 @@ def measure_walk_latency(dev: Device, reps: int = 20) -> dict[str, Any]:
             x = torch.randn(rows, 1024, device="cuda", dtype=torch.bfloat16)
             seconds, plans = _run_stitched(lambda x: x.sum(0), [x], reps, prefetch_rows=prefetch,
                                            global_barriers=False, horizontal_fusion=False)
-            walked = [k for p in plans for k in p.kernels if k.partials and k.mapping.row_blocks > 1]
+            walked = [k for p in plans for k in p.kernels if k.walks_rows]
             if len(walked) != 1:
                 raise RuntimeError(f"expected one kernel walking row blocks, the plan has {len(walked)}")
             k = walked[0]

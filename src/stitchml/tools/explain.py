@@ -179,7 +179,7 @@ class Report:
                     lines.append(f"  kernel {step.name}: {step.scheme:8} {step.mapping.describe()}{within}")
                     lines.append(f"      reads {_mb(step.bytes_read)}, writes {_mb(step.bytes_written)}, "
                                  f"predicted {step.predicted_s * 1e6:.1f} us; ops: {ops}")
-                    if step.partials and step.mapping.row_blocks > 1:
+                    if step.walks_rows:
                         how = ("the next block's loads issued before this block's arithmetic (prefetch)"
                                if getattr(step, "prefetch", False) else
                                "each block's loads waited for before its arithmetic (knob prefetch_rows off)")
