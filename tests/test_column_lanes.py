@@ -78,9 +78,11 @@ def test_column_lanes_are_priced_at_the_sixteen_warp_tiles_occupancy():
 
 
 def test_long_walks_and_the_knob_off_keep_sixteen_warp_tiles():
-    """32768 rows (each program walking 31 row blocks): unchanged until measured; the
-    knob off: the tiles of rows over 16 warps, 4 of them across the rows."""
-    for plan in (plan_on("H200", lambda x: x.sum(0), (32768, 1024), dtype=torch.bfloat16),
+    """32768 rows (each program walking 31 row blocks): no column lanes, until measured
+    (knob `narrow_walks` off: its walk at half the warps, to prefetch, is
+    tests/test_prefetch.py's); the knob off: the tiles of rows over 16 warps, 4 of them
+    across the rows."""
+    for plan in (plan_on("H200", lambda x: x.sum(0), (32768, 1024), dtype=torch.bfloat16, narrow_walks=False),
                  plan_on("H200", lambda x: x.sum(0), (2048, 768), dtype=torch.bfloat16, partial_column_warps=False,
                          partial_segments=False),
                  _ln_backward_plan(2048, 768, torch.bfloat16, partial_column_warps=False)):
@@ -139,13 +141,16 @@ def test_one_row_tiles_take_the_warps_that_leave_fewest_lanes_masked(cols, warps
     would take 2 warps by masked lanes alone), the walk unchanged, the combine tiled for
     as few; 4096 columns fill 16 warps exactly and keep them.  The knob off, or
     `trim_row_warps` off: 16 warps."""
-    on = plan_on("H200", _gelu_backward, (2048, cols), (2048, cols), dtype=torch.bfloat16)
+    # (knob `narrow_walks` off: the 16-warp one-row walk of 4096 columns at one program an
+    # SM, to prefetch, is tests/test_prefetch.py's)
+    on = plan_on("H200", _gelu_backward, (2048, cols), (2048, cols), dtype=torch.bfloat16, narrow_walks=False)
     part, comb = _partial_and_combine(on)
     assert part.block_r == 1 and part.num_warps == warps and part.column_lanes == (warps < 16), part
     assert part.grid == 264 and part.row_blocks == 8, part
     assert comb.num_warps <= warps and comb.column_lanes == (warps < 16), comb
     for knobs in ({"partial_column_warps": False}, {"trim_row_warps": False}):
-        off = plan_on("H200", _gelu_backward, (2048, cols), (2048, cols), dtype=torch.bfloat16, **knobs)
+        off = plan_on("H200", _gelu_backward, (2048, cols), (2048, cols), dtype=torch.bfloat16,
+                      narrow_walks=False, **knobs)
         p_off, c_off = _partial_and_combine(off)
         assert p_off.num_warps == 16 and not p_off.column_lanes and (p_off.grid, p_off.row_blocks) == (264, 8)
         assert c_off.num_warps == 16

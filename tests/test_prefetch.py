@@ -197,8 +197,10 @@ def test_prefetch_only_where_the_registers_it_holds_leave_the_walk_its_programs(
         (k,) = [k for k in plan.kernels if k.partials and k.mapping.row_blocks > 1]
         return k
 
-    wide = walk(32768, 1024, torch.bfloat16)   # layer_norm_bwd N=1024: 16-warp tiles
+    with config.override(narrow_walks=False):   # (the planned tiles as they come: below, narrowed)
+        wide = walk(32768, 1024, torch.bfloat16)   # layer_norm_bwd N=1024: 16-warp tiles
     assert wide.mapping.num_warps * 2 > PREFETCH_MAX_WARPS_PER_SM and not wide.prefetch
+    assert "no prefetch" in wide.walk_note and "warps an SM" in wide.walk_note
     long_fp32 = walk(6710, 5000, torch.float32)   # layer_norm_bwd N=5000: 8192-column tiles
     held = 2 * 4 * long_fp32.mapping.block_r * long_fp32.mapping.block_c / (long_fp32.mapping.num_warps * 32)
     assert long_fp32.mapping.num_warps == 8 and held > PREFETCH_MAX_BYTES and not long_fp32.prefetch
@@ -206,3 +208,71 @@ def test_prefetch_only_where_the_registers_it_holds_leave_the_walk_its_programs(
     for dtype in (torch.bfloat16, torch.float32):
         k = walk(2048, 768, dtype)
         assert k.prefetch and k.mapping.num_warps * 2 <= PREFETCH_MAX_WARPS_PER_SM
+
+
+def test_walks_too_wide_to_prefetch_are_planned_narrower_where_the_model_prices_it_lower():
+    """Knob `narrow_walks`: a walk of 16-warp tiles two an SM cannot hold the next block's
+    loads (64 registers a thread), so the planner prices the same walk at half the warps and
+    half the rows a tile (`mapping.narrower_walk`: each thread keeps its elements), or, for
+    one-row tiles, at one program an SM (`mapping.fewer_walkers`), prefetched, and takes it
+    where the model says it is faster; explain's note says so.  sm_90 (Triton 3.6): the
+    narrowed [2, 1024] walks of layer/RMS norm backward 64-95 registers, the one-program
+    [1, 4096] walks 63-100: every program resident (bench/NOTES.md, forty-ninth session)."""
+    from stitchml.plan.planner import PREFETCH_MAX_WARPS_PER_SM
+
+    def walk(rows, cols, dtype, **knobs):
+        plan = plan_on("H200", _ln_backward, (rows, cols), (cols,), (cols,), (rows, cols), dtype=dtype, **knobs)
+        (k,) = [k for k in plan.kernels if k.partials and k.mapping.row_blocks > 1]
+        return k, plan
+
+    for dtype in (torch.bfloat16, torch.float32):
+        (old, old_plan), (new, new_plan) = (walk(32768, 1024, dtype, narrow_walks=False),
+                                            walk(32768, 1024, dtype))
+        assert (old.mapping.num_warps, old.mapping.block_r, old.mapping.grid) == (16, 4, 264) and not old.prefetch
+        m = new.mapping
+        assert (m.num_warps, m.block_r, m.block_c, m.grid) == (8, 2, 1024, 264) and new.prefetch, m
+        assert m.row_blocks == -(-32768 // 2 // 264)   # twice the blocks a program
+        assert m.num_warps * -(-m.grid // 132) <= PREFETCH_MAX_WARPS_PER_SM
+        assert new.predicted_s < old.predicted_s and new_plan.predicted_s < old_plan.predicted_s
+        assert "planned at 8 warps, [2, 1024] tiles" in new.walk_note and "narrow_walks" in new.walk_note
+        (one_old, _), (one, _) = walk(8192, 4096, dtype, narrow_walks=False), walk(8192, 4096, dtype)
+        assert one_old.mapping.block_r == 1 and one_old.mapping.grid == 264 and not one_old.prefetch
+        assert (one.mapping.num_warps, one.mapping.block_r, one.mapping.grid) == (16, 1, 132) and one.prefetch
+        assert one.mapping.row_blocks == 8192 // 132 + 1 and "at 132 programs" in one.walk_note
+        # without prefetch nothing is narrowed (the narrower walk is only worth its prefetch)
+        plain, _ = walk(32768, 1024, dtype, prefetch_rows=False)
+        assert plain.mapping == old.mapping and not plain.prefetch
+    # walks that prefetch as they are keep their tiles (BERT's 2048 tokens: 4-warp column lanes)
+    bert, _ = walk(2048, 768, torch.bfloat16)
+    assert bert.prefetch and not bert.walk_note
+
+
+@pytest.mark.parametrize("rows,cols,dtype", [(1100, 1024, torch.bfloat16), (400, 4096, torch.float32)])
+def test_narrowed_walks_match_float64(rows, cols, dtype):
+    """Planned for the H200 (1100 rows of 1024: [2, 1024] tiles at 8 warps, 264 programs
+    walking 3 blocks, the last ragged, column lanes off: so few rows walk at most 4 blocks of
+    the 16-warp tile, which takes column lanes by default; 400 rows of 4096: one-row tiles,
+    132 programs walking 4 blocks), a layer norm forward and backward and an RMS norm's
+    backward run under the interpreter against float64, outputs poisoned; the walks carry
+    the hoisted loads."""
+    from stitchml.testing import compare_against_float64
+    with config.override(device="H200", partial_column_warps=False):
+        for name, fn, args in (
+                ("layer norm", lambda x, w, b: F.layer_norm(x, (cols,), w, b),
+                 lambda: [torch.randn(rows, cols).to(dtype).requires_grad_(),
+                          (torch.rand(cols) + 0.5).to(dtype).requires_grad_(),
+                          torch.randn(cols).to(dtype).requires_grad_()]),
+                ("RMS norm", lambda x, w: F.rms_norm(x, (cols,), w, 1e-6),
+                 lambda: [torch.randn(rows, cols).to(dtype).requires_grad_(),
+                          (torch.rand(cols) + 0.5).to(dtype).requires_grad_()])):
+            torch._dynamo.reset()
+            cmp, judgement = compare_against_float64(fn, args())
+            judgement.assert_ok(f"{name} over [{rows} x {cols}] {dtype}, narrowed walk")
+            walks = [(k, r.kernels[k.name].source) for r in cmp.backend.records if r.plan
+                     for k in r.plan.kernels if k.walks_rows]
+            assert walks and all(k.prefetch and "pf0 = tl.load" in src for k, src in walks), walks
+            want = (8, 2, 264) if cols == 1024 else (16, 1, 132)
+            assert {(k.mapping.num_warps, k.mapping.block_r, k.mapping.grid) for k, _ in walks} == {want}
+            from stitchml.tools.explain import Report   # explain says why the walk has these tiles
+            text = Report(cmp.backend.records).to_text()
+            assert ("planned at 8 warps, [2, 1024] tiles" if cols == 1024 else "planned at 132 programs") in text

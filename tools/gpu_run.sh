@@ -64,14 +64,16 @@ MODEL_CONTENDERS=(--contender eager --contender inductor --contender inductor-ro
 MICRO_CONTENDERS=(--contender eager --contender inductor --contender stitchml)
 
 # name | timeout (s) | what (for `list`)
-# Priority order (thirty-ninth session; a lent machine gives ~12 minutes of run): the GPU tests
-# first (ten sessions of code no GPU has run), then the training rows against Inductor, the
-# never-measured issue-18 rows, compile time (its own step and folder: a --resume would otherwise
-# keep the steady-state rows and skip the cold-compile measurement), the later predictions
-STEP_ORDER=(env tests models-check models-18 pdl compile-check dien models-15 micro-check trace ncu small-cols calibrate models-bf16 variants micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
+# Priority order (forty-ninth session; a lent machine gives ~12 minutes of run): issue 18's rows
+# first (never measured: three sessions ran out of time before them), then the training rows
+# against Inductor with and without CUDA graphs, the micro rows with open predictions, the GPU
+# tests (46 passed on 2026-11-30), the issue-18 A/B variants, compile time (its own step and
+# folder: a --resume would otherwise keep the steady-state rows and skip the cold-compile
+# measurement), the later predictions
+STEP_ORDER=(env models-18 models-check micro-check tests models-18-ab pdl compile-check dien models-15 trace ncu small-cols calibrate models-bf16 variants micro-bf16 compile micro-fp32 models-fp32 models-rest micro-extra)
 declare -A LIMIT=([env]=120 [tests]=900 [calibrate]=900 [micro-bf16]=2400 [micro-fp32]=2400
                   [models-bf16]=3600 [models-fp32]=3600 [models-rest]=3600 [micro-extra]=3600
-                  [compile]=2400 [compile-check]=900 [variants]=1200 [models-15]=1800 [models-18]=1800 [dien]=1200 [trace]=600 [ncu]=600 [small-cols]=600 [models-check]=900 [micro-check]=600 [pdl]=900)
+                  [compile]=2400 [compile-check]=900 [variants]=1200 [models-15]=1800 [models-18]=1800 [models-18-ab]=1800 [dien]=1200 [trace]=600 [ncu]=600 [small-cols]=600 [models-check]=900 [micro-check]=600 [pdl]=900)
 declare -A WHAT=(
     [env]="nvidia-smi, driver, torch/Triton versions, git commit -> env.txt"
     [tests]="pytest -m gpu tests (judged against float64) -> tests/"
@@ -83,13 +85,14 @@ declare -A WHAT=(
     [trace]="profiler traces (host + device) of BERT and LLaMA-style training steps, bf16, stitchml and inductor-ro: GPU idle gaps and the host work in them, CUDA-graph replay state, host time by function -> trace/; BERT inference b1 without CUDA graphs, stitchml-nograph and inductor: host time by function -> trace-host/"
     [compile-check]="the short compile check (issue 14): cold call on empty caches and a warm fresh process, BERT-base and LLaMA-style training, bf16, Inductor's default and stitchml, 20 timed reps -> compile-check/"
     [pdl]="programmatic dependent launch A/B (forty-third session, runtime/pdl.py): BERT and LLaMA-style training and ResNet-50 training (issue18_resnet50), bf16, CUDA graphs; stitchml and stitchml-pdl (knob pdl=auto) in one run -> pdl/"
-    [models-check]="the training rows against Inductor's CUDA graphs only (BERT, GPT-2, LLaMA-style; bf16; inductor-ro, stitchml): the short check of a runtime change -> models-check/"
+    [models-check]="the training rows (BERT, GPT-2, LLaMA-style; bf16) against Inductor with and without its CUDA graphs (inductor-ro, inductor, stitchml): the short check of a runtime change -> models-check/"
     [ncu]="Nsight Compute counters (speed of light, occupancy, warp stalls, memory) of stitch's and Inductor's kernels on the BERT-shaped column reductions (2048 x 768, bf16) -> ncu.txt; of the training steps' stitched kernels that lost most against their prediction in models-check (tools/worst_kernels.py) -> ncu-models.txt"
     [small-cols]="the BERT-shaped column reductions (column_sum_tokens, layer_norm_bwd_tokens: 2048 x 768, bf16): eager, inductor, stitchml, then stitchml under mapping knob variants (and tuple_reductions on these and layer_norm N=1024) -> small-cols/"
-    [micro-check]="the micro rows with open predictions, bf16 (BERT-shaped column sums and layer-norm backward, batch_sum, the N=32768 norms and softmax, the stem max-pool, the BERT-base AdamW step): eager, inductor, stitchml -> bench/; then stitchml alone on those and layer_norm_bwd / rms_norm_bwd N=1024, column_sum 32768 x 1024 (default), and on the walks over row blocks with prefetch_rows=0 (noprefetch) and partial_programs_per_sm=4 (pp4) (forty-eighth session) -> micro-check/"
+    [micro-check]="the micro rows with open predictions, bf16 (BERT-shaped column sums and layer-norm backward, batch_sum, the N=32768 norms and softmax, the stem max-pool, the BERT-base AdamW step): eager, inductor, stitchml -> bench/; then stitchml alone on those and layer_norm_bwd / rms_norm_bwd N=1024, column_sum 32768 x 1024 (default), and on the walks over row blocks with prefetch_rows=0 (noprefetch) and partial_programs_per_sm=4 (pp4) (forty-eighth session); layer/RMS norm backward N=1024 and N=4096 against Inductor too, and with narrow_walks=0 (nonarrow: their 16-warp walks as before, forty-ninth session) -> micro-check/"
     [models-15]="issue 15's rows, bf16: BERT-base train and infer at b32 s128, the LLaMA-style 8-layer step with vocabulary 128256 (peak memory of its loss); eager, inductor, inductor-ro, stitchml -> bench/"
     [models-fp32]="the same rows in fp32"
-    [models-18]="issue 18's rows, bf16: ResNet-50 training (channels_last, b32, 224 px), Swin-T training (b32), a small Mixtral-style MoE decoder's training step (b8 s512); inductor-ro, stitchml -> bench/; ResNet-50 again with STITCHML_BN_CHUNK_STATS=0 STITCHML_LAYOUT_COLUMNS=0 (the batch-norm statistics a row per channel, as before the thirty-fifth session) -> bench-rows-per-channel/, with STITCHML_BN_CHUNK_STATS=1 STITCHML_CHAINED_COLUMNS=1 (the thirty-ninth session's chunk statistics, off by default) -> bench-bn-chunks/, and with STITCHML_BN_SHIFT_SAMPLE=1 (the shift a pass over the whole batch, as before the thirty-seventh) -> bench-bn-whole-shift/; MoE with STITCHML_PLACE_CATS=0 (the expert backward's concatenation computed by one kernel from the parts' sources, as in the thirty-seventh session) -> bench-moe-no-placement/, and with STITCHML_CAT_PARTS=0 STITCHML_PLACE_CATS=0 (copied, as before) -> bench-cat-parts-off/; Swin-T with STITCHML_PARTIAL_SEGMENTS=0 (no row segments beside column partials, as before the forty-first session) -> bench-swin-no-segments/"
+    [models-18]="issue 18's rows, bf16: ResNet-50 training (channels_last, b32, 224 px), Swin-T training (b32), a small Mixtral-style MoE decoder's training step (b8 s512); inductor-ro, stitchml -> bench/ (never measured before the forty-ninth session: first after env)"
+    [models-18-ab]="the A/B variants of issue 18's rows, stitchml alone: ResNet-50 with STITCHML_NARROW_WALKS=0 (16-warp walks without prefetch, as before the forty-ninth session) -> bench-resnet-nonarrow/, with STITCHML_BN_CHUNK_STATS=0 STITCHML_LAYOUT_COLUMNS=0 (the batch-norm statistics a row per channel, as before the thirty-fifth session) -> bench-rows-per-channel/, with STITCHML_BN_CHUNK_STATS=1 STITCHML_CHAINED_COLUMNS=1 (the thirty-ninth session's chunk statistics, off by default) -> bench-bn-chunks/, and with STITCHML_BN_SHIFT_SAMPLE=1 (the shift a pass over the whole batch, as before the thirty-seventh) -> bench-bn-whole-shift/; MoE with STITCHML_PLACE_CATS=0 (the expert backward's concatenation computed by one kernel from the parts' sources, as in the thirty-seventh session) -> bench-moe-no-placement/, and with STITCHML_CAT_PARTS=0 STITCHML_PLACE_CATS=0 (copied, as before) -> bench-cat-parts-off/; Swin-T with STITCHML_PARTIAL_SEGMENTS=0 (no row segments beside column partials, as before the forty-first session) -> bench-swin-no-segments/"
     [dien]="DIEN's training step (b2048, 50 steps), bf16 (thirty-eighth session: buffer placement, the folded bias sums and weight-gradient products): inductor-ro, stitchml -> bench/; stitchml with STITCHML_PLACE_CATS=0 STITCHML_REDUCTION_SUMS=0 -> bench-dien-no-placement/, with STITCHML_PRODUCT_SUMS=0 -> bench-dien-no-product-fold/"
     [models-rest]="GPT-2 decode, LLaMA 7B-size block train/infer, DIEN train/infer, both dtypes; eager, inductor, stitchml"
     [micro-extra]="micro suite, both dtypes: max-autotune and jax"
@@ -165,13 +168,18 @@ print(calibration_path(current_device().name))" 2>/dev/null)
                   --case 'softmax_fwd[N=32768]' --case 'softmax_bwd[N=32768]'
                   --case 'max_pool_fwdbwd[32x64x112x112,cl]'   # (thirty-sixth session: 62 µs predicted)
                   --case 'adamw_foreach[bert_base]'    # (forty-sixth session: in-place optimizer step)
-                  --case 'bias_gelu_bwd_tokens[2048x3072]')   # (forty-eighth: BERT's GELU backward walk)
+                  --case 'bias_gelu_bwd_tokens[2048x3072]'    # (forty-eighth: BERT's GELU backward walk)
+                  --case 'layer_norm_bwd[N=1024]' --case 'rms_norm_bwd[N=1024]'   # (forty-ninth: walks narrowed to
+                  --case 'layer_norm_bwd[N=4096]' --case 'rms_norm_bwd[N=4096]')  #  prefetch, narrow_walks)
         local ROWS='column_sum_tokens[2048x768];layer_norm_bwd_tokens[2048x768];layer_norm_bwd[N=1024];column_sum[32768x1024]'
         local LONG='layer_norm_fwd[N=32768];rms_norm_fwd[N=32768];softmax_fwd[N=32768];softmax_bwd[N=32768]'
         local OPT='adamw_foreach[bert_base]'
         # (forty-eighth session: walks over row blocks with the next block's loads issued first)
         local WALK='column_sum_tokens[2048x768];layer_norm_bwd_tokens[2048x768];layer_norm_bwd[N=1024];rms_norm_bwd[N=1024];column_sum[32768x1024];bias_gelu_bwd_tokens[2048x3072]'
+        # (forty-ninth session: 16-warp walks planned at 8 warps, or one program an SM, to prefetch)
+        local NARROW='layer_norm_bwd[N=1024];rms_norm_bwd[N=1024];layer_norm_bwd[N=4096];rms_norm_bwd[N=4096];column_sum[32768x1024]'
         if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then   # (their --quick sizes)
+            NARROW='column_sum_tokens[40x24]'
             MC=(--case 'column_sum_tokens[40x24]' --case 'layer_norm_bwd_tokens[16x24]' --case 'batch_sum[2x8x24]'
                 --case 'max_pool_fwdbwd[2x8x12x12,cl]' --case 'adamw_foreach[tiny]')
             ROWS='column_sum_tokens[40x24];layer_norm_bwd_tokens[16x24]' LONG='softmax_fwd' OPT='adamw_foreach[tiny]'
@@ -179,8 +187,9 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         fi
         "${BENCH[@]}" --suite micro --dtype bf16 "${MC[@]}" "${MICRO_CONTENDERS[@]}" || return $?
         "$PY" -m stitchml.tools.bench_variants --out "$R/micro-check" "${QUICK[@]:0:1}" \
-            --variant "default::$ROWS;$LONG;$OPT;rms_norm_bwd[N=1024]" --variant "noprefetch:prefetch_rows=0:$WALK" \
-            --variant "pp4:partial_programs_per_sm=4:$WALK" || return $?
+            --variant "default::$ROWS;$LONG;$OPT;rms_norm_bwd[N=1024];layer_norm_bwd[N=4096];rms_norm_bwd[N=4096]" --variant "noprefetch:prefetch_rows=0:$WALK" \
+            --variant "pp4:partial_programs_per_sm=4:$WALK" \
+            --variant "nonarrow:narrow_walks=0:$NARROW" || return $?
         # the walk latency the cost model uses (`stitchml calibrate`'s figure, alone; stores nothing)
         "$PY" -m stitchml.tools.calibrate --walk-only > "$R/micro-check/walk_latency.txt" 2>&1 ;;
         # (column lanes, combine spread, long rows held whole and the AdamW sibling refusal were
@@ -189,7 +198,13 @@ print(calibration_path(current_device().name))" 2>/dev/null)
     models-15) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time --case 'issue15_*' \
                    --contender eager --contender inductor --contender inductor-ro --contender stitchml ;;
     models-18) "${BENCH[@]}" --suite models --dtype bf16 --no-compile-time --case 'issue18_*' \
-                   --contender inductor-ro --contender stitchml || return $?   # (eager runs as the reference anyway)
+                   --contender inductor-ro --contender stitchml ;;   # (eager runs as the reference anyway)
+    models-18-ab)
+        # (forty-ninth session) ResNet-50 with its batch-norm statistics walks as before: 16-warp
+        # tiles without prefetch (narrow_walks off; predicted 245 us more a step than the default)
+        STITCHML_NARROW_WALKS=0 "$PY" -m stitchml.cli bench --out "$R/bench-resnet-nonarrow" --resume \
+            --no-progress "${QUICK[@]}" --suite models --dtype bf16 --no-compile-time --case issue18_resnet50 \
+            --contender stitchml || return $?
         # the plan before the thirty-fifth session's layout change, for the A/B of its prediction:
         # batch-norm statistics as one row per channel (bench/NOTES.md, thirty-fifth session)
         STITCHML_BN_CHUNK_STATS=0 STITCHML_LAYOUT_COLUMNS=0 "$PY" -m stitchml.cli bench --out "$R/bench-rows-per-channel" --resume \
@@ -251,7 +266,7 @@ print(calibration_path(current_device().name))" 2>/dev/null)
     models-check)
         "$PY" -m stitchml.cli bench --out "$R/models-check" --resume --no-progress "${QUICK[@]}" ${GPU_RUN_BENCH_ARGS:-} \
             --suite models --dtype bf16 --no-compile-time --case bert_train --case gpt2_train --case llama8_train \
-            --contender inductor-ro --contender stitchml ;;
+            --contender inductor-ro --contender inductor --contender stitchml ;;   # (issue 12: >= 1.1x Inductor's default)
     ncu)
         # why BERT's column-partial kernels took ~30 µs where ~4 were predicted (bench/NOTES.md,
         # 2026-11-27): hardware counters of the same kernels in the micro cases of that shape

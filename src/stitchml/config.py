@@ -64,6 +64,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "block's loads before computing the current one, hiding a memory latency per block. H200, 2026-11-30 "
          "(without it): these kernels ran 2.0-2.6x bytes over bandwidth, ~0.75 us a walked block "
          "(bench/NOTES.md, forty-eighth session); with it: not measured yet."),
+    Knob("narrow_walks", "STITCHML_NARROW_WALKS", True, _bool,
+         "A walk over row blocks whose programs cannot hold the next block's loads (16-warp tiles, two an "
+         "SM: 64 registers a thread) is planned at half the warps and half the rows a tile, prefetched, "
+         "where the cost model prices that lower (layer/RMS norm backward over rows of 1024-4096). "
+         "H200: not measured yet (bench/NOTES.md, forty-ninth session)."),
     Knob("looped_partial_elems", "STITCHML_LOOPED_PARTIAL_ELEMS", 2048, int,
          "Column partials beside long (looped) rows: elements per loop iteration of a program's row block "
          "(rows x columns). H200, 2026-11-25: rms_norm_bwd N=32768 at 2048 ran 3.7x its prediction."),

@@ -110,6 +110,9 @@ class KernelPlan:
     # block's loads before computing this one (`codegen/prefetch.py`; knob `prefetch_rows`):
     # the cost model prices the walk's memory latency as hidden then (`cost.walk_latency`)
     prefetch: bool = False
+    # why such a walk prefetches or not, beyond the knob (`planner._walk_prefetch`): its tile
+    # narrowed so that the held loads fit, or the register limit that refused it; for explain
+    walk_note: str = ""
     # a combine kernel's epilogue: per-column element-wise members computed from its
     # reductions after they are complete (a batch norm's rstd and running-statistics
     # update), in place of a one-program kernel after it (`planner._absorb_epilogues`)

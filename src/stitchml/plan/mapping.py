@@ -547,6 +547,46 @@ def transposed_row_warps(mp: Mapping, vec: int) -> int:
     return min(mp.num_warps, max(along, elems // (32 * TRANSPOSED_ROW_THREAD_ELEMS), 1))
 
 
+NARROW_WALK_MIN_WARPS = 4   # narrower_walk: never below this many warps a program
+
+
+def narrower_walk(mp: Mapping, rows: int, cols: int, opts: PlanOptions) -> Mapping | None:
+    """A walk over row blocks (column partials beside rows held on chip) at half its warps
+    and half the rows a tile, so that a thread keeps the elements it had; the grid stays
+    `_partial_programs`, so each program walks twice the blocks.  For `planner.
+    _walk_prefetch`: two 16-warp programs an SM leave a thread 64 registers, too few to hold
+    the next block's loads (sm_90: 82-93), two 8-warp programs leave it 128 (Triton 3.6,
+    prefetched [2, 1024] tiles of layer/RMS norm backward: 64-95; ResNet-50's batch-norm
+    walks 32-126).  None for one-row tiles, whose threads would hold twice the elements
+    (layer_norm_bwd [1, 4096] float32 at 8 warps prefetched: 174 registers, one program an
+    SM), rows narrower than the tile (Swin-T's norm backward over 96-384 columns in
+    128-512 tiles: 149-204 registers for 12-15 members, against 64-109 for the
+    power-of-two rows), column lanes, row segments, and tiles already of
+    NARROW_WALK_MIN_WARPS warps."""
+    if (mp.form != "packed_rows" or mp.block_r < 2 or mp.column_lanes or mp.segments > 1
+            or cols != mp.block_c or mp.num_warps // 2 < NARROW_WALK_MIN_WARPS or opts.fixed_row_blocks):
+        return None
+    br = mp.block_r // 2
+    grid, walk = _partial_walk(rows, br, opts)
+    return replace(mp, form="packed_rows" if br > 1 else "row_persistent", block_r=br,
+                   num_warps=mp.num_warps // 2, grid=grid, row_blocks=walk)
+
+
+def fewer_walkers(mp: Mapping, rows: int, cols: int, opts: PlanOptions) -> Mapping | None:
+    """A walk over row blocks at one program an SM, same tile, twice the blocks each: for a
+    one-row 16-warp tile (`narrower_walk` has no half of it), whose thread may then hold
+    128 registers instead of 64 (room for the next block's loads, `planner._walk_prefetch`).
+    layer_norm_bwd [8192 x 4096] float32 at two 16-warp programs an SM took 82 registers on
+    sm_90 (Triton 3.6): one program fit an SM, its 264-program grid ran in two rounds.
+    Rows narrower than the tile: none (as `narrower_walk`)."""
+    if (mp.form not in ("packed_rows", "row_persistent") or mp.column_lanes or mp.segments > 1
+            or cols != mp.block_c or opts.fixed_row_blocks or mp.grid <= opts.device.sms):
+        return None
+    blocks = -(-rows // mp.block_r)
+    grid = min(blocks, opts.device.sms)
+    return replace(mp, grid=grid, row_blocks=-(-blocks // grid))
+
+
 def _partial_walk(rows: int, block_r: int, opts: PlanOptions) -> tuple[int, int]:
     """(grid, row blocks each program walks) of a kernel with column partials over
     `rows` in blocks of `block_r`: at most `_partial_programs` programs, grid stride."""

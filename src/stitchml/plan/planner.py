@@ -604,8 +604,7 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     kp.exact_rows = opts.exact_rows and not opts.fixed_row_blocks
     # programs walking row blocks wait a memory latency per block unless the next block's
     # loads are issued first (codegen/prefetch.py; H200: 2.0-2.6x their bytes' time without)
-    kp.prefetch = (opts.prefetch_rows and kp.walks_rows and kp.mapping.form in ("row_persistent", "packed_rows")
-                   and _prefetch_fits(g, kp, opts))
+    kp = _walk_prefetch(g, kp, opts)
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp, opts.device)
     kp.predicted_s = predict_seconds(kp, opts.device)
     return kp
@@ -624,14 +623,55 @@ PREFETCH_MAX_BYTES = 128
 
 
 def _prefetch_fits(g: ir.Graph, kp: KernelPlan, opts: PlanOptions) -> bool:
+    return not _prefetch_misfit(g, kp, opts)
+
+
+def _prefetch_misfit(g: ir.Graph, kp: KernelPlan, opts: PlanOptions) -> str:
+    """Why the walk's programs cannot hold the next block's loads ('' where they can)."""
     m = kp.mapping
     warps_per_sm = m.num_warps * -(-m.grid // opts.device.sms)
     if warps_per_sm > PREFETCH_MAX_WARPS_PER_SM:
-        return False
+        return (f"{warps_per_sm} warps an SM (more than {PREFETCH_MAX_WARPS_PER_SM}: the held loads would cost "
+                "a program its place on the SM)")
     full = kp.domain.rows * kp.domain.cols
     held = sum(g[i].dtype.itemsize for i in kp.inputs if g[i].numel >= full) * m.block_r * m.block_c
     budget = PREFETCH_MAX_BYTES * (2 if 2 * warps_per_sm <= PREFETCH_MAX_WARPS_PER_SM else 1)
-    return held <= budget * m.num_warps * 32
+    per_thread = held // (m.num_warps * 32)
+    return "" if per_thread <= budget else f"{per_thread} bytes of loads held a thread (more than {budget})"
+
+
+def _walk_prefetch(g: ir.Graph, kp: KernelPlan, opts: PlanOptions) -> KernelPlan:
+    """Whether `kp`'s walk over row blocks issues the next block's loads first (`KernelPlan.
+    prefetch`), and at which warps.  Where its programs cannot hold those loads (`_prefetch_misfit`:
+    16-warp tiles two an SM), the same walk at half the warps (`mapping.narrower_walk`, knob
+    `narrow_walks`) is taken with prefetch when the cost model prices it lower: layer_norm_bwd
+    [32768 x 1024] bf16 walked 32 blocks of [4, 1024] at 16 warps, no prefetch, 85 µs of device
+    time on the H200 for 47.7 µs of bytes (2026-11-30: a latency a block, 0.75 µs); at 8 warps,
+    62 blocks of [2, 1024] prefetched, the model prices max(bytes, 62 latencies) = 48 µs."""
+    if not (opts.prefetch_rows and kp.walks_rows and kp.mapping.form in ("row_persistent", "packed_rows")):
+        return kp
+    why = _prefetch_misfit(g, kp, opts)
+    if not why:
+        kp.prefetch = True
+        return kp
+    if opts.narrow_walks:
+        rows, cols = kp.domain.rows, kp.domain.cols
+        narrow = mapping_rules.narrower_walk(kp.mapping, rows, cols, opts) or mapping_rules.fewer_walkers(
+            kp.mapping, rows, cols, opts)
+        cand = replace(kp, mapping=narrow, prefetch=True) if narrow is not None else None
+        if cand is not None:
+            how = (f"at {narrow.num_warps} warps, [{narrow.block_r}, {narrow.block_c}] tiles"
+                   if narrow.num_warps != kp.mapping.num_warps else f"at {narrow.grid} programs")
+            misfit = _prefetch_misfit(g, cand, opts)
+            before, after = _priced(g, kp, opts), _priced(g, cand, opts)
+            if not misfit and after < before and generates(g, cand):
+                cand.walk_note = (f"planned {how} so that it prefetches (as planned: {why}): predicted "
+                                  f"{before * 1e6:.1f} -> {after * 1e6:.1f} us (knob narrow_walks)")
+                return cand
+            why += f"; {how}: " + (misfit or f"predicted {after * 1e6:.1f} us, not below {before * 1e6:.1f}"
+                                   if misfit or after >= before else "its kernel did not generate")
+    kp.walk_note = f"no prefetch: {why}"
+    return kp
 
 
 def _priced(g: ir.Graph, k: KernelPlan, opts: PlanOptions) -> float:

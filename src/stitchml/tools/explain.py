@@ -180,11 +180,15 @@ class Report:
                     lines.append(f"      reads {_mb(step.bytes_read)}, writes {_mb(step.bytes_written)}, "
                                  f"predicted {step.predicted_s * 1e6:.1f} us; ops: {ops}")
                     if step.walks_rows:
+                        note = getattr(step, "walk_note", "")   # (plans cached before the field have none)
                         how = ("the next block's loads issued before this block's arithmetic (prefetch)"
                                if getattr(step, "prefetch", False) else
-                               "each block's loads waited for before its arithmetic (knob prefetch_rows off)")
+                               "each block's loads waited for before its arithmetic "
+                               f"({note or 'knob prefetch_rows off'})")
                         lines.append(f"      each program walks {step.mapping.row_blocks} row blocks: {how}; "
                                      f"a memory latency a block is priced (cost.walk_latency)")
+                        if note and getattr(step, "prefetch", False):
+                            lines.append(f"      {note}")
                     if getattr(step, "row_runs", False):   # (plans cached before the field have none)
                         lines.append("      reads row runs out of flat order: one element a thread, so each warp "
                                      "access is 32 consecutive elements")
