@@ -144,13 +144,18 @@ def _h200_plan(fn, dtype, *shapes, **knobs):
 def test_column_partials_load_several_vectors_a_thread_an_iteration(dtype, rows):
     """A pure column sum's partial kernel takes row blocks tall enough that a thread loads
     64 bytes an iteration (four 16-byte loads in flight, not one); knob 0 keeps the
-    `block_elems` tile."""
-    main = _h200_plan(lambda x: x.sum(0), dtype, (32768, 1024)).kernels[0]
+    `block_elems` tile.  (Knob `narrow_walks` on, the default, the walk is then planned at
+    half the warps and half the rows, so that it prefetches: each thread loads the same.)"""
+    main = _h200_plan(lambda x: x.sum(0), dtype, (32768, 1024), narrow_walks=False).kernels[0]
     assert (main.mapping.block_r, main.mapping.block_c, main.mapping.num_warps) == (rows, 1024, 16)
     per_thread = rows * 1024 // (32 * 16)
     assert per_thread * dtype.itemsize == 64 and main.mapping.row_blocks >= 4
     assert main.mapping.grid <= 2 * DEVICES["H200"].sms
-    old = _h200_plan(lambda x: x.sum(0), dtype, (32768, 1024), partial_bytes_per_thread=0).kernels[0]
+    narrow = _h200_plan(lambda x: x.sum(0), dtype, (32768, 1024)).kernels[0]
+    assert (narrow.mapping.block_r, narrow.mapping.num_warps) == (rows // 2, 8) and narrow.prefetch
+    assert narrow.mapping.block_r * 1024 // (32 * 8) == per_thread and narrow.mapping.grid == main.mapping.grid
+    old = _h200_plan(lambda x: x.sum(0), dtype, (32768, 1024), partial_bytes_per_thread=0,
+                     narrow_walks=False).kernels[0]
     assert old.mapping.block_r == 4
 
 
@@ -207,7 +212,9 @@ def test_programs_of_two_byte_data_hold_twice_the_elements():
 
 def test_column_partial_tiles_are_not_scaled_by_dtype():
     """A kernel with column partials keeps `block_elems` elements whatever its dtype (its
-    registers hold the float32 accumulators: `deeper_partial_tile` sizes those tiles)."""
+    registers hold the float32 accumulators: `deeper_partial_tile` sizes those tiles;
+    knob `narrow_walks` off: the walk at half the warps, prefetched, is
+    tests/test_prefetch.py's)."""
     x = torch.randn(16384, 1024, dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(1024, dtype=torch.bfloat16, requires_grad=True)
     b = torch.randn(1024, dtype=torch.bfloat16, requires_grad=True)
@@ -219,7 +226,7 @@ def test_column_partial_tiles_are_not_scaled_by_dtype():
     from stitchml.capture.decomp import decomposition_table
     from stitchml.lower.lower import lower
     from stitchml.plan.planner import build_plan
-    with config.override(device="H200"):
+    with config.override(device="H200", narrow_walks=False):
         gm = make_fx(bwd, decomposition_table=decomposition_table(), tracing_mode="fake")(x, w, b, torch.randn_like(x))
         plan = build_plan(lower(gm))
     part = [k for k in plan.kernels if k.partials]

@@ -636,8 +636,8 @@ def _prefetch_misfit(g: ir.Graph, kp: KernelPlan, opts: PlanOptions) -> str:
     full = kp.domain.rows * kp.domain.cols
     held = sum(g[i].dtype.itemsize for i in kp.inputs if g[i].numel >= full) * m.block_r * m.block_c
     budget = PREFETCH_MAX_BYTES * (2 if 2 * warps_per_sm <= PREFETCH_MAX_WARPS_PER_SM else 1)
-    per_thread = held // (m.num_warps * 32)
-    return "" if per_thread <= budget else f"{per_thread} bytes of loads held a thread (more than {budget})"
+    threads = m.num_warps * 32
+    return "" if held <= budget * threads else f"{held / threads:g} bytes of loads held a thread (more than {budget})"
 
 
 def _walk_prefetch(g: ir.Graph, kp: KernelPlan, opts: PlanOptions) -> KernelPlan:
@@ -647,7 +647,7 @@ def _walk_prefetch(g: ir.Graph, kp: KernelPlan, opts: PlanOptions) -> KernelPlan
     `narrow_walks`) is taken with prefetch when the cost model prices it lower: layer_norm_bwd
     [32768 x 1024] bf16 walked 32 blocks of [4, 1024] at 16 warps, no prefetch, 85 µs of device
     time on the H200 for 47.7 µs of bytes (2026-11-30: a latency a block, 0.75 µs); at 8 warps,
-    62 blocks of [2, 1024] prefetched, the model prices max(bytes, 62 latencies) = 48 µs."""
+    63 blocks of [2, 1024] prefetched, the model prices max(bytes, 63 latencies) = 48 µs."""
     if not (opts.prefetch_rows and kp.walks_rows and kp.mapping.form in ("row_persistent", "packed_rows")):
         return kp
     why = _prefetch_misfit(g, kp, opts)
@@ -668,8 +668,12 @@ def _walk_prefetch(g: ir.Graph, kp: KernelPlan, opts: PlanOptions) -> KernelPlan
                 cand.walk_note = (f"planned {how} so that it prefetches (as planned: {why}): predicted "
                                   f"{before * 1e6:.1f} -> {after * 1e6:.1f} us (knob narrow_walks)")
                 return cand
-            why += f"; {how}: " + (misfit or f"predicted {after * 1e6:.1f} us, not below {before * 1e6:.1f}"
-                                   if misfit or after >= before else "its kernel did not generate")
+            if misfit:
+                why += f"; {how}: {misfit}"
+            elif after >= before:
+                why += f"; {how}: predicted {after * 1e6:.1f} us, not below {before * 1e6:.1f}"
+            else:
+                why += f"; {how}: its kernel did not generate"
     kp.walk_note = f"no prefetch: {why}"
     return kp
 
