@@ -276,3 +276,45 @@ def test_narrowed_walks_match_float64(rows, cols, dtype):
             from stitchml.tools.explain import Report   # explain says why the walk has these tiles
             text = Report(cmp.backend.records).to_text()
             assert ("planned at 8 warps, [2, 1024] tiles" if cols == 1024 else "planned at 132 programs") in text
+
+
+AOT_NARROW = '''
+import json, sys, torch
+sys.path.insert(0, "tests")
+from stitchml import config
+from stitchml.tools.aot_check import check
+from test_prefetch import _ln_backward
+out = {}
+for name, rows, cols, dtype in (("ln1024_bf16", 32768, 1024, torch.bfloat16), ("ln1024_fp32", 32768, 1024, torch.float32),
+                                ("ln4096_fp32", 8192, 4096, torch.float32)):
+    args = [torch.empty(rows, cols, dtype=dtype), torch.empty(cols, dtype=dtype), torch.empty(cols, dtype=dtype),
+            torch.empty(rows, cols, dtype=dtype)]
+    with config.override(device="H200"):
+        from stitchml.plan.planner import build_plan
+        from stitchml.lower.lower import lower
+        from stitchml.capture.decomp import decomposition_table
+        from torch.fx.experimental.proxy_tensor import make_fx
+        plan = build_plan(lower(make_fx(_ln_backward, decomposition_table=decomposition_table(),
+                                        tracing_mode="fake")(*args)))
+    walks = {k.name: k for k in plan.kernels if k.walks_rows}
+    res = check(_ln_backward, *args, device="H200")
+    out[name] = [dict(r.__dict__, warps=walks[r.kernel].mapping.num_warps, grid=walks[r.kernel].mapping.grid,
+                      prefetch=walks[r.kernel].prefetch) for r in res if r.kernel in walks]
+print(json.dumps(out))
+'''
+
+
+def test_narrowed_walks_compile_for_sm90_with_every_program_resident():
+    """sm_90 (no GPU needed): the narrowed, prefetched walks of a layer norm's backward
+    ([2, 1024] tiles at 8 warps, two programs an SM; one-row [1, 4096] tiles at 16 warps,
+    one an SM) compile without spilling, and their registers leave every program of the
+    grid resident at once (the reason `_prefetch_misfit` refuses the 16-warp walks: Triton
+    3.6 gave them 82-93 registers prefetched, one program an SM where the grid needs two)."""
+    from test_aot_gpu import _run_outside_interpreter
+    res = _run_outside_interpreter(AOT_NARROW)
+    for name, rs in res.items():
+        assert rs, name
+        for r in rs:
+            assert r["ok"] and r["prefetch"] and r["spills"] == 0, (name, r)
+            need = -(-r["grid"] // 132)
+            assert r["registers"] * r["warps"] * 32 * need <= 65536, (name, r["registers"], r["warps"], need)
