@@ -318,3 +318,92 @@ def test_narrowed_walks_compile_for_sm90_with_every_program_resident():
             assert r["ok"] and r["prefetch"] and r["spills"] == 0, (name, r)
             need = -(-r["grid"] // 132)
             assert r["registers"] * r["warps"] * 32 * need <= 65536, (name, r["registers"], r["warps"], need)
+
+
+def _small_l2(monkeypatch, kib: int = 256):
+    """The H200 with a small L2, so that rows of 20000 float32 values re-read by every pass
+    would miss it and the planner walks them on a persistent grid (`mapping.persistent_looped`)
+    at test sizes."""
+    from dataclasses import replace
+
+    from stitchml.plan import devices
+    monkeypatch.setitem(devices.DEVICES, "H200", replace(devices.DEVICES["H200"], l2_bytes=kib * 1024))
+
+
+def test_persistent_looped_walks_issue_each_column_blocks_loads_a_block_ahead(monkeypatch):
+    """Knob `prefetch_columns`: a row-looped kernel on a persistent grid (one program an SM
+    walking rows, each pass over a row a loop of column blocks) prefetches in every loop:
+    the next block's loads issued first, clamped to the last block; column-partial kernels
+    and two 16-warp programs an SM do not (their registers: `planner.COLUMN_PREFETCH_MAX_ELEMS`);
+    the knob off, no kernel does.  The cost model is not changed by it."""
+    from stitchml.codegen import generate_all
+    _small_l2(monkeypatch)
+    on = plan_on("H200", lambda x: torch.softmax(x, -1), (300, 20000), dtype=torch.float32)
+    off = plan_on("H200", lambda x: torch.softmax(x, -1), (300, 20000), dtype=torch.float32, prefetch_columns=False)
+    (k,) = [k for k in on.kernels if k.mapping.form == "row_looped"]
+    assert k.mapping.row_blocks > 1 and k.mapping.grid == 132 and k.prefetch, k.mapping
+    src = generate_all(on.graph, on)[k.name].source
+    # the max-and-sum pass and the output pass: each a loop over the two whole blocks
+    # (prefetched, clamped to the last whole one) and one over the partial block (`column_tail`)
+    assert src.count("cbase_pf = tl.full([], 0, tl.int32)") == 2
+    assert src.count("cbase_pf = tl.minimum(cbase + 8192, 8192)") == 2
+    assert src.count("for cbase in range(16384, 20000, 8192):") == 2
+    assert not any(k.prefetch for k in off.kernels)
+    assert "cbase_pf" not in generate_all(off.graph, off)[off.kernels[0].name].source
+    assert [k.mapping for k in on.kernels] == [k.mapping for k in off.kernels]
+    assert on.predicted_s == pytest.approx(off.predicted_s)
+    # a looped kernel with column partials (an RMS norm's backward over long rows) keeps its loops
+    def rms_backward(x, w, g):
+        x, w = (t.detach().requires_grad_() for t in (x, w))
+        return torch.autograd.grad(F.rms_norm(x, (20000,), w, 1e-6), (x, w), g)
+    rms = plan_on("H200", rms_backward, (3000, 20000), (20000,), (3000, 20000), dtype=torch.float32)
+    assert any(k.mapping.form == "row_looped" and k.partials for k in rms.kernels)
+    assert not any(k.prefetch for k in rms.kernels if k.mapping.form == "row_looped" and k.partials)
+
+
+@pytest.mark.parametrize("name", ["softmax", "layer_norm"])
+def test_prefetched_column_loops_match_float64(monkeypatch, name):
+    """The persistent looped kernels with prefetched column loops (a softmax, a layer norm:
+    forward and backward) under the interpreter against float64, outputs poisoned; rows of
+    20000 walk two whole 8192-column blocks (the second's prefetch clamped to it) and a
+    partial one."""
+    from stitchml.testing import compare_against_float64
+    _small_l2(monkeypatch)
+    with config.override(device="H200"):
+        torch._dynamo.reset()
+        x = torch.randn(300, 20000, requires_grad=True)
+        if name == "softmax":
+            cmp, judgement = compare_against_float64(lambda x: torch.softmax(x, -1), [x])
+        else:
+            w, b = (torch.rand(20000) + 0.5).requires_grad_(), torch.randn(20000).requires_grad_()
+            cmp, judgement = compare_against_float64(lambda x, w, b: F.layer_norm(x, (20000,), w, b), [x, w, b])
+        judgement.assert_ok(f"{name} over rows of 20000, prefetched column loops")
+        looped = [(k, r.kernels[k.name].source) for r in cmp.backend.records if r.plan for k in r.plan.kernels
+                  if k.mapping.form == "row_looped" and k.prefetch]
+        assert looped and all("cbase_pf" in src for _, src in looped), looped
+        from stitchml.tools.explain import Report
+        assert "each loop over a row's column blocks issues the next block's loads" in Report(
+            cmp.backend.records).to_text()
+
+
+AOT_COLUMNS = '''
+import json, torch
+from stitchml.tools.aot_check import check
+out = {}
+for name, fn in (("softmax", lambda x: torch.softmax(x, -1)),
+                 ("layer_norm", lambda x: torch.nn.functional.layer_norm(x, (32768,)))):
+    res = check(fn, torch.empty(1024, 32768), device="H200")
+    out[name] = [r.__dict__ for r in res]
+print(json.dumps(out))
+'''
+
+
+def test_prefetched_column_loops_compile_for_sm90():
+    """sm_90 (no GPU needed): the persistent looped kernels of rows of 32768 float32 values
+    (132 programs of 16 warps, one an SM), their column loops prefetched, compile without
+    spilling and within the 128 registers a thread one program an SM leaves (Triton 3.6:
+    104-128); the interpreter checks neither types nor registers."""
+    from test_aot_gpu import _run_outside_interpreter
+    res = _run_outside_interpreter(AOT_COLUMNS)
+    for name, rs in res.items():
+        assert rs and all(r["ok"] and r["spills"] == 0 and r["registers"] <= 128 for r in rs), (name, rs)

@@ -88,7 +88,7 @@ declare -A WHAT=(
     [models-check]="the training rows (BERT, GPT-2, LLaMA-style; bf16) against Inductor with and without its CUDA graphs (inductor-ro, inductor, stitchml): the short check of a runtime change -> models-check/"
     [ncu]="Nsight Compute counters (speed of light, occupancy, warp stalls, memory) of stitch's and Inductor's kernels on the BERT-shaped column reductions (2048 x 768, bf16) -> ncu.txt; of the training steps' stitched kernels that lost most against their prediction in models-check (tools/worst_kernels.py) -> ncu-models.txt"
     [small-cols]="the BERT-shaped column reductions (column_sum_tokens, layer_norm_bwd_tokens: 2048 x 768, bf16): eager, inductor, stitchml, then stitchml under mapping knob variants (and tuple_reductions on these and layer_norm N=1024) -> small-cols/"
-    [micro-check]="the micro rows with open predictions, bf16 (BERT-shaped column sums and layer-norm backward, batch_sum, the N=32768 norms and softmax, the stem max-pool, the BERT-base AdamW step): eager, inductor, stitchml -> bench/; then stitchml alone on those and layer_norm_bwd / rms_norm_bwd N=1024, column_sum 32768 x 1024 (default), and on the walks over row blocks with prefetch_rows=0 (noprefetch) and partial_programs_per_sm=4 (pp4) (forty-eighth session); layer/RMS norm backward N=1024 and N=4096 against Inductor too, and with narrow_walks=0 (nonarrow: their 16-warp walks as before, forty-ninth session) -> micro-check/"
+    [micro-check]="the micro rows with open predictions, bf16 (BERT-shaped column sums and layer-norm backward, batch_sum, the N=32768 norms and softmax, the stem max-pool, the BERT-base AdamW step): eager, inductor, stitchml -> bench/; then stitchml alone on those and layer_norm_bwd / rms_norm_bwd N=1024, column_sum 32768 x 1024 (default), and on the walks over row blocks with prefetch_rows=0 (noprefetch) and partial_programs_per_sm=4 (pp4) (forty-eighth session); layer/RMS norm backward N=1024 and N=4096 against Inductor too, and with narrow_walks=0 (nonarrow: their 16-warp walks as before, forty-ninth session) -> micro-check/; the N=32768 norms and softmax in both dtypes with prefetch_columns on and off -> micro-check-colpf/"
     [models-15]="issue 15's rows, bf16: BERT-base train and infer at b32 s128, the LLaMA-style 8-layer step with vocabulary 128256 (peak memory of its loss); eager, inductor, inductor-ro, stitchml -> bench/"
     [models-fp32]="the same rows in fp32"
     [models-18]="issue 18's rows, bf16: ResNet-50 training (channels_last, b32, 224 px), Swin-T training (b32), a small Mixtral-style MoE decoder's training step (b8 s512); inductor-ro, stitchml -> bench/ (never measured before the forty-ninth session: first after env)"
@@ -178,8 +178,9 @@ print(calibration_path(current_device().name))" 2>/dev/null)
         local WALK='column_sum_tokens[2048x768];layer_norm_bwd_tokens[2048x768];layer_norm_bwd[N=1024];rms_norm_bwd[N=1024];column_sum[32768x1024];bias_gelu_bwd_tokens[2048x3072]'
         # (forty-ninth session: 16-warp walks planned at 8 warps, or one program an SM, to prefetch)
         local NARROW='layer_norm_bwd[N=1024];rms_norm_bwd[N=1024];layer_norm_bwd[N=4096];rms_norm_bwd[N=4096];column_sum[32768x1024]'
+        local COLPF='layer_norm_fwd[N=32768];layer_norm_bwd[N=32768];softmax_fwd[N=32768];softmax_bwd[N=32768]'
         if [ "${GPU_RUN_QUICK:-0}" = 1 ]; then   # (their --quick sizes)
-            NARROW='column_sum_tokens[40x24]'
+            NARROW='column_sum_tokens[40x24]' COLPF='softmax_fwd'
             MC=(--case 'column_sum_tokens[40x24]' --case 'layer_norm_bwd_tokens[16x24]' --case 'batch_sum[2x8x24]'
                 --case 'max_pool_fwdbwd[2x8x12x12,cl]' --case 'adamw_foreach[tiny]')
             ROWS='column_sum_tokens[40x24];layer_norm_bwd_tokens[16x24]' LONG='softmax_fwd' OPT='adamw_foreach[tiny]'
@@ -190,6 +191,10 @@ print(calibration_path(current_device().name))" 2>/dev/null)
             --variant "default::$ROWS;$LONG;$OPT;rms_norm_bwd[N=1024];layer_norm_bwd[N=4096];rms_norm_bwd[N=4096]" --variant "noprefetch:prefetch_rows=0:$WALK" \
             --variant "pp4:partial_programs_per_sm=4:$WALK" \
             --variant "nonarrow:narrow_walks=0:$NARROW" || return $?
+        # (forty-ninth session) persistent looped walks with prefetched column loops: rows of 32768,
+        # float32 (and the bf16 layer-norm backward's), against the knob off
+        "$PY" -m stitchml.tools.bench_variants --out "$R/micro-check-colpf" "${QUICK[@]:0:1}" --dtype both \
+            --variant "default::$COLPF" --variant "nocolpf:prefetch_columns=0:$COLPF" || return $?
         # the walk latency the cost model uses (`stitchml calibrate`'s figure, alone; stores nothing)
         "$PY" -m stitchml.tools.calibrate --walk-only > "$R/micro-check/walk_latency.txt" 2>&1 ;;
         # (column lanes, combine spread, long rows held whole and the AdamW sibling refusal were

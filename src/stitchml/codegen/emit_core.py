@@ -25,6 +25,7 @@ from ..ir import nodes as ir
 from ..plan.data import KernelPlan
 from ..plan.graph_view import is_free
 from ..plan.row_loops import online_partner, through_views
+from .prefetch import prefetched_walk
 from .triton_ops import (HALF_EXACT_OPS, TL_DTYPE, bitcast_expr, cast_expr, compute_dtype, literal, pointwise_expr,
                          round_half)
 
@@ -285,13 +286,25 @@ class KernelBuilder:
             assert scope.lines[1] == f"cmask = cflat < {cols}"
             whole = list(scope.lines)
             whole[1] = f"cmask = tl.full([1, {bc}], True, tl.int1)"
-            self.top.lines.append(f"for cbase in range(0, {full}, {bc}):")
-            self.top.lines.extend("    " + line for line in whole)
+            self.top.lines.extend(self._column_loop(0, full, bc, whole, scope))
             self.top.lines.append(f"for cbase in range({full}, {cols}, {bc}):")
             self.top.lines.extend("    " + line for line in scope.lines)
             return
-        self.top.lines.append(f"for cbase in range(0, {cols}, {bc}):")
-        self.top.lines.extend("    " + line for line in scope.lines)
+        self.top.lines.extend(self._column_loop(0, cols, bc, scope.lines, scope))
+
+    def _column_loop(self, start: int, stop: Any, step: int, body: list[str], scope: Scope) -> list[str]:
+        """`for cbase in range(start, stop, step): body`; in a row-looped kernel whose grid is
+        capped (`KernelPlan.prefetch`: few programs an SM, each waiting a memory latency a
+        column block), with the next block's loads issued before this block's arithmetic
+        (`codegen/prefetch.py`), where the loop has two blocks or more and runs forward (a
+        scan's running carry does not feed its loads)."""
+        if (self.k.prefetch and self.m.form == "row_looped" and scope.direction in (None, "forward")
+                and isinstance(stop, int) and stop - start > step):
+            last = start + (stop - 1 - start) // step * step
+            walk = prefetched_walk(body, "cbase", str(start), stop, step, last=last)
+            if walk is not None:
+                return walk
+        return [f"for cbase in range({start}, {stop}, {step}):"] + ["    " + line for line in body]
 
     def _close_aligned(self, scope: Scope) -> None:
         """The loop over a row whose whole column blocks start at `lead`, the row's first

@@ -24,6 +24,12 @@ dataflow on its syntax tree:
 The next block index is clamped to the last block, so the last step's prefetch reads a
 valid row (the same row for every program: L2 serves it) whatever masks the body has
 (`exact_rows` kernels have no row mask).
+
+The same rewrite serves the loops over column blocks of row-looped kernels whose grid is
+capped (column partials, or a persistent grid walking rows: `KernelPlan.prefetch` on a
+`row_looped` kernel, knob `prefetch_columns`): each iteration issues the next column
+block's loads before its own arithmetic, the last iteration's clamped to the last block
+(`codegen/emit_core.py::close_loop`).
 """
 from __future__ import annotations
 
@@ -76,10 +82,14 @@ class _HoistLoads(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
-def prefetched_walk(body: list[str], var: str, start: str, stop: int, step: int) -> list[str] | None:
+def prefetched_walk(body: list[str], var: str, start: str, stop: int, step: int,
+                    last: int | None = None) -> list[str] | None:
     """`for var in range(start, stop, step): body` with the next block's loads issued
     one step ahead, as lines (the `for` included); None when the body is not straight-line
-    code or has no load to hoist (the caller keeps the plain walk)."""
+    code or has no load to hoist (the caller keeps the plain walk).  `last`: the walk
+    variable's last value, to which the next block is clamped (a loop over column blocks,
+    `codegen/emit_core.py::close_loop`: `start` is then a constant at most `last`); by
+    default `stop - 1` (a grid-stride walk over row blocks counted one by one)."""
     try:
         tree = ast.parse("\n".join(body))
     except SyntaxError:
@@ -129,8 +139,11 @@ def prefetched_walk(body: list[str], var: str, start: str, stop: int, step: int)
     ahead_stmts = [ast.unparse(_Rename(ahead).visit(copy.deepcopy(index[n])))
                    for n in (s.targets[0].id for s in stmts if isinstance(s, ast.Assign)) if n in need]
     ahead_loads = [f"pf{i} = {ast.unparse(_Rename(ahead).visit(copy.deepcopy(c)))}" for i, c in enumerate(hoist.loads)]
-    last = stop - 1
-    lines = [f"{var}_pf = tl.minimum({start}, {last})"] + ahead_stmts + ahead_loads
+    # (a tensor before the loop as in it: Triton carries a name assigned in a loop through it)
+    first = (f"{var}_pf = tl.minimum({start}, {stop - 1})" if last is None
+             else f"{var}_pf = tl.full([], {start}, tl.int32)")
+    last = stop - 1 if last is None else last
+    lines = [first] + ahead_stmts + ahead_loads
     lines.append(f"for {var} in range({start}, {stop}, {step}):")
     inner = [f"pc{i} = pf{i}" for i in range(len(hoist.loads))]
     inner += [f"{var}_pf = tl.minimum({var} + {step}, {last})"] + ahead_stmts + ahead_loads

@@ -620,6 +620,13 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
 # gradient) stay at 127
 PREFETCH_MAX_WARPS_PER_SM = 16
 PREFETCH_MAX_BYTES = 128
+# row-looped kernels (knob prefetch_columns): only persistent grids of at most 16 warps an SM
+# whose threads hold at most this many elements of a column block.  sm_90 (Triton 3.6), the
+# [1, 8192] 16-warp walks of the N=32768 norms and softmax, one program an SM: 59-92 ->
+# 104-128 registers, no spill; column-partial kernels ([4, 1024-2048] tiles at 8 warps, two
+# an SM, 32 elements a thread and float32 accumulators as many) went 64-69 -> 128-174 (one
+# program an SM, or spills), and 16-warp walks two an SM 60 -> 64-85: neither is prefetched
+COLUMN_PREFETCH_MAX_ELEMS = 16
 
 
 def _prefetch_fits(g: ir.Graph, kp: KernelPlan, opts: PlanOptions) -> bool:
@@ -648,6 +655,16 @@ def _walk_prefetch(g: ir.Graph, kp: KernelPlan, opts: PlanOptions) -> KernelPlan
     [32768 x 1024] bf16 walked 32 blocks of [4, 1024] at 16 warps, no prefetch, 85 µs of device
     time on the H200 for 47.7 µs of bytes (2026-11-30: a latency a block, 0.75 µs); at 8 warps,
     63 blocks of [2, 1024] prefetched, the model prices max(bytes, 63 latencies) = 48 µs."""
+    if kp.mapping.form == "row_looped":
+        # a persistent grid walking rows in column blocks: the same wait a block, hidden the
+        # same way, in each loop over the row (codegen/emit_core.py::_column_loop)
+        m = kp.mapping
+        warps_per_sm = m.num_warps * -(-m.grid // opts.device.sms)
+        kp.prefetch = (opts.prefetch_columns and m.row_blocks > 1 and not kp.partials
+                       and warps_per_sm <= PREFETCH_MAX_WARPS_PER_SM
+                       and m.block_r * m.block_c <= COLUMN_PREFETCH_MAX_ELEMS * 32 * m.num_warps
+                       and isinstance(kp.domain.cols, int) and kp.domain.cols > m.block_c)
+        return kp
     if not (opts.prefetch_rows and kp.walks_rows and kp.mapping.form in ("row_persistent", "packed_rows")):
         return kp
     why = _prefetch_misfit(g, kp, opts)

@@ -189,6 +189,10 @@ class Report:
                                      f"a memory latency a block is priced (cost.walk_latency)")
                         if note and getattr(step, "prefetch", False):
                             lines.append(f"      {note}")
+                    elif getattr(step, "prefetch", False) and step.mapping.form == "row_looped":
+                        lines.append(f"      {step.mapping.grid} programs walk {step.mapping.row_blocks} rows each: "
+                                     "each loop over a row's column blocks issues the next block's loads before "
+                                     "this block's arithmetic (prefetch; knob prefetch_columns)")
                     if getattr(step, "row_runs", False):   # (plans cached before the field have none)
                         lines.append("      reads row runs out of flat order: one element a thread, so each warp "
                                      "access is 32 consecutive elements")
