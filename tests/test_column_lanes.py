@@ -155,7 +155,7 @@ def test_one_row_tiles_take_the_warps_that_leave_fewest_lanes_masked(cols, warps
         assert p_off.num_warps == 16 and not p_off.column_lanes and (p_off.grid, p_off.row_blocks) == (264, 8)
         assert c_off.num_warps == 16
         # priced at the 16-warp tile's occupancy: the same prediction, the same launches (both
-        # without prefetch, which the 16-warp tiles do not take: `planner._prefetch_fits`)
+        # without prefetch, which the 16-warp tiles do not take: `planner._prefetch_misfit`)
         assert on.num_kernels == off.num_kernels
         plain = plan_on("H200", _gelu_backward, (2048, cols), (2048, cols), dtype=torch.bfloat16, prefetch_rows=False)
         assert plain.predicted_s == pytest.approx(off.predicted_s, rel=0.01)

@@ -285,7 +285,8 @@ from stitchml import config
 from stitchml.tools.aot_check import check
 from test_prefetch import _ln_backward
 out = {}
-for name, rows, cols, dtype in (("ln1024_bf16", 32768, 1024, torch.bfloat16), ("ln1024_fp32", 32768, 1024, torch.float32),
+for name, rows, cols, dtype in (("ln1024_bf16", 32768, 1024, torch.bfloat16),
+                                ("ln1024_fp32", 32768, 1024, torch.float32),
                                 ("ln4096_fp32", 8192, 4096, torch.float32)):
     args = [torch.empty(rows, cols, dtype=dtype), torch.empty(cols, dtype=dtype), torch.empty(cols, dtype=dtype),
             torch.empty(rows, cols, dtype=dtype)]

@@ -70,11 +70,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "where the cost model prices that lower (layer/RMS norm backward over rows of 1024-4096). "
          "H200: not measured yet (bench/NOTES.md, forty-ninth session)."),
     Knob("prefetch_columns", "STITCHML_PREFETCH_COLUMNS", True, _bool,
-         "Row-looped kernels whose grid is capped (column partials beside long rows, or a persistent grid "
-         "walking rows) issue each loop's next column block's loads before computing the current one: with "
-         "a program or two an SM, each block otherwise waits a memory latency (rms_norm_bwd [1024 x 32768] "
-         "bf16: 32 blocks a program, 114.9 us on the H200 for 76 us of bytes). Not measured yet "
-         "(bench/NOTES.md, forty-ninth session)."),
+         "Row-looped kernels on a persistent grid (one program an SM walking rows, at most 16 elements a "
+         "thread a column block) issue each loop's next column block's loads before computing the current "
+         "one: with one program an SM, each block otherwise waits a memory latency (layer_norm_fwd "
+         "[1024 x 32768] float32: 96 waits a program). Column-partial kernels are left alone (prefetched, "
+         "their registers cost programs their place on the SM). Not measured yet (bench/NOTES.md, "
+         "forty-ninth session)."),
     Knob("looped_partial_elems", "STITCHML_LOOPED_PARTIAL_ELEMS", 2048, int,
          "Column partials beside long (looped) rows: elements per loop iteration of a program's row block "
          "(rows x columns). H200, 2026-11-25: rms_norm_bwd N=32768 at 2048 ran 3.7x its prediction."),

@@ -293,9 +293,9 @@ class KernelBuilder:
         self.top.lines.extend(self._column_loop(0, cols, bc, scope.lines, scope))
 
     def _column_loop(self, start: int, stop: Any, step: int, body: list[str], scope: Scope) -> list[str]:
-        """`for cbase in range(start, stop, step): body`; in a row-looped kernel whose grid is
-        capped (`KernelPlan.prefetch`: few programs an SM, each waiting a memory latency a
-        column block), with the next block's loads issued before this block's arithmetic
+        """`for cbase in range(start, stop, step): body`; in a row-looped kernel on a persistent
+        grid (`KernelPlan.prefetch`: a program an SM, each waiting a memory latency a column
+        block), with the next block's loads issued before this block's arithmetic
         (`codegen/prefetch.py`), where the loop has two blocks or more and runs forward (a
         scan's running carry does not feed its loads)."""
         if (self.k.prefetch and self.m.form == "row_looped" and scope.direction in (None, "forward")

@@ -25,11 +25,11 @@ The next block index is clamped to the last block, so the last step's prefetch r
 valid row (the same row for every program: L2 serves it) whatever masks the body has
 (`exact_rows` kernels have no row mask).
 
-The same rewrite serves the loops over column blocks of row-looped kernels whose grid is
-capped (column partials, or a persistent grid walking rows: `KernelPlan.prefetch` on a
-`row_looped` kernel, knob `prefetch_columns`): each iteration issues the next column
-block's loads before its own arithmetic, the last iteration's clamped to the last block
-(`codegen/emit_core.py::close_loop`).
+The same rewrite serves the loops over column blocks of row-looped kernels on a persistent
+grid (one program an SM walking rows: `KernelPlan.prefetch` on a `row_looped` kernel, knob
+`prefetch_columns`, `planner._walk_prefetch`): each iteration issues the next column
+block's loads before its own arithmetic, the last iteration's clamped to the loop's last
+block (`codegen/emit_core.py::_column_loop`).
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def prefetched_walk(body: list[str], var: str, start: str, stop: int, step: int,
     one step ahead, as lines (the `for` included); None when the body is not straight-line
     code or has no load to hoist (the caller keeps the plain walk).  `last`: the walk
     variable's last value, to which the next block is clamped (a loop over column blocks,
-    `codegen/emit_core.py::close_loop`: `start` is then a constant at most `last`); by
+    `codegen/emit_core.py::_column_loop`: `start` is then a constant at most `last`); by
     default `stop - 1` (a grid-stride walk over row blocks counted one by one)."""
     try:
         tree = ast.parse("\n".join(body))

@@ -30,7 +30,7 @@ class PlanOptions:
     partial_programs_per_sm: int = 2   # column partials beside on-chip rows: programs per SM
     prefetch_rows: bool = True   # ... whose walk over row blocks issues the next block's loads first (codegen/prefetch.py)
     narrow_walks: bool = True    # ... at half the warps where a 16-warp walk cannot hold those loads
-    prefetch_columns: bool = True   # row-looped kernels of a capped grid: each column loop issues the next block first
+    prefetch_columns: bool = True   # persistent looped grids: each column loop issues the next block first
     looped_partial_elems: int = 2048   # column partials beside looped rows: elements per iteration
     partial_lanes: bool = True   # looped column partials: a tile's rows in each thread, warps along the columns
     partial_bytes_per_thread: int = 64   # column partials beside on-chip rows: bytes a thread loads an iteration

@@ -629,10 +629,6 @@ PREFETCH_MAX_BYTES = 128
 COLUMN_PREFETCH_MAX_ELEMS = 16
 
 
-def _prefetch_fits(g: ir.Graph, kp: KernelPlan, opts: PlanOptions) -> bool:
-    return not _prefetch_misfit(g, kp, opts)
-
-
 def _prefetch_misfit(g: ir.Graph, kp: KernelPlan, opts: PlanOptions) -> str:
     """Why the walk's programs cannot hold the next block's loads ('' where they can)."""
     m = kp.mapping
@@ -654,7 +650,9 @@ def _walk_prefetch(g: ir.Graph, kp: KernelPlan, opts: PlanOptions) -> KernelPlan
     `narrow_walks`) is taken with prefetch when the cost model prices it lower: layer_norm_bwd
     [32768 x 1024] bf16 walked 32 blocks of [4, 1024] at 16 warps, no prefetch, 85 µs of device
     time on the H200 for 47.7 µs of bytes (2026-11-30: a latency a block, 0.75 µs); at 8 warps,
-    63 blocks of [2, 1024] prefetched, the model prices max(bytes, 63 latencies) = 48 µs."""
+    63 blocks of [2, 1024] prefetched, the model prices max(bytes, 63 latencies) = 48 µs.
+    A row-looped kernel on a persistent grid prefetches its column loops instead (knob
+    `prefetch_columns`), where its registers allow (COLUMN_PREFETCH_MAX_ELEMS)."""
     if kp.mapping.form == "row_looped":
         # a persistent grid walking rows in column blocks: the same wait a block, hidden the
         # same way, in each loop over the row (codegen/emit_core.py::_column_loop)
