@@ -189,6 +189,40 @@ def test_in_place_write_refused_where_an_old_element_is_read_after_its_overwrite
         assert in_place_writes(plan) == plan.in_place
 
 
+def test_an_input_read_in_a_combines_epilogue_is_not_overwritten_before_it():
+    """Fuzz seed 28251: a statistic written into an input in place, and a softmax over that
+    statistic divided by a function of the input's old value.  The division is in the
+    epilogue of the combine that finishes the softmax's sum, launched after the kernel that
+    writes the statistic: the epilogue is a reader of the old value, so the write is
+    refused (copied after the call) and the output matches eager; it was written in place
+    and the epilogue read the new value (error 0.32)."""
+    torch._dynamo.reset()
+
+    def fn(a3, a4):
+        v15 = (a3 / 3.0).transpose(1, 0).var(0, correction=0, keepdim=True)
+        v17 = torch.softmax(v15, 0) / (1 + a4 * a4)
+        a4.copy_(v15.clone())
+        return v17
+
+    a3, a4 = torch.randn(1, 64), torch.randn(1, 1) + 2.0
+    ref_a4 = a4.clone()
+    want = fn(a3.clone(), ref_a4)
+    backend = StitchBackend()
+    with config.override(fallback_on_error=False):
+        out = torch.compile(fn, backend=backend)(a3, a4)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(a4, ref_a4)
+    plan = next(r for r in backend.records if r.plan is not None).plan
+    [(pos, new)] = plan.graph.written()
+    x = plan.graph.inputs[pos]
+    readers = [k for k in plan.kernels if k.combine_of and k.epilogue and x in k.inputs]
+    assert readers, [(k.name, k.epilogue, k.inputs) for k in plan.kernels]
+    # (after the writer, or in its launch: both orders read the new value)
+    reason = plan.in_place[new]
+    assert reason is not None and any(f"kernel {k.name} reads it" in reason for k in readers), plan.in_place
+    assert in_place_writes(plan) == plan.in_place
+
+
 def test_input_read_by_another_kernel_is_overwritten_only_after_it():
     """The old x is read by a column-sum kernel and a new x is written by another: the
     write goes straight into x because the sum's kernel launches first (poisoned

@@ -13,11 +13,13 @@ def _category(r: CaseResult) -> str:
 
 
 def _dce(prog: Program) -> Program:
+    """Lines no output needs dropped; a statement (an in-place write to an input, e.g.
+    `a3.copy_(v10.clone())`) is a side effect: kept, with what it reads."""
     needed = set(prog.outputs)
     keep = []
     for line in reversed(prog.lines):
-        name, expr = line.split(" = ", 1)
-        if name in needed:
+        name, expr = line.split(" = ", 1) if " = " in line else (None, line)
+        if name is None or name in needed:
             keep.append(line)
             needed |= set(re.findall(r"\b[av]\d+\b", expr))
     inputs = [i for i in prog.inputs if i.name in needed]
@@ -35,9 +37,12 @@ def reduce_program(prog: Program, budget: int = 200) -> tuple[Program, CaseResul
     tries = 0
 
     def candidates(p: Program):
-        names = [line.split(" = ", 1)[0] for line in p.lines]
+        names = [line.split(" = ", 1)[0] for line in p.lines if " = " in line]
         for v in names:
             yield replace(p, outputs=[v])
+        for i, line in enumerate(p.lines):   # an in-place write less
+            if " = " not in line:
+                yield replace(p, lines=p.lines[:i] + p.lines[i + 1:])
         for o in p.outputs:
             if len(p.outputs) > 1:
                 yield replace(p, outputs=[x for x in p.outputs if x != o])

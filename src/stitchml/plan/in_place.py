@@ -101,9 +101,12 @@ def _refusal(g: ir.Graph, plan: Plan, x: int, new: int, kernels_of: dict, launch
                 return f"kernel {k.name}, which writes it, reads it other than element-wise (%{r} {n.kind}.{n.op})"
             if r not in feeding:
                 return f"kernel {k.name}, which writes it, reads it for another value (%{r} {n.op})"
-        # (a combine kernel holds a column reduction as a member but reads its partials; a
-        # member recomputed in several kernels is read in each)
-        others = [o for o in kernels_of.get(r, []) if not o.combine_of and o is not k]
+        # (a combine kernel holds a column reduction as a member but reads its partials, not
+        # the input: except in its epilogue, whose members read what they use (fuzz seed
+        # 28251: a softmax's normaliser divided by a function of the input, in a combine's
+        # epilogue launched after the kernel that overwrote the input); a member recomputed
+        # in several kernels is read in each)
+        others = [o for o in kernels_of.get(r, []) if o is not k and (not o.combine_of or r in o.epilogue)]
         for o in others:
             if group is not None and plan.group_of(o.name) is group:
                 return f"kernel {o.name} reads it in the same launch ({group.kind} {group.name})"
