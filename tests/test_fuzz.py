@@ -177,6 +177,19 @@ def test_reducer_shrinks_a_failing_program(monkeypatch):
     assert r.status == "fail" and small.num_ops < prog.num_ops and len(small.outputs) == 1
 
 
+def test_reducer_keeps_and_drops_in_place_writes(monkeypatch):
+    """A program that writes an input in place (a statement line, `a0.copy_(...)`) shrinks
+    too: the write is a side effect, kept with what it reads while the failure needs it
+    (the reducer crashed splitting it as an assignment, fuzz seed 28251)."""
+    from stitchml.fuzz.shrink import _dce
+    monkeypatch.setattr(stitchml.pipeline, "build_plan", lambda g, o=None: (_ for _ in ()).throw(RuntimeError("injected")))
+    prog = next(p for p in map(lambda s: fuzz.generate(s, "ci"), WRITE_SEEDS) if p.num_ops >= 3)
+    writes = [line for line in prog.lines if " = " not in line]
+    assert writes and all(w in _dce(prog).lines for w in writes)
+    small, r = fuzz.reduce_program(prog, budget=40)
+    assert r.status == "fail" and small.num_ops <= prog.num_ops
+
+
 # ----------------------------------------------------------------------------- found by the fuzzer
 
 def _compile(fn):
