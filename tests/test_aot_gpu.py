@@ -511,13 +511,15 @@ def test_survey_command_reports_sass_floors_for_the_device_knob():
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines if line.startswith("| rms_norm_fwd")]
     assert rows, proc.stdout
     for row in rows:
-        per_byte, barriers, copy_us, issue_us = float(row[11].split()[0]), int(row[12]), float(row[13]), float(row[14])
+        per_byte, barriers, copy_us, issue_us = float(row[12].split()[0]), int(row[13]), float(row[14]), float(row[15])
         assert 0 < per_byte < 7.8 and barriers >= 0
+        resident, needed = (int(x) for x in row[6].split("/"))   # programs an SM: a grid of thousands, in waves
+        assert resident >= 1 and needed > 4, row
         # 32768 x 1024 bf16 in and out: 134 MB at the H200 table's 4.3 TB/s
         assert 25 < copy_us < 40 and 0 < issue_us < copy_us, row
     (summary,) = [line for line in lines if line.startswith("summary rms_norm_fwd[N=1024] bf16: ")]
     copy_sum = float(summary.split("copy floors ")[1].split()[0])
-    assert copy_sum == pytest.approx(sum(float(r[13]) for r in rows), abs=0.2) and summary.endswith(
+    assert copy_sum == pytest.approx(sum(float(r[14]) for r in rows), abs=0.2) and summary.endswith(
         "0 kernels issue-bound by 0.0 µs"), summary
 
 

@@ -408,3 +408,17 @@ def test_prefetched_column_loops_compile_for_sm90():
     res = _run_outside_interpreter(AOT_COLUMNS)
     for name, rs in res.items():
         assert rs and all(r["ok"] and r["spills"] == 0 and r["registers"] <= 128 for r in rs), (name, rs)
+
+
+def test_aot_check_reports_programs_resident_against_programs_needed():
+    """`aot_check`'s `programs an SM` column: a 264-program walk of 16-warp programs at 93
+    registers (prefetched, as the forty-eighth session found) fits one an SM where its grid
+    needs two: flagged; at 64 registers it fits; a grid of thousands of programs runs in
+    waves by design: never flagged."""
+    from stitchml.tools.aot_check import AotResult, residency
+    walk = AotResult("k0", True, registers=93, warps=16, grid=264)
+    assert residency(walk, 132) == "1/2 !"
+    assert residency(AotResult("k0", True, registers=64, warps=16, grid=264), 132) == "2/2"
+    assert residency(AotResult("k1", True, registers=95, warps=8, grid=264), 132) == "2/2"
+    assert residency(AotResult("k2", True, registers=98, warps=16, grid=1024), 132) == "1/8"
+    assert residency(AotResult("k3", False, error="x"), 132) == ""

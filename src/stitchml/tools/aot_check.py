@@ -64,6 +64,29 @@ class AotResult:
     # as often as the whole blocks' loop), or a loop the compiler partly unrolled.  None for combine kernels (Triton unrolls
     # their row loop) and launch groups.
     warp_instructions: int | None = None
+    # the launch's warps a program and programs (a launch group's: its composite kernel's),
+    # for `residency`
+    warps: int | None = None
+    grid: int | None = None
+
+
+CAPPED_GRID_PROGRAMS_PER_SM = 4   # residency: a grid of at most this many programs an SM is meant to run at once
+
+
+def residency(r: AotResult, sms: int, regs_per_sm: int = 65536, max_warps_per_sm: int = 64) -> str:
+    """'resident/needed' programs an SM for a compiled kernel: how many of its programs
+    the registers (and the SM's warp slots) leave on an SM at once, against how many its
+    grid puts on each.  A trailing `!` where a capped grid (a walk over row blocks, a
+    persistent grid: at most CAPPED_GRID_PROGRAMS_PER_SM programs an SM, all meant to run
+    at once) runs in two rounds or more (bench/NOTES.md, forty-eighth and forty-ninth
+    sessions: 16-warp walks at 82-93 registers).  '' where unknown."""
+    if not r.ok or not r.registers or not r.warps or not r.grid:
+        return ""
+    threads = r.warps * 32
+    resident = min(regs_per_sm // (r.registers * threads), max_warps_per_sm // r.warps)
+    needed = -(-r.grid // sms)
+    flag = " !" if needed <= CAPPED_GRID_PROGRAMS_PER_SM and resident < needed else ""
+    return f"{resident}/{needed}{flag}"
 
 
 def _signature(ks, g) -> dict[str, str]:
@@ -458,7 +481,8 @@ def check_plan(plan: Plan, arch: int = 90) -> list[AotResult]:
             results.append(AotResult(name, True, registers=regs, spills=stack, accesses=hist,
                                      strided_scalar=strided, loop_conversions=loop_conversions(ttgir),
                                      loop_cross_warp_reductions=loop_cross_warp_reductions(ttgir),
-                                     bytes=moved.get(name)))
+                                     bytes=moved.get(name), warps=ks.num_warps,
+                                     grid=ks.grid if isinstance(ks.grid, int) else None))
             cubins.append(cubin)
         except Exception as e:  # report, do not stop: the caller wants every kernel's verdict
             results.append(AotResult(name, False, f"{type(e).__name__}: {str(e)[:500]}"))
@@ -616,10 +640,12 @@ def main(argv: list[str] | None = None) -> int:
           f"kernel's bytes at the copy bandwidth; `µs issue`: the warp-instructions of its hot region over "
           f"all its blocks at the full issue rate, 4 a cycle per SM (both floors; the larger one bounds the "
           f"kernel, and issue rarely runs near full rate)")
-    print("| case | dtype | graph | kernel | registers | stack bytes | loads (bytes x count) | stores | strided scalar "
-          "| tile conversions in loops | cross-warp reductions in loops | SASS a byte (hot) | barriers (hot) "
-          "| µs copy | µs issue |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("`programs an SM`: resident / needed (registers and warp slots against the grid's programs an SM); "
+          "`!` where a capped grid (a walk, a persistent grid) runs in two rounds or more")
+    print("| case | dtype | graph | kernel | registers | stack bytes | programs an SM | loads (bytes x count) | stores "
+          "| strided scalar | tile conversions in loops | cross-warp reductions in loops | SASS a byte (hot) "
+          "| barriers (hot) | µs copy | µs issue |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     failed = 0
     rows = survey("models" if args.models else "micro", args.case, tuple(args.dtype), device=device,
                   replayed=args.models)
@@ -643,7 +669,8 @@ def main(argv: list[str] | None = None) -> int:
         issue_us = ("" if r.warp_instructions is None
                     else f"{r.warp_instructions / dev.warp_issue_rate * 1e6:.1f}")
         print(f"| {case} | {dtype} | {graph} | {r.kernel} | {r.registers if r.ok else 'FAILED: ' + r.error[:80]} "
-              f"| {r.spills} | {ld} | {st} | {r.strided_scalar if r.ok else ''} | {r.loop_conversions if r.ok else ''} "
+              f"| {r.spills} | {residency(r, dev.sms, dev.regs_per_sm, dev.max_warps_per_sm)} | {ld} | {st} "
+              f"| {r.strided_scalar if r.ok else ''} | {r.loop_conversions if r.ok else ''} "
               f"| {r.loop_cross_warp_reductions if r.ok else ''} | {per_byte} | {'' if sp is None else sp['hot_barriers']} "
               f"| {copy_us} | {issue_us} |",
               flush=True)
