@@ -223,6 +223,36 @@ def test_an_input_read_in_a_combines_epilogue_is_not_overwritten_before_it():
     assert in_place_writes(plan) == plan.in_place
 
 
+def test_an_input_read_for_a_mirrored_element_is_not_overwritten_in_place():
+    """Fuzz seed 29842: `x.copy_(erf(x).flip(0))` beside a reduction of the same value, in
+    one kernel of three programs of four rows (knob block_elems=32).  The kernel reads x
+    element-wise into erf, but each new element comes from the erf of the mirrored row,
+    which another program may already have overwritten: the write is refused (copied after
+    the call), with the reason, and the results match eager (they did not: error 0.47)."""
+    torch._dynamo.reset()
+
+    def fn(x):
+        v = torch.erf(x).flip(0)
+        out = torch.sigmoid(v) * v.amax(-1, keepdim=True)
+        x.copy_(v.clone())
+        return out
+
+    x0 = torch.randn(9, 6)
+    ref_x = x0.clone()
+    want = fn(ref_x)
+    x = x0.clone()
+    backend = StitchBackend()
+    with config.override(fallback_on_error=False, block_elems=32):
+        out = torch.compile(fn, backend=backend)(x)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(x, ref_x)
+    plan = next(r for r in backend.records if r.plan is not None).plan
+    [(pos, new)] = plan.graph.written()
+    assert len(plan.kernels) == 1 and plan.kernels[0].mapping.grid > 1   # (programs that race)
+    assert "at other elements than it writes" in (plan.in_place[new] or ""), plan.in_place
+    assert in_place_writes(plan) == plan.in_place
+
+
 def test_input_read_by_another_kernel_is_overwritten_only_after_it():
     """The old x is read by a column-sum kernel and a new x is written by another: the
     write goes straight into x because the sum's kernel launches first (poisoned

@@ -17,7 +17,9 @@ when nothing reads an old element after it is overwritten:
   whole on chip), or a combine's epilogue over the input's elements (one program a
   column: a batch norm's running statistics), whose members read the input through
   element-wise steps only (no view, no broadcast), so each element is loaded before
-  the store that depends on it, and no other program touches it;
+  the store that depends on it, and no other program touches it; and the new value is
+  computed from those reads through element-wise steps too (`_aligned`: a flip between
+  them reads a mirrored element another program may have overwritten);
 - neither the input nor a view of it is returned (the caller would hold the new value
   where the graph returned the old).
 Otherwise the value is written to a buffer of its own and copied into the input after
@@ -78,6 +80,7 @@ def _refusal(g: ir.Graph, plan: Plan, x: int, new: int, kernels_of: dict, launch
     group = plan.group_of(k.name)
     inside = set(k.members)
     feeding = _feeding(g, new, inside)
+    aligned = _aligned(g, new, g[x].shape)
     for r, elementwise in _readers(g, x, users):
         n = g[r]
         if r in returned and n.kind == ir.VIEW:
@@ -101,6 +104,9 @@ def _refusal(g: ir.Graph, plan: Plan, x: int, new: int, kernels_of: dict, launch
                 return f"kernel {k.name}, which writes it, reads it other than element-wise (%{r} {n.kind}.{n.op})"
             if r not in feeding:
                 return f"kernel {k.name}, which writes it, reads it for another value (%{r} {n.op})"
+            if r not in aligned:
+                return (f"kernel {k.name}, which writes it, reads it (%{r} {n.op}) at other elements than it "
+                        "writes: the new value is computed from it through a view")
         # (a combine kernel holds a column reduction as a member but reads its partials, not
         # the input: except in its epilogue, whose members read what they use (fuzz seed
         # 28251: a softmax's normaliser divided by a function of the input, in a combine's
@@ -159,6 +165,25 @@ def _feeding(g: ir.Graph, new: int, inside: set[int]) -> set[int]:
     while stack:
         for r in g[stack.pop()].refs:
             if r not in seen and (r in inside or is_free(g[r])):
+                seen.add(r)
+                stack.append(r)
+    return seen
+
+
+def _aligned(g: ir.Graph, new: int, shape: tuple) -> set[int]:
+    """The nodes the new value is computed from through element-wise steps of the input's
+    shape only (point-wise nodes, no view): a reader of the input among them reads the
+    element being written.  Fuzz seed 29842: `x.copy_(erf(x).flip(0))` read x element-wise
+    into `erf` but wrote each element from the erf of the mirrored row, which another
+    program overwrote first (bfloat16, three programs of four rows)."""
+    seen = {new}
+    stack = [new]
+    while stack:
+        n = g[stack.pop()]
+        if n.kind != ir.POINTWISE or n.shape != shape:
+            continue
+        for r in n.refs:
+            if r not in seen and g[r].kind == ir.POINTWISE and g[r].shape == shape:
                 seen.add(r)
                 stack.append(r)
     return seen
