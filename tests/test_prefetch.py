@@ -282,7 +282,7 @@ AOT_NARROW = '''
 import json, sys, torch
 sys.path.insert(0, "tests")
 from stitchml import config
-from stitchml.tools.aot_check import check
+from stitchml.tools.aot_check import check_plan
 from test_prefetch import _ln_backward
 out = {}
 for name, rows, cols, dtype in (("ln1024_bf16", 32768, 1024, torch.bfloat16),
@@ -298,9 +298,7 @@ for name, rows, cols, dtype in (("ln1024_bf16", 32768, 1024, torch.bfloat16),
         plan = build_plan(lower(make_fx(_ln_backward, decomposition_table=decomposition_table(),
                                         tracing_mode="fake")(*args)))
     walks = {k.name: k for k in plan.kernels if k.walks_rows}
-    res = check(_ln_backward, *args, device="H200")
-    out[name] = [dict(r.__dict__, warps=walks[r.kernel].mapping.num_warps, grid=walks[r.kernel].mapping.grid,
-                      prefetch=walks[r.kernel].prefetch) for r in res if r.kernel in walks]
+    out[name] = [dict(r.__dict__, prefetch=walks[r.kernel].prefetch) for r in check_plan(plan) if r.kernel in walks]
 print(json.dumps(out))
 '''
 
