@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from stitchml import config
 from stitchml.ir import nodes as ir
-from stitchml.runtime.kernel_cache import _closure
+from stitchml.codegen.canonical import closure as _closure
 from stitchml.testing import compare_against_float64, compare_with_eager
 
 sys.path.insert(0, "tests")

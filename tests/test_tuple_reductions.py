@@ -49,5 +49,5 @@ def test_three_independent_row_sums_share_one_round_and_dependent_ones_do_not():
 
 
 def test_the_knob_is_part_of_the_kernel_cache_key():
-    from stitchml.runtime import kernel_cache
-    assert "tuple_reductions" in kernel_cache._CODE_KNOBS
+    from stitchml.codegen import canonical
+    assert "tuple_reductions" in canonical.CODE_KNOBS

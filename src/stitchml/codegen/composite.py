@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import tokenize
+from typing import Sequence
 
 from .kernel_source import KernelSource
 
@@ -31,15 +33,15 @@ def _grid_barrier(counter, target):
 '''
 
 
-def _as_function(body: list[str]) -> str:
+def _as_function(body: Sequence[str]) -> str:
     return "def _body():\n" + "".join("    " + line + "\n" for line in body)
 
 
-def local_names(ks: KernelSource) -> set[str]:
+def local_names(param_names: Sequence[str], body: Sequence[str]) -> set[str]:
     """Every name a kernel body binds (parameters, assignment and loop targets, tuple
     targets included), read from its syntax tree."""
-    names = set(ks.param_names)
-    for node in ast.walk(ast.parse(_as_function(ks.body))):
+    names = set(param_names)
+    for node in ast.walk(ast.parse(_as_function(body))):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
     return names
@@ -49,8 +51,16 @@ def _renamed(ks: KernelSource, prefix: str, pid: str) -> tuple[list[str], list[s
     """The body with its own names prefixed and `tl.program_id(0)` replaced by `pid`.
     Works on tokens: attribute names (`tl.sum`) and keyword names (`axis=`) are never
     renamed, whatever locals the body has."""
-    names = local_names(ks)
-    text = _as_function(ks.body)
+    body = _renamed_body(tuple(ks.body), tuple(ks.param_names), prefix, pid)
+    return list(body), [prefix + p for p in ks.param_names]
+
+
+@functools.lru_cache(maxsize=4096)
+def _renamed_body(body: tuple[str, ...], param_names: tuple[str, ...], prefix: str, pid: str) -> tuple[str, ...]:
+    # (once per body: a 12-layer model's launch groups repeat the same members 12 times,
+    # and tokenizing them was a third of BERT-base's code generation on the 2-core CPU)
+    names = local_names(param_names, body)
+    text = _as_function(body)
     starts = [0]
     for line in text.splitlines(keepends=True):
         starts.append(starts[-1] + len(line))
@@ -76,8 +86,7 @@ def _renamed(ks: KernelSource, prefix: str, pid: str) -> tuple[list[str], list[s
         pos = b
     out.append(text[pos:])
     lines = "".join(out).split("\n")[1:]
-    body = [line[4:] for line in lines if line.strip()]
-    return body, [prefix + p for p in ks.param_names]
+    return tuple(line[4:] for line in lines if line.strip())
 
 
 def horizontal(name: str, members: list[KernelSource]) -> KernelSource:

@@ -8,8 +8,8 @@ rows of 1024 at hidden 768), so each column contributes a run of 4 contiguous va
 8 bytes of every 32-byte sector the GPU moves, in bfloat16.  The mapping then takes
 taller tiles (`mapping.transposed_tile`).
 
-The probe is the code generator's index analysis (`codegen.triton_kernel.load_offsets`),
-the same dry run the planner already uses to check index spaces; strides are read off
+The probe is the code generator's index analysis (`codegen.probes.load_offsets`, run once per
+kernel content), the same dry run the planner already uses to check index spaces; strides are read off
 the offset expressions at a few points (`ir.index.evaluate`).
 
 Which of a flat kernel's reads come in *row runs*: contiguous along the innermost
@@ -35,7 +35,7 @@ from .data import Domain, KernelPlan
 def _reads(g: ir.Graph, k: KernelPlan) -> list[tuple[int, ix.Expr]] | None:
     """`k`'s global reads, or None where its index spaces do not line up in this form
     (the planner's validation decides about such a kernel, not the probe)."""
-    from ..codegen.triton_kernel import load_offsets   # (code generation builds on plan data)
+    from ..codegen.probes import load_offsets   # (code generation builds on plan data)
     try:
         return load_offsets(g, k)
     except ix.IndexMismatch:
@@ -114,7 +114,7 @@ def sector_waste(g: ir.Graph, k: KernelPlan, reads: list[int]) -> int:
 def _unit_dims(g: ir.Graph, k: KernelPlan) -> dict[int, int]:
     """Bytes of `k`'s full-size reads and stores by the domain dim along which they are
     contiguous (unit stride); an access contiguous along none is left out."""
-    from ..codegen.triton_kernel import access_offsets   # (code generation builds on plan data)
+    from ..codegen.probes import access_offsets   # (code generation builds on plan data)
     try:
         loads, stores = access_offsets(g, k)
     except ix.IndexMismatch:
@@ -198,7 +198,7 @@ def row_values_domain(g: ir.Graph, k: KernelPlan, itemsize: int) -> Domain | Non
     natural = [d for d, s in enumerate(dom.shape) if s > 1]
     if len(natural) < 2 or natural[-1] != len(dom.shape) - 1 or dom.shape[natural[-1]] < ROW_VALUES_MIN_COLS:
         return None
-    from ..codegen.triton_kernel import access_offsets   # (code generation builds on plan data)
+    from ..codegen.probes import access_offsets   # (code generation builds on plan data)
     try:
         loads, stores = access_offsets(g, k)
     except ix.IndexMismatch:

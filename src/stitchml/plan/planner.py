@@ -278,15 +278,9 @@ def _invalid_kernels(g: ir.Graph, plan: Plan) -> list[KernelPlan]:
     """Dry-run the index analysis of every kernel that stitches a dominant op with
     other members (text only, nothing compiled); return those whose index spaces do not
     line up."""
-    from ..codegen.triton_kernel import generate
-    bad = []
-    for k in plan.kernels:
-        if k.dominant and len(k.members) > 1 and not k.combine_of:
-            try:
-                generate(g, k)
-            except ix.IndexMismatch:   # any other exception is a bug and propagates
-                bad.append(k)
-    return bad
+    from ..codegen.probes import index_mismatch   # (once per kernel content: layers repeat)
+    return [k for k in plan.kernels
+            if k.dominant and len(k.members) > 1 and not k.combine_of and index_mismatch(g, k)]
 
 
 def _plan_once(g: ir.Graph, gv: GraphView, forbidden: frozenset, opts: PlanOptions,

@@ -36,10 +36,11 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 from .. import config
+from ..codegen.canonical import canonical_kernel, code_knobs
 from ..codegen.composite import BARRIER
 from ..codegen.kernel_source import KernelSource
 from ..codegen.triton_ops import PRELUDE
-from ..ir.nodes import Graph, Ref
+from ..ir.nodes import Graph
 
 if TYPE_CHECKING:
     from ..plan.data import KernelPlan
@@ -48,8 +49,6 @@ FORMAT = 2
 STATS = {"generated": 0, "disk_hits": 0, "memory_hits": 0, "rebuilt": 0, "modules": 0}
 _MODULES: dict[str, ModuleType] = {}
 _SOURCES: dict[str, dict] = {}  # key -> payload (node ids canonical)
-# knobs that change generated code (the rest only change planning, which is in the key)
-_CODE_KNOBS = ("pointwise_block", "persistent_max_cols", "loop_block_cols", "block_elems", "tuple_reductions")
 
 
 def source_key(source: str) -> str:
@@ -95,63 +94,12 @@ def compiler_version() -> str:
 
 # ----------------------------------------------------------------------------- keys
 
-def _closure(g, k) -> list[int]:
-    """The nodes a kernel's code reads: members, inputs, and the views/point-wise
-    nodes pulled through between them, in id order."""
-    nodes = {m for m in k.members} | set(k.inputs) | {r for m in k.members for r in g[m].refs}
-    stack = list(nodes)
-    while stack:
-        n = g[stack.pop()]
-        if n.id in k.inputs:
-            continue
-        for r in n.refs:
-            if r not in nodes:
-                nodes.add(r)
-                if g[r].kind in ("view", "pointwise", "cat") and r not in k.inputs:   # (free cats: recomputed)
-                    stack.append(r)
-    return sorted(nodes)
-
-
-def _renumber(a: Any, ids: dict[int, int]) -> Any:
-    if isinstance(a, Ref):
-        return ("ref", ids.get(a.id, "ext"))
-    if isinstance(a, (tuple, list)):
-        return tuple(_renumber(x, ids) for x in a)
-    return a
-
-
-def canonical_kernel(g: Graph, k: KernelPlan) -> tuple[str, list[int]]:
-    """A text that describes everything the code generator reads for kernel `k`, with
-    node ids replaced by their position in the kernel's closure, and that closure.
-    Two kernels with equal texts generate equal code up to node ids."""
-    closure = _closure(g, k)
-    ids = {nid: i for i, nid in enumerate(closure)}
-    parts = []
-    for nid in closure:
-        n = g[nid]
-        if nid in k.inputs:  # read from memory: only its layout matters
-            parts.append(("in", n.kind, n.shape, str(n.dtype), n.stride))
-        else:
-            parts.append((n.kind, n.op, _renumber(n.args, ids), n.shape, str(n.dtype), n.stride,
-                          _renumber(n.attrs, ids)))
-    plan = (k.domain, k.mapping, k.scheme,
-            *(tuple(ids.get(x, "ext") for x in t) for t in (k.members, k.outputs, k.inputs, k.dominant,
-                                                             k.seeds, k.partials)),
-            tuple((ids.get(a, "ext"), ids.get(b, "ext"), s) for a, b, s in k.stitches),
-            bool(k.combine_of),
-            # (the emitter reads these too: row vectors of a transposed tile, the column tail)
-            tuple(ids.get(x, "ext") for x in k.transposed), k.column_tail, k.exact_rows, k.row_align,
-            tuple((ids.get(a, "ext"), ids.get(b, "ext")) for a, b in k.combine_casts),
-            tuple(ids.get(x, "ext") for x in k.epilogue), k.prefetch)
-    return repr((parts, plan)), closure
-
-
 def kernel_key(g: Graph, k: KernelPlan, device_kind: str, canonical: tuple[str, list[int]] | None = None) -> str:
     """The cache key of kernel `k` (`canonical`: `canonical_kernel(g, k)`, when the
     caller has it already)."""
     text, _ = canonical if canonical is not None else canonical_kernel(g, k)
     payload = repr((FORMAT, compiler_version(), device_kind, text,
-                    [(name, config.get(name)) for name in _CODE_KNOBS]))
+                    code_knobs()))
     return hashlib.sha256(payload.encode()).hexdigest()[:40]
 
 
