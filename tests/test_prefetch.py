@@ -334,8 +334,11 @@ def test_persistent_looped_walks_issue_each_column_blocks_loads_a_block_ahead(mo
     walking rows, each pass over a row a loop of column blocks) prefetches in every loop:
     the next block's loads issued first, clamped to the last block; column-partial kernels
     and two 16-warp programs an SM do not (their registers: `planner.COLUMN_PREFETCH_MAX_ELEMS`);
-    the knob off, no kernel does.  The cost model is not changed by it."""
+    the knob off, no kernel does.  The cost model prices the loops' waits either way
+    (`cost.loop_latency`)."""
     from stitchml.codegen import generate_all
+    from stitchml.plan.cost import memory_seconds
+    from stitchml.plan.devices import get_device
     _small_l2(monkeypatch)
     on = plan_on("H200", lambda x: torch.softmax(x, -1), (300, 20000), dtype=torch.float32)
     off = plan_on("H200", lambda x: torch.softmax(x, -1), (300, 20000), dtype=torch.float32, prefetch_columns=False)
@@ -350,7 +353,13 @@ def test_persistent_looped_walks_issue_each_column_blocks_loads_a_block_ahead(mo
     assert not any(k.prefetch for k in off.kernels)
     assert "cbase_pf" not in generate_all(off.graph, off)[off.kernels[0].name].source
     assert [k.mapping for k in on.kernels] == [k.mapping for k in off.kernels]
-    assert on.predicted_s == pytest.approx(off.predicted_s)
+    # 300 rows over 132 programs (3 rows each), two passes of three column blocks a row
+    (k_off,) = [k for k in off.kernels if k.mapping.form == "row_looped"]
+    assert k.loop_waits == k_off.loop_waits == 3 * 2 * 3
+    dev = get_device("H200")
+    mem = memory_seconds(k, dev)
+    assert k.predicted_s == pytest.approx(dev.launch_s + max(mem, 18 * dev.mem_latency_s))
+    assert k_off.predicted_s == pytest.approx(dev.launch_s + mem + 18 * dev.loop_wait_s)
     # a looped kernel with column partials (an RMS norm's backward over long rows) keeps its loops
     def rms_backward(x, w, g):
         x, w = (t.detach().requires_grad_() for t in (x, w))
@@ -420,3 +429,36 @@ def test_aot_check_reports_programs_resident_against_programs_needed():
     assert residency(AotResult("k1", True, registers=95, warps=8, grid=264), 132) == "2/2"
     assert residency(AotResult("k2", True, registers=98, warps=16, grid=1024), 132) == "1/8"
     assert residency(AotResult("k3", False, error="x"), 132) == ""
+
+
+def _layer_norm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b)
+
+
+def test_looped_rows_on_a_capped_grid_are_priced_a_wait_per_column_block():
+    """A layer norm over rows of 32768 bfloat16 values (H200: a persistent grid of 264
+    programs, each walking 4 rows in three passes of 4 column blocks) waits 48 times a
+    program; its price is the bytes' time plus 48 waits, and prefetched (float32: one
+    program an SM, 8 rows) the longer of its bytes and 96 full latencies.  More programs
+    than one round of two an SM (the same rows planned without the persistent grid) are
+    not priced a wait."""
+    from stitchml.plan.cost import loop_latency, memory_seconds
+    from stitchml.plan.devices import get_device
+    dev = get_device("H200")
+    plan = plan_on("H200", _layer_norm, (1024, 32768), (32768,), (32768,), dtype=torch.bfloat16)
+    (k,) = plan.kernels
+    m = k.mapping
+    assert (m.form, m.block_c, m.row_blocks, m.grid, k.prefetch) == ("row_looped", 8192, 4, 264, False)
+    assert k.loop_waits == 4 * 3 * 4
+    mem = memory_seconds(k, dev)
+    assert k.predicted_s == pytest.approx(dev.launch_s + mem + 48 * dev.loop_wait_s)
+    fp32 = plan_on("H200", _layer_norm, (1056, 32768), (32768,), (32768,), dtype=torch.float32)
+    (k32,) = fp32.kernels
+    assert (k32.mapping.grid, k32.mapping.row_blocks, k32.prefetch, k32.loop_waits) == (132, 8, True, 96)
+    mem32 = memory_seconds(k32, dev)
+    assert loop_latency(k32, mem32, dev) == pytest.approx(max(mem32, 96 * dev.mem_latency_s))
+    many = plan_on("H200", _layer_norm, (1024, 32768), (32768,), (32768,), dtype=torch.bfloat16,
+                   persistent_rows=False)
+    (kn,) = many.kernels
+    assert kn.mapping.grid == 1024 and kn.loop_waits == 3 * 32768 // kn.mapping.block_c
+    assert kn.predicted_s == pytest.approx(dev.launch_s + memory_seconds(kn, dev))

@@ -202,6 +202,31 @@ def memory_seconds(k: KernelPlan, dev: Device, warps: int = 0) -> float:
     return moved / (dev.bandwidth * max(efficiency, 1.0 / slots))
 
 
+def loop_waits(g: ir.Graph, k: KernelPlan) -> int:
+    """`KernelPlan.loop_waits`: the column blocks a program of row-looped kernel `k` loads
+    one after another (its row blocks x `row_passes` x the column blocks of a pass); 0 for
+    other forms."""
+    if k.mapping.form != "row_looped" or not isinstance(k.domain.cols, int):
+        return 0
+    blocks = -(-k.domain.cols // max(k.mapping.block_c, 1))
+    return max(k.mapping.row_blocks, 1) * row_passes(g, k) * blocks
+
+
+def loop_latency(k: KernelPlan, mem: float, dev: Device) -> float:
+    """Memory time of a row-looped kernel whose grid runs in one round of at most two
+    programs an SM (a persistent grid walking rows, or a partial kernel's capped grid):
+    each column block's loads are issued, waited for, then computed on, so the blocks add
+    `Device.loop_wait_s` each to the bytes' time; with the next block's loads issued first
+    (`KernelPlan.prefetch`, `codegen/emit_core.py::_column_loop`) a block takes the longer
+    of a full memory latency and its bytes' time.  Grids of more programs than that overlap
+    one program's waits with another's loads: not priced (no measurement yet)."""
+    if k.mapping.form != "row_looped" or not k.loop_waits or k.mapping.grid > 2 * dev.sms:
+        return mem
+    if k.prefetch:
+        return max(mem, k.loop_waits * dev.mem_latency_s)
+    return mem + k.loop_waits * dev.loop_wait_s
+
+
 def walk_latency(k: KernelPlan, mem: float, dev: Device) -> float:
     """Memory time of a kernel whose programs walk `row_blocks` blocks one after another
     (column partials: 1-2 programs an SM): each step waits for its loads, a memory latency,
@@ -215,6 +240,8 @@ def walk_latency(k: KernelPlan, mem: float, dev: Device) -> float:
     if k.mapping.form == "combine":   # (its steps over the partial rows: unrolled where few)
         from ..codegen.triton_kernel import combine_waits
         return mem + combine_waits(k) * dev.mem_latency_s
+    if k.mapping.form == "row_looped":
+        return loop_latency(k, mem, dev)
     if not k.walks_rows:
         return mem
     lat = k.mapping.row_blocks * dev.mem_latency_s

@@ -113,6 +113,10 @@ class KernelPlan:
     # why such a walk prefetches or not, beyond the knob (`planner._walk_prefetch`): its tile
     # narrowed so that the held loads fit, or the register limit that refused it; for explain
     walk_note: str = ""
+    # a row-looped kernel's column blocks a program loads one after another (its row blocks
+    # x the passes over each row x the column blocks a pass), set with its bytes by the
+    # planner; the cost model prices a wait for each (`cost.loop_latency`)
+    loop_waits: int = 0
     # a combine kernel's epilogue: per-column element-wise members computed from its
     # reductions after they are complete (a batch norm's rstd and running-statistics
     # update), in place of a one-program kernel after it (`planner._absorb_epilogues`)

@@ -52,6 +52,14 @@ class Device:
     # bench/NOTES.md forty-eighth session): four column-partial kernels of 16-block walks
     # gave 0.65-0.83 us a block beyond their bytes over bandwidth
     mem_latency_s: float = 0.75e-6
+    # what each column block of a row-looped kernel on a capped grid (one round of at most
+    # two programs an SM) adds beyond its bytes: the program issues a block's loads, waits,
+    # computes, then issues the next (`cost.loop_latency`).  Fitted on the H200 (2026-11-30,
+    # bench/NOTES.md fiftieth session): three [1, 8192]-block looped rows of 32768 bf16
+    # values, 32-64 blocks a program, gave 0.22-0.25 us a block beyond their bytes over
+    # bandwidth (less than a walk's full latency: the other program's loads and the same
+    # program's stores overlap the wait)
+    loop_wait_s: float = 0.23e-6
     # priced as a replayed CUDA graph (`replayed`): a global launch's barrier counter is then
     # zeroed by a memset node before it (a replay repeats the host's base of 0), one more
     # node on the stream, priced like a launch

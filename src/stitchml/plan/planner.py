@@ -15,7 +15,8 @@ from ..ir.product_sums import fold_product_sums
 from . import mapping as mapping_rules
 from .access import (generates, layout_domain, may_reorder, row_run_reads, row_values_domain, sector_waste,
                      transposed_reads)
-from .cost import input_passes, input_paths, kernel_bytes, predict_seconds, reread_miss, row_bytes, unfused_bytes
+from .cost import (input_passes, input_paths, kernel_bytes, loop_waits, predict_seconds, reread_miss, row_bytes,
+                   unfused_bytes)
 from .data import Domain, EagerStep, KernelPlan, Plan
 from .graph_view import GraphView, cheap_chains, is_free, mark_recompute, recompute_cheap, source_bytes, view_base
 from .grouping import Grouper, Group
@@ -600,6 +601,7 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     # loads are issued first (codegen/prefetch.py; H200: 2.0-2.6x their bytes' time without)
     kp = _walk_prefetch(g, kp, opts)
     kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp, opts.device)
+    kp.loop_waits = loop_waits(g, kp)
     kp.predicted_s = predict_seconds(kp, opts.device)
     return kp
 
@@ -691,6 +693,7 @@ def _priced(g: ir.Graph, k: KernelPlan, opts: PlanOptions) -> float:
     """`k`'s predicted time as planned so far, its transposed reads' wasted sectors in."""
     k = replace(k, sector_waste=sector_waste(g, k, list(k.transposed) or transposed_reads(g, k)))
     k.bytes_read, k.bytes_written = kernel_bytes(g, k, opts.device)
+    k.loop_waits = loop_waits(g, k)
     return predict_seconds(k, opts.device)
 
 
