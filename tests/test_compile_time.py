@@ -42,6 +42,9 @@ def test_bert_base_training_plans_and_generates_within_the_bounds():
     assert [g["kind"] for g in cold["graphs"]] == ["forward", "backward"]
     assert not any(g["plan_cached"] for g in cold["graphs"]) and cold["plan_cache"]["stored"] == 2
     assert cold["kernel_cache"]["generated"] > 0 and cold["launched"] > 0
+    # the second layer's candidate kernels are answered from the first's (codegen/probes.py)
+    assert 0 < cold["probes"]["analysed"] < cold["probes"]["asked"], cold["probes"]
+    assert warm["probes"]["asked"] == 0   # (a plan-cache hit plans nothing)
     # the warm process lowers and reads the plan cache; it plans and generates nothing
     assert all(g["plan_cached"] and g["plan_s"] == 0 and g["codegen_s"] == 0 for g in warm["graphs"])
     assert warm["kernel_cache"]["generated"] == 0 and all(g["lower_s"] > 0 for g in warm["graphs"])

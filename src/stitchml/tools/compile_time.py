@@ -205,6 +205,8 @@ def measure_once(layers: int, batch: int, seq: int, aot: str | None) -> dict:
     out["distinct_launched"] = len({kernel_cache._body_key(kernels[n].source)[0] for n in launched})
     out["kernel_cache"] = dict(kernel_cache.STATS)
     out["plan_cache"] = dict(plan_cache.STATS)
+    from ..codegen import probes
+    out["probes"] = dict(probes.STATS)
     if aot:
         from ..runtime.precompile import compile_for_target, shutdown
         out["aot"] = compile_for_target(merged.kernels, merged, 90, parallel=aot == "parallel", launched=launched)
@@ -341,6 +343,9 @@ def report(result: dict) -> list[str]:
     lines.append(f"  kernels {cold['kernel_sources']} ({cold['launched']} launched), distinct bodies "
                  f"{cold['distinct_bodies']} ({cold['distinct_launched']} launched); kernel sources generated "
                  f"{cold['kernel_cache']['generated']}, reused in memory {cold['kernel_cache']['memory_hits']}")
+    if "probes" in cold:
+        lines.append(f"  planner probes of code generation (codegen/probes.py): {cold['probes']['asked']} asked, "
+                     f"{cold['probes']['analysed']} analysed (the rest answered by kernel content)")
     for mode in ("aot_serial", "aot_parallel"):
         a = result.get(mode)
         if a is None:
