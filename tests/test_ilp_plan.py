@@ -65,6 +65,36 @@ def test_explain_says_which_plan_won_each_region():
         assert "ILP wins" in text
 
 
+def test_only_a_proved_optimum_is_taken_and_the_node_limit_is_passed(monkeypatch):
+    """A solve stopped by a limit keeps the rule plan, whatever it found by then: the best
+    solution so far depends on how fast the machine searched (Swin-T planned 219 or 250
+    launches with a time limit).  The node limit (`ilp_node_limit`), which does not depend
+    on speed, is what HiGHS is given besides the safety time limit."""
+    import scipy.optimize
+    from stitchml.plan import ilp
+
+    def four(a, b, c, d):
+        return a * 2 + 1, b.exp(), torch.sin(c) * 3, d - 1
+    inputs = (torch.randn(7, 3), torch.randn(100), torch.randn(5, 6, 7), torch.randn(33))
+    with config.override(device="H100"):
+        solved = plan_of(four, *inputs)
+    assert solved.search.per_region and all(r.note != ilp.UNSOLVED for r in solved.search.per_region)
+    real, seen = scipy.optimize.milp, []
+
+    def stopped(*a, **k):
+        seen.append(dict(k["options"]))   # (a copy: scipy pops the keys it reads)
+        res = real(*a, **k)
+        res.status = 1   # "iteration or time limit reached", its solution kept
+        return res
+    monkeypatch.setattr(scipy.optimize, "milp", stopped)
+    with config.override(device="H100", ilp_node_limit=37):
+        plan = plan_of(four, *inputs)
+    assert seen and all(o.get("node_limit") == 37 and o.get("time_limit", 0) > 0 for o in seen), seen
+    assert plan.search.regions_won == 0
+    assert all(r.winner != "ilp" and r.note == ilp.UNSOLVED for r in plan.search.per_region)
+    assert ilp.UNSOLVED in plan.search.note
+
+
 def test_rules_knob_turns_the_search_off():
     with config.override(device="H100", plan_search="rules"):
         plan = plan_of(lambda a, b: (a * 2, b + 1), torch.randn(8), torch.randn(8))

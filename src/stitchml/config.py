@@ -364,8 +364,15 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "`variants` measure it."),
     Knob("ilp", "STITCHML_ILP", True, _bool,
          "Choose launch-level stitching (global / horizontal / separate) by ILP (scipy HiGHS); off = rules."),
-    Knob("ilp_time_limit", "STITCHML_ILP_TIME_LIMIT", 0.5, float,
-         "Seconds HiGHS may spend per region before the rule-based choice is kept."),
+    Knob("ilp_time_limit", "STITCHML_ILP_TIME_LIMIT", 3.0, float,
+         "Seconds HiGHS may spend per region before the rule-based choice is kept: a safety bound only "
+         "(a region it stops plans by the rules, so its plan would depend on the machine's speed; "
+         "`ilp_node_limit` is the bound meant to apply). 2-core CPU, 2026-12-01: Swin-T's hardest region "
+         "took 1.2-1.3 s, its next 0.4-0.5 s, against the former 0.5 s."),
+    Knob("ilp_node_limit", "STITCHML_ILP_NODE_LIMIT", 200, int,
+         "Branch-and-bound nodes HiGHS may explore per region before the rule-based choice is kept: a limit "
+         "that does not depend on the machine's speed, so the same model plans the same everywhere "
+         "(Swin-T's hardest region needed 5)."),
     Knob("cuda_graphs", "STITCHML_CUDA_GRAPHS", True, _bool,
          "Capture each compiled graph (inference, training forward and backward) in a CUDA graph at its second "
          "call and replay it: parameters and stable inputs are read in place, only changing inputs are copied; "

@@ -71,7 +71,8 @@ class PlanOptions:
     multi_output_siblings: bool = True   # column reductions over one multi-output op's outputs merge
     ilp: bool = True               # launch grouping by ILP (else the rules)
     plan_search: str = "ilp"       # ilp | rules
-    ilp_time_limit: float = 0.5    # seconds per region
+    ilp_time_limit: float = 3.0    # seconds per region (a safety bound)
+    ilp_node_limit: int = 200      # branch-and-bound nodes per region (the bound meant to apply)
     # dynamic shapes: row and flat blocks take their cap instead of next_pow2 of the row
     # count, so a kernel's mapping moves only with its column extent (the size bucket)
     fixed_row_blocks: bool = False
@@ -89,6 +90,11 @@ class PlanOptions:
         if knobs.get("graph_replay"):
             dev = dev.replayed()
         return cls(dev, **knobs)
+
+    def milp_options(self) -> dict[str, Any]:
+        """HiGHS's limits for one ILP region or scheduling piece (`scipy.optimize.milp`'s
+        options; plan/ilp.py takes only a proved optimum)."""
+        return {"node_limit": self.ilp_node_limit, "time_limit": self.ilp_time_limit, "disp": False}
 
     def key(self) -> str:
         """A stable text of every field (the plan cache's key part)."""

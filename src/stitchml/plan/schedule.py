@@ -161,7 +161,7 @@ def schedule(plan: Plan, groups: list[LaunchGroup], opts: PlanOptions, deps: lis
     placed: dict[int, tuple[int, int]] = {}
     nvars = unfinished = 0
     for comp in _pieces(window, rule_gap):
-        got = _solve(comp, window, deps, blocked, slots, rule_gap, opts.ilp_time_limit)
+        got = _solve(comp, window, deps, blocked, slots, rule_gap, opts)
         nvars += got[1]
         if got[0] is None:
             unfinished += 1
@@ -228,7 +228,7 @@ def _rule_slots(comp, rule_gap, hgroup, steps) -> dict[int, tuple[int, int]]:
     return out
 
 
-def _solve(comp, window, deps, blocked, slots, rule_gap, cap):
+def _solve(comp, window, deps, blocked, slots, rule_gap, opts: PlanOptions):
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
@@ -273,7 +273,7 @@ def _solve(comp, window, deps, blocked, slots, rule_gap, cap):
     c = np.concatenate([[MOVE_COST * abs(s[0] - rule_gap[i]) for i, s in xs], np.ones(nu)])
     a = coo_matrix((vals, (rows, cols)), shape=(r, nv)).tocsr()
     res = milp(c, integrality=np.ones(nv), bounds=Bounds(np.zeros(nv), np.ones(nv)),
-               constraints=[LinearConstraint(a, lo, hi)], options={"time_limit": cap, "disp": False})
+               constraints=[LinearConstraint(a, lo, hi)], options=opts.milp_options())
     if res.x is None or res.status not in (0,):
         return None, nv
     return {xs[j][0]: xs[j][1] for j in range(nx) if res.x[j] > 0.5}, nv
