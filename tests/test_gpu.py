@@ -392,3 +392,18 @@ def test_calibration_measures_the_walk_latency_on_gpu():
     assert plain["walk"][1] > plain["walk"][0] and plain["grid"] == res["prefetch"]["grid"]
     assert 0.05e-6 < res["mem_latency_s"] < 5e-6, res
     assert res["prefetch"]["seconds"][1] <= plain["seconds"][1] * 1.05, res   # prefetch never costs
+
+
+def test_calibration_measures_the_looped_block_wait_on_gpu():
+    """`stitchml calibrate`'s looped-block wait (the cost model's `loop_wait_s`): two RMS
+    norms over 65536 bfloat16 columns on one capped grid, 128 and 256 blocks a program;
+    a fraction of a microsecond a block (H200 fit from the bench's rows: 0.22-0.25 µs),
+    and the per-form efficiencies measured beside it each from a kernel of its form."""
+    from stitchml.plan.devices import current_device
+    from stitchml.tools.calibrate import measure_forms, measure_loop_wait
+    dev = current_device()
+    res = measure_loop_wait(dev)
+    assert res["waits"][1] > res["waits"][0] and res["grid"] <= 2 * dev.sms, res
+    assert 0.02e-6 < res["loop_wait_s"] < 2e-6, res
+    forms = measure_forms(dev)
+    assert all(0.05 <= f["efficiency"] <= 1.0 for f in forms.values()), forms

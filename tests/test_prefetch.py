@@ -152,6 +152,83 @@ def test_the_walk_latency_is_calibrated_and_read_back(tmp_path):
         assert walk_latency(walk, 1e-6, dev) == pytest.approx(1e-6 + walk.mapping.row_blocks * 1.1e-6)
 
 
+def _planned_run(truth):
+    """A stand-in for `calibrate._run_stitched` without a GPU: the function planned for
+    `truth`'s device with the knobs asked for, its "measured" time what the cost model
+    prices on `truth` (whose figures the calibration should then recover)."""
+    from stitchml.plan.cost import plan_seconds
+
+    def run(fn, inputs, reps=20, **knobs):
+        plan = plan_on(truth.name, fn, *[tuple(x.shape) for x in inputs], dtype=inputs[0].dtype, **knobs)
+        return plan_seconds(plan, truth), [plan]
+    return run
+
+
+@pytest.mark.parametrize("device", ["H100", "H200"])
+def test_the_looped_block_wait_is_calibrated_beyond_the_bytes_and_read_back(device, tmp_path, monkeypatch):
+    """`stitchml calibrate` times an RMS norm over 65536 bfloat16 columns at two row
+    counts (`calibrate.measure_loop_wait`): on H100 and H200 both run one row-looped
+    kernel on the same capped grid, loading different numbers of column blocks a program;
+    from what the cost model would take on a device whose wait is 0.4 us the measurement
+    recovers 0.4 us; the calibration file carries it and the model reads it back."""
+    from dataclasses import replace
+
+    from stitchml.plan.devices import DEVICES, get_device, save_calibration
+    from stitchml.tools import calibrate as cal
+    truth = replace(DEVICES[device], loop_wait_s=0.4e-6)
+    monkeypatch.setattr(cal, "_run_stitched", _planned_run(truth))
+    res = cal.measure_loop_wait(DEVICES[device], device="meta")
+    assert res["grid"] <= 2 * truth.sms and res["waits"][0] < res["waits"][1], res
+    assert res["loop_wait_s"] == pytest.approx(0.4e-6, rel=1e-6)
+    with config.override(cache_dir=str(tmp_path)):
+        assert get_device(device).loop_wait_s == DEVICES[device].loop_wait_s
+        save_calibration(replace(DEVICES[device], loop_wait_s=res["loop_wait_s"]), {})
+        assert get_device(device).loop_wait_s == pytest.approx(0.4e-6)
+
+
+def test_form_efficiencies_are_calibrated_net_of_the_latencies_the_model_charges(monkeypatch):
+    """Each form's efficiency is what makes the cost model's time equal the measured one
+    once the walk, combine and looped-block latencies it charges besides are taken off:
+    from the model's own times on a device with known efficiencies (and a looped block's
+    wait of 0.3 us), `calibrate.measure_forms` gives those efficiencies back.  (Counted
+    into the efficiency, the row-looped form's waits would be charged twice.)"""
+    from dataclasses import replace
+
+    from stitchml.plan.devices import DEVICES
+    from stitchml.tools import calibrate as cal
+    eff = {"pointwise": 0.9, "row_persistent": 0.85, "packed_rows": 0.8, "row_looped": 0.7, "combine": 0.75}
+    truth = replace(DEVICES["H200"], loop_wait_s=0.3e-6, form_efficiency=tuple(sorted(eff.items())))
+    monkeypatch.setattr(cal, "_run_stitched", _planned_run(truth))
+    got = cal.measure_forms(replace(truth, form_efficiency=()), device="meta")
+    assert set(got) == set(eff)
+    for form, e in eff.items():
+        assert got[form]["efficiency"] == pytest.approx(e, rel=1e-6), (form, got[form])
+
+
+def test_the_global_scheme_is_calibrated_on_a_plan_that_has_a_global_group(monkeypatch):
+    """`calibrate.measure_global` reads the global scheme's efficiency from the model's
+    time of the plan it timed (barriers, launches and latencies not slowed by it) and
+    gives back the efficiency of a device whose global scheme runs at 0.6; a plan with
+    no global group measures nothing and says so (it used to report the separate
+    launches' speed as the scheme's)."""
+    from dataclasses import replace
+
+    from stitchml.plan.devices import DEVICES
+    from stitchml.tools import calibrate as cal
+    forms = (("combine", 0.9), ("packed_rows", 0.8), ("pointwise", 0.95), ("row_looped", 0.7))
+    truth = replace(DEVICES["H200"], barrier_s=1.0e-6, form_efficiency=forms + (("global", 0.6),))
+    gelu_colsum = {"gelu_colsum": cal._global_cases("meta")["gelu_colsum"]}
+    monkeypatch.setattr(cal, "_global_cases", lambda device: gelu_colsum)
+    monkeypatch.setattr(cal, "_run_stitched", _planned_run(truth))
+    got = cal.measure_global(replace(truth, form_efficiency=forms), device="meta")["gelu_colsum"]
+    assert got["kernels"] == 2 and got["efficiency"] == pytest.approx(0.6, rel=1e-6), got
+    run = _planned_run(truth)   # a planner that declines the scheme (as a calibrated one may)
+    monkeypatch.setattr(cal, "_run_stitched", lambda fn, inputs, **knobs: run(fn, inputs,
+                                                                             **{**knobs, "global_barriers": False}))
+    got = cal.measure_global(replace(truth, form_efficiency=forms), device="meta")["gelu_colsum"]
+    assert "efficiency" not in got and "no global group" in got["error"], got
+
+
 @pytest.mark.parametrize("cols,waits", [(768, 1), (3072, 9)])
 def test_combines_read_every_partial_in_the_same_unrolled_steps(cols, waits):
     """A combine reads all its reductions' partial rows in one walk of steps, unrolled

@@ -58,7 +58,8 @@ class Device:
     # bench/NOTES.md fiftieth session): three [1, 8192]-block looped rows of 32768 bf16
     # values, 32-64 blocks a program, gave 0.22-0.25 us a block beyond their bytes over
     # bandwidth (less than a walk's full latency: the other program's loads and the same
-    # program's stores overlap the wait)
+    # program's stores overlap the wait); `stitchml calibrate` measures it
+    # (`tools/calibrate.py::measure_loop_wait`)
     loop_wait_s: float = 0.23e-6
     # priced as a replayed CUDA graph (`replayed`): a global launch's barrier counter is then
     # zeroed by a memset node before it (a replay repeats the host's base of 0), one more
@@ -204,6 +205,7 @@ def load_calibration(base: Device, versions: tuple[str, str] | None = None) -> D
                       atomic_s=float(data.get("atomic_s", base.atomic_s)), form_efficiency=eff,
                       graph_launch_s=float(data.get("graph_launch_s", base.graph_launch_s)),
                       mem_latency_s=float(data.get("mem_latency_s", base.mem_latency_s)),
+                      loop_wait_s=float(data.get("loop_wait_s", base.loop_wait_s)),
                       source="calibrated", calibration_file=str(path))
         # our Triton GEMM against cuBLAS, where this calibration measured it (a file's
         # top-level `triton_gemm_efficiency` is only the table value it was written with)

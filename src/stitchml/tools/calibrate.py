@@ -20,9 +20,13 @@ Measured (CUDA events, median of many runs, buffers far larger than L2):
   counts, the same grid (so the same combine), without prefetch; the difference in time
   beyond the difference in bytes at the copy bandwidth, over the difference in blocks
   walked (and the same with prefetch, reported);
+- what a column block of a row-looped kernel on a capped grid adds beyond its bytes
+  (`Device.loop_wait_s`, `cost.loop_latency`): stitchml's RMS norm over 65536 bfloat16
+  columns at two row counts, the same persistent grid, without column prefetch, the
+  same difference over the difference in blocks loaded;
 - per-form efficiency: stitchml's own kernels of each form (pointwise, row_persistent,
   packed_rows, row_looped, combine) timed against their modelled bytes at the copy
-  bandwidth, and the global scheme against its separate-launch twin on two patterns;
+  bandwidth, net of the latencies measured above (so they are not counted twice), and the global scheme against its separate-launch twin on two patterns;
 - our Triton GEMM template (`patterns/gemm_op.py`, what a GEMM epilogue runs in) on each
   candidate tile configuration against cuBLAS's `addmm` on transformer-sized bf16
   products: the fastest configuration becomes the device's (`Device.triton_gemm_config`)
@@ -43,6 +47,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .. import config
+from ..plan.cost import memory_seconds
 from ..plan.devices import DEVICES, Device, current_device, describe_source, save_calibration
 
 BIG = 1 << 30          # bytes per buffer in copy measurements (L2 is 50-60 MB)
@@ -445,21 +450,66 @@ def measure_walk_latency(dev: Device, reps: int = 20) -> dict[str, Any]:
     return out
 
 
-def _form_cases() -> dict[str, tuple[Callable, Callable[[], list]]]:
+# rows of the RMS norms over 65536 bfloat16 columns timed by `measure_loop_wait`: both
+# row-looped on a persistent grid of one program an SM (H100/H200), walking 8 and 16
+# rows of two passes of 8 column blocks of 8192
+LOOP_ROWS = (1024, 2048)
+LOOP_COLS = 65536
+
+
+def _rms_norm(x):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+def measure_loop_wait(dev: Device, reps: int = 20, device: str = "cuda") -> dict[str, Any]:
+    """What a column block of a row-looped kernel on a capped grid adds beyond its bytes
+    (`Device.loop_wait_s`, `cost.loop_latency`): stitchml's RMS norm over 65536 bfloat16
+    columns at two row counts, the same grid, without column prefetch; the difference in
+    time beyond the difference in modelled memory time, over the difference in blocks
+    loaded one after another (`KernelPlan.loop_waits`)."""
+    out: dict[str, Any] = {"rows": list(LOOP_ROWS), "cols": LOOP_COLS, "dtype": "bf16"}
+    runs = []
+    for rows in LOOP_ROWS:
+        x = torch.randn(rows, LOOP_COLS, device=device, dtype=torch.bfloat16)
+        seconds, plans = _run_stitched(_rms_norm, [x], reps, prefetch_columns=False,
+                                       global_barriers=False, horizontal_fusion=False)
+        kernels = [k for p in plans for k in p.kernels]
+        if len(kernels) != 1 or kernels[0].mapping.form != "row_looped" or not kernels[0].loop_waits:
+            raise RuntimeError("expected one row-looped kernel, the plan has "
+                               + ", ".join(k.mapping.form for k in kernels))
+        k = kernels[0]
+        if k.mapping.grid > 2 * dev.sms:
+            raise RuntimeError(f"the looped kernel's grid ({k.mapping.grid}) is not capped at two programs an SM")
+        runs.append((seconds, memory_seconds(k, replace(dev, form_efficiency=())), k.loop_waits,
+                     k.mapping.grid))
+        del x
+    if runs[0][3] != runs[1][3]:
+        raise RuntimeError(f"the two RMS norms run different grids ({runs[0][3]}, {runs[1][3]})")
+    out.update(seconds=[r[0] for r in runs], mem_s=[r[1] for r in runs], waits=[r[2] for r in runs],
+               grid=runs[0][3])
+    out["loop_wait_s"] = walk_latency_from((runs[0][0], runs[1][0]), (runs[0][1], runs[1][1]),
+                                           (runs[0][2], runs[1][2]))
+    return out
+
+
+def _form_cases(cuda: str = "cuda") -> dict[str, tuple[Callable, Callable[[], list]]]:
     import torch.nn.functional as F
-    cuda = "cuda"
     return {
         "pointwise": (lambda x: torch.sigmoid(x * 2.0 + 1.0), lambda: [torch.randn(8192, 4096, device=cuda)]),
         "row_persistent": (lambda x: torch.softmax(x, -1), lambda: [torch.randn(8192, 4096, device=cuda)]),
-        "packed_rows": (lambda x, w, b: F.layer_norm(x, (1024,), w, b),
-                        lambda: [torch.randn(32768, 1024, device=cuda), torch.randn(1024, device=cuda),
-                                 torch.randn(1024, device=cuda)]),
+        # (rows of 1024 went to row_persistent when programs became one row wide: 128 columns
+        # still pack 32 rows a program on H100/H200 — tests/test_prefetch.py checks each
+        # case plans its form)
+        "packed_rows": (lambda x, w, b: F.layer_norm(x, (128,), w, b),
+                        lambda: [torch.randn(262144, 128, device=cuda), torch.randn(128, device=cuda),
+                                 torch.randn(128, device=cuda)]),
         "row_looped": (lambda x: torch.softmax(x, -1), lambda: [torch.randn(2048, 32768, device=cuda)]),
         "combine": (lambda x: x.sum(0), lambda: [torch.randn(32768, 1024, device=cuda)]),
     }
 
 
-def _global_cases() -> dict[str, tuple[Callable, Callable[[], list]]]:
+def _global_cases(cuda: str = "cuda") -> dict[str, tuple[Callable, Callable[[], list]]]:
     import torch.nn.functional as F
 
     def ln_bwd(x, w, b, g):
@@ -468,7 +518,6 @@ def _global_cases() -> dict[str, tuple[Callable, Callable[[], list]]]:
 
     def gelu_colsum(x):
         return F.gelu(x).sum(0)
-    cuda = "cuda"
     return {
         "layer_norm_bwd": (ln_bwd, lambda: [torch.randn(16384, 1024, device=cuda, requires_grad=True),
                                             torch.randn(1024, device=cuda, requires_grad=True),
@@ -489,38 +538,85 @@ def _run_stitched(fn: Callable, inputs: list, reps: int = 20, **knobs: Any):
     return seconds, [r.plan for r in backend.records if r.plan is not None]
 
 
-def measure_forms(dev: Device) -> dict[str, dict[str, float]]:
-    """Per form: modelled memory seconds at copy bandwidth against the measured time
-    (less the launches); efficiency = modelled / measured, in (0.05, 1]."""
+def form_efficiency_from(seconds: float, kernels: list, form: str, known: dict[str, float], dev: Device) -> float:
+    """The efficiency of `form` that makes the cost model's time for `kernels` (one
+    launch each) equal the `seconds` measured: the other forms' kernels priced with the
+    efficiencies already `known`, and the latencies the model charges beyond bytes
+    (walks, combines, looped blocks: `cost.walk_latency`, calibrated before this) taken
+    off, so a form's efficiency does not count them a second time.  In (0.05, 1]; 1.0
+    where nothing is left to explain."""
+    from ..plan.cost import walk_latency
+    unit = replace(dev, form_efficiency=())
+    known_dev = replace(dev, form_efficiency=tuple(sorted(known.items())))
+    mine = waits = others = 0.0
+    for k in kernels:
+        if k.mapping.form == form:
+            m = memory_seconds(k, unit)
+            mine += m
+            waits += walk_latency(k, m, unit) - m
+        else:
+            m = memory_seconds(k, known_dev)
+            others += walk_latency(k, m, known_dev)
+    left = seconds - len(kernels) * dev.launch_s - others - waits
+    return min(max(mine / left, 0.05), 1.0) if left > 0 and mine > 0 else 1.0
+
+
+def measure_forms(dev: Device, device: str = "cuda") -> dict[str, dict[str, float]]:
+    """Per form: the cost model's memory time at copy bandwidth against the measured time
+    (`form_efficiency_from`); efficiency = modelled / measured, in (0.05, 1].  Timed
+    without prefetch: a prefetched kernel's time is the longer of its bytes and its
+    latencies (`cost.walk_latency`), from which no bytes rate can be read."""
     out: dict[str, dict[str, float]] = {}
     known: dict[str, float] = {}
-    for form, (fn, make) in _form_cases().items():
-        seconds, plans = _run_stitched(fn, make(), global_barriers=False, horizontal_fusion=False)
+    for form, (fn, make) in _form_cases(device).items():
+        seconds, plans = _run_stitched(fn, make(), global_barriers=False, horizontal_fusion=False,
+                                       prefetch_rows=False, prefetch_columns=False)
         kernels = [k for p in plans for k in p.kernels]
-        mem = {k.name: (k.bytes_read + k.bytes_written) / dev.bandwidth for k in kernels}
-        # time left for this form's kernels once the others are priced with what is known
-        others = sum(mem[k.name] / known.get(k.mapping.form, 1.0) for k in kernels if k.mapping.form != form)
-        mine = sum(mem[k.name] for k in kernels if k.mapping.form == form)
-        left = seconds - len(kernels) * dev.launch_s - others
-        eff = min(max(mine / left, 0.05), 1.0) if left > 0 and mine > 0 else 1.0
+        if not any(k.mapping.form == form for k in kernels):   # the table value stands, said in the file
+            out[form] = {"error": f"the case planned no {form} kernel ({', '.join(k.mapping.form for k in kernels)})"}
+            continue
+        mine = sum((k.bytes_read + k.bytes_written) / dev.bandwidth for k in kernels if k.mapping.form == form)
+        eff = form_efficiency_from(seconds, kernels, form, known, dev)
         known[form] = eff
         out[form] = {"measured_s": seconds, "modelled_mem_s": mine, "efficiency": eff, "kernels": len(kernels)}
     return out
 
 
-def measure_global(dev: Device) -> dict[str, dict[str, float]]:
-    """The global scheme against its separate-launch twin: the efficiency that makes
-    the model's global-group time equal the measured one."""
-    out = {}
-    for name, (fn, make) in _global_cases().items():
+def global_efficiency_from(seconds: float, plans: list, dev: Device) -> float | None:
+    """The global-scheme efficiency that makes the cost model's time for `plans` (their
+    launch groups as `cost.plan_seconds` prices them, the forms at `dev`'s efficiencies)
+    equal the `seconds` measured: only the bytes of global groups' members are slowed by
+    it (`cost.group_seconds`), their launches, barriers and latencies are not.  In
+    (0.05, 1]; None where no plan has a global group (nothing measured)."""
+    from ..plan.cost import atomic_seconds, plan_seconds
+    one = replace(dev, form_efficiency=tuple((f, e) for f, e in dev.form_efficiency if f != "global"))
+    members = {m for p in plans for g in p.groups if g.kind == "global" for m in g.members}
+    if not members:
+        return None
+    slowed = sum(memory_seconds(k, one) + atomic_seconds(k, one) for p in plans for k in p.kernels
+                 if k.name in members)
+    rest = sum(plan_seconds(p, one) for p in plans) - slowed
+    left = seconds - rest
+    return min(max(slowed / left, 0.05), 1.0) if left > 0 else 0.05
+
+
+def measure_global(dev: Device, device: str = "cuda") -> dict[str, dict[str, Any]]:
+    """The global scheme on two patterns, timed beside its separate-launch twin: the
+    efficiency that makes the model's time of the global plan equal the measured one
+    (`global_efficiency_from`; `dev` carries the forms' calibrated efficiencies).  A
+    pattern whose plan chose no global group measures nothing: said in its entry."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, (fn, make) in _global_cases(device).items():
         inputs = make()
-        t_sep, plans = _run_stitched(fn, inputs, global_barriers=False, horizontal_fusion=False)
-        t_glob, _ = _run_stitched(fn, inputs, global_barriers=True, horizontal_fusion=False)
+        t_sep, _ = _run_stitched(fn, inputs, global_barriers=False, horizontal_fusion=False)
+        t_glob, plans = _run_stitched(fn, inputs, global_barriers=True, horizontal_fusion=False)
         n = sum(len(p.kernels) for p in plans)
-        mem_sep = max(t_sep - n * dev.launch_s, 1e-9)
-        denom = t_glob - dev.launch_s - (n - 1) * dev.barrier_s
-        eff = min(max(mem_sep / denom, 0.05), 1.0) if denom > 0 else 0.05
-        out[name] = {"separate_s": t_sep, "global_s": t_glob, "kernels": n, "efficiency": eff}
+        eff = global_efficiency_from(t_glob, plans, dev)
+        out[name] = {"separate_s": t_sep, "global_s": t_glob, "kernels": n}
+        if eff is None:
+            out[name]["error"] = "the planner chose no global group for this pattern"
+        else:
+            out[name]["efficiency"] = eff
     return out
 
 
@@ -592,16 +688,23 @@ def calibrate() -> Device | None:
         dev = replace(dev, mem_latency_s=walk["mem_latency_s"])
     except Exception as e:   # the table value stands, said in the file
         walk = {"error": f"{type(e).__name__}: {e}"}
+    try:
+        loop: dict[str, Any] = measure_loop_wait(dev)
+        dev = replace(dev, loop_wait_s=loop["loop_wait_s"])
+    except Exception as e:   # the table value stands, said in the file
+        loop = {"error": f"{type(e).__name__}: {e}"}
     forms = measure_forms(dev)
-    glob = measure_global(dev)
+    eff = {f: v["efficiency"] for f, v in forms.items() if "efficiency" in v}
+    glob = measure_global(replace(dev, form_efficiency=tuple(sorted(eff.items()))))
     try:
         gemm = measure_triton_gemm()
         dev = replace(dev, triton_gemm_efficiency=gemm["efficiency"], triton_gemm_source="calibrated",
                       triton_gemm_config=gemm["best"])
     except Exception as e:   # the table value stands (and gemm_epilogue=auto fuses nothing), said below
         gemm = {"error": f"{type(e).__name__}: {e}"}
-    eff = {f: v["efficiency"] for f, v in forms.items()}
-    eff["global"] = min(v["efficiency"] for v in glob.values())   # the worse pattern decides
+    measured = [v["efficiency"] for v in glob.values() if "efficiency" in v]
+    if measured:   # the worse pattern decides; otherwise the table value stands, said in the file
+        eff["global"] = min(measured)
     dev = replace(dev, form_efficiency=tuple(sorted(eff.items())))
     measurements = {"gpu": torch.cuda.get_device_name(), "copy_bandwidth": copies, "launch_s": dev.launch_s,
                     "launch_s_from": "stitch_launcher" if "wall_us" in ours else "empty kernel, Triton JIT",
@@ -609,7 +712,7 @@ def calibrate() -> Device | None:
                     "barrier_s": dev.barrier_s, "atomic_s": dev.atomic_s, "forms": forms, "global_scheme": glob,
                     "graph_launch_s": dev.graph_launch_s, "graph_launch_error": graph_error,
                     "graph_launch_pdl_s": graph_launch_pdl,
-                    "walk_latency": walk,
+                    "walk_latency": walk, "loop_wait": loop,
                     "triton_gemm": gemm}
     path = save_calibration(dev, measurements)
     return replace(dev, calibration_file=str(path))
@@ -617,7 +720,7 @@ def calibrate() -> Device | None:
 
 def main(argv: list[str] | None = None) -> int:
     """`stitchml calibrate`; `--launch-only`: measure and print the launch overheads,
-    store nothing; `--walk-only`: the same for the walk latency."""
+    store nothing; `--walk-only`: the same for the walk latency and the looped block's wait."""
     import argparse
     ap = argparse.ArgumentParser(prog="stitchml calibrate")
     ap.add_argument("--launch-only", action="store_true")
@@ -634,6 +737,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"walks {r['walk']}: {[round(s * 1e6, 1) for s in r['seconds']]} us "
                   f"(bytes at copy bandwidth {[round(s * 1e6, 1) for s in r['mem_s']]} us): "
                   f"{r['latency_s'] * 1e6:.2f} us a walked block beyond its bytes")
+        loop = measure_loop_wait(current_device())
+        print(f"looped: RMS norms of {loop['rows']} x {loop['cols']} {loop['dtype']} rows, grid {loop['grid']}, "
+              f"blocks loaded a program {loop['waits']}: {[round(s * 1e6, 1) for s in loop['seconds']]} us "
+              f"(modelled memory {[round(s * 1e6, 1) for s in loop['mem_s']]} us): "
+              f"{loop['loop_wait_s'] * 1e6:.2f} us a looped column block beyond its bytes")
         return 0
     if args.launch_only:
         if not torch.cuda.is_available():
@@ -649,7 +757,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{dev.name}: copy bandwidth {dev.bandwidth / 1e12:.2f} TB/s, launch {dev.launch_s * 1e6:.2f} us "
           f"({dev.graph_launch_s * 1e6:.2f} us in a CUDA-graph replay), "
           f"grid barrier {dev.barrier_s * 1e6:.2f} us, atomic add {dev.atomic_s * 1e12:.2f} ps/element, "
-          f"memory latency a walked row block {dev.mem_latency_s * 1e6:.2f} us")
+          f"memory latency a walked row block {dev.mem_latency_s * 1e6:.2f} us, "
+          f"a looped column block {dev.loop_wait_s * 1e6:.2f} us")
     print("form efficiency: " + ", ".join(f"{f} {e:.2f}" for f, e in dev.form_efficiency))
     if dev.triton_gemm_source == "calibrated":
         print(f"Triton GEMM template: {dev.triton_gemm_efficiency:.2f} of cuBLAS's speed with tiles "
