@@ -86,6 +86,14 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "which Triton lays out with warps across the rows: sm_90 code of rms_norm_bwd N=32768 then sums "
          "every block's rows through shared memory (12 barriers an iteration; the H200 ran that kernel "
          "at 0.75 TB/s). Only where rows x vector fit 32 values a thread. Not yet measured on a GPU."),
+    Knob("walk_looped_partials", "STITCHML_WALK_LOOPED_PARTIALS", True, _bool,
+         "Column partials beside long (looped) rows: where the cost model prices it lower, one or two "
+         "programs an SM walk the rows one at a time (a grid stride), each adding every row's column "
+         "block into its own partial row (in L2), instead of a program for every few rows with all rows "
+         "in flight at once: the re-reads of a row (a norm backward reads x and dy twice) then hit L2, and "
+         "the partial buffer and its combine shrink to a row a program. rms_norm_bwd [1024 x 32768] bf16 "
+         "on the H200: 2 x 128 MB in flight against 60 MB of L2, 109 us measured (2026-11-27) for 48 us "
+         "of bytes. Static shapes. Not yet measured on a GPU."),
     Knob("partial_bytes_per_thread", "STITCHML_PARTIAL_BYTES_PER_THREAD", 64, int,
          "Column partials beside rows held on chip (a column sum, a bias gradient): the row block grows "
          "until a thread loads this many bytes an iteration (several independent 16-byte loads in flight), "

@@ -153,12 +153,26 @@ class Stores:
 
     def looped_partial(self, nid: int) -> None:
         """A column reduction in a row-looped kernel (inside its last loop): the column
-        block's reduction over the program's rows, stored at once as the block of the
-        program's partial row (each program owns its partial row and its rows are all
-        in the block: nothing to accumulate across iterations)."""
+        block's reduction over the program's rows, stored as the block of the program's
+        partial row.  Each program owns its partial row; where it walks row blocks
+        (`Mapping.row_blocks` > 1, a grid stride from its program id) every block after
+        its first adds to what the one before stored: the load and the store have the
+        same pointers, so each thread reads back its own store."""
         n, v, cd, ident, row = self._partial_parts(nid)
         body = f"tl.where(rmask & cmask, {v}, {ident}).to({TL_DTYPE[cd]})"
         red_expr = f"tl.sum({body}, 0)" if n.op == "sum" else f"tl.reduce({body}, 0, {REDUCE_COMBINE[n.op]})"
+        if self.b.m.row_blocks > 1:
+            b = self.b
+            part = b.new("part")
+            prev = b.new("prev")
+            b.scopes[-1].lines += [
+                f"{part} = {red_expr}[None, :]",
+                # (the row block as a tensor of cflat's shape: a scalar condition in a mask is
+                # refused by the interpreter)
+                f"{prev} = tl.load({row} + cflat, mask=cmask & (cflat * 0 + rblk > tl.program_id(0)), "
+                f"other={ident})",
+                f"tl.store({row} + cflat, {REDUCE_COMBINE[n.op]}({prev}, {part}), mask=cmask)"]
+            return
         self.b.scopes[-1].lines.append(f"tl.store({row} + cflat, {red_expr}[None, :], mask=cmask)")
 
 __all__ = ["Stores"]

@@ -123,9 +123,10 @@ def emit_rows(b: KernelBuilder, stores: Stores) -> list[str]:
 def emit_looped(b: KernelBuilder, stores: Stores) -> list[str]:
     """Rows walked in column blocks; with column partials the program holds several rows
     and its last loop stores, per column block, the block's sums over those rows.
-    Without partials, `row_blocks` > 1 is a persistent grid: each program walks rows
-    with a grid stride (`plan/mapping.py::persistent_looped`)."""
-    stride = not b.k.partials and b.m.row_blocks > 1
+    `row_blocks` > 1 is a persistent grid: each program walks rows with a grid stride
+    (`plan/mapping.py::persistent_looped`), with column partials adding each row block's
+    sums into its partial row (`mapping.walking_looped_partials`)."""
+    stride = b.m.row_blocks > 1
     blocks = -(-b.dom.rows // b.m.block_r)
     _rows(b, ("rblk.to(tl.int64)" if b.idx64 else "rblk") if stride else _pid(b), blocks if stride else None)
     for d in b.dom.col_dims:   # loop scopes define the c* names; the symbols are shared

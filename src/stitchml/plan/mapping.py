@@ -341,6 +341,31 @@ def persistent_looped(rows: int, cols: int, row_bytes: float, opts: PlanOptions)
     return Mapping("row_looped", 1, bc, _warps(bc), grid, -(-rows // grid))
 
 
+WALKED_PARTIAL_THREAD_BYTES = 192   # walking_looped_partials: a column block's bytes a thread
+
+
+def walking_looped_partials(rows: int, cols: int, row_bytes: float, partials: int, opts: PlanOptions,
+                            elem_bytes: int) -> Mapping:
+    """Column partials beside looped rows as a persistent grid (`persistent_looped`): one
+    row a tile, each program walking rows with a grid stride and adding each row's
+    column block into its own partial row (`emit_store.looped_partial`), which stays in
+    L2 between its rows; so the rows in flight and the partial rows (`partials` float32
+    values a column each) together size the grid.  Against `choose`'s program for every
+    R rows (all rows in flight at once: a norm backward's second read of x and dy misses
+    L2 once they pass it), chosen where the model prices it lower (`planner`).
+    `elem_bytes`: bytes a column of the block costs a thread (its full-size inputs and a
+    float32 summand a partial); the block narrows until a thread's share is at most
+    WALKED_PARTIAL_THREAD_BYTES.  sm_90 (Triton 3.6), [1, 8192] blocks at 16 warps: an RMS
+    norm backward's (x, dy and one partial: 128 bytes in bfloat16, 192 in float32) took
+    53 and 101 registers; a layer norm's in float32 (two partials, 256 bytes) 128 and
+    spilled 40 bytes."""
+    mp = persistent_looped(rows, cols, row_bytes + 4 * cols * partials, opts)
+    bc = mp.block_c
+    while bc > 32 * mp.num_warps and bc // (32 * mp.num_warps) * elem_bytes > WALKED_PARTIAL_THREAD_BYTES:
+        bc //= 2
+    return replace(mp, block_c=bc)
+
+
 ACCUMULATOR_ELEMS_PER_THREAD = 32   # float32 column sums a thread may hold, all accumulators together
 MIN_ROW_BLOCKS_PER_PROGRAM = 4      # a taller tile must leave each program this many iterations
 

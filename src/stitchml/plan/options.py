@@ -33,6 +33,7 @@ class PlanOptions:
     prefetch_columns: bool = True   # persistent looped grids: each column loop issues the next block first
     looped_partial_elems: int = 2048   # column partials beside looped rows: elements per iteration
     partial_lanes: bool = True   # looped column partials: a tile's rows in each thread, warps along the columns
+    walk_looped_partials: bool = True   # ... or 1-2 programs an SM walking rows, each adding into its partial row
     partial_bytes_per_thread: int = 64   # column partials beside on-chip rows: bytes a thread loads an iteration
     dtype_scaled_blocks: bool = True   # block knobs count float32 elements: 2-byte data gets twice as many
     persistent_rows: bool = True   # looped rows read twice or more: 1-2 programs an SM walk rows (L2 reuse)

@@ -512,6 +512,20 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
         lanes = replace(kp, mapping=mapping_rules.partial_lanes(kp.mapping, grp.domain.cols, min(sizes, default=4)))
         if lanes.mapping != kp.mapping and generates(g, lanes):
             kp = lanes
+    if (partials and kp.mapping.form == "row_looped" and not kp.transposed and opts.walk_looped_partials
+            and not opts.fixed_row_blocks and not scatter and kp.mapping.row_blocks <= 1
+            and kp.domain.rows > 2 * opts.device.sms):
+        # the rows one at a time on a persistent grid, each program adding into its own
+        # partial row: re-reads from L2, a smaller partial buffer (plan/mapping.py), where
+        # the model prices the kernel and its combine lower
+        elem_bytes = sum(g[i].dtype.itemsize for i in kp.inputs if g[i].numel >= full) + 4 * len(partials)
+        walk = replace(kp, mapping=mapping_rules.walking_looped_partials(
+            kp.domain.rows, kp.domain.cols, row_bytes(g, kp), len(partials), opts, elem_bytes))
+        before, after = _with_combine(g, kp, opts), _with_combine(g, walk, opts)
+        if after < before and generates(g, walk):
+            walk.walk_note = (f"rows walked by {walk.mapping.grid} programs, partial rows accumulated: predicted "
+                              f"{before * 1e6:.1f} -> {after * 1e6:.1f} us with the combine (knob walk_looped_partials)")
+            kp = walk
     if (partials and kp.mapping.form in ("packed_rows", "row_persistent") and not kp.transposed
             and not opts.fixed_row_blocks and not scatter):
         # more bytes in flight a thread: taller row blocks (plan/mapping.py); only where
@@ -600,10 +614,16 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
     # programs walking row blocks wait a memory latency per block unless the next block's
     # loads are issued first (codegen/prefetch.py; H200: 2.0-2.6x their bytes' time without)
     kp = _walk_prefetch(g, kp, opts)
-    kp.bytes_read, kp.bytes_written = kernel_bytes(g, kp, opts.device)
-    kp.loop_waits = loop_waits(g, kp)
-    kp.predicted_s = predict_seconds(kp, opts.device)
-    return kp
+    return _price(g, kp, opts)
+
+
+def _price(g: ir.Graph, k: KernelPlan, opts: PlanOptions) -> KernelPlan:
+    """`k` with the figures the cost model prices it by set from its mapping as it is:
+    modelled bytes, the column blocks its programs load one after another, predicted time."""
+    k.bytes_read, k.bytes_written = kernel_bytes(g, k, opts.device)
+    k.loop_waits = loop_waits(g, k)
+    k.predicted_s = predict_seconds(k, opts.device)
+    return k
 
 
 # prefetch (codegen/prefetch.py) holds a block's row loads for a whole step more: only where
@@ -689,12 +709,16 @@ def _walk_prefetch(g: ir.Graph, kp: KernelPlan, opts: PlanOptions) -> KernelPlan
     return kp
 
 
+def _with_combine(g: ir.Graph, k: KernelPlan, opts: PlanOptions) -> float:
+    """`k`'s predicted time as planned so far (`_priced`) and that of the combine that will
+    reduce its partial rows (`_combine`)."""
+    return _priced(g, k, opts) + _combine("combine_probe", k, g, opts).predicted_s
+
+
 def _priced(g: ir.Graph, k: KernelPlan, opts: PlanOptions) -> float:
     """`k`'s predicted time as planned so far, its transposed reads' wasted sectors in."""
     k = replace(k, sector_waste=sector_waste(g, k, list(k.transposed) or transposed_reads(g, k)))
-    k.bytes_read, k.bytes_written = kernel_bytes(g, k, opts.device)
-    k.loop_waits = loop_waits(g, k)
-    return predict_seconds(k, opts.device)
+    return _price(g, k, opts).predicted_s
 
 
 ROW_VALUES_MIN_PROGRAMS_PER_SM = 4   # row_values: programs of whole rows, enough to fill the machine
