@@ -146,7 +146,7 @@ def test_full_size_rms_norm_backward_moves_a_third_fewer_bytes():
     were recomputed, 565 MB: the float32 product written and read back).  Both with a
     program a row (`persistent_rows` off): with a persistent grid the model has the
     separate kernels' re-reads hit L2 (336 MB), which the partials plan does not try."""
-    on, plan = _plans_for("rms_norm_bwd[N=32768]", "bf16", persistent_rows=False, walk_looped_partials=False)
+    on, plan = _plans_for("rms_norm_bwd[N=32768]", "bf16", persistent_rows=False, walk_looped_partials="off")
     off, _ = _plans_for("rms_norm_bwd[N=32768]", "bf16", looped_partials=False, persistent_rows=False)
     (k,) = [k for k in plan.kernels if k.partials]
     assert (k.mapping.form, k.mapping.block_r, k.mapping.grid) == ("row_looped", 4, 256)
@@ -295,12 +295,12 @@ def test_looped_partial_tiles_keep_each_rows_columns_in_one_thread(dtype, cols):
     vector a lane and row), so each block's partial row is summed in registers; the knob
     off keeps `looped_partial_elems` a tile ([4, 512], which Triton spread over warps
     along the rows)."""
-    _, plan = _plans_for("rms_norm_bwd[N=32768]", dtype, walk_looped_partials=False)
+    _, plan = _plans_for("rms_norm_bwd[N=32768]", dtype, walk_looped_partials="off")
     (k,) = [k for k in plan.kernels if k.partials and k.mapping.form == "row_looped"]
     m = k.mapping
     assert (m.block_r, m.block_c, m.num_warps) == (4, cols, 8)
     assert m.block_c == 32 * m.num_warps * 16 // {"bf16": 2, "fp32": 4}[dtype]
-    _, off = _plans_for("rms_norm_bwd[N=32768]", dtype, partial_lanes=False, walk_looped_partials=False)
+    _, off = _plans_for("rms_norm_bwd[N=32768]", dtype, partial_lanes=False, walk_looped_partials="off")
     (k,) = [k for k in off.kernels if k.partials and k.mapping.form == "row_looped"]
     assert (k.mapping.block_r, k.mapping.block_c) == (4, 512)
 
@@ -334,25 +334,18 @@ def test_norm_backward_with_rows_in_each_thread_matches_eager(fn, dtype):
     assert any(c.combine_of == k.name for c in _backward_kernels(c))
 
 
-@pytest.fixture
-def walked(monkeypatch):
-    """The cost model's choice made for walked rows (`planner._with_combine` priced by row
-    blocks walked: more is cheaper), so the interpreter's small shapes take the form that
-    full-size plans take on their own (`test_full_size_norm_backward_walks_its_rows`)."""
-    from stitchml.plan import planner
-    monkeypatch.setattr(planner, "_with_combine", lambda g, k, opts: -k.mapping.row_blocks)
-
-
 @pytest.mark.parametrize("fn, dtype", [(layer_norm, torch.float32), (rms_norm, torch.float32),
                                        (rms_norm, torch.bfloat16)], ids=["layer_norm-fp32", "rms_norm-fp32", "rms_norm-bf16"])
-def test_walked_rows_add_each_row_into_their_partial_row(fn, dtype, walked):
+def test_walked_rows_add_each_row_into_their_partial_row(fn, dtype):
     """Column partials of a looped kernel on a persistent grid (`mapping.walking_looped_partials`):
     each of the cpu device's 4 programs walks 9-10 of the 37 rows one at a time and adds
     each row's column block into its partial row (its first row stores: the partial
-    buffer is not zeroed, and poisoned here); the combine sums 4 partial rows.  Gradients
-    against eager (bfloat16 against a float64 run)."""
+    buffer is not zeroed); the combine sums 4 partial rows.  Taken wherever it applies
+    (`walk_looped_partials=on`): at these sizes the model prices it higher, as it does not
+    at full size (`test_full_size_norm_backward_walks_its_rows`).  Gradients against eager
+    (bfloat16 against a float64 run)."""
     inputs = _inputs(fn, dtype)
-    with config.override(**LOOPED):
+    with config.override(**LOOPED, walk_looped_partials="on"):
         if dtype == torch.bfloat16:
             c, verdict = compare_against_float64(fn, inputs)
             verdict.assert_ok(fn.__name__)
@@ -367,7 +360,7 @@ def test_walked_rows_add_each_row_into_their_partial_row(fn, dtype, walked):
 
 
 @pytest.mark.parametrize("barriers", [True, False], ids=["global", "separate"])
-def test_walked_sum_and_max_partials_as_phases_or_launches(barriers, walked):
+def test_walked_sum_and_max_partials_as_phases_or_launches(barriers):
     """A column sum and a column max walked and accumulated (the max through the same
     load, combine, store: its first row must not be maxed with the poisoned buffer), the
     row value written in the same last loop; as phases of one launch (the walk over
@@ -376,7 +369,7 @@ def test_walked_sum_and_max_partials_as_phases_or_launches(barriers, walked):
         y = (x - x.mean(-1, keepdim=True)) * w
         return y.sum(0), y.amax(0), y * 2
     x, w = torch.randn(41, 70) - 3.0, torch.randn(70)   # (every column's max negative: a 0 start would win)
-    with config.override(**LOOPED, global_barriers=barriers):
+    with config.override(**LOOPED, global_barriers=barriers, walk_looped_partials="on"):
         c = compare_with_eager(fn, [x, w], backward=False)
     plan = c.backend.records[0].plan
     k, comb = plan.kernels
@@ -391,14 +384,15 @@ def test_full_size_norm_backward_walks_its_rows(device, dtype):
     """[1024, 32768] RMS norm backward at full size: 1024 rows in flight at once (a program
     every 4 rows) re-read x and dy from DRAM (2 x 128 MB against 50-60 MB of L2); one
     program an SM walking rows one at a time keeps them in L2 and writes 132 partial rows
-    instead of 256.  The model prices the kernel and its combine lower, and the plan
-    says why (`walk_note`); the knob off keeps a program every 4 rows."""
+    instead of 256.  The model prices the kernel and its combine lower (knob `auto`, the
+    default), and the plan says why (`walk_note`); the knob off keeps a program every 4
+    rows; at the interpreter's sizes `auto` keeps it too."""
     from stitchml.bench.micro import cases
     from stitchml.tools import predict
     (spec,) = [s for s in cases(quick=False) if s.name == "rms_norm_bwd[N=32768]"]
     opts = PlanOptions.from_config(get_device(device))
     on, plans = predict.case_plans(spec, dtype, opts)
-    with config.override(walk_looped_partials=False):
+    with config.override(walk_looped_partials="off"):
         off, plans_off = predict.case_plans(spec, dtype, PlanOptions.from_config(get_device(device)))
     (k,) = [k for k in plans[-1].kernels if k.partials]
     (k_off,) = [k for k in plans_off[-1].kernels if k.partials]
@@ -406,3 +400,16 @@ def test_full_size_norm_backward_walks_its_rows(device, dtype):
     assert k.mapping.row_blocks == 8 and "walk_looped_partials" in k.walk_note
     assert (k_off.mapping.block_r, k_off.mapping.grid, k_off.mapping.row_blocks) == (4, 256, 1)
     assert k.bytes_read < 0.75 * k_off.bytes_read and on.predicted_s < 0.8 * off.predicted_s
+    with config.override(**LOOPED, device=device):
+        small = plan_of(rms_norm_bwd_by_hand, torch.randn(600, 70), torch.randn(70), torch.randn(600, 70))
+    (k,) = [k for k in small.kernels if k.partials]
+    assert k.mapping.row_blocks == 1 and k.mapping.block_r > 1
+
+
+def rms_norm_bwd_by_hand(x, w, dy):
+    """An RMS norm's input and weight gradients written out (a forward graph)."""
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    g = dy.float() * w.float()
+    dx = rstd * (g - xf * rstd * rstd * (g * xf).mean(-1, keepdim=True))
+    return dx.to(x.dtype), (dy.float() * xf * rstd).sum(0).to(x.dtype)

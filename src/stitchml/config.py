@@ -86,8 +86,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "which Triton lays out with warps across the rows: sm_90 code of rms_norm_bwd N=32768 then sums "
          "every block's rows through shared memory (12 barriers an iteration; the H200 ran that kernel "
          "at 0.75 TB/s). Only where rows x vector fit 32 values a thread. Not yet measured on a GPU."),
-    Knob("walk_looped_partials", "STITCHML_WALK_LOOPED_PARTIALS", True, _bool,
-         "Column partials beside long (looped) rows: where the cost model prices it lower, one or two "
+    Knob("walk_looped_partials", "STITCHML_WALK_LOOPED_PARTIALS", "auto", off_auto_on,
+         "Column partials beside long (looped) rows: `auto`: where the cost model prices it lower (`on`: "
+         "wherever it applies, as the fuzzer draws it; `off`: never), one or two "
          "programs an SM walk the rows one at a time (a grid stride), each adding every row's column "
          "block into its own partial row (in L2), instead of a program for every few rows with all rows "
          "in flight at once: the re-reads of a row (a norm backward reads x and dy twice) then hit L2, and "

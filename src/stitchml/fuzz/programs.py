@@ -61,6 +61,11 @@ PLACED_CAT_FROM = 19800
 # IN_PLACE_FROM on; the written inputs are compared after the call like outputs
 IN_PLACE_SHARE = 0.3
 IN_PLACE_FROM = 26000
+# looped column partials walked on a persistent grid wherever they apply
+# (`walk_looped_partials=on`; under `auto` the interpreter's tiny sizes never price them
+# lower), from seed WALKED_PARTIALS_FROM on, from a stream of its own
+WALKED_PARTIALS_SHARE = 0.3
+WALKED_PARTIALS_FROM = 31600
 
 
 @dataclass(frozen=True)
@@ -745,6 +750,8 @@ def generate(seed: int, profile: str = "ci") -> Program:
             knobs["loop_block_cols"] = min(knobs.get("loop_block_cols", 2048), knobs["persistent_max_cols"])
     if random.Random(f"split-{seed}").random() < SPLIT_SHARE:
         knobs["split_min_cols"] = SPLIT_MIN_COLS
+    if seed >= WALKED_PARTIALS_FROM and random.Random(f"walked-{seed}").random() < WALKED_PARTIALS_SHARE:
+        knobs["walk_looped_partials"] = "on"
     lo, hi = prof.min_ops, prof.max_ops
     draws = [rng.randint(lo, hi) for _ in range(3 if prof.short_bias else 1)]
     target = min(draws)

@@ -33,7 +33,7 @@ class PlanOptions:
     prefetch_columns: bool = True   # persistent looped grids: each column loop issues the next block first
     looped_partial_elems: int = 2048   # column partials beside looped rows: elements per iteration
     partial_lanes: bool = True   # looped column partials: a tile's rows in each thread, warps along the columns
-    walk_looped_partials: bool = True   # ... or 1-2 programs an SM walking rows, each adding into its partial row
+    walk_looped_partials: str = "auto"   # ... or 1-2 programs an SM walking rows, each adding into its partial row
     partial_bytes_per_thread: int = 64   # column partials beside on-chip rows: bytes a thread loads an iteration
     dtype_scaled_blocks: bool = True   # block knobs count float32 elements: 2-byte data gets twice as many
     persistent_rows: bool = True   # looped rows read twice or more: 1-2 programs an SM walk rows (L2 reuse)
@@ -80,6 +80,10 @@ class PlanOptions:
     # the graph is planned for capture in a CUDA graph: its device's launch cost is the
     # replay's per-kernel gap (`Device.replayed`), set by `from_config(graph_replay=True)`
     graph_replay: bool = False
+
+    def __post_init__(self) -> None:
+        # three-way knobs as their canonical word (an override may pass a boolean)
+        object.__setattr__(self, "walk_looped_partials", config.off_auto_on(self.walk_looped_partials))
 
     @classmethod
     def from_config(cls, device: Device | str | None = None, **changes: Any) -> "PlanOptions":

@@ -512,19 +512,21 @@ def _kernel(name: str, grp: Group, g: ir.Graph, gv: GraphView, materialized: set
         lanes = replace(kp, mapping=mapping_rules.partial_lanes(kp.mapping, grp.domain.cols, min(sizes, default=4)))
         if lanes.mapping != kp.mapping and generates(g, lanes):
             kp = lanes
-    if (partials and kp.mapping.form == "row_looped" and not kp.transposed and opts.walk_looped_partials
+    walk_mode = opts.walk_looped_partials   # off | auto | on
+    if (partials and kp.mapping.form == "row_looped" and not kp.transposed and walk_mode != "off"
             and not opts.fixed_row_blocks and not scatter and kp.mapping.row_blocks <= 1
             and kp.domain.rows > 2 * opts.device.sms):
         # the rows one at a time on a persistent grid, each program adding into its own
         # partial row: re-reads from L2, a smaller partial buffer (plan/mapping.py), where
-        # the model prices the kernel and its combine lower
+        # the model prices the kernel and its combine lower (or always: `on`)
         elem_bytes = sum(g[i].dtype.itemsize for i in kp.inputs if g[i].numel >= full) + 4 * len(partials)
         walk = replace(kp, mapping=mapping_rules.walking_looped_partials(
             kp.domain.rows, kp.domain.cols, row_bytes(g, kp), len(partials), opts, elem_bytes))
         before, after = _with_combine(g, kp, opts), _with_combine(g, walk, opts)
-        if after < before and generates(g, walk):
+        if (walk_mode == "on" or after < before) and generates(g, walk):
             walk.walk_note = (f"rows walked by {walk.mapping.grid} programs, partial rows accumulated: predicted "
-                              f"{before * 1e6:.1f} -> {after * 1e6:.1f} us with the combine (knob walk_looped_partials)")
+                              f"{before * 1e6:.1f} -> {after * 1e6:.1f} us with the combine (knob "
+                              f"walk_looped_partials={walk_mode})")
             kp = walk
     if (partials and kp.mapping.form in ("packed_rows", "row_persistent") and not kp.transposed
             and not opts.fixed_row_blocks and not scatter):
