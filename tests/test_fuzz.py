@@ -347,13 +347,19 @@ def test_judge_floor_of_an_fp32_island_in_a_low_precision_program():
 
 
 def test_cli_runs_cases_on_recycled_worker_pools(monkeypatch, capsys):
-    # a fresh pool per batch: with one case per worker per pool, 5 cases need 3 pools
-    # (an executor with max_tasks_per_child hung once its workers retired)
+    # a fresh pool per batch: with one case per worker per pool, 3 cases on 2 workers need
+    # 2 pools (an executor with max_tasks_per_child hung once its workers retired); each
+    # pool's workers start a Python that imports torch (5 cases, 3 pools: 27-34 s)
     from stitchml.fuzz import cli
     monkeypatch.setattr(cli, "RECYCLE", 1)
-    assert cli.main(["-n", "5", "--start", "7000", "--jobs", "2", "--profile", "ci"]) == 0
+    import concurrent.futures as cf
+    pools = []
+    real = cf.ProcessPoolExecutor
+    monkeypatch.setattr(cf, "ProcessPoolExecutor", lambda *a, **k: pools.append(1) or real(*a, **k))
+    assert cli.main(["-n", "3", "--start", "7000", "--jobs", "2", "--profile", "ci"]) == 0
+    assert len(pools) == 2, pools
     out = capsys.readouterr().out
-    assert "fuzz: 5 cases" in out and "5 passed" in out, out
+    assert "fuzz: 3 cases" in out and "3 passed" in out, out
 
 
 def test_gradient_of_an_expanded_input_through_a_full_slice():
