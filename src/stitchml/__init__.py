@@ -32,10 +32,10 @@ def _register() -> None:
 _register()
 ignore_once_logging()   # knob ignore_once_logging: Hugging Face's once-only warnings break no graph
 
-from .runtime import interpreter_calls, interpreter_overflow, interpreter_tree  # noqa: E402
+from .runtime import interpreter_calls, interpreter_overheads, interpreter_tree  # noqa: E402
 
 interpreter_tree.install()   # under TRITON_INTERPRET only: vectorised custom reductions and scans
 interpreter_calls.install()  # under TRITON_INTERPRET only: helper calls without re-patching the language
-interpreter_overflow.install()  # under TRITON_INTERPRET only: int32 arithmetic wraps unchecked, as compiled
+interpreter_overheads.install()  # under TRITON_INTERPRET only: no overflow checks nobody reads, dtypes kept
 
 __all__ = ["compile", "explain", "Report", "StitchBackend", "stitch_backend"]
