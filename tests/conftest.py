@@ -75,3 +75,22 @@ def _fallback_for_marked_tests(request):
     from stitchml import config
     with config.override(fallback_on_error=True):  # an inner override (fallback off) still wins
         yield
+
+
+CUT_SMS = 12
+
+
+@pytest.fixture
+def h200_cut(monkeypatch):
+    """The H200 cut to CUT_SMS SMs, its copy bandwidth and L2 in proportion: per SM the
+    same plans (tiles, warps, walks, prefetch, column lanes, which the tests using it
+    check) on a grid of 2 x 12 programs instead of 264, of which the interpreter runs 11x
+    fewer (tests of walks took 40-66 s each at the H200's 264).  Returns the programs of
+    its grid of two an SM."""
+    from dataclasses import replace
+
+    from stitchml.plan import devices
+    h = devices.DEVICES["H200"]
+    monkeypatch.setitem(devices.DEVICES, "H200", replace(h, sms=CUT_SMS, bandwidth=h.bandwidth * CUT_SMS / h.sms,
+                                                         l2_bytes=h.l2_bytes * CUT_SMS // h.sms))
+    return 2 * CUT_SMS

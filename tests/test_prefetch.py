@@ -4,7 +4,6 @@ walk latency, and the kernels against float64 under the interpreter with the kno
 off (outputs poisoned: tests/conftest.py)."""
 import ast
 import sys
-from dataclasses import replace
 
 import pytest
 import torch
@@ -60,22 +59,6 @@ def test_bodies_it_cannot_rewrite_keep_the_plain_walk():
     # a name the rewrite would add already in use
     assert prefetched_walk(["pf0 = rblk * 2", "t = tl.load(in0 + pf0)", "tl.store(out0 + pf0, t)"],
                            "rblk", "tl.program_id(0)", 300, 264) is None
-
-
-CUT_SMS = 12
-
-
-@pytest.fixture
-def h200_cut(monkeypatch):
-    """The H200 cut to CUT_SMS SMs, its copy bandwidth and L2 in proportion: per SM the
-    same plans (tiles, warps, walks and prefetch, which the tests using it check) on a
-    grid of 2 x 12 programs instead of 264, of which the interpreter runs 11x fewer
-    (the tests of walks took 40-66 s each at the H200's 264)."""
-    from stitchml.plan import devices
-    h = devices.DEVICES["H200"]
-    monkeypatch.setitem(devices.DEVICES, "H200", replace(h, sms=CUT_SMS, bandwidth=h.bandwidth * CUT_SMS / h.sms,
-                                                         l2_bytes=h.l2_bytes * CUT_SMS // h.sms))
-    return 2 * CUT_SMS
 
 
 def _ln_backward(x, w, b, g):
