@@ -353,7 +353,9 @@ def test_narrowed_walks_match_float64(rows, cols, dtype, h200_cut):
             assert {(k.mapping.num_warps, k.mapping.block_r, k.mapping.grid) for k, _ in walks} == {want}
             from stitchml.tools.explain import Report   # explain says why the walk has these tiles
             text = Report(cmp.backend.records).to_text()
-            assert ("planned at 8 warps, [2, 1024] tiles" if cols == 1024 else f"planned at {h200_cut // 2} programs") in text
+            want_note = ("planned at 8 warps, [2, 1024] tiles" if cols == 1024
+                         else f"planned at {h200_cut // 2} programs")
+            assert want_note in text
 
 
 AOT_NARROW = '''
