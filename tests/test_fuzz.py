@@ -480,3 +480,27 @@ def test_long_profile_cases_that_one_nudge_misjudged(seed):
     # `cases.NUDGES` independent nudges see how far rounding moves the result
     r = fuzz.run_case(seed, "long")
     assert r.status == "pass", r.line()
+
+
+def test_two_norms_of_one_value_over_different_trailing_dims_are_split_apart():
+    # seed 32036 (knob split_min_cols=16): a layer norm over (1, 24, 4) and one over (24, 4)
+    # of the same value both split into 4 chunks; the split kept its chunk statistics by
+    # chunk count alone, so the second sum read the first's partials (shape (4,)) with its
+    # own dims (1,): an IndexError in planning, hidden by the fallback
+    from stitchml import config
+    from stitchml.plan.options import PlanOptions
+    from stitchml.plan.split import split_plan
+    from stitchml.testing import compare_with_eager
+
+    def f(x, w, b):
+        t = torch.tanh(x)
+        return F.layer_norm(t, (1, 24, 4)).mean(0), F.layer_norm(t, (24, 4), w, b)
+
+    args = [torch.randn(1, 24, 4).requires_grad_(), torch.randn(24, 4).requires_grad_(),
+            torch.randn(24, 4).requires_grad_()]
+    with config.override(split_min_cols=16, fallback_on_error=False):
+        cmp = compare_with_eager(f, args)
+        split = [r.plan for r in cmp.backend.records if r.plan]
+        assert split and all(r.eager_reason is None for r in cmp.backend.records)
+        src = split[0].source
+        assert src is not None and len(split_plan(src, PlanOptions.from_config())) >= 2   # both norms split

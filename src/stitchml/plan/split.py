@@ -126,7 +126,7 @@ def split_long_rows(g: ir.Graph, opts: PlanOptions) -> ir.Graph:
     new = ir.Graph(inputs=[], outputs=[], fallbacks=list(g.fallbacks))
     remap: dict[int, int] = {}
     chunks: dict[int, tuple[int, int]] = {}   # split amax -> (its chunked view, its chunk maxima)
-    stats = _ChunkStats(new, remap)           # per (x, chunks): the chunked view, sums, M2
+    stats = _ChunkStats(new, remap)           # per (x, chunked shape): the chunked view, sums, M2
     for n in g.nodes:
         if n.id not in plan:
             copy_node(new, g, n, remap)
@@ -166,25 +166,29 @@ def split_long_rows(g: ir.Graph, opts: PlanOptions) -> ir.Graph:
 
 
 class _ChunkStats:
-    """Chunk statistics of a split row source x, built once per (x, chunk count) in the
+    """Chunk statistics of a split row source x, built once per (x, chunked shape) in the
     new graph: the chunked view, the chunk sums, and the chunk means with the sums of
-    deviations from them and of their squares."""
+    deviations from them and of their squares.  Keyed by the whole chunked shape, not the
+    chunk count alone: two reductions of one x over different trailing dims (a layer norm
+    over (1, 24, 4) and one over (24, 4) of the same value, fuzz seed 32036) split into
+    the same number of chunks but keep different leading dims, and the second read the
+    first's partials with its own dims (an IndexError in planning)."""
 
     def __init__(self, new: ir.Graph, remap: dict[int, int]):
         self.new, self.remap = new, remap
-        self.views: dict[tuple[int, int], int] = {}
-        self.sum_parts: dict[tuple[int, int], int] = {}
-        self.m2_parts: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self.views: dict[tuple[int, tuple[int, ...]], int] = {}
+        self.sum_parts: dict[tuple[int, tuple[int, ...]], int] = {}
+        self.m2_parts: dict[tuple[int, tuple[int, ...]], tuple[int, int, int]] = {}
 
     def view(self, x: int, dtype: torch.dtype, chunked: tuple[int, ...]) -> int:
-        key = (x, chunked[-2])
+        key = (x, tuple(chunked))
         if key not in self.views:
             self.views[key] = self.new.add(ir.VIEW, "reshape", (Ref(self.remap[x]),), chunked, dtype,
                                            contiguous_strides(chunked))
         return self.views[key]
 
     def sums(self, x: int, dtype: torch.dtype, chunked: tuple[int, ...], of: int) -> tuple[int, int]:
-        key = (x, chunked[-2])
+        key = (x, tuple(chunked))
         view = self.view(x, dtype, chunked)
         if key not in self.sum_parts:
             ps = chunked[:-1]
@@ -196,7 +200,7 @@ class _ChunkStats:
         """(chunk means m_c, chunk sums of x - m_c, chunk sums of (x - m_c)^2), each of
         the parts' shape.  The first sum is 0 only in exact arithmetic: m_c is rounded
         (by about an ulp of x), and the combination below uses it rather than assume it."""
-        key = (x, chunked[-2])
+        key = (x, tuple(chunked))
         new = self.new
         view, total = self.sums(x, dtype, chunked, of)
         ps = chunked[:-1]
