@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from stitchml import config
 from stitchml.capture.backend import StitchBackend
@@ -250,6 +251,40 @@ def test_an_input_read_for_a_mirrored_element_is_not_overwritten_in_place():
     [(pos, new)] = plan.graph.written()
     assert len(plan.kernels) == 1 and plan.kernels[0].mapping.grid > 1   # (programs that race)
     assert "at other elements than it writes" in (plan.in_place[new] or ""), plan.in_place
+    assert in_place_writes(plan) == plan.in_place
+
+
+def test_an_input_copied_into_itself_rotated_is_not_overwritten_in_place():
+    """Fuzz seed 32227 (reduced): `a2.copy_(v1)` with v1 = cat([a2[1:3], a2[0:1]]), a
+    rotation of a2 by a row that a stack also reads; the planner evaluates the cat where
+    it is read, so the copy's kernel (two programs of 128 elements, knob pointwise_block)
+    loaded a2 rotated while writing it in place: the second program read rows the first
+    had overwritten (error 3.2).  The write is refused with the reason; a2 matches eager."""
+    torch._dynamo.reset()
+
+    def fn(a0, a2, a3, a4):
+        v1 = torch.cat([a2.narrow(0, 1, 2), a2.narrow(0, 0, 1)], 0)
+        v3 = torch.stack([v1, v1], 2).reshape((24, 2, 8))
+        v7 = torch.minimum(torch.relu(a3), a4)
+        v9 = torch.cat([v7.narrow(1, 1, 1), v7.narrow(1, 0, 1)], 1)
+        a2.copy_(v1.clone())
+        a4.copy_(v7.clone())
+        return v7.reshape(96), F.log_softmax(a0, dim=-3), v3.reshape(384), v9 + a3.var((0, 1, 2))
+
+    ins = [torch.randn(1, 5, 127, 1), torch.randn(3, 64, 1), torch.randn(2, 2, 8),
+           torch.randn(8, 2, 2, 3).permute(3, 1, 2, 0)]
+    ref = [t.clone() for t in ins]
+    want = fn(*ref)
+    got_in = [t.clone() for t in ins]
+    backend = StitchBackend()
+    with config.override(fallback_on_error=False, pointwise_block=128, loop_block_cols=8, horizontal_fusion=False,
+                         ilp=False):
+        got = torch.compile(fn, backend=backend)(*got_in)
+    for a, b in zip(got_in + list(got), ref + list(want)):
+        torch.testing.assert_close(a, b)
+    plan = next(r for r in backend.records if r.plan is not None).plan
+    reasons = [v for v in plan.in_place.values() if v]
+    assert any("reads it at other elements than it writes" in v for v in reasons), plan.in_place
     assert in_place_writes(plan) == plan.in_place
 
 

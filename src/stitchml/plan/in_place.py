@@ -19,7 +19,9 @@ when nothing reads an old element after it is overwritten:
   element-wise steps only (no view, no broadcast), so each element is loaded before
   the store that depends on it, and no other program touches it; and the new value is
   computed from those reads through element-wise steps too (`_aligned`: a flip between
-  them reads a mirrored element another program may have overwritten);
+  them reads a mirrored element another program may have overwritten), and it does not
+  itself read the input through a view or a concatenation evaluated where it is read (a
+  rotation `x.copy_(cat([x[1:], x[:1]]))`);
 - neither the input nor a view of it is returned (the caller would hold the new value
   where the graph returned the old).
 Otherwise the value is written to a buffer of its own and copied into the input after
@@ -88,6 +90,10 @@ def _refusal(g: ir.Graph, plan: Plan, x: int, new: int, kernels_of: dict, launch
         if is_free(n):
             continue   # (evaluated where it is read: its readers are among the readers)
         if r == new:
+            if not elementwise:   # (fuzz seed 32227: `x.copy_(cat([x[1:], x[:1]]))`, the cat evaluated
+                # where read, so the new value itself loaded x rotated; another program had overwritten it)
+                return (f"its new value (%{r} {n.op}) reads it at other elements than it writes, through a "
+                        "view or a concatenation of its parts")
             continue
         if r in inside:
             if k.combine_of:
