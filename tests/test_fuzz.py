@@ -504,3 +504,32 @@ def test_two_norms_of_one_value_over_different_trailing_dims_are_split_apart():
         assert split and all(r.eager_reason is None for r in cmp.backend.records)
         src = split[0].source
         assert src is not None and len(split_plan(src, PlanOptions.from_config())) >= 2   # both norms split
+
+
+def test_the_gradient_of_one_chunk_of_a_long_split_compiles():
+    # seed 32198 (bf16): the backward of `expm1(x).split(2)[14]` over 432 values is a
+    # concatenation of 216 parts (zeros, and the chunk's gradient), emitted as one select
+    # nested 216 deep: Python's parser refused the kernel ("too many nested parentheses")
+    # and the fallback hid it.  Neighbouring parts of one value now select as one range
+    from stitchml import config
+    from stitchml.testing import compare_with_eager
+
+    x = torch.randn(48, 9).to(torch.bfloat16).requires_grad_()
+    with config.override(fallback_on_error=False):
+        cmp = compare_with_eager(lambda a: torch.expm1(a.reshape(432)).split(2, 0)[14], [x],
+                                 rtol=2e-2, atol=2e-2)
+    assert all(r.eager_reason is None for r in cmp.backend.records)
+
+
+def test_a_concatenation_of_hundreds_of_distinct_parts_compiles():
+    # the same limit with no neighbours to merge: 210 parts, each its own value; the select
+    # goes through a value of its own every SELECT_NESTING levels
+    from stitchml import config
+    from stitchml.codegen.emit_core import SELECT_NESTING
+    from stitchml.testing import compare_with_eager
+
+    assert SELECT_NESTING < 200
+    x = torch.randn(210, 3).requires_grad_()
+    with config.override(fallback_on_error=False):
+        cmp = compare_with_eager(lambda a: torch.cat([torch.sin(a[i:i + 1] * (i + 1)) for i in range(210)]), [x])
+    assert all(r.eager_reason is None for r in cmp.backend.records)

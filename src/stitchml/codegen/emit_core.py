@@ -38,6 +38,10 @@ ROW, COL = "row", "col"
 # a concatenation of at least this many buffers read at one offset picks a base pointer
 # by position and loads once, instead of loading every part under a mask (`_cat_by_pointer`)
 CAT_POINTER_PARTS = 4
+# selects by position nest at most this deep in one expression, then go through a value of
+# their own: Python's parser refuses ~200 nested parentheses (fuzz seed 32198: the gradient
+# of one chunk of a split into 216, a select over 216 parts)
+SELECT_NESTING = 64
 
 
 @dataclass(frozen=True)
@@ -701,10 +705,19 @@ class KernelBuilder:
             axes |= v.axes
             vals.append((start, size, v))
         self.cond = outer
-        result = vals[-1][2].name
-        for start, size, v in reversed(vals[:-1]):
+        merged: list[tuple[int, int, Val]] = []   # neighbouring parts of one value as one range (the
+        for start, size, v in vals:               # zeros around the gradient of a split's one chunk)
+            if merged and merged[-1][2].name == v.name and merged[-1][0] + merged[-1][1] == start:
+                merged[-1] = (merged[-1][0], merged[-1][1] + size, v)
+            else:
+                merged.append((start, size, v))
+        scope, dt = self.scope_for(axes), compute_dtype(dtype)
+        result = merged[-1][2].name
+        for depth, (start, size, v) in enumerate(reversed(merged[:-1]), 1):
             result = f"tl.where({p} < {start + size}, {v.name}, {result})"
-        return self.emit(self.scope_for(axes), result, axes, compute_dtype(dtype))
+            if depth % SELECT_NESTING == 0:
+                result = self.emit(scope, result, axes, dt).name
+        return self.emit(scope, result, axes, dt)
 
     def _cat_by_pointer(self, n: ir.Node, pos, subs, reads) -> Val:
         """A concatenation of many buffers read at one offset (a recurrence's per-step
@@ -718,9 +731,11 @@ class KernelBuilder:
         for nid in nodes:
             self.loads.append((nid, off))
         chosen = ptrs[-1]
-        for (s, size, _), ptr in reversed(list(zip(subs, ptrs))[:-1]):
-            chosen = f"tl.where({p} < {s + size}, {ptr}, {chosen})"
         pos_axes = frozenset(ix.axes(pos))
+        for depth, ((s, size, _), ptr) in enumerate(reversed(list(zip(subs, ptrs))[:-1]), 1):
+            chosen = f"tl.where({p} < {s + size}, {ptr}, {chosen})"
+            if depth % SELECT_NESTING == 0:
+                chosen = self.emit(self.scope_for(pos_axes), chosen, pos_axes, torch.int64, prefix="p").name
         base = self.emit(self.scope_for(pos_axes), chosen, pos_axes, torch.int64, prefix="p")
         axes = set(ix.axes(off)) | pos_axes
         for _, cond_axes in self.cond:
