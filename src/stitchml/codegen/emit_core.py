@@ -44,6 +44,18 @@ CAT_POINTER_PARTS = 4
 SELECT_NESTING = 64
 
 
+def _select_by_position(pos: str, parts: list[tuple[int, str]], named: Callable[[str], str]) -> str:
+    """`tl.where(pos < end_0, v_0, tl.where(pos < end_1, v_1, ... v_last))` over parts
+    (end, value text) in order, each SELECT_NESTING levels handed to `named` (which emits
+    the expression and returns its value's name) so that no expression nests deeper."""
+    result = parts[-1][1]
+    for depth, (end, value) in enumerate(reversed(parts[:-1]), 1):
+        result = f"tl.where({pos} < {end}, {value}, {result})"
+        if depth % SELECT_NESTING == 0:
+            result = named(result)
+    return result
+
+
 @dataclass(frozen=True)
 class Val:
     name: str
@@ -712,11 +724,8 @@ class KernelBuilder:
             else:
                 merged.append((start, size, v))
         scope, dt = self.scope_for(axes), compute_dtype(dtype)
-        result = merged[-1][2].name
-        for depth, (start, size, v) in enumerate(reversed(merged[:-1]), 1):
-            result = f"tl.where({p} < {start + size}, {v.name}, {result})"
-            if depth % SELECT_NESTING == 0:
-                result = self.emit(scope, result, axes, dt).name
+        result = _select_by_position(p, [(start + size, v.name) for start, size, v in merged],
+                                     lambda text: self.emit(scope, text, axes, dt).name)
         return self.emit(scope, result, axes, dt)
 
     def _cat_by_pointer(self, n: ir.Node, pos, subs, reads) -> Val:
@@ -730,13 +739,11 @@ class KernelBuilder:
         ptrs = [self.param("in", nid) for nid in nodes]
         for nid in nodes:
             self.loads.append((nid, off))
-        chosen = ptrs[-1]
         pos_axes = frozenset(ix.axes(pos))
-        for depth, ((s, size, _), ptr) in enumerate(reversed(list(zip(subs, ptrs))[:-1]), 1):
-            chosen = f"tl.where({p} < {s + size}, {ptr}, {chosen})"
-            if depth % SELECT_NESTING == 0:
-                chosen = self.emit(self.scope_for(pos_axes), chosen, pos_axes, torch.int64, prefix="p").name
-        base = self.emit(self.scope_for(pos_axes), chosen, pos_axes, torch.int64, prefix="p")
+        scope = self.scope_for(pos_axes)
+        chosen = _select_by_position(p, [(s + size, ptr) for (s, size, _), ptr in zip(subs, ptrs)],
+                                     lambda text: self.emit(scope, text, pos_axes, torch.int64, prefix="p").name)
+        base = self.emit(scope, chosen, pos_axes, torch.int64, prefix="p")
         axes = set(ix.axes(off)) | pos_axes
         for _, cond_axes in self.cond:
             axes |= cond_axes
