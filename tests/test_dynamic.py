@@ -263,6 +263,9 @@ def test_a_probe_size_that_fails_gives_an_exact_template_for_this_size(monkeypat
     assert not st.eager_calls and st.num_templates == 1
     assert not next(iter(st.templates.values()))[0].generic
     assert "failed at a probe size: RuntimeError: injected probe failure" in st.refusals[0]
+    # kept apart too, so the fuzzer (and a test) can count it as the crash it is
+    assert len(st.probe_errors) == 1 and "RuntimeError: injected probe failure" in st.probe_errors[0]
+    assert "n=" not in st.probe_errors[0] or "20" not in st.probe_errors[0].split(":")[0]
 
 
 def test_copied_concrete_graph_lowers_like_a_retraced_one():

@@ -50,6 +50,7 @@ class DynamicState:
     by_size: dict[tuple, tpl.Template] = field(default_factory=dict)
     refusals: list[str] = field(default_factory=list)   # why a bucket got an exact template
     eager_calls: list[str] = field(default_factory=list)
+    probe_errors: list[str] = field(default_factory=list)   # exceptions the pipeline raised at a probe size
     pipeline_runs: int = 0
     plan_seconds: float = 0.0
 
@@ -145,13 +146,16 @@ def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec: Co
             points = probes(sig, values)
             builds = [sources]
             try:
-                builds += [generate(p)[1] for p in points[1:]]
+                for p in points[1:]:
+                    builds.append(generate(p)[1])
                 found = tpl.build(sig, points, builds) if len(points) > 1 else (
                     "the bucket has one size" if all(hi - lo == 1 for lo, hi in bucket) else
                     "no other size of the bucket satisfies the graph's guards")
             except Exception as e:  # a probe size the pipeline cannot compile: this size still can
                 if not config.get("fallback_on_error"):
                     raise
+                where = _fmt_sizes(points[len(builds)]) if len(builds) < len(points) else "building the template"
+                state.probe_errors.append(f"{where}: {type(e).__name__}: {str(e)[:300]}")
                 found = f"the static pipeline failed at a probe size: {type(e).__name__}: {str(e)[:200]}"
             if isinstance(found, str):
                 state.refusals.append(f"{_fmt_sizes(values)}: {found}")

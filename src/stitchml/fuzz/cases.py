@@ -200,7 +200,7 @@ def check(prog: Program) -> CaseResult:
     # compiled, with a fresh backend
     torch._dynamo.reset()
     backend = StitchBackend()
-    compiled = torch.compile(_function(prog, dt, hi), backend=backend, fullgraph=True)
+    compiled = torch.compile(_function(prog, dt, hi), backend=backend, fullgraph=True, dynamic=prog.dynamic or None)
     with warnings.catch_warnings(record=True) as caught, \
             config.override(poison_outputs=True, **prog.knobs):
         warnings.simplefilter("always")
@@ -217,6 +217,12 @@ def check(prog: Program) -> CaseResult:
         return result("fail", "; ".join(whole), graphs=len(backend.records))
     if not backend.records:  # (a backward graph may legitimately be absent: views only)
         return result("fail", "no graph was compiled")
+    # an exception at a probe size leaves that bucket an exact template, silently (the
+    # call itself still runs kernels): a crash inside stitchml all the same
+    probe_errors = [f"{r.kind} graph: {e}" for r in backend.records if r.dynamic for e in r.dynamic.probe_errors]
+    if probe_errors:
+        return result("fail", f"dynamic sizes: the pipeline raised at a probe size: {probe_errors[0][:300]}",
+                      graphs=len(backend.records))
     ours = [str(w.message) for w in caught if "stitchml" in str(w.message)]
     if ours:
         return result("fail", f"warning: {ours[0][:300]}", graphs=len(backend.records))
@@ -273,7 +279,7 @@ def _upstream_fails_too(prog: Program, fails: list[Verdict], cot, low_out, low_g
     torch._dynamo.reset()
     try:
         ref_fn = torch.compile(_function(prog, DTYPES[prog.dtype], torch.float32), backend="aot_eager",
-                               fullgraph=True)
+                               fullgraph=True, dynamic=prog.dynamic or None)
         up_out, up_grads = _forward_backward(ref_fn, make_inputs(prog), cot, prog.backward, prog.written)
     except Exception:
         return False

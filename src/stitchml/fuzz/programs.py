@@ -66,6 +66,13 @@ IN_PLACE_FROM = 26000
 # lower), from seed WALKED_PARTIALS_FROM on, from a stream of its own
 WALKED_PARTIALS_SHARE = 0.3
 WALKED_PARTIALS_FROM = 31600
+# programs compiled with symbolic sizes (`torch.compile(dynamic=True)`: the dynamic stage,
+# its probes at other sizes of each mapping bucket and its templates; `dynamic/runner.py`),
+# from seed DYNAMIC_FROM on, from a stream of their own.  The program's literal shapes
+# (reshapes, pools) become guards that may leave a bucket one size: then an exact template
+# runs, which is still the dynamic stage's code path
+DYNAMIC_SHARE = 0.25
+DYNAMIC_FROM = 33600
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,7 @@ class Program:
     lines: list[str]
     outputs: list[str]
     written: list[int] = field(default_factory=list)   # inputs the program writes (compared after the call)
+    dynamic: bool = False   # compiled with symbolic sizes (`torch.compile(dynamic=True)`)
 
     def source(self) -> str:
         args = ", ".join(i.name for i in self.inputs)
@@ -98,7 +106,8 @@ class Program:
         ins = ", ".join(f"{i.name}{list(i.shape)}{'' if i.layout == 'contiguous' else ':' + i.layout}"
                         f"{'' if i.grad else ':nograd'}" for i in self.inputs)
         knobs = ",".join(f"{k}={v}" for k, v in self.knobs.items()) or "defaults"
-        return (f"seed={self.seed} profile={self.profile} {self.dtype} {'fwd+bwd' if self.backward else 'fwd'} "
+        return (f"seed={self.seed} profile={self.profile} {self.dtype} {'fwd+bwd' if self.backward else 'fwd'}"
+                f"{' dynamic' if self.dynamic else ''} "
                 f"knobs[{knobs}] inputs[{ins}] | {'; '.join(self.lines)} | return {', '.join(self.outputs)}")
 
     @property
@@ -796,4 +805,6 @@ def generate(seed: int, profile: str = "ci") -> Program:
     wrng = random.Random(seed * 6700417 + 29)
     if seed >= IN_PLACE_FROM and not backward and wrng.random() < IN_PLACE_SHARE:
         written = b.write_inputs(wrng)
-    return Program(seed, profile, dtype, backward, knobs, b.inputs, b.lines, [v.name for v in outs], written)
+    dynamic = seed >= DYNAMIC_FROM and random.Random(f"dynamic-{seed}").random() < DYNAMIC_SHARE
+    return Program(seed, profile, dtype, backward, knobs, b.inputs, b.lines, [v.name for v in outs], written,
+                   dynamic)

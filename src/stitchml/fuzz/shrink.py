@@ -23,8 +23,11 @@ def _dce(prog: Program) -> Program:
             keep.append(line)
             needed |= set(re.findall(r"\b[av]\d+\b", expr))
     inputs = [i for i in prog.inputs if i.name in needed]
-    return Program(prog.seed, prog.profile, prog.dtype, prog.backward, dict(prog.knobs), inputs, keep[::-1],
-                   list(prog.outputs))
+    # the inputs whose write is still a statement, renumbered (compared after the call)
+    writes = {line.split(".copy_(", 1)[0] for line in keep if " = " not in line}
+    written = [k for k, i in enumerate(inputs) if i.name in writes and prog.inputs.index(i) in prog.written]
+    return replace(prog, knobs=dict(prog.knobs), inputs=inputs, lines=keep[::-1], outputs=list(prog.outputs),
+                   written=written)
 
 
 def reduce_program(prog: Program, budget: int = 200) -> tuple[Program, CaseResult]:
