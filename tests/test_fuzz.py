@@ -585,3 +585,31 @@ def test_a_concatenation_of_hundreds_of_distinct_parts_compiles():
         cmp = compare_with_eager(lambda a: torch.cat([torch.sin(a[i:i + 1] * (i + 1)) for i in range(210)]), [x])
     assert all(r.eager_reason is None for r in cmp.backend.records)
 
+
+def test_a_mask_of_symbolic_length_over_literal_dims_is_a_where_in_both_graphs():
+    """Fuzz seed 34038 (dynamic sizes): `v.index_put((m > 0,), row)` where v is reshaped to
+    literal sizes and m is an input of symbolic length.  The mask-covers-the-dims check
+    compared the symbolic length with the number without a guard, found them not known
+    equal and left the write to torch, whose backward takes `grad[mask]`, a size that
+    depends on the mask's values: the whole backward graph ran eagerly.  Eager requires
+    the two equal, so the check guards on it and the write is a where."""
+    def f(x, m):
+        v = torch.log10(x.abs() + 0.1).reshape(15, 8)
+        return v.index_put((m > 0,), v.reshape(-1, 8)[0] * 0.5)
+
+    torch._dynamo.reset()
+    backend = stitchml.StitchBackend()
+    fn = torch.compile(f, backend=backend, dynamic=True, fullgraph=True)
+    x, m, g = torch.randn(120, requires_grad=True), torch.randn(15), torch.randn(15, 8)
+    xe = x.detach().clone().requires_grad_()
+    out = fn(x, m)
+    expected = f(xe, m)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(torch.autograd.grad(out, x, g)[0], torch.autograd.grad(expected, xe, g)[0])
+    assert [r.kind for r in backend.records] == ["forward", "backward"]
+    assert all(r.eager_reason is None for r in backend.records), [r.eager_reason for r in backend.records]
+    assert any(r.dynamic is not None for r in backend.records)   # (the graphs kept a symbolic size)
+    for r in backend.records:
+        ops = {n.op for n in r.graph.nodes}
+        assert "where" in ops and not any("index" in o for o in ops), (r.kind, sorted(ops))
+    torch._dynamo.reset()

@@ -172,6 +172,19 @@ def same(a: Any, b: Any) -> bool:
     return False
 
 
+def required_equal(a: Any, b: Any) -> bool:
+    """a == b for two sizes eager requires equal (it raises where they differ: a mask
+    beside the dims it indexes), with a guard on their relation whatever their kinds:
+    a symbolic size beside a number is specialised to it, which costs no recompile,
+    since at every other size eager raises too.  (`same` leaves that pair unequal: a
+    mask given as an input of symbolic length, indexing a tensor reshaped to literal
+    sizes, kept `x[mask] = v` eager and its backward's `grad[mask]`, a data-dependent
+    size, sent the whole backward graph to eager; fuzz seed 34038.)"""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return bool(a == b)
+
+
 def same_shape(a: tuple, b: tuple) -> bool:
     return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
 

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .common import NoMatch, PatternRecord, Refused, arg, is_number, rewrite_matches, same, show, value
+from .common import (NoMatch, PatternRecord, Refused, arg, is_number, required_equal, rewrite_matches, same, show,
+                     value)
 
 @dataclass
 class Match:
@@ -70,7 +71,7 @@ def refusal(y: torch.Tensor, mask: torch.Tensor, pos: int, values: torch.Tensor 
     yshape, mshape = tuple(y.shape), tuple(mask.shape)
     if not mshape:
         return "a 0-d mask"
-    if len(yshape) < pos + len(mshape) or not all(same(a, b) for a, b in zip(yshape[pos:], mshape)):
+    if len(yshape) < pos + len(mshape) or not all(required_equal(a, b) for a, b in zip(yshape[pos:], mshape)):
         return f"mask of shape {show(mshape)} does not cover dims {pos}.. of {show(yshape)}"
     if accumulate and y.dtype == torch.bool:
         return "accumulate into a bool tensor"
