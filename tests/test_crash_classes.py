@@ -125,6 +125,32 @@ def test_float64_round_keeps_eagers_rounding_above_2_pow_23():
     _strict(lambda x: torch.round(x * 1), [x], backward=False, launches=1, rtol=1e-300, atol=1e-300)
 
 
+def test_float64_values_chosen_among_literals_stay_float64():
+    """sign, sgn and pow(x, 0) select among Python float literals, which Triton types
+    float32: in a float64 kernel every op after them computed in float32 (the fuzzer's
+    float64 programs: atan(sign(x)) was 2e-8 off).  A where between two numbers (typed
+    constants, `tl.full`) is checked beside them.  Judged at float64's own precision,
+    not TOL's."""
+    x = _g(5, 7, dtype=torch.float64)
+    fns = [lambda t: torch.atan(torch.sign(t) * 0.3), lambda t: torch.exp(torch.sgn(t) * 0.1),
+           lambda t: torch.exp(torch.pow(t, 0.0) * 0.1), lambda t: torch.exp(torch.where(t > 0, 0.1, 0.3))]
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)   # (a where between two numbers is float64 then)
+    try:
+        for fn in fns:
+            _strict(fn, [x], backward=False, rtol=1e-15, atol=1e-15)
+    finally:
+        torch.set_default_dtype(default)
+
+
+def test_float64_digamma_and_spherical_bessel_at_float64_precision():
+    """The series behind digamma (asymptotic, at x + 8) and spherical_bessel_j0 (Taylor,
+    below 0.5) were cut for float32: 1.5e-13 and 2e-11 off in float64."""
+    x = torch.linspace(0.05, 3.0, 301, dtype=torch.float64)
+    _strict(torch.digamma, [x], backward=False, rtol=1e-14, atol=1e-15)
+    _strict(torch.special.spherical_bessel_j0, [x - 1.5], backward=False, rtol=1e-15, atol=1e-16)
+
+
 # -- every op of the table in every float dtype -------------------------------------------
 
 UNARY_OPS = ["exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tanh",

@@ -579,8 +579,13 @@ def _digamma_pos(x):
          + 1.0 / (x + 6.0) + 1.0 / (x + 7.0))
     y = x + 8.0
     r = 1.0 / (y * y)
-    t = r * (8.333333333333333e-02 - r * (8.333333333333333e-03 - r * (3.968253968253968e-03
-             - r * (4.166666666666667e-03 - r * 7.575757575757576e-03))))
+    if x.dtype == tl.float64:  # three more terms: truncation 6e-17 at y = 8.5 (the first five leave 1.5e-13)
+        t = r * (8.333333333333333e-02 - r * (8.333333333333333e-03 - r * (3.968253968253968e-03
+                 - r * (4.166666666666667e-03 - r * (7.575757575757576e-03 - r * (2.1092796092796094e-02
+                 - r * (8.333333333333333e-02 - r * 4.432598039215686e-01)))))))
+    else:
+        t = r * (8.333333333333333e-02 - r * (8.333333333333333e-03 - r * (3.968253968253968e-03
+                 - r * (4.166666666666667e-03 - r * 7.575757575757576e-03))))
     return tl.log(y) - 0.5 / y - t - s
 
 
@@ -1332,13 +1337,14 @@ def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_d
         a = args[0]
         if in_dtype in FLOATS:
             # sign(nan) is 0 in eager
-            return f"tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, 0.0))"
+            return _typed_literals(f"tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, 0.0))", out_dtype)
         return f"tl.where({a} > 0, 1, tl.where({a} < 0, -1, 0)).to({TL_DTYPE[out_dtype]})"
     if op == "isinf":
         a = args[0]
         return f"(({a} == float('inf')) | ({a} == float('-inf')))" if in_dtype in FLOATS else f"({a} != {a})"
     if op == "where":
-        return f"tl.where({args[0]}, {args[1]}, {args[2]})"
+        expr = f"tl.where({args[0]}, {args[1]}, {args[2]})"
+        return _typed_literals(expr, out_dtype) if _is_literal(args[1]) and _is_literal(args[2]) else expr
     if op == "fma":  # a * b + c rounded once (linspace's edges as eager's CPU kernel makes them)
         ref = next((a for a in args if not _is_literal(a)), None)
         if ref is None:
@@ -1350,6 +1356,14 @@ def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_d
     raise NotImplementedError(f"no Triton expression for pointwise op {op!r}")
 
 
+def _typed_literals(expr: str, out_dtype: torch.dtype) -> str:
+    """A value chosen among Python float literals, which Triton types float32: in a
+    float64 kernel it is cast, or every op after it computes in float32 (fuzz, float64
+    programs: `atan(sign(x))` was 2e-8 off, a float32 arctangent).  Half and float32
+    values compute in float32 anyway."""
+    return f"{expr}.to(tl.float64)" if out_dtype == torch.float64 else expr
+
+
 def _pow(args: list[str], dtype: torch.dtype = torch.float32) -> str:
     a, b = args
     sqrt = "tl.sqrt" if dtype == torch.float64 else "tl.sqrt_rn"
@@ -1357,7 +1371,7 @@ def _pow(args: list[str], dtype: torch.dtype = torch.float32) -> str:
     # x ** 0 is 1 even for inf and nan
     special = {"2.0": f"({a} * {a})", "1.0": a, "3.0": f"({a} * {a} * {a})", "0.5": f"{sqrt}({a})",
                "-1.0": f"(1.0 / {a})", "-0.5": f"tl.rsqrt({a})", "-2.0": f"(1.0 / ({a} * {a}))",
-               "0.0": f"tl.where({a} != {a}, 1.0, 1.0)"}
+               "0.0": _typed_literals(f"tl.where({a} != {a}, 1.0, 1.0)", dtype)}
     if b in special:
         return special[b]
     # _pow works on blocks: a scalar base or exponent becomes one

@@ -157,8 +157,9 @@ def _frexp(ctx: LowerCtx, node, x):
 
 @register(prims.spherical_bessel_j0.default, aten.special_spherical_bessel_j0.default)
 def _spherical_bessel_j0(ctx: LowerCtx, node, x):
-    """sin(x) / x; below |x| = 0.5 its Taylor series to x^8 (sin(x) / x would lose nothing
-    there either, but x = 0 must give 1); 0 at +-inf as eager."""
+    """sin(x) / x; below |x| = 0.5 its Taylor series to x^8, in float64 to x^12 (the
+    series to x^8 leaves 2e-11 at 0.5; sin(x) / x would lose nothing there either, but
+    x = 0 must give 1); 0 at +-inf as eager."""
     shape, dtype = _out(node)
     if dtype not in FLOAT_TYPES:
         raise Unsupported("spherical_bessel_j0 of an integer tensor")
@@ -168,7 +169,12 @@ def _spherical_bessel_j0(ctx: LowerCtx, node, x):
     def pw(op, *args, dt=cd):
         return ctx.pointwise(op, args, shape, dt)
     x2 = pw("mul", x, x)
-    series = pw("add", pw("mul", x2, 1.0 / 362880.0), -1.0 / 5040.0)  # Horner in x^2: 1 - x^2/3! + ...
+    # Horner in x^2: 1 - x^2/3! + x^4/5! - ...
+    series = pw("add", pw("mul", x2, 1.0 / 362880.0), -1.0 / 5040.0)
+    if cd == torch.float64:
+        series = pw("add", pw("mul", x2, 1.0 / 6227020800.0), -1.0 / 39916800.0)
+        series = pw("add", pw("mul", series, x2), 1.0 / 362880.0)
+        series = pw("add", pw("mul", series, x2), -1.0 / 5040.0)
     for c in (1.0 / 120.0, -1.0 / 6.0, 1.0):
         series = pw("add", pw("mul", series, x2), c)
     ratio = pw("truediv", pw("sin", x), x)
