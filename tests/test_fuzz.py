@@ -159,6 +159,33 @@ def test_dynamic_programs_run_the_dynamic_stage_and_pass():
         fuzz.programs.DYNAMIC_SHARE = share
 
 
+# CI-profile float64 programs (forward and backward), from seed FP64_FROM on
+FP64_SEEDS = [35225, 35242]
+
+
+def test_float64_programs_are_judged_at_float64_precision():
+    """From seed FP64_FROM on, a share of the float32 programs runs in float64 (no cast
+    islands, no Bessel functions); they pass, the judge fails a float64 result that went
+    through float32, and the family leaves the programs of earlier seeds as they were."""
+    for seed in FP64_SEEDS:
+        prog = fuzz.generate(seed, "ci")
+        assert prog.dtype == "fp64" and ".to(HI)" not in prog.source() and "special" not in prog.source()
+        r = fuzz.run_case(seed, "ci")
+        assert r.status == "pass", r.line()
+    ref = torch.linspace(-2, 2, 50, dtype=torch.float64)
+    assert fuzz.judge("x", ref.clone(), ref.clone(), ref).status == "pass"
+    assert fuzz.judge("x", ref.float().double(), ref.clone(), ref).status == "fail"   # float32 precision
+    before = [fuzz.generate(s, "long").describe() for s in (3, 2739, 26016, 33615, 35199)]
+    share = fuzz.programs.FP64_SHARE
+    try:
+        fuzz.programs.FP64_SHARE = 1.0
+        assert [fuzz.generate(s, "long").describe() for s in (3, 2739, 26016, 33615, 35199)] == before
+        later = [fuzz.generate(s, "long") for s in range(fuzz.programs.FP64_FROM, fuzz.programs.FP64_FROM + 8)]
+        assert {p.dtype for p in later} <= {"fp64", "fp16", "bf16"} and "fp64" in {p.dtype for p in later}
+    finally:
+        fuzz.programs.FP64_SHARE = share
+
+
 @pytest.mark.fallback   # users' default, under which a failing probe size is absorbed: still a failure here
 def test_a_pipeline_error_at_a_probe_size_fails_a_dynamic_case(monkeypatch):
     import stitchml.dynamic.runner as runner

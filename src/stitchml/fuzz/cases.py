@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import config
-from .programs import _EPS, ATOL_EPS, DEVICE, DTYPES, FP32_DIRECT, Program, generate
+from .programs import _EPS, ATOL_EPS, DEVICE, DTYPES, FP32_DIRECT, FP64_DIRECT, Program, generate
 
 # eager runs on inputs nudged by about an ulp (independent draws), whose spread measures how
 # far rounding alone moves a result (`judge`): one draw misses most kinks and ties (a
@@ -140,9 +140,9 @@ def judge(name: str, comp: torch.Tensor | None, low: torch.Tensor | None, ref: t
     allowed = 2 * eager_err + floor * scale
     if comp_err <= allowed:
         return Verdict("pass", worst=comp_err / allowed if allowed else 0.0)
-    if low.dtype == torch.float32:
+    if low.dtype in (torch.float32, torch.float64):
         direct = (c - low.detach().double()).abs().max().item()
-        r, a = FP32_DIRECT
+        r, a = FP32_DIRECT if low.dtype == torch.float32 else FP64_DIRECT
         direct_allowed = a * scale + r * ref.abs().max().item()
         if direct <= direct_allowed:
             return Verdict("pass", worst=direct / direct_allowed if direct_allowed else 0.0)
@@ -171,7 +171,7 @@ def check(prog: Program) -> CaseResult:
 
     t0 = time.perf_counter()
     dt = DTYPES[prog.dtype]
-    hi = torch.float32
+    hi = torch.float64 if dt == torch.float64 else torch.float32
 
     def result(status: str, message: str, worst: float = 0.0, graphs: int = 0) -> CaseResult:
         return CaseResult(prog.seed, status, message, prog.describe(), time.perf_counter() - t0, prog.num_ops,
@@ -278,7 +278,9 @@ def _upstream_fails_too(prog: Program, fails: list[Verdict], cot, low_out, low_g
     PyTorch's, not ours (e.g. the gradient of batch norm over a transposed input)."""
     torch._dynamo.reset()
     try:
-        ref_fn = torch.compile(_function(prog, DTYPES[prog.dtype], torch.float32), backend="aot_eager",
+        dt = DTYPES[prog.dtype]
+        ref_fn = torch.compile(_function(prog, dt, torch.float64 if dt == torch.float64 else torch.float32),
+                               backend="aot_eager",
                                fullgraph=True, dynamic=prog.dynamic or None)
         up_out, up_grads = _forward_backward(ref_fn, make_inputs(prog), cot, prog.backward, prog.written)
     except Exception:

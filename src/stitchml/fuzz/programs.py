@@ -13,10 +13,13 @@ import torch
 
 from ..capture.decomp_window import _out_size   # (torch's pooled length: the emitted shape)
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-_EPS = {torch.float32: 2.0 ** -23, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
+_EPS = {torch.float32: 2.0 ** -23, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7, torch.float64: 2.0 ** -52}
 ATOL_EPS = 16          # tolerance floor: this many ulps of the output's dtype, times its scale
 FP32_DIRECT = (1e-4, 1e-5)  # fp32 alternative: rtol, atol (relative to the scale) against eager
+# fp64 likewise: a summation order of its own moves a double result by tens of ulps where eager's
+# error against itself is 0, and a value that went through float32 is off by ~1e-7
+FP64_DIRECT = (1e-10, 1e-11)
 # CPU tensors under the Triton interpreter; CUDA tensors on a GPU without it
 DEVICE = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
                       else "cpu")
@@ -73,6 +76,13 @@ WALKED_PARTIALS_FROM = 31600
 # runs, which is still the dynamic stage's code path
 DYNAMIC_SHARE = 0.25
 DYNAMIC_FROM = 33600
+# float64 programs: a share of the float32 ones from seed FP64_FROM on (a stream of their own;
+# the rest of a program's draws are a float32 program's), judged against eager float64 with
+# FP64_DIRECT as the alternative; no cast islands and no Bessel/Airy functions (eager's own
+# float64 Bessel J/Y are off by up to 4e-7 against mpmath, ours by 1e-16: it cannot judge them)
+FP64_SHARE = 0.25
+FP64_FROM = 35200
+HALF = ("fp16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -184,7 +194,7 @@ class _Builder:
         return v
 
     def emit(self, expr: str, shape, bound: float, hi: bool = False) -> _Value:
-        v = _Value(f"v{len(self.lines)}", tuple(shape), bound, hi and self.dtype != "fp32")
+        v = _Value(f"v{len(self.lines)}", tuple(shape), bound, hi and self.dtype in HALF)
         self.lines.append(f"{v.name} = {expr}")
         self.used.update(re.findall(r"\b[av]\d+\b", expr))
         self.values.append(v)
@@ -424,7 +434,7 @@ class _Builder:
         elif choice == 7 and 1 in x.shape:
             d = rng.choice([d for d, s in enumerate(x.shape) if s == 1])
             self.emit(f"{x.name}.squeeze({d})", x.shape[:d] + x.shape[d + 1:], x.bound, x.hi)
-        elif choice == 8 and self.dtype != "fp32":  # cast island
+        elif choice == 8 and self.dtype in HALF:  # cast island
             if x.hi:
                 self.emit(f"{x.name}.to(DT)", x.shape, x.bound)
             else:
@@ -747,6 +757,8 @@ def generate(seed: int, profile: str = "ci") -> Program:
     prof = PROFILES[profile]
     rng = random.Random(seed)
     dtype = rng.choice(["fp32", "fp32", "fp16", "bf16"])
+    if dtype == "fp32" and seed >= FP64_FROM and random.Random(f"fp64-{seed}").random() < FP64_SHARE:
+        dtype = "fp64"
     backward = rng.random() < 0.5
     knobs = {}
     if rng.random() < 0.6:
