@@ -186,6 +186,42 @@ def test_float64_programs_are_judged_at_float64_precision():
         fuzz.programs.FP64_SHARE = share
 
 
+# CI-profile programs with complex arithmetic: a rotary rotation by `polar` angles (float32,
+# forward and backward, back through `view_as_real`) and a product by a conjugate (its modulus)
+COMPLEX_SEEDS = [38547, 37324]
+
+
+def test_complex_programs_stitch_and_pass():
+    """From seed COMPLEX_FROM on, some float32/float64 programs compute on complex numbers
+    (pairs of reals, `lower/rules_complex.py`): they pass with no op left eager, and the
+    family leaves the programs of earlier seeds as they were."""
+    made = []
+    real = stitchml.StitchBackend.__init__
+
+    def keep(self, *a, **k):
+        real(self, *a, **k)
+        made.append(self)
+    for seed in COMPLEX_SEEDS:
+        prog = fuzz.generate(seed, "ci")
+        assert "torch.view_as_complex(" in prog.source() and prog.backward, seed
+        made.clear()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(stitchml.StitchBackend, "__init__", keep)
+            r = fuzz.check(prog)
+        assert r.status == "pass", r.line()
+        records = made[0].records
+        assert [x.kind for x in records] == ["forward", "backward"]
+        assert not [f for x in records for f in x.graph.fallbacks], seed
+    assert "torch.polar(" in fuzz.generate(COMPLEX_SEEDS[0], "ci").source()
+    before = [fuzz.generate(s, "long").describe() for s in (3, 2739, 26016, 33615, 35225, 37199)]
+    share = fuzz.programs.COMPLEX_SHARE
+    try:
+        fuzz.programs.COMPLEX_SHARE = 1.0
+        assert [fuzz.generate(s, "long").describe() for s in (3, 2739, 26016, 33615, 35225, 37199)] == before
+    finally:
+        fuzz.programs.COMPLEX_SHARE = share
+
+
 @pytest.mark.fallback   # users' default, under which a failing probe size is absorbed: still a failure here
 def test_a_pipeline_error_at_a_probe_size_fails_a_dynamic_case(monkeypatch):
     import stitchml.dynamic.runner as runner

@@ -83,6 +83,11 @@ DYNAMIC_FROM = 33600
 FP64_SHARE = 0.25
 FP64_FROM = 35200
 HALF = ("fp16", "bf16")
+# complex arithmetic on pairs of reals (`lower/rules_complex.py`: rotary embeddings written
+# with complex numbers, as the original LLaMA code), float32 and float64 programs (eager's
+# complex32 has few CPU kernels), from seed COMPLEX_FROM on, from a stream of its own
+COMPLEX_SHARE = 0.25
+COMPLEX_FROM = 37200
 
 
 @dataclass(frozen=True)
@@ -629,6 +634,47 @@ class _Builder:
             written.append(i)
         return written
 
+    def complex_ops(self, rng: random.Random) -> bool:
+        """A value whose last dim is even, viewed as complex numbers (`view_as_complex` of
+        its pairs) and multiplied by unit rotations from a new input of angles (rotary
+        embeddings), by the conjugate of another such value, or added to it; the result
+        back as reals (`view_as_real`), or its modulus, or its real and imaginary parts
+        combined.  Never `angle` of a computed value: its branch cut flips by 2 pi on an
+        ulp.  Draws from its own `rng` (programs without it are what they were)."""
+        if self.dtype not in ("fp32", "fp64"):
+            return False
+        cands = [v for v in self.values if v.shape and v.shape[-1] % 2 == 0 and _numel(v.shape) > 0]
+        if not cands:
+            return False
+        x = self.tame(rng.choice(cands), 4.0)
+        lead, half = x.shape[:-1], x.shape[-1] // 2
+
+        def as_complex(v: _Value) -> str:
+            # (a dense copy: view_as_complex refuses an odd storage offset, which `.contiguous()`
+            # keeps where the view is already dense: fuzz seed 38368)
+            return (f"torch.view_as_complex({v.name}.reshape({_fmt(lead + (half, 2))})"
+                    f".clone(memory_format=torch.contiguous_format))")
+        z = as_complex(x)
+        variant = rng.randrange(3)
+        if variant == 0:   # rotary: unit rotations by angles of the last dims (broadcast over the leading ones)
+            k = rng.randrange(len(lead) + 1)
+            a = self.new_input(lead[k:] + (half,), grad=rng.random() < 0.5)
+            w, bound = f"torch.polar(torch.ones_like({a.name}), {a.name})", x.bound
+        else:
+            partners = [v for v in self.values if v.shape == x.shape and v is not x] or [self.new_input(x.shape)]
+            y = self.tame(rng.choice(partners), 4.0)
+            w, bound = (f"{as_complex(y)}.conj()", 2 * x.bound * y.bound) if variant == 1 else \
+                       (as_complex(y), x.bound + y.bound)
+        zw = f"({z} * {w})" if variant < 2 else f"({z} + {w})"
+        out = rng.randrange(3)
+        if out == 0:
+            self.emit(f"torch.view_as_real({zw}).reshape({_fmt(x.shape)})", x.shape, bound)
+        elif out == 1:   # (a kink at 0 only, where random values do not land)
+            self.emit(f"{zw}.abs()", lead + (half,), bound * 1.5)
+        else:
+            self.emit(f"{zw}.real * 2.0 - {zw}.imag", lead + (half,), bound * 3)
+        return True
+
     def placed_cat(self, rng: random.Random) -> bool:
         """Parts that kernels of their own write anyway (a kernel reads them for a sum),
         concatenated, and the concatenation read by sums over two dims and not returned:
@@ -805,6 +851,10 @@ def generate(seed: int, profile: str = "ci") -> Program:
     crng = random.Random(seed * 2654435761 + 3)
     if seed >= PLACED_CAT_FROM and crng.random() < PLACED_CAT_SHARE:
         b.placed_cat(crng)
+    # complex arithmetic likewise
+    zrng = random.Random(f"complex-{seed}")
+    if seed >= COMPLEX_FROM and zrng.random() < COMPLEX_SHARE:
+        b.complex_ops(zrng)
     # outputs: the values nothing else reads (the newest few), sometimes an intermediate too
     computed = [v for v in b.values if not v.is_input]
     outs = [v for v in computed if v.name not in b.used][-4:]
