@@ -54,6 +54,11 @@ def make_inputs(prog: Program) -> list[torch.Tensor]:
     return out
 
 
+def _hi(dt: torch.dtype) -> torch.dtype:
+    """The program's HI dtype (its cast islands' type): float32, or float64 itself."""
+    return torch.float64 if dt == torch.float64 else torch.float32
+
+
 def _function(prog: Program, dt: torch.dtype, hi: torch.dtype) -> Callable:
     namespace = {"torch": torch, "F": F, "DT": dt, "HI": hi}
     exec(compile(prog.source(), f"<fuzz seed {prog.seed}>", "exec"), namespace)
@@ -171,7 +176,7 @@ def check(prog: Program) -> CaseResult:
 
     t0 = time.perf_counter()
     dt = DTYPES[prog.dtype]
-    hi = torch.float64 if dt == torch.float64 else torch.float32
+    hi = _hi(dt)
 
     def result(status: str, message: str, worst: float = 0.0, graphs: int = 0) -> CaseResult:
         return CaseResult(prog.seed, status, message, prog.describe(), time.perf_counter() - t0, prog.num_ops,
@@ -279,9 +284,8 @@ def _upstream_fails_too(prog: Program, fails: list[Verdict], cot, low_out, low_g
     torch._dynamo.reset()
     try:
         dt = DTYPES[prog.dtype]
-        ref_fn = torch.compile(_function(prog, dt, torch.float64 if dt == torch.float64 else torch.float32),
-                               backend="aot_eager",
-                               fullgraph=True, dynamic=prog.dynamic or None)
+        ref_fn = torch.compile(_function(prog, dt, _hi(dt)), backend="aot_eager", fullgraph=True,
+                               dynamic=prog.dynamic or None)
         up_out, up_grads = _forward_backward(ref_fn, make_inputs(prog), cot, prog.backward, prog.written)
     except Exception:
         return False

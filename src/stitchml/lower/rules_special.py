@@ -170,12 +170,11 @@ def _spherical_bessel_j0(ctx: LowerCtx, node, x):
         return ctx.pointwise(op, args, shape, dt)
     x2 = pw("mul", x, x)
     # Horner in x^2: 1 - x^2/3! + x^4/5! - ...
-    series = pw("add", pw("mul", x2, 1.0 / 362880.0), -1.0 / 5040.0)
+    coeffs = [1.0 / 362880.0, -1.0 / 5040.0, 1.0 / 120.0, -1.0 / 6.0, 1.0]
     if cd == torch.float64:
-        series = pw("add", pw("mul", x2, 1.0 / 6227020800.0), -1.0 / 39916800.0)
-        series = pw("add", pw("mul", series, x2), 1.0 / 362880.0)
-        series = pw("add", pw("mul", series, x2), -1.0 / 5040.0)
-    for c in (1.0 / 120.0, -1.0 / 6.0, 1.0):
+        coeffs = [1.0 / 6227020800.0, -1.0 / 39916800.0] + coeffs
+    series = pw("add", pw("mul", x2, coeffs[0]), coeffs[1])
+    for c in coeffs[2:]:
         series = pw("add", pw("mul", series, x2), c)
     ratio = pw("truediv", pw("sin", x), x)
     a = pw("abs", x)
