@@ -200,6 +200,22 @@ def test_integer_inputs_where_ops_take_them():
     _strict(fn, [x], backward=False)
 
 
+def test_integer_pow_as_eager_computes_it():
+    """Integer powers ran eagerly ("integer pow runs eagerly"): square-and-multiply over
+    the exponent's bits, wrapping as integer products do, eager's rule below 0 (1 for a
+    base of 1, +-1 for -1, 0 otherwise), unsigned exponents with no sign test, a literal
+    exponent over its own bits; bit for bit."""
+    a, b = torch.randint(-6, 7, (5, 9)), torch.randint(-3, 40, (5, 9))
+    a[0, :3] = torch.tensor([1, -1, 0])
+    b[0, :3] = torch.tensor([-3, -3, 0])
+
+    def fn(a, b):
+        return (a ** b, a ** 3, a ** 0, torch.pow(3, b.abs()), a.int() ** b.int(), a.to(torch.int8) ** 5,
+                a.abs().to(torch.uint8) ** (b.abs() % 9).to(torch.uint8), a ** (b * 1000000))
+    cmp = _strict(fn, [a, b], backward=False)   # (integer results: compared exactly)
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+
+
 def test_bool_inputs_where_ops_take_them():
     m = torch.rand(4, 6) > 0.5
 

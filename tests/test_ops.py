@@ -409,9 +409,8 @@ def test_pow_special_values():
 def test_pow_int_and_promotion():
     i, x = ri(7, 33, lo=-4, hi=5), rn(7, 33)
     e = ri(7, 33, lo=0, hi=4)
-    # integer ** integer stays eager; the float results are kernels
-    check(lambda i, x, e: (i ** 2, i ** e, x ** e, i ** 0.5, i.float() ** 3), [i, x, e],
-          allow=("integer pow runs eagerly",))
+    # integer ** integer is a kernel too (square-and-multiply, `triton_ops._ipow`), as the float results
+    check(lambda i, x, e: (i ** 2, i ** e, x ** e, i ** 0.5, i.float() ** 3), [i, x, e])
 
 
 # -- where / clamp -----------------------------------------------------------------

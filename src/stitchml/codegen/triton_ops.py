@@ -604,6 +604,25 @@ def _digamma(x):
 
 
 @triton.jit
+def _ipow(a, b, BITS: tl.constexpr, SIGNED: tl.constexpr):
+    # integer a ** b as eager computes it: square-and-multiply over the exponent's BITS low
+    # bits, wrapping as integer products do; a ** 0 is 1 (0 ** 0 too); a signed exponent
+    # below 0 gives 1 for a == 1, -1 or 1 for a == -1 by its parity, 0 for any other base
+    r = a * 0 + 1
+    base = a
+    e = b
+    for _ in range(BITS):   # (a loop, not unrolled: 64 unrolled steps took sm_90 to 255 registers)
+        r = tl.where((e & 1) != 0, r * base, r)
+        base = base * base
+        e = e >> 1
+    if SIGNED:
+        odd = (b & 1) != 0
+        neg = tl.where(a == 1, 1, tl.where(a == -1, tl.where(odd, -1, 1), 0))
+        r = tl.where(b < 0, neg.to(r.dtype), r)
+    return r
+
+
+@triton.jit
 def _nextafter(a, b, STEP: tl.constexpr, F16: tl.constexpr):
     # one step of the bit pattern away from or towards zero (adding to the raw bits moves
     # the magnitude up for either sign); from zero the smallest subnormal with b's sign.
@@ -1352,7 +1371,7 @@ def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_d
         a, b, c = (f"(tl.zeros_like({ref}) + {a})" if _is_literal(a) else a for a in args)
         return f"tl.fma({a}, {b}, {c})"
     if op == "pow":
-        return _pow(args, out_dtype)
+        return _pow(args, out_dtype) if out_dtype in FLOATS else _int_pow(args, out_dtype)
     raise NotImplementedError(f"no Triton expression for pointwise op {op!r}")
 
 
@@ -1362,6 +1381,17 @@ def _typed_literals(expr: str, out_dtype: torch.dtype) -> str:
     programs: `atan(sign(x))` was 2e-8 off, a float32 arctangent).  Half and float32
     values compute in float32 anyway."""
     return f"{expr}.to(tl.float64)" if out_dtype == torch.float64 else expr
+
+
+def _int_pow(args: list[str], dtype: torch.dtype) -> str:
+    """Integer a ** b (`_ipow`): a literal exponent walks only its own bits."""
+    a, b = args
+    bits = torch.iinfo(dtype).bits
+    if _is_literal(b) and int(b) >= 0:
+        bits = max(int(b).bit_length(), 1)
+    a = f"(tl.zeros_like({b}) + {a})" if _is_literal(a) else a
+    b = f"(tl.zeros_like({a}) + {b})" if _is_literal(b) else b
+    return f"_ipow({a}, {b}, {bits}, {dtype.is_signed})"
 
 
 def _pow(args: list[str], dtype: torch.dtype = torch.float32) -> str:

@@ -274,8 +274,9 @@ register(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar
 @register(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar)
 def _pow(ctx, node, a, b):
     shape, dtype = _out(node)
-    if dtype not in FLOAT_TYPES:
-        raise Unsupported("integer pow runs eagerly")
+    if dtype == torch.bool:
+        raise Unsupported("pow of bools (eager has no kernel for them)")
+    # (integers: codegen's square-and-multiply `_ipow`, eager's rules for negative exponents)
     return ctx.pointwise("pow", _operands(ctx, (a, b), shape, dtype), shape, dtype)
 
 
