@@ -1333,16 +1333,11 @@ def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_d
     if op in ("from_order_key64_max", "from_order_key64_min"):
         return f"_from_order_key64({args[0]}, {out_dtype in FLOATS}, {op == 'from_order_key64_min'})"
     if op == "nextafter":
-        a, b = args
-        a = f"(tl.zeros_like({b}) + {a})" if _is_literal(a) else a
-        b = f"(tl.zeros_like({a}) + {b})" if _is_literal(b) else b
+        a, b = _block_operands(*args)
         return f"_nextafter({a}, {b}, {65536 if out_dtype == torch.bfloat16 else 1}, {out_dtype == torch.float16})"
     if op in ("floordiv", "atan2", "zeta", "igamma", "igammac") or op in ORTHO_POLY_OPS or float_fmod:
-        a, b = args
-        # the helpers compare (or pass to libdevice) their operands as tensors: give
-        # literals a block shape and the other operand's type
-        a = f"(tl.zeros_like({b}) + {a})" if _is_literal(a) else a
-        b = f"(tl.zeros_like({a}) + {b})" if _is_literal(b) else b
+        # the helpers compare (or pass to libdevice) their operands as tensors
+        a, b = _block_operands(*args)
         return f"_fmod({a}, {b})" if float_fmod else BINARY[op].format(a, b)
     if op in BINARY:
         return BINARY[op].format(*args)
@@ -1389,8 +1384,7 @@ def _int_pow(args: list[str], dtype: torch.dtype) -> str:
     bits = torch.iinfo(dtype).bits
     if _is_literal(b) and int(b) >= 0:
         bits = max(int(b).bit_length(), 1)
-    a = f"(tl.zeros_like({b}) + {a})" if _is_literal(a) else a
-    b = f"(tl.zeros_like({a}) + {b})" if _is_literal(b) else b
+    a, b = _block_operands(a, b)
     return f"_ipow({a}, {b}, {bits}, {dtype.is_signed})"
 
 
@@ -1405,11 +1399,16 @@ def _pow(args: list[str], dtype: torch.dtype = torch.float32) -> str:
     if b in special:
         return special[b]
     # _pow works on blocks: a scalar base or exponent becomes one
-    if _is_literal(a):
-        a = f"(tl.zeros_like({b}) + {a})"
-    elif _is_literal(b):
-        b = f"(tl.zeros_like({a}) + {b})"
+    a, b = _block_operands(a, b)
     return f"_pow({a}, {b})"
+
+
+def _block_operands(a: str, b: str) -> tuple[str, str]:
+    """Two operands of a helper that works on blocks: a literal one (at most one is)
+    becomes a block of the other's shape and type."""
+    a = f"(tl.zeros_like({b}) + {a})" if _is_literal(a) else a
+    b = f"(tl.zeros_like({a}) + {b})" if _is_literal(b) else b
+    return a, b
 
 
 def store_expr(x: str, dtype: torch.dtype) -> str:
