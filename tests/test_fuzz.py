@@ -126,6 +126,20 @@ def test_written_input_programs_write_in_place_or_copy_with_a_reason():
         fuzz.programs.IN_PLACE_SHARE = share
 
 
+def _check_keeping_records(prog):
+    """`fuzz.check(prog)` and the compiled graphs' records of the backend it made."""
+    made = []
+    real = stitchml.StitchBackend.__init__
+
+    def keep(self, *a, **k):
+        real(self, *a, **k)
+        made.append(self)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stitchml.StitchBackend, "__init__", keep)
+        r = fuzz.check(prog)
+    return r, made[0].records
+
+
 # a CI-profile program of the dynamic family whose graphs take templates with sizes as arguments
 DYNAMIC_SEED = 33615
 
@@ -136,17 +150,9 @@ def test_dynamic_programs_run_the_dynamic_stage_and_pass():
     template); the family leaves the programs of earlier seeds as they were."""
     prog = fuzz.generate(DYNAMIC_SEED, "ci")
     assert prog.dynamic and " dynamic " in prog.describe()
-    made = []
-    real = stitchml.StitchBackend.__init__
-
-    def keep(self, *a, **k):
-        real(self, *a, **k)
-        made.append(self)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stitchml.StitchBackend, "__init__", keep)
-        r = fuzz.check(prog)
+    r, records = _check_keeping_records(prog)
     assert r.status == "pass", r.line()
-    states = [rec.dynamic for rec in made[0].records if rec.dynamic is not None]
+    states = [rec.dynamic for rec in records if rec.dynamic is not None]
     assert states and any(t.generic for st in states for ts in st.templates.values() for t in ts)
     assert all(st.pipeline_runs >= 3 and not st.probe_errors and not st.eager_calls for st in states)
     before = [fuzz.generate(s, "long").describe() for s in (3, 2739, 26016, 31607, 33599)]
@@ -195,21 +201,11 @@ def test_complex_programs_stitch_and_pass():
     """From seed COMPLEX_FROM on, some float32/float64 programs compute on complex numbers
     (pairs of reals, `lower/rules_complex.py`): they pass with no op left eager, and the
     family leaves the programs of earlier seeds as they were."""
-    made = []
-    real = stitchml.StitchBackend.__init__
-
-    def keep(self, *a, **k):
-        real(self, *a, **k)
-        made.append(self)
     for seed in COMPLEX_SEEDS:
         prog = fuzz.generate(seed, "ci")
         assert "torch.view_as_complex(" in prog.source() and prog.backward, seed
-        made.clear()
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(stitchml.StitchBackend, "__init__", keep)
-            r = fuzz.check(prog)
+        r, records = _check_keeping_records(prog)
         assert r.status == "pass", r.line()
-        records = made[0].records
         assert [x.kind for x in records] == ["forward", "backward"]
         assert not [f for x in records for f in x.graph.fallbacks], seed
     assert "torch.polar(" in fuzz.generate(COMPLEX_SEEDS[0], "ci").source()
