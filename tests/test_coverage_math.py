@@ -300,6 +300,42 @@ def test_shifts_match_eager_for_every_count(dtype):
     assert cmp.num_kernels <= 2  # (outputs in a's transposed layout and in b's)
 
 
+def _gcd_operands(dtype):
+    """Every pair for 8-bit types; otherwise random pairs across the range, with zeros,
+    the type's minimum (whose absolute value wraps) and the worst pair for Euclid's
+    algorithm: the two largest consecutive Fibonacci numbers of the type."""
+    info = torch.iinfo(dtype)
+    if info.bits == 8:
+        v = torch.arange(info.min, info.max + 1, dtype=torch.int64)
+        return v.repeat_interleave(len(v)).to(dtype), v.repeat(len(v)).to(dtype)
+    torch.manual_seed(11)
+    a = torch.randint(info.min, info.max, (997,), dtype=dtype)
+    b = torch.randint(info.min, info.max, (997,), dtype=dtype) // torch.randint(1, min(1 << 20, info.max), (997,), dtype=dtype)
+    fib = [0, 1]
+    while fib[-1] + fib[-2] <= info.max:
+        fib.append(fib[-1] + fib[-2])
+    special = [(fib[-1], fib[-2]), (fib[-2], fib[-1]), (-fib[-1], fib[-2]), (info.min, 6), (6, info.min),
+               (info.min, info.min), (0, 0), (0, -12), (-12, 0), (info.min, 0), (48, -18)]
+    a[:len(special)] = torch.tensor([p[0] for p in special], dtype=dtype)
+    b[:len(special)] = torch.tensor([p[1] for p in special], dtype=dtype)
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=INT_IDS)
+def test_gcd_and_lcm_stitch_and_match_eager_bit_for_bit(dtype):
+    """Euclid's loop of a fixed length per type (codegen `_gcd`): enough steps for the
+    worst pair (consecutive Fibonacci numbers), the minimum's wrapped absolute value as
+    eager's, lcm's wrapping product, gcd(0, 0) = lcm(0, 0) = 0 (op_db: 'no lowering rule')."""
+    a, b = _gcd_operands(dtype)
+
+    def fn(a, b):
+        return torch.gcd(a, b), torch.lcm(a, b), torch.gcd(a, b[:1].expand_as(b)) + 1
+    with count_launches() as launches:
+        cmp = compare_with_eager(fn, [a, b], backward=False)
+    _assert_stitched(cmp, launches)
+    assert cmp.num_kernels == 1
+
+
 def test_shift_of_mixed_integer_types_promotes_like_eager():
     a = torch.randint(-100, 100, (7, 33), dtype=torch.int8)
     b = torch.randint(0, 40, (7, 33), dtype=torch.int64)

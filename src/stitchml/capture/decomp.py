@@ -316,6 +316,11 @@ def addbmm(x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta:
     (batch, inner) axis: (n, B·m) @ (B·m, p) — the library's GEMM, the scaling stitched."""
     b, n, m = batch1.shape
     p = batch2.shape[-1]
+    if not (x.is_floating_point() or x.is_complex()):
+        # integer tensors: eager converts beta and alpha to the integer type first
+        # (truncated: beta=0.6 is 0), and the result keeps the type (op_db, int64: a
+        # float32 result otherwise)
+        beta, alpha = int(beta), int(alpha)
     prod_ = torch.mm(batch1.permute(1, 0, 2).reshape(n, b * m), batch2.reshape(b * m, p))
     if alpha != 1:
         prod_ = prod_ * alpha

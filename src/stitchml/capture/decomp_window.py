@@ -181,22 +181,44 @@ def _avg_setup(x, kernel_size, stride, padding, ceil_mode):
 def avg_pool2d(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int] = (),
                padding: int | Sequence[int] = 0, ceil_mode: bool = False, count_include_pad: bool = True,
                divisor_override: int | None = None) -> torch.Tensor | NotImplementedType:
-    if not x.is_floating_point():
+    if not (x.is_floating_point() or _integer(x, avg=True)):
         return NotImplemented
     kh, kw, sh, sw, ph, pw, h, w, oh, ow = _avg_setup(x, kernel_size, stride, padding, ceil_mode)
     hp, wp = (oh - 1) * sh + kh, (ow - 1) * sw + kw
-    xp = _padded(x, ph, pw, hp, wp, 0.0)
-    total = None
-    reduced = kh * kw > UNROLL_MAX_WINDOW
-    if reduced:
-        total = _window_views(xp, kh, kw, oh, ow, sh, sw).sum((-2, -1))
-    for i in range(0 if reduced else kh):
-        for j in range(kw):
-            win = _window(xp, i, j, oh, ow, sh, sw)
-            total = win if total is None else total + win
+    if _integer(x):
+        # eager sums integers in int64 and divides with C's truncating quotient
+        total = _box_sum(_padded(x.to(torch.int64), ph, pw, hp, wp, 0), kh, kw, oh, ow, sh, sw)
+        div = divisor_override or _counts(h, w, oh, ow, kh, kw, sh, sw, ph, pw, count_include_pad, x.device)
+        return torch.div(total, div, rounding_mode="trunc").to(x.dtype)
+    total = _box_sum(_padded(x, ph, pw, hp, wp, 0.0), kh, kw, oh, ow, sh, sw)
     if divisor_override:
         return total / divisor_override
     return total / _counts(h, w, oh, ow, kh, kw, sh, sw, ph, pw, count_include_pad, x.device).to(x.dtype)
+
+
+def _integer(x: torch.Tensor, avg: bool = False) -> bool:
+    """An integer tensor (not bool): max pools take them; the average pools int64 only
+    (eager's CPU kernels; no other integer type has eager semantics to follow)."""
+    if avg:
+        return x.dtype == torch.int64
+    return not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
+
+
+def _lowest(x: torch.Tensor) -> float | int:
+    """The padding of a maximum: -inf, or an integer type's minimum."""
+    return -math.inf if x.is_floating_point() else torch.iinfo(x.dtype).min
+
+
+def _box_sum(xp: torch.Tensor, kh: int, kw: int, oh: int, ow: int, sh: int, sw: int) -> torch.Tensor:
+    """Each window's sum over the padded `xp`."""
+    if kh * kw > UNROLL_MAX_WINDOW:
+        return _window_views(xp, kh, kw, oh, ow, sh, sw).sum((-2, -1))
+    total = None
+    for i in range(kh):
+        for j in range(kw):
+            win = _window(xp, i, j, oh, ow, sh, sw)
+            total = win if total is None else total + win
+    return total
 
 
 def avg_pool2d_backward(grad: torch.Tensor, x: torch.Tensor | SimpleNamespace, kernel_size: Sequence[int],
@@ -234,11 +256,12 @@ def _inside(oh, ow, sh, sw, ph, pw, i, j, h, w, device) -> torch.Tensor:
 def max_pool2d_with_indices(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int] = (),
                             padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
                             ceil_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor] | NotImplementedType:
-    if not x.is_floating_point() or x.dim() not in (3, 4):
+    if not (x.is_floating_point() or _integer(x)) or x.dim() not in (3, 4):
         return NotImplemented
     kh, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow, hp, wp = _max_setup(x, kernel_size, stride, padding,
                                                                       dilation, ceil_mode)
-    xp = _padded(x, ph, pw, hp, wp, -math.inf)
+    low = _lowest(x)   # (an integer window of minima takes its first position inside, as -inf's)
+    xp = _padded(x, ph, pw, hp, wp, low)
     if kh * kw > UNROLL_MAX_WINDOW:
         return _max_pool_reduced(x, xp, kh, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow)
     offsets = [(i, j) for i in range(kh) for j in range(kw)]
@@ -253,7 +276,7 @@ def max_pool2d_with_indices(x: torch.Tensor, kernel_size: Sequence[int], stride:
         inside = _inside(oh, ow, sh, sw, ph, pw, i * dh, j * dw, h, w, x.device)
         here = torch.full(inside.shape, i * kw + j, dtype=code, device=x.device)
         first = here if first is None else torch.where(inside, here, first)
-    best = torch.full_like(_window(xp, 0, 0, oh, ow, sh, sw), -math.inf)
+    best = torch.full_like(_window(xp, 0, 0, oh, ow, sh, sw), low)
     k = first.expand(best.shape)
     for i, j in offsets:
         v = _window(xp, i * dh, j * dw, oh, ow, sh, sw)
@@ -291,7 +314,7 @@ def _max_pool_reduced(x, xp, kh, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow):
     oj = (pw - torch.arange(ow, device=x.device) * sw).clamp_min(0)
     first = (torch.div(oi + dh - 1, dh, rounding_mode="trunc").unsqueeze(1) * kw
              + torch.div(oj + dw - 1, dw, rounding_mode="trunc").unsqueeze(0)).to(torch.int32)
-    k = torch.where(last_nan >= 0, last_nan, torch.where(best == -math.inf, first, first_max))
+    k = torch.where(last_nan >= 0, last_nan, torch.where(best == _lowest(x), first, first_max))
     return _with_flat_index(x, best, k, kw, sh, sw, ph, pw, dh, dw, h, w, oh, ow)
 
 
@@ -381,11 +404,23 @@ def adaptive_avg_pool1d(x: torch.Tensor, output_size: Sequence[int]) -> torch.Te
 def avg_pool3d(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int] = (),
                padding: int | Sequence[int] = 0, ceil_mode: bool = False, count_include_pad: bool = True,
                divisor_override: int | None = None) -> torch.Tensor | NotImplementedType:
-    """With divisor_override: box sums (both stages divide by 1), then the divisor."""
-    if not x.is_floating_point():
+    """With divisor_override: box sums (both stages divide by 1), then the divisor.
+    Integers: box sums in int64, then one truncating division by the 3-d window's count
+    (eager's; two stages of truncation would round twice)."""
+    if not (x.is_floating_point() or _integer(x, avg=True)):
         return NotImplemented
     (kd, kh, kw), (pd, ph, pw) = _triple(kernel_size), _triple(padding, 0)
     sd, sh, sw = _triple(stride, (kd, kh, kw))
+    if _integer(x):
+        y = avg_pool2d(x.to(torch.int64), (kh, kw), (sh, sw), (ph, pw), ceil_mode, count_include_pad, 1)
+        z = avg_pool2d(y.movedim(-3, -1), (1, kd), (1, sd), (0, pd), ceil_mode, count_include_pad, 1).movedim(-1, -3)
+        if divisor_override:
+            return torch.div(z, divisor_override, rounding_mode="trunc").to(x.dtype)
+        d, h, w = x.shape[-3:]
+        od, oh, ow = z.shape[-3:]
+        per_d = _counts(d, 1, od, 1, kd, 1, sd, 1, pd, 0, count_include_pad, x.device)              # (od, 1)
+        per_hw = _counts(h, w, oh, ow, kh, kw, sh, sw, ph, pw, count_include_pad, x.device)        # (oh, ow)
+        return torch.div(z, per_d.unsqueeze(-1) * per_hw, rounding_mode="trunc").to(x.dtype)
     one = 1 if divisor_override else None
     y = avg_pool2d(x, (kh, kw), (sh, sw), (ph, pw), ceil_mode, count_include_pad, one)      # (..., D, oh, ow)
     z = avg_pool2d(y.movedim(-3, -1), (1, kd), (1, sd), (0, pd), ceil_mode, count_include_pad, one)
@@ -415,7 +450,7 @@ def max_pool3d_with_indices(x: torch.Tensor, kernel_size: Sequence[int], stride:
                             ceil_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor] | NotImplementedType:
     """Max over (H, W) per depth slice with its flat h*W+w index, then max over D of
     those (the first maximum in (d, h, w) order wins, NaN propagates, as in eager)."""
-    if not x.is_floating_point() or x.dim() not in (4, 5):
+    if not (x.is_floating_point() or _integer(x)) or x.dim() not in (4, 5):
         return NotImplemented
     (kd, kh, kw), (pd, ph, pw) = _triple(kernel_size), _triple(padding, 0)
     sd, sh, sw = _triple(stride, (kd, kh, kw))

@@ -623,6 +623,21 @@ def _ipow(a, b, BITS: tl.constexpr, SIGNED: tl.constexpr):
 
 
 @triton.jit
+def _gcd(a, b, STEPS: tl.constexpr):
+    # Euclid's algorithm as eager runs it (on |a| and |b|, C's remainder), as a loop of a
+    # fixed STEPS, enough for any pair of the type (a pair below the Fibonacci number
+    # F(n + 2) takes at most n steps); an element whose divisor reached 0 keeps its value
+    a = tl.abs(a)
+    b = tl.abs(b)
+    for _ in range(STEPS):
+        live = a != 0
+        c = a
+        a = tl.where(live, b % tl.where(live, a, 1), a)
+        b = tl.where(live, c, b)
+    return b
+
+
+@triton.jit
 def _nextafter(a, b, STEP: tl.constexpr, F16: tl.constexpr):
     # one step of the bit pattern away from or towards zero (adding to the raw bits moves
     # the magnitude up for either sign); from zero the smallest subnormal with b's sign.
@@ -1367,6 +1382,9 @@ def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_d
         return f"tl.fma({a}, {b}, {c})"
     if op == "pow":
         return _pow(args, out_dtype) if out_dtype in FLOATS else _int_pow(args, out_dtype)
+    if op == "gcd":
+        a, b = _block_operands(*args)
+        return f"_gcd({a}, {b}, {_EUCLID_STEPS[torch.iinfo(out_dtype).bits]})"
     raise NotImplementedError(f"no Triton expression for pointwise op {op!r}")
 
 
@@ -1376,6 +1394,11 @@ def _typed_literals(expr: str, out_dtype: torch.dtype) -> str:
     programs: `atan(sign(x))` was 2e-8 off, a float32 arctangent).  Half and float32
     values compute in float32 anyway."""
     return f"{expr}.to(tl.float64)" if out_dtype == torch.float64 else expr
+
+
+# Euclid's steps for the worst pair below 2**bits (consecutive Fibonacci numbers: F(n + 2)
+# > 2**bits needs at most n steps), one more for the sign bit's absolute value of the minimum
+_EUCLID_STEPS = {8: 12, 16: 23, 32: 46, 64: 92}
 
 
 def _int_pow(args: list[str], dtype: torch.dtype) -> str:

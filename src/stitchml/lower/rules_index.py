@@ -203,8 +203,6 @@ def _index_put(ctx, node, x, indices, values, accumulate=False):
     like eager.  Without accumulate: a scatter-write (the last of duplicate positions
     wins, see `scatter_winner`)."""
     val = node.meta["val"]
-    if accumulate and val.dtype == torch.bool:
-        raise Unsupported("index_put accumulate into a bool tensor runs eagerly")
     shape = static_shape(val)
     a = _Indexed(ctx, x, indices)
     # bring values to the order (pre, I, post) of the linearised view, then rows = I
@@ -224,7 +222,16 @@ def _index_put(ctx, node, x, indices, values, accumulate=False):
     acc = _scatter_add_rows(ctx, v2, a.lin, a.K, r)              # (K, pre*post)
     at = ctx.dtype(acc)
     total = ctx.pointwise("add", (ctx.cast(x, at), _from_rows(ctx, a, acc, shape)), shape, at)
-    return ctx.cast(total, val.dtype)
+    return sum_to(ctx, total, shape, val.dtype)
+
+
+def sum_to(ctx: LowerCtx, total: Ref, shape: tuple, dtype: torch.dtype) -> Ref:
+    """An accumulated sum in the destination's type; a bool destination is true where the
+    (int64) count of true values is not 0: eager adds bools as C++ does, true + true stored
+    as true, i.e. a logical or."""
+    if dtype == torch.bool:
+        return ctx.pointwise("ne", (total, 0), shape, torch.bool)
+    return ctx.cast(total, dtype)
 
 
 @register(aten.index_copy.default)

@@ -2,7 +2,8 @@
 truncating quotient q and remainder r (sign of the dividend), the floor quotient is
 q - 1 and the remainder r + b where r != 0 and r, b differ in sign.  (Float
 floor_divide keeps rules_pointwise's rule; float remainder is built the same way from
-fmod.)  Division by zero is undefined in a kernel, where eager raises for integers."""
+fmod.)  Division by zero is undefined in a kernel, where eager raises for integers.
+Also gcd and lcm, which eager computes with the same C remainder (Euclid's algorithm)."""
 from __future__ import annotations
 
 import torch
@@ -66,3 +67,35 @@ def _remainder(ctx, node, a, b):
 
 register(aten.floor_divide.default, aten.floor_divide.Scalar)(_floor_divide)
 register(aten.remainder.Tensor, aten.remainder.Scalar)(_remainder)
+
+
+def _gcd(ctx, node, a, b):
+    """codegen's `_gcd`: Euclid's loop on |a|, |b|, as eager's; gcd(0, 0) is 0."""
+    val = node.meta["val"]
+    if val.dtype.is_floating_point or val.dtype.is_complex or val.dtype == torch.bool:
+        raise Unsupported(f"gcd of {val.dtype}")
+    shape, dtype = static_shape(val), val.dtype
+    return ctx.pointwise("gcd", _operands(ctx, a, b, shape, dtype), shape, dtype)
+
+
+def _lcm(ctx, node, a, b):
+    """|a / gcd * b| (C's quotient, exact: gcd divides a), 0 where gcd is 0 (a and b
+    both 0).  Eager's C code computes 8- and 16-bit values in int (the usual promotion),
+    takes the absolute value there and wraps only when it stores: |200| stored in int8 is
+    -56, not |(int8) 200| = 56; 32- and 64-bit products wrap before the absolute value."""
+    val = node.meta["val"]
+    if val.dtype.is_floating_point or val.dtype.is_complex or val.dtype == torch.bool:
+        raise Unsupported(f"lcm of {val.dtype}")
+    shape, dtype = static_shape(val), val.dtype
+    a, b = _operands(ctx, a, b, shape, dtype)
+    g = ctx.pointwise("gcd", (a, b), shape, dtype)
+    wide = torch.int32 if torch.iinfo(dtype).bits < 32 else dtype
+    zero = ctx.pointwise("eq", (g, 0), shape, torch.bool)
+    g = ctx.cast(ctx.pointwise("where", (zero, 1, g), shape, dtype), wide)
+    q = ctx.pointwise("tdiv", (ctx.cast(a, wide), g), shape, wide)
+    r = ctx.pointwise("abs", (ctx.pointwise("mul", (q, ctx.cast(b, wide)), shape, wide),), shape, wide)
+    return ctx.cast(ctx.pointwise("where", (zero, 0, r), shape, wide), dtype)
+
+
+register(aten.gcd.default)(_gcd)
+register(aten.lcm.default)(_lcm)

@@ -381,6 +381,26 @@ def _arange(ctx, node, *args, **kwargs):
     return ctx.cast(val, dtype)
 
 
+@register(aten.tril_indices.default, aten.triu_indices.default)
+def _triangle_indices(ctx, node, row, col, offset=0, **kwargs):
+    """tril_indices / triu_indices: values that depend on their integer arguments alone,
+    computed once here and held by the graph as a constant, which a kernel copies (each
+    call returns a new tensor, as eager's does; a consumer reads the constant in its own
+    kernel).  (Their closed form would invert triangular numbers through a square root.)"""
+    val = node.meta["val"]
+    if not all(type(v) is int for v in (row, col, offset)):
+        raise Unsupported(f"{node.target.__name__.split('.')[0]} of symbolic sizes")
+    fn = torch.tril_indices if node.target is aten.tril_indices.default else torch.triu_indices
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily():   # (lowering runs under the capture's fake mode: a real tensor)
+        value = fn(row, col, offset, dtype=val.dtype, device=val.device)
+    shape = tuple(value.shape)
+    nid = ctx.g.add(ir.INPUT, f"{fn.__name__}({row}, {col}, {offset})", (), shape, value.dtype,
+                    tuple(int(s) for s in value.stride()), (("constant", True),))
+    ctx.g.constants[nid] = value
+    return ctx.pointwise("identity", (Ref(nid),), shape, value.dtype)
+
+
 @register(aten.fill.Scalar, aten.fill.Tensor)
 def _fill(ctx, node, x, value):
     """x's shape filled with a scalar, or with a 0-d tensor's value (Swin's attention

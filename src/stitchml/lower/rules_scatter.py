@@ -14,7 +14,7 @@ from ..ir import nodes as ir
 from ..ir.nodes import Ref, contiguous_strides
 from .context import FLOAT_TYPES, LowerCtx, static_shape
 from .registry import Unsupported, register
-from .rules_index import _index, _scatter_add_rows, scatter_winner, scatter_written
+from .rules_index import _index, _scatter_add_rows, scatter_winner, scatter_written, sum_to
 
 aten = torch.ops.aten
 
@@ -64,15 +64,14 @@ def _scatter_index(ctx: LowerCtx, shape, dim: int, index, src) -> tuple[Ref, Ref
 
 def _scatter_sum(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bool = True) -> Ref:
     val = node.meta["val"]
-    if val.dtype == torch.bool:
-        raise Unsupported("scatter-add into a bool tensor runs eagerly")
     if (same := _untouched(ctx, node, x, index)) is not None:
         return same
     shape = static_shape(val)
     if not shape:  # 0-d: index 0 adds src's value once
-        total = ctx.pointwise("add", (ctx.reshape(ctx.cast(src, val.dtype), ()), ctx.cast(x, val.dtype) if
-                                      include_self else 0), (), val.dtype)
-        return total
+        at = torch.int64 if val.dtype == torch.bool else val.dtype
+        total = ctx.pointwise("add", (ctx.reshape(ctx.cast(src, at), ()), ctx.cast(x, at) if
+                                      include_self else 0), (), at)
+        return sum_to(ctx, total, (), val.dtype)
     lin, vals = _scatter_index(ctx, shape, dim % max(len(shape), 1), index, src)
     acc = ctx.reshape(_scatter_add_rows(ctx, ctx.cast(vals, val.dtype), lin, ir.prod(shape), 1), shape)
     at = ctx.dtype(acc)
@@ -82,7 +81,7 @@ def _scatter_sum(ctx: LowerCtx, node, x, dim: int, index, src, include_self: boo
         hit = ctx.pointwise("gt", (ctx.reshape(scatter_winner(ctx, lin, ir.prod(shape)), shape), 0), shape,
                             torch.bool)
         acc = ctx.pointwise("where", (hit, acc, ctx.cast(x, at)), shape, at)
-    return ctx.cast(acc, val.dtype)
+    return sum_to(ctx, acc, shape, val.dtype)
 
 
 def _narrowed(ctx: LowerCtx, src: Ref, ishape) -> Ref:
@@ -208,9 +207,10 @@ def _scatter_extreme(ctx: LowerCtx, node, x, dim: int, index, src, include_self:
     value does (`triton_ops._order_key`: NaN on top, so it propagates as in eager; a min
     as the max of reversed keys), an int64 atomic max per destination over a zeroed
     buffer (0: nothing arrived; integer atomics: deterministic), then the key decoded
-    and combined with x."""
+    and combined with x.  Bools (amax a logical or, amin an and) as uint8 0/1."""
     val = node.meta["val"]
-    if val.dtype not in _KEYED + _KEYED64:
+    dt = torch.uint8 if val.dtype == torch.bool else val.dtype
+    if dt not in _KEYED + _KEYED64:
         raise Unsupported(f"scatter_reduce {op!r} of {val.dtype}")
     if (same := _untouched(ctx, node, x, index)) is not None:
         return same
@@ -218,22 +218,22 @@ def _scatter_extreme(ctx: LowerCtx, node, x, dim: int, index, src, include_self:
     if not shape:
         x, index, src = _on_one_element(ctx, x, index, src)
         return ctx.reshape(_scatter_extreme(ctx, node, x, 0, index, src, include_self, op, (1,)), ())
-    if val.dtype in _KEYED64:
+    if dt in _KEYED64:
         return _scatter_extreme64(ctx, node, x, dim, index, src, include_self, op, shape)
     n = ir.prod(shape)
     lin, vals = _scatter_index(ctx, shape, dim % len(shape), index, src)
     m = ctx.shape(lin)[0]
-    keys = ctx.pointwise(f"order_key_{op[1:]}", (ctx.cast(vals, val.dtype),), (m, 1), torch.int64)
+    keys = ctx.pointwise(f"order_key_{op[1:]}", (ctx.cast(vals, dt),), (m, 1), torch.int64)
     best = ctx.reshape(Ref(ctx.g.add(ir.SCATTER_ADD, "scatter_extreme", (keys, lin), (n, 1), torch.int64,
                                      contiguous_strides((n, 1)), (("padding_idx", None), ("combine", "max")))),
                        shape)
-    kt = torch.float32 if val.dtype.is_floating_point else torch.int32
-    got = ctx.cast(ctx.pointwise(f"from_order_key_{op[1:]}", (best,), shape, kt), val.dtype)
+    kt = torch.float32 if dt.is_floating_point else torch.int32
+    got = ctx.cast(ctx.pointwise(f"from_order_key_{op[1:]}", (best,), shape, kt), dt)
     hit = ctx.pointwise("gt", (best, 0), shape, torch.bool)
     if include_self:
-        got = ctx.pointwise("maximum" if op == "amax" else "minimum", (ctx.cast(x, val.dtype), got), shape,
-                            val.dtype)
-    return ctx.pointwise("where", (hit, got, ctx.cast(x, val.dtype)), shape, val.dtype)
+        got = ctx.pointwise("maximum" if op == "amax" else "minimum", (ctx.cast(x, dt), got), shape, dt)
+    out = ctx.pointwise("where", (hit, got, ctx.cast(x, dt)), shape, dt)
+    return ctx.pointwise("ne", (out, 0), shape, torch.bool) if val.dtype == torch.bool else out
 
 
 def _scatter_prod(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bool = True,
