@@ -59,7 +59,9 @@ NOT_COMPARABLE = re.compile(r"(dropout|bernoulli|^normal|^rand|multinomial|unifo
 CI_SLICE = ("add", "exp", "sqrt", "sigmoid", "pow", "where", "clamp", "lgamma", "nan_to_num", "sum", "amax",
             "var_mean", "std", "logsumexp", "softmax", "nn.functional.layer_norm", "nn.functional.normalize",
             "cat", "permute", "diagonal", "diag_embed", "narrow", "index_select", "gather", "masked_fill",
-            "full_like", "view_as_complex", "nn.functional.gelu", "aminmax")
+            "full_like", "view_as_complex", "nn.functional.gelu", "aminmax",
+            # integer and bool inputs (the int64/int32/bool configurations)
+            "gcd", "nn.functional.max_pool2d", "scatter_add", "tril_indices")
 # -- one sample -------------------------------------------------------------------------
 
 @dataclass
@@ -378,7 +380,10 @@ def run_sample(opinfo: OpInfo, sample: SampleInput, dtype: torch.dtype, backward
 
 CONFIGS = (("fp32 fwd", torch.float32, False), ("fp32 bwd", torch.float32, True),
            ("bf16 fwd", torch.bfloat16, False), ("fp16 fwd", torch.float16, False),
-           ("fp64 fwd", torch.float64, False))
+           ("fp64 fwd", torch.float64, False),
+           # integer and bool inputs where the op takes them (indices, masks, bit ops, gcd):
+           # compared exactly with eager
+           ("int64 fwd", torch.int64, False), ("int32 fwd", torch.int32, False), ("bool fwd", torch.bool, False))
 LABELS = tuple(c[0] for c in CONFIGS)
 
 
@@ -395,7 +400,7 @@ def _opinfos() -> dict[str, Any]:
 def sweep_op(key: str, samples: int = 12, half_samples: int = 3, seed: int = 0,
              labels: Iterable[str] = LABELS) -> dict[str, Tally]:
     """Tallies for one op_db entry, per configuration (label -> Tally): `samples` in
-    float32, `half_samples` in bfloat16, float16 and float64."""
+    float32, `half_samples` in the others (bfloat16, float16, float64, int64, int32, bool)."""
     import logging
     import warnings
     torch._logging.set_logs(dynamo=logging.ERROR)  # graph-break explanations are not results
@@ -486,7 +491,8 @@ def render(results: dict[str, dict[str, Tally]], command: str, seconds: float) -
              "Each OpInfo sample is compiled with a fresh `StitchBackend` (outputs poisoned, fallback on error "
              "off) and compared with eager: float32 and float64 within stitchml.testing.TOL (or, outside it, no "
              "further than eager's own result from a float64 run, in float64 from the OpInfo's NumPy/SciPy reference), "
-             "half precision no further from a float64 run than eager's own result. Statuses: **pass** (every op in kernels), "
+             "half precision no further from a float64 run than eager's own result, integer and bool results equal to eager's "
+             "(the int64, int32 and bool configurations: the OpInfo's samples of that dtype). Statuses: **pass** (every op in kernels), "
              "**eager** (matched, some op ran eagerly: reasons below), **fail** (mismatch), **crash** (an "
              "exception inside stitchml), **torch** (Dynamo/AOTAutograd raised outside stitchml). Samples "
              "whose eager call raises are not counted. Random ops and uninitialised-memory constructors are "
@@ -536,7 +542,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="markdown file to write (default: print)")
     p.add_argument("--samples", type=int, default=12, help="samples per op in float32 (forward and backward)")
-    p.add_argument("--half-samples", type=int, default=3, help="samples per op in bfloat16, float16, float64")
+    p.add_argument("--half-samples", type=int, default=3,
+                   help="samples per op in bfloat16, float16, float64, int64, int32 and bool")
     p.add_argument("--ops", default="", help="comma-separated op_db keys (default: all)")
     p.add_argument("--family", default="", help="regular expression on op_db keys (e.g. '^linalg|^nn.functional')")
     p.add_argument("--ci-slice", action="store_true", help="the stratified slice CI runs (tests/test_opinfo.py)")
