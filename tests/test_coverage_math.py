@@ -323,9 +323,10 @@ def _gcd_operands(dtype):
 
 @pytest.mark.parametrize("dtype", INTS, ids=INT_IDS)
 def test_gcd_and_lcm_stitch_and_match_eager_bit_for_bit(dtype):
-    """Euclid's loop of a fixed length per type (codegen `_gcd`): enough steps for the
-    worst pair (consecutive Fibonacci numbers), the minimum's wrapped absolute value as
-    eager's, lcm's wrapping product, gcd(0, 0) = lcm(0, 0) = 0 (op_db: 'no lowering rule')."""
+    """Euclid's loop until the block's slowest pair is done (codegen `_gcd`): the worst
+    pair (consecutive Fibonacci numbers) beside pairs done in one step, the minimum's
+    wrapped absolute value as eager's, lcm's wrapping product (8/16-bit types through
+    int as C promotes them), gcd(0, 0) = lcm(0, 0) = 0 (op_db: 'no lowering rule')."""
     a, b = _gcd_operands(dtype)
 
     def fn(a, b):

@@ -623,17 +623,19 @@ def _ipow(a, b, BITS: tl.constexpr, SIGNED: tl.constexpr):
 
 
 @triton.jit
-def _gcd(a, b, STEPS: tl.constexpr):
-    # Euclid's algorithm as eager runs it (on |a| and |b|, C's remainder), as a loop of a
-    # fixed STEPS, enough for any pair of the type (a pair below the Fibonacci number
-    # F(n + 2) takes at most n steps); an element whose divisor reached 0 keeps its value
+def _gcd(a, b):
+    # Euclid's algorithm as eager runs it (on |a| and |b|, C's remainder: |minimum| wraps to
+    # the minimum as in C), until every lane of the block is done: as many steps as the
+    # block's slowest pair (at most 92 for int64, consecutive Fibonacci numbers; about 10
+    # for values below 100), not the type's worst case; a finished lane keeps its value
     a = tl.abs(a)
     b = tl.abs(b)
-    for _ in range(STEPS):
-        live = a != 0
+    live = a != 0
+    while tl.max(live.to(tl.int32)) > 0:
         c = a
         a = tl.where(live, b % tl.where(live, a, 1), a)
         b = tl.where(live, c, b)
+        live = a != 0
     return b
 
 
@@ -1384,7 +1386,7 @@ def pointwise_expr(op: str, args: list[str], in_dtype: torch.dtype | None, out_d
         return _pow(args, out_dtype) if out_dtype in FLOATS else _int_pow(args, out_dtype)
     if op == "gcd":
         a, b = _block_operands(*args)
-        return f"_gcd({a}, {b}, {_EUCLID_STEPS[torch.iinfo(out_dtype).bits]})"
+        return f"_gcd({a}, {b})"
     raise NotImplementedError(f"no Triton expression for pointwise op {op!r}")
 
 
@@ -1394,11 +1396,6 @@ def _typed_literals(expr: str, out_dtype: torch.dtype) -> str:
     programs: `atan(sign(x))` was 2e-8 off, a float32 arctangent).  Half and float32
     values compute in float32 anyway."""
     return f"{expr}.to(tl.float64)" if out_dtype == torch.float64 else expr
-
-
-# Euclid's steps for the worst pair below 2**bits (consecutive Fibonacci numbers: F(n + 2)
-# > 2**bits needs at most n steps), one more for the sign bit's absolute value of the minimum
-_EUCLID_STEPS = {8: 12, 16: 23, 32: 46, 64: 92}
 
 
 def _int_pow(args: list[str], dtype: torch.dtype) -> str:
