@@ -192,6 +192,37 @@ def test_float64_programs_are_judged_at_float64_precision():
         fuzz.programs.FP64_SHARE = share
 
 
+# CI-profile programs with integer islands: gcd, shifts and a bool accumulate in a float16
+# training step; an integer max pool in float64; gcd under symbolic sizes (bfloat16)
+INTEGER_SEEDS = [40448, 40423, 40460]
+
+
+def test_integer_island_programs_stitch_and_pass():
+    """From seed INTEGER_FROM on, some programs make integers from an input, compute on
+    them (gcd/lcm, floor division, bit ops, shifts, pools, bool accumulates) and bring
+    them back as floats: they pass with no op left eager (gcd and the bool accumulate ran
+    eagerly before), and the family leaves the programs of earlier seeds as they were."""
+    for seed in INTEGER_SEEDS:
+        prog = fuzz.generate(seed, "ci")
+        assert ".floor().to(torch.int" in prog.source(), seed
+        r, records = _check_keeping_records(prog)
+        assert r.status == "pass", r.line()
+        assert all(x.eager_reason is None for x in records), seed
+        assert not [f for x in records for f in x.graph.fallbacks], seed
+    first, pool, dynamic = (fuzz.generate(s, "ci") for s in INTEGER_SEEDS)
+    assert "torch.gcd(" in first.source() and "accumulate=True" in first.source() and first.backward
+    assert "F.max_pool2d(" in pool.source() and pool.dtype == "fp64"
+    assert dynamic.dynamic and "torch.gcd(" in dynamic.source()
+    earlier = (3, 2739, 26016, 33615, 35225, 37324, 40399)
+    before = [fuzz.generate(s, "long").describe() for s in earlier]
+    share = fuzz.programs.INTEGER_SHARE
+    try:
+        fuzz.programs.INTEGER_SHARE = 1.0
+        assert [fuzz.generate(s, "long").describe() for s in earlier] == before
+    finally:
+        fuzz.programs.INTEGER_SHARE = share
+
+
 # CI-profile programs with complex arithmetic: a rotary rotation by `polar` angles (float32,
 # forward and backward, back through `view_as_real`) and a product by a conjugate (its modulus)
 COMPLEX_SEEDS = [38547, 37324]

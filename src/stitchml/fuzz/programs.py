@@ -88,6 +88,11 @@ HALF = ("fp16", "bf16")
 # complex32 has few CPU kernels), from seed COMPLEX_FROM on, from a stream of its own
 COMPLEX_SHARE = 0.25
 COMPLEX_FROM = 37200
+# integer islands (`_Builder.integer_ops`): integers made exactly from an input, through
+# integer and bool ops (gcd/lcm, floor division, bit ops, shifts, pools, accumulates into
+# bools), back into the float chain, from seed INTEGER_FROM on, from a stream of its own
+INTEGER_SHARE = 0.25
+INTEGER_FROM = 40400
 
 
 @dataclass(frozen=True)
@@ -675,6 +680,63 @@ class _Builder:
             self.emit(f"{zw}.real * 2.0 - {zw}.imag", lead + (half,), bound * 3)
         return True
 
+    def integer_ops(self, rng: random.Random) -> bool:
+        """Integers from an exact input (`floor(a * 4)`, identical in every float type:
+        |k| <= 4 * scale), through one integer op, and back as floats: a factor of a
+        value of the chain (so gradients flow through the product), or a value of its own
+        (pools, reductions, a bool accumulate).  Every integer result is exact and small
+        (|r| <= 256, exact in bfloat16), so any difference from eager is a bug.  Written
+        inline (no integer value joins the float chain).  Draws from its own `rng`."""
+        ins = [v for v in self.values if v.is_input and v.shape and _numel(v.shape) > 0]
+        if not ins:
+            return False
+        a = rng.choice(ins)
+        it = rng.choice(["torch.int64", "torch.int32", "torch.int16"])
+        k = f"({a.name}.detach() * 4).floor().to({it})"
+        kb = int(4 * a.bound) + 1
+        others = [v for v in ins if v.shape == a.shape and v is not a]
+        m = f"({rng.choice(others).name}.detach() * 2).floor().to({it})" if others and rng.random() < 0.6 else \
+            f"({a.name}.detach() * 2).ceil().to({it}).flip(-1)"   # (powers of 2: exact in half types)
+        mb = int(2 * max(v.bound for v in ins)) + 1
+        ops = [(f"torch.gcd({k}, {m})", max(kb, mb)), (f"torch.lcm({k}, {m})", kb * mb),
+               (f"torch.div({k}, {m}.abs() + 1, rounding_mode='floor')", kb), (f"{k} // -3", kb),
+               (f"torch.remainder({k}, {m}.abs() + 1)", mb), (f"torch.fmod({k}, -3)", 3),
+               (f"({k} & {m})", 2 * max(kb, mb)), (f"({k} | {m})", 2 * max(kb, mb)), (f"({k} ^ {m})", 2 * max(kb, mb)),
+               (f"(~{k})", kb + 1), (f"({k} << ({m}.abs() % 3))", 4 * kb), (f"({k} >> 1)", kb),
+               (f"({k} ** 2)", kb * kb), (f"torch.pow({k}, {m}.abs() % 3)", kb * kb),
+               (f"{k}.clamp(-3, 5)", 5), (f"torch.where({m} > 0, {k}, -{k})", kb)]
+        expr, bound = rng.choice(ops)
+        if bound > 256:   # (exact in bfloat16, and no int16 wrap-around)
+            expr, bound = f"({expr}).clamp(-256, 256)", 256
+        variant = rng.randrange(4)
+        if variant < 2:   # a factor of a value of the chain with the input's shape
+            xs = [v for v in self.values if v.shape == a.shape and not v.is_input] or [a]
+            x = self.tame(rng.choice(xs), 4.0)
+            s = float(f"{1 / bound:.3g}")
+            self.emit(f"{x.name} * ({expr}).to({x.name}.dtype) * {s}", x.shape, x.bound * bound * s, x.hi)
+            return True
+        if variant == 2 and len(a.shape) >= 3 and min(a.shape[-2:]) >= 2:   # an integer max pool
+            oh, ow = a.shape[-2] - 1, a.shape[-1] - 1
+            shape = a.shape[:-2] + (oh, ow)
+            if rng.random() < 0.5:
+                self.emit(f"F.max_pool2d({expr}, 2, 1).to({a.name}.dtype) * {1 / bound:.3g}", shape, 1.0)
+            else:   # (eager's average pools take int64 alone: truncating quotients)
+                self.emit(f"F.avg_pool2d(({expr}).to(torch.int64), 2, 1).to({a.name}.dtype) * {1 / bound:.3g}",
+                          shape, 1.0)
+            return True
+        if variant == 3 and rng.random() < 0.5:   # a bool accumulate with duplicate destinations
+            n = rng.choice([3, 5, 8])
+            self.emit(f"torch.zeros({n}, dtype=torch.bool, device={a.name}.device).index_put("
+                      f"(({expr}).flatten().remainder({n}).long(),), ({expr}).flatten() > 0, accumulate=True)"
+                      f".to({a.name}.dtype)", (n,), 1.0)
+            return True
+        d = rng.randrange(len(a.shape))   # an integer reduction
+        red = rng.choice(["sum", "amax", "amin"])
+        shape = a.shape[:d] + a.shape[d + 1:]
+        tot = bound * (a.shape[d] if red == "sum" else 1)
+        self.emit(f"({expr}).{red}({d}).to({a.name}.dtype) * {1 / max(tot, 1):.3g}", shape, 1.0)
+        return True
+
     def placed_cat(self, rng: random.Random) -> bool:
         """Parts that kernels of their own write anyway (a kernel reads them for a sum),
         concatenated, and the concatenation read by sums over two dims and not returned:
@@ -855,6 +917,11 @@ def generate(seed: int, profile: str = "ci") -> Program:
     zrng = random.Random(f"complex-{seed}")
     if seed >= COMPLEX_FROM and zrng.random() < COMPLEX_SHARE:
         b.complex_ops(zrng)
+    # integer islands likewise
+    nrng = random.Random(f"integer-{seed}")
+    if seed >= INTEGER_FROM and nrng.random() < INTEGER_SHARE:
+        for _ in range(nrng.choice([1, 1, 2])):
+            b.integer_ops(nrng)
     # outputs: the values nothing else reads (the newest few), sometimes an intermediate too
     computed = [v for v in b.values if not v.is_input]
     outs = [v for v in computed if v.name not in b.used][-4:]
