@@ -331,3 +331,34 @@ def test_gather_of_a_0d_tensor_and_an_empty_index_backward_stitch():
         return x.gather(0, torch.tensor([0])) * 2, y.gather(0, torch.zeros(2, 0, dtype=torch.long)).sum() + y
     cmp = _strict(f, [torch.randn((), requires_grad=True), torch.randn(5, requires_grad=True)])
     assert not [fb for r in cmp.backend.records for fb in r.graph.fallbacks]
+
+
+def test_an_output_eager_lays_out_with_gaps_is_written_with_them():
+    """diagonal_scatter of a strided slice keeps its input's layout, strides (20, 2) for a
+    10 x 10 result: not dense, but no two elements share memory, so a kernel writes it
+    there.  The whole graph ran eagerly ("expected with repeated elements"); the op_db
+    sweep with non-contiguous samples found it.  Output poisoned, values, strides and
+    gradients as eager's; a forward graph that saves it for the backward reads it back."""
+    from stitchml import StitchBackend
+    torch.manual_seed(12)
+    base, s0 = torch.randn(10, 10), torch.randn(10)
+
+    def run(fn, compiled):
+        x = torch.empty_strided((10, 10), (20, 2)).copy_(base).requires_grad_()
+        s = s0.clone().requires_grad_()
+        backend = StitchBackend()
+        with config.override(fallback_on_error=False):
+            out = (torch.compile(fn, backend=backend) if compiled else fn)(x, s)
+            torch.autograd.backward(out, [torch.ones_like(o) for o in out])
+        return out, x.grad, s.grad, backend
+
+    def fn(x, s):
+        y = torch.diagonal_scatter(x, s)
+        return y, (y.sin() * y).sum(0)
+    (ye, ze), gxe, gse, _ = run(fn, False)
+    (yc, zc), gxc, gsc, backend = run(fn, True)
+    assert ye.stride() == yc.stride() == (20, 2)
+    for a, e in ((yc, ye), (zc, ze), (gxc, gxe), (gsc, gse)):
+        torch.testing.assert_close(a, e)
+    assert [r.kind for r in backend.records] == ["forward", "backward"]
+    assert all(r.plan is not None and r.plan.num_kernels >= 1 for r in backend.records)

@@ -111,8 +111,12 @@ class Lowerer:
                 continue  # (an empty or one-element result has no repeated elements to lay out)
             stride = tuple(int(s) for s in val.stride())
             if stride != n.stride and not _dense(n.shape, stride):
-                raise Unsupported(f"output {fxn.name} is expected with repeated elements (strides {stride}), "
-                                  f"which a kernel cannot write")
+                if not _non_overlapping(n.shape, stride):
+                    raise Unsupported(f"output {fxn.name} is expected with repeated elements (strides {stride}), "
+                                      f"which a kernel cannot write")
+                # gaps (diagonal_scatter of a strided slice keeps its input's layout): the
+                # value's buffer written with eager's strides
+                self.g.nodes[r.id] = dataclasses.replace(n, stride=stride)
 
     def _view_as_eager(self, r: Ref, fxn: fx.Node) -> bool:
         """Whether output `r` (a view node) is the view eager returns: eager's chain of
