@@ -76,10 +76,11 @@ _IDX = torch.tensor([0, 2, 0, 5])   # (a duplicate destination)
 
 
 @pytest.mark.parametrize("name", ["index_put", "index_add", "scatter_add", "scatter_sum_no_self", "put",
-                                  "amax", "amax_no_self", "amin", "amin_no_self", "zero_dim"])
+                                  "amax", "amax_no_self", "amin", "amin_no_self", "prod", "prod_no_self",
+                                  "index_reduce_prod", "zero_dim"])
 def test_accumulating_into_bool_tensors_is_a_logical_or_in_a_kernel(name):
-    """Eager adds bools as C++ does (true + true stored as true) and takes amax/amin as
-    or/and; these ran eagerly ("into a bool tensor runs eagerly")."""
+    """Eager adds bools as C++ does (true + true stored as true) and takes amax/amin/prod as
+    or/and/and; these ran eagerly ("into a bool tensor runs eagerly", "'prod' of bools")."""
     torch.manual_seed(4)
     x, v = torch.rand(6, 5) > 0.6, torch.rand(4, 5) > 0.5
     col = _IDX.view(4, 1).expand(4, 5)
@@ -93,6 +94,9 @@ def test_accumulating_into_bool_tensors_is_a_logical_or_in_a_kernel(name):
         "amax_no_self": lambda x, v: x.scatter_reduce(0, col, v, "amax", include_self=False),
         "amin": lambda x, v: x.scatter_reduce(0, col, v, "amin"),
         "amin_no_self": lambda x, v: x.scatter_reduce(0, col, v, "amin", include_self=False),
+        "prod": lambda x, v: x.scatter_reduce(0, col, v, "prod"),
+        "prod_no_self": lambda x, v: x.scatter_reduce(0, col, v, "prod", include_self=False),
+        "index_reduce_prod": lambda x, v: x.index_reduce(0, _IDX, v, "prod"),
         "zero_dim": lambda x, v: x[0, 0].scatter_add(0, torch.tensor(0), v[1, 1]),
     }
     cmp = compare_with_eager(fns[name], [x, v], backward=False)

@@ -3,9 +3,10 @@ for the whole op_db): one op_db entry per stratum of op families (`CI_SLICE`: el
 in every dtype, reductions, normalisations, views, indexed reads, constructors, complex,
 the ops issue 19 added, integer and bool ones), one sample in each configuration (float32
 forward and backward, bfloat16, float16 and float64 forward; int64, int32 and bool
-forward), outputs poisoned, fallback off.  No sample may crash inside stitchml or
-mismatch (half precision: no further from a float64 run than eager); in float32, int64
-and bool every op of the slice must run in kernels.  About a minute on 2 cores."""
+forward; float32 made non-contiguous, forward and backward), outputs poisoned, fallback
+off.  No sample may crash inside stitchml or mismatch (half precision: no further from a
+float64 run than eager); in float32 (contiguous or not), int64 and bool every op of the
+slice must run in kernels.  About a minute on 2 cores."""
 from __future__ import annotations
 
 import pytest
@@ -20,7 +21,7 @@ def test_opinfo_slice(key: str) -> None:
     problems = [f"{label}: {t.first_failure}" for label, t in result.items() if t.failed or t.crashed]
     assert not problems, f"{key}: " + "; ".join(problems)
     assert set(result) == set(LABELS)
-    for label in ("fp32 fwd", "int64 fwd", "bool fwd"):
+    for label in ("fp32 fwd", "int64 fwd", "bool fwd", "fp32 nc"):
         t = result[label]  # every op of the slice is lowered: in kernels (or views: none needed)
         assert t.passed == t.samples, f"{key}: ran eagerly in {label}: {dict(t.reasons)}"
 

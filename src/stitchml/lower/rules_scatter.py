@@ -245,8 +245,8 @@ def _scatter_prod(ctx: LowerCtx, node, x, dim: int, index, src, include_self: bo
     deterministic algorithms; integer ones (int64, wrapping as eager's) do not."""
     from .rules_index import _refuse_nondeterministic
     val = node.meta["val"]
-    if val.dtype == torch.bool:
-        raise Unsupported("scatter_reduce 'prod' of bools")
+    if val.dtype == torch.bool:   # a product of bools is their logical and: the least of them
+        return _scatter_extreme(ctx, node, x, dim, index, src, include_self, "amin", shape)
     if (same := _untouched(ctx, node, x, index)) is not None:
         return same
     shape = static_shape(val) if shape is None else shape
@@ -344,13 +344,12 @@ def _as_strided_scatter(ctx, node, x, src, size, stride, storage_offset=None):
     contiguous run of a contiguous x: the run replaced by src's elements (a cat along
     x's flattened elements).  Any other view of a densely laid out x: a scatter-write
     of src's elements at their storage positions, x taken in storage order
-    (`rules_views.storage_order`; of positions the view repeats, the last wins)."""
-    from .rules_views import _concat, in_storage_order, storage_order, strided_offset
+    (`rules_views.element_view`; of positions the view repeats, the last wins)."""
+    from .rules_views import _concat, element_view, in_storage_order
     val = node.meta["val"]
     shape = static_shape(val)
     xval = node.args[0].meta["val"]
-    order = storage_order(xval)
-    off = strided_offset(ctx, node, x, size, stride, storage_offset)
+    order, stride, off = element_view(ctx, node, x, size, stride, storage_offset)
     n, total = ir.prod(size), ir.prod(shape)
     dtype = val.dtype
     if order == list(range(len(shape))) and tuple(stride) == contiguous_strides(tuple(size)):

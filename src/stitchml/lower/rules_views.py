@@ -110,17 +110,49 @@ def _stack(ctx, node, tensors, dim=0):
     return _concat(ctx, parts, shape, dim, dtype)
 
 
-def storage_order(val: torch.Tensor) -> list[int]:
-    """The dims of a tensor (its metadata: eager's layout) by decreasing stride, when
-    that layout is dense (a permutation of a contiguous one): permuted so, the tensor's
-    contiguous order is its storage order.  Size-1 dims last (any stride)."""
+def element_view(ctx: LowerCtx, node: torch.fx.Node, x: Ref, size: Sequence[int], stride: Sequence[int],
+                 storage_offset: int | None) -> tuple[list[int], tuple[int, ...], int]:
+    """as_strided(x, size, stride, storage_offset) as a view of x's elements: (order,
+    strides, offset) such that it is the as_strided view of x permuted to `order` (its
+    dims by decreasing stride, eager's layout from the metadata, size-1 dims last) and
+    laid out contiguously.  A dense layout: the same numbers.  A layout with gaps (a
+    strided slice; op_db's non-contiguous samples through unfold's decomposition): each
+    stride and the offset split into whole steps of the operand's dims, largest stride
+    first; when every split is exact and every addressed position stays inside the
+    operand's dims, each one is an element and the view an affine re-index of them.
+    Positions between the elements, overlapping layouts, and views reaching past the
+    operand are refused."""
+    val = node.args[0].meta["val"]
+    if ctx.node(x).kind == ir.INPUT and val.storage_offset() != 0:
+        raise Unsupported("as_strided of an input with a storage offset")
+    off = (0 if storage_offset is None else storage_offset) - val.storage_offset()
     shape, strides = tuple(val.shape), tuple(val.stride())
-    order = sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: -strides[d])
-    order += [d for d in range(len(shape)) if shape[d] == 1]
+    size, stride = tuple(size), tuple(stride)
+    inner = sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: -strides[d])
+    order = inner + [d for d in range(len(shape)) if shape[d] == 1]
     dense = contiguous_strides(tuple(shape[d] for d in order))
-    if any(shape[d] != 1 and strides[d] != dense[i] for i, d in enumerate(order)):
-        raise Unsupported("as_strided of an operand whose storage has gaps or overlaps (not a dense layout)")
-    return order
+    if any(strides[d] != dense[i] for i, d in enumerate(inner)):
+        if any(strides[d] < 1 for d in inner) or any(strides[a] < strides[b] * shape[b]
+                                                      for a, b in zip(inner, inner[1:])):
+            raise Unsupported("as_strided of an operand whose storage overlaps (not a dense layout)")
+
+        def steps(p: int) -> list[int] | None:
+            out = []
+            for d in inner:
+                q, p = divmod(p, strides[d])
+                out.append(q)
+            return out if p == 0 else None
+        base = steps(off) if off >= 0 else None
+        split = [steps(st) if n > 1 else [0] * len(inner) for n, st in zip(size, stride)]
+        if base is None or any(c is None for c in split) or any(
+                base[i] + sum((n - 1) * c[i] for n, c in zip(size, split) if n > 0) >= shape[d]
+                for i, d in enumerate(inner)):
+            raise Unsupported("as_strided of an operand with gaps addresses storage between its elements")
+        stride = tuple(sum(c[i] * dense[i] for i in range(len(inner))) for c in split)
+        off = sum(base[i] * dense[i] for i in range(len(inner)))
+    if off < 0 or off + sum((n - 1) * st for n, st in zip(size, stride) if n > 0) >= max(val.numel(), 1):
+        raise Unsupported("as_strided reaches past the elements of its operand")
+    return order, stride, off
 
 
 def in_storage_order(ctx: LowerCtx, x: Ref, val: torch.Tensor, order: list[int]) -> Ref:
@@ -129,28 +161,13 @@ def in_storage_order(ctx: LowerCtx, x: Ref, val: torch.Tensor, order: list[int])
     return ctx.view("permute", x, tuple(val.shape[d] for d in order), (("dims", tuple(order)),))
 
 
-def strided_offset(ctx: LowerCtx, node: torch.fx.Node, x: Ref, size: Sequence[int], stride: Sequence[int],
-                   storage_offset: int | None) -> int:
-    """as_strided's first storage position relative to its operand's own start;
-    refuses a view reaching outside the operand's elements."""
-    val = node.args[0].meta["val"]
-    if ctx.node(x).kind == ir.INPUT and val.storage_offset() != 0:
-        raise Unsupported("as_strided of an input with a storage offset")
-    off = (0 if storage_offset is None else storage_offset) - val.storage_offset()
-    if off < 0 or off + sum((n - 1) * st for n, st in zip(size, stride) if n > 0) >= max(val.numel(), 1):
-        raise Unsupported("as_strided reaches past the elements of its operand")
-    return off
-
-
 @register(aten.as_strided.default)
 def _as_strided(ctx, node, x, size, stride, storage_offset=None):
     """as_strided addresses its operand's storage, laid out as eager lays it out (the
-    operand's metadata, not our buffer): when that layout is dense, storage position p
-    is element p - offset of the operand in storage order (`storage_order`) — a plain
-    re-index, whatever our own buffer's layout."""
+    operand's metadata, not our buffer): as a view of the operand's elements in storage
+    order (`element_view`) — a plain re-index, whatever our own buffer's layout."""
     val = node.args[0].meta["val"]
-    order = storage_order(val)
-    off = strided_offset(ctx, node, x, size, stride, storage_offset)
+    order, stride, off = element_view(ctx, node, x, size, stride, storage_offset)
     x = in_storage_order(ctx, x, val, order)
     return ctx.view("as_strided", x, _shape(node), (("stride", tuple(stride)), ("offset", off)))
 

@@ -155,7 +155,12 @@ def view_layout(op: str, src: Layout, shape: tuple[int, ...], attrs: dict) -> La
         dim, index = attrs["dim"], attrs["index"]
         index = index + src.shape[dim] if index < 0 else index
         return Layout(tuple(shape), src.stride[:dim] + src.stride[dim + 1:], src.offset + index * src.stride[dim])
-    if op == "as_strided":  # (lowered only on a contiguous graph input: relative to it)
+    if op == "as_strided":
+        # its strides and offset count the operand's elements in their contiguous order
+        # (`rules_views.element_view`): memory strides only where the operand is contiguous
+        # (a step slice's is not: the wrapper replays it on a contiguous copy, `as_strided_of`)
+        if any(st != c for n, st, c in zip(src.shape, src.stride, contiguous_strides(tuple(src.shape))) if n > 1):
+            return None
         return Layout(tuple(shape), tuple(attrs["stride"]), src.offset + attrs["offset"])
     return None
 

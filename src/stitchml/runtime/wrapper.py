@@ -64,7 +64,8 @@ class ProgramBuilder:
         self.known: dict[str, Layout] = {}     # names whose layout is known at compile time
         self.checker = Checker()
         self.consts: dict[str, Any] = {"torch": torch, "DEVICE": device, "_seeds": _seeds, "_view": _view,
-                                       "CHECK": self.checker, "EMPTY": empty_strided_on(device)}
+                                       "CHECK": self.checker, "EMPTY": empty_strided_on(device),
+                                       "AS_STRIDED_OF": as_strided_of}
         self.nconst = 0
         self.device = device
         self.partials: set[str] = set()
@@ -177,7 +178,7 @@ class ProgramBuilder:
         if n.op == "select":
             return Replay(name, "{0}.select({1}, {2})", (s, n.attr("dim"), n.attr("index")), src)
         if n.op == "as_strided":
-            return Replay(name, "torch.as_strided({0}, {1}, {2}, {3})",
+            return Replay(name, "AS_STRIDED_OF({0}, {1}, {2}, {3})",
                           (s, n.shape, tuple(n.attr("stride")), n.attr("offset")), src)
         raise NotImplementedError(f"replay of {n.op}")
 
@@ -515,6 +516,15 @@ class _BarrierCounter:
 
 
 @functools.lru_cache(maxsize=None)   # one object per device: wrappers compare their constants
+def as_strided_of(t: torch.Tensor, size: tuple, stride: tuple, offset: int) -> torch.Tensor:
+    """The IR's as_strided view: `stride` and `offset` count `t`'s elements in their
+    contiguous order (`rules_views.element_view`), so it is torch's as_strided of `t`
+    laid out contiguously (a copy where it is not: a step slice), from `t`'s first
+    element."""
+    c = t if t.is_contiguous() else t.contiguous()
+    return torch.as_strided(c, size, stride, c.storage_offset() + offset)
+
+
 def empty_strided_on(device: torch.device) -> Callable[[tuple, tuple, torch.dtype], torch.Tensor]:
     """`EMPTY(size, stride, dtype)` of the wrappers: an uninitialised buffer on `device`.
     torch's C++ allocation entry points (what Inductor's wrappers call) skip the Python

@@ -61,7 +61,9 @@ CI_SLICE = ("add", "exp", "sqrt", "sigmoid", "pow", "where", "clamp", "lgamma", 
             "cat", "permute", "diagonal", "diag_embed", "narrow", "index_select", "gather", "masked_fill",
             "full_like", "view_as_complex", "nn.functional.gelu", "aminmax",
             # integer and bool inputs (the int64/int32/bool configurations)
-            "gcd", "nn.functional.max_pool2d", "scatter_add", "tril_indices")
+            "gcd", "nn.functional.max_pool2d", "scatter_add", "tril_indices",
+            # outputs and as_strided views of layouts with gaps (the non-contiguous configuration)
+            "diagonal_scatter", "unfold_copy")
 # -- one sample -------------------------------------------------------------------------
 
 @dataclass
@@ -378,12 +380,16 @@ def run_sample(opinfo: OpInfo, sample: SampleInput, dtype: torch.dtype, backward
 
 # -- one op -----------------------------------------------------------------------------
 
+NONCONTIGUOUS = "fp32 nc"
 CONFIGS = (("fp32 fwd", torch.float32, False), ("fp32 bwd", torch.float32, True),
            ("bf16 fwd", torch.bfloat16, False), ("fp16 fwd", torch.float16, False),
            ("fp64 fwd", torch.float64, False),
            # integer and bool inputs where the op takes them (indices, masks, bit ops, gcd):
            # compared exactly with eager
-           ("int64 fwd", torch.int64, False), ("int32 fwd", torch.int32, False), ("bool fwd", torch.bool, False))
+           ("int64 fwd", torch.int64, False), ("int32 fwd", torch.int32, False), ("bool fwd", torch.bool, False),
+           # the float32 samples made non-contiguous (`SampleInput.noncontiguous`: every tensor
+           # with gaps between its elements), forward and backward where the op has autograd
+           (NONCONTIGUOUS, torch.float32, None))
 LABELS = tuple(c[0] for c in CONFIGS)
 
 
@@ -400,7 +406,8 @@ def _opinfos() -> dict[str, Any]:
 def sweep_op(key: str, samples: int = 12, half_samples: int = 3, seed: int = 0,
              labels: Iterable[str] = LABELS) -> dict[str, Tally]:
     """Tallies for one op_db entry, per configuration (label -> Tally): `samples` in
-    float32, `half_samples` in the others (bfloat16, float16, float64, int64, int32, bool)."""
+    float32, `half_samples` in the others (bfloat16, float16, float64, int64, int32, bool, and
+    float32 made non-contiguous)."""
     import logging
     import warnings
     torch._logging.set_logs(dynamo=logging.ERROR)  # graph-break explanations are not results
@@ -412,13 +419,17 @@ def sweep_op(key: str, samples: int = 12, half_samples: int = 3, seed: int = 0,
     labels = tuple(labels)
     for label, dtype, backward in CONFIGS:
         tally = result[label]
+        if backward is None:   # (the non-contiguous configuration: backward where there is one)
+            backward = opinfo.supports_autograd
         if label not in labels or dtype not in supported or (backward and not opinfo.supports_autograd):
             continue
         torch.manual_seed(seed)
-        n = samples if dtype == torch.float32 else half_samples
+        n = samples if dtype == torch.float32 and label != NONCONTIGUOUS else half_samples
         try:
             it = opinfo.sample_inputs("cpu", dtype, requires_grad=backward)
             batch = [s for _, s in zip(range(n), it)]
+            if label == NONCONTIGUOUS:
+                batch = [s.noncontiguous() for s in batch]
         except Exception as e:
             tally.first_failure = f"sample_inputs raised {type(e).__name__}"
             continue
@@ -492,7 +503,8 @@ def render(results: dict[str, dict[str, Tally]], command: str, seconds: float) -
              "off) and compared with eager: float32 and float64 within stitchml.testing.TOL (or, outside it, no "
              "further than eager's own result from a float64 run, in float64 from the OpInfo's NumPy/SciPy reference), "
              "half precision no further from a float64 run than eager's own result, integer and bool results equal to eager's "
-             "(the int64, int32 and bool configurations: the OpInfo's samples of that dtype). Statuses: **pass** (every op in kernels), "
+             "(the int64, int32 and bool configurations: the OpInfo's samples of that dtype); **fp32 nc**: float32 samples "
+             "made non-contiguous (`SampleInput.noncontiguous`), forward and backward where the op has autograd. Statuses: **pass** (every op in kernels), "
              "**eager** (matched, some op ran eagerly: reasons below), **fail** (mismatch), **crash** (an "
              "exception inside stitchml), **torch** (Dynamo/AOTAutograd raised outside stitchml). Samples "
              "whose eager call raises are not counted. Random ops and uninitialised-memory constructors are "
@@ -543,7 +555,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     p.add_argument("--out", help="markdown file to write (default: print)")
     p.add_argument("--samples", type=int, default=12, help="samples per op in float32 (forward and backward)")
     p.add_argument("--half-samples", type=int, default=3,
-                   help="samples per op in bfloat16, float16, float64, int64, int32 and bool")
+                   help="samples per op in bfloat16, float16, float64, int64, int32, bool and non-contiguous float32")
     p.add_argument("--ops", default="", help="comma-separated op_db keys (default: all)")
     p.add_argument("--family", default="", help="regular expression on op_db keys (e.g. '^linalg|^nn.functional')")
     p.add_argument("--ci-slice", action="store_true", help="the stratified slice CI runs (tests/test_opinfo.py)")
