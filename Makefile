@@ -70,9 +70,10 @@ fuzz: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m stitchml.fuzz -n $(N) --start $(START) --jobs $(FUZZ_JOBS) $(FUZZ_ARGS)
 
 # PyTorch's whole OpInfo database (op_db) through the stitch backend, float32 forward and
-# backward (OPINFO_SAMPLES samples an op), bfloat16/float16/float64 forward (3), outputs
-# poisoned, fallback off; writes docs/OPINFO.md (counts per status and per reason).
-# Hours on 2 CPU cores under the interpreter; OPINFO_ARGS="--family '^linalg'" for a part.
+# backward (OPINFO_SAMPLES samples an op), bfloat16/float16/float64/int64/int32/bool forward
+# and non-contiguous float32 forward and backward (3), outputs poisoned, fallback off;
+# writes docs/OPINFO.md (counts per status and per reason).  About 35 min on 2 CPU cores
+# under the interpreter; OPINFO_ARGS="--family '^linalg'" for a part.
 OPINFO_SAMPLES ?= 12
 OPINFO_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 OPINFO_ARGS ?=
