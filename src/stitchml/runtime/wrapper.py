@@ -515,7 +515,6 @@ class _BarrierCounter:
         return self.counter, 0
 
 
-@functools.lru_cache(maxsize=None)   # one object per device: wrappers compare their constants
 def as_strided_of(t: torch.Tensor, size: tuple, stride: tuple, offset: int) -> torch.Tensor:
     """The IR's as_strided view: `stride` and `offset` count `t`'s elements in their
     contiguous order (`rules_views.element_view`), so it is torch's as_strided of `t`
@@ -525,6 +524,7 @@ def as_strided_of(t: torch.Tensor, size: tuple, stride: tuple, offset: int) -> t
     return torch.as_strided(c, size, stride, c.storage_offset() + offset)
 
 
+@functools.lru_cache(maxsize=None)   # one object per device: wrappers compare their constants
 def empty_strided_on(device: torch.device) -> Callable[[tuple, tuple, torch.dtype], torch.Tensor]:
     """`EMPTY(size, stride, dtype)` of the wrappers: an uninitialised buffer on `device`.
     torch's C++ allocation entry points (what Inductor's wrappers call) skip the Python
