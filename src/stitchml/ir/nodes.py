@@ -154,6 +154,18 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def non_overlapping(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """No two elements share memory (a strided slice may leave gaps; an expanded view
+    overlaps): a kernel can write each element where it lives."""
+    dims = sorted((st, sz) for st, sz in zip(stride, shape) if sz != 1)
+    span = 1
+    for st, sz in dims:
+        if st < span:
+            return False
+        span = st * sz
+    return True
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The type a value of `dtype` is computed in inside kernels: half types in float32."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

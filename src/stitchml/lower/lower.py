@@ -15,7 +15,7 @@ import torch.fx as fx
 
 from ..fallback import no_rule_reason
 from ..ir import nodes as ir
-from ..ir.nodes import Ref
+from ..ir.nodes import Ref, non_overlapping
 from ..patterns import gemm_op, linear_ce_op  # register stitchml:: fused ops (issue 15)
 from . import rules_index, rules_pointwise, rules_random, rules_reduce, rules_views  # noqa: F401
 from . import rules_intdiv, rules_scatter, rules_window  # noqa: F401  (issue 18; after rules_pointwise)
@@ -111,7 +111,7 @@ class Lowerer:
                 continue  # (an empty or one-element result has no repeated elements to lay out)
             stride = tuple(int(s) for s in val.stride())
             if stride != n.stride and not _dense(n.shape, stride):
-                if not _non_overlapping(n.shape, stride):
+                if not non_overlapping(n.shape, stride):
                     raise Unsupported(f"output {fxn.name} is expected with repeated elements (strides {stride}), "
                                       f"which a kernel cannot write")
                 # gaps (diagonal_scatter of a strided slice keeps its input's layout): the
@@ -220,7 +220,7 @@ class Lowerer:
             return None
         d, v = self.g[dst.id], self.g[src.id]
         if d.kind != ir.INPUT or d.attr("constant") or d.shape != v.shape or d.dtype != v.dtype \
-                or d.stride is None or not _non_overlapping(d.shape, d.stride):
+                or d.stride is None or not non_overlapping(d.shape, d.stride):
             return None
         pos = d.attr("index")   # (its position among the graph inputs)
         if any(p == pos for p, _ in self.writes):
@@ -359,16 +359,6 @@ def _dense(shape, stride) -> bool:
     return True
 
 
-def _non_overlapping(shape, stride) -> bool:
-    """No two elements share memory (a strided slice may leave gaps; an expanded view
-    overlaps): a kernel can write each element where it lives."""
-    dims = sorted((st, sz) for st, sz in zip(stride, shape) if sz != 1)
-    span = 1
-    for st, sz in dims:
-        if st < span:
-            return False
-        span = st * sz
-    return True
 
 
 def _unsupported_dtype(node: fx.Node):

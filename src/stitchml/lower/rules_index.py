@@ -222,10 +222,10 @@ def _index_put(ctx, node, x, indices, values, accumulate=False):
     acc = _scatter_add_rows(ctx, v2, a.lin, a.K, r)              # (K, pre*post)
     at = ctx.dtype(acc)
     total = ctx.pointwise("add", (ctx.cast(x, at), _from_rows(ctx, a, acc, shape)), shape, at)
-    return sum_to(ctx, total, shape, val.dtype)
+    return stored_sum(ctx, total, shape, val.dtype)
 
 
-def sum_to(ctx: LowerCtx, total: Ref, shape: tuple, dtype: torch.dtype) -> Ref:
+def stored_sum(ctx: LowerCtx, total: Ref, shape: tuple, dtype: torch.dtype) -> Ref:
     """An accumulated sum in the destination's type; a bool destination is true where the
     (int64) count of true values is not 0: eager adds bools as C++ does, true + true stored
     as true, i.e. a logical or."""

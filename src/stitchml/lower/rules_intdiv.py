@@ -69,12 +69,17 @@ register(aten.floor_divide.default, aten.floor_divide.Scalar)(_floor_divide)
 register(aten.remainder.Tensor, aten.remainder.Scalar)(_remainder)
 
 
-def _gcd(ctx, node, a, b):
-    """codegen's `_gcd`: Euclid's loop on |a|, |b|, as eager's; gcd(0, 0) is 0."""
+def _integer_result(node, op: str) -> tuple[tuple[int, ...], torch.dtype]:
+    """Shape and dtype of an op that takes integers only (eager refuses the others)."""
     val = node.meta["val"]
     if val.dtype.is_floating_point or val.dtype.is_complex or val.dtype == torch.bool:
-        raise Unsupported(f"gcd of {val.dtype}")
-    shape, dtype = static_shape(val), val.dtype
+        raise Unsupported(f"{op} of {val.dtype}")
+    return static_shape(val), val.dtype
+
+
+def _gcd(ctx, node, a, b):
+    """codegen's `_gcd`: Euclid's loop on |a|, |b|, as eager's; gcd(0, 0) is 0."""
+    shape, dtype = _integer_result(node, "gcd")
     return ctx.pointwise("gcd", _operands(ctx, a, b, shape, dtype), shape, dtype)
 
 
@@ -83,10 +88,7 @@ def _lcm(ctx, node, a, b):
     both 0).  Eager's C code computes 8- and 16-bit values in int (the usual promotion),
     takes the absolute value there and wraps only when it stores: |200| stored in int8 is
     -56, not |(int8) 200| = 56; 32- and 64-bit products wrap before the absolute value."""
-    val = node.meta["val"]
-    if val.dtype.is_floating_point or val.dtype.is_complex or val.dtype == torch.bool:
-        raise Unsupported(f"lcm of {val.dtype}")
-    shape, dtype = static_shape(val), val.dtype
+    shape, dtype = _integer_result(node, "lcm")
     a, b = _operands(ctx, a, b, shape, dtype)
     g = ctx.pointwise("gcd", (a, b), shape, dtype)
     wide = torch.int32 if torch.iinfo(dtype).bits < 32 else dtype

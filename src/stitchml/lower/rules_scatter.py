@@ -14,7 +14,7 @@ from ..ir import nodes as ir
 from ..ir.nodes import Ref, contiguous_strides
 from .context import FLOAT_TYPES, LowerCtx, static_shape
 from .registry import Unsupported, register
-from .rules_index import _index, _scatter_add_rows, scatter_winner, scatter_written, sum_to
+from .rules_index import _index, _scatter_add_rows, scatter_winner, scatter_written, stored_sum
 
 aten = torch.ops.aten
 
@@ -71,7 +71,7 @@ def _scatter_sum(ctx: LowerCtx, node, x, dim: int, index, src, include_self: boo
         at = torch.int64 if val.dtype == torch.bool else val.dtype
         total = ctx.pointwise("add", (ctx.reshape(ctx.cast(src, at), ()), ctx.cast(x, at) if
                                       include_self else 0), (), at)
-        return sum_to(ctx, total, (), val.dtype)
+        return stored_sum(ctx, total, (), val.dtype)
     lin, vals = _scatter_index(ctx, shape, dim % max(len(shape), 1), index, src)
     acc = ctx.reshape(_scatter_add_rows(ctx, ctx.cast(vals, val.dtype), lin, ir.prod(shape), 1), shape)
     at = ctx.dtype(acc)
@@ -81,7 +81,7 @@ def _scatter_sum(ctx: LowerCtx, node, x, dim: int, index, src, include_self: boo
         hit = ctx.pointwise("gt", (ctx.reshape(scatter_winner(ctx, lin, ir.prod(shape)), shape), 0), shape,
                             torch.bool)
         acc = ctx.pointwise("where", (hit, acc, ctx.cast(x, at)), shape, at)
-    return sum_to(ctx, acc, shape, val.dtype)
+    return stored_sum(ctx, acc, shape, val.dtype)
 
 
 def _narrowed(ctx: LowerCtx, src: Ref, ishape) -> Ref:

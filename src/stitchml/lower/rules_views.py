@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from ..ir import nodes as ir
-from ..ir.nodes import Ref, contiguous_strides, prod
+from ..ir.nodes import Ref, contiguous_strides, non_overlapping, prod
 from .context import LowerCtx, static_shape
 from .registry import Unsupported, register
 
@@ -132,8 +132,7 @@ def element_view(ctx: LowerCtx, node: torch.fx.Node, x: Ref, size: Sequence[int]
     order = inner + [d for d in range(len(shape)) if shape[d] == 1]
     dense = contiguous_strides(tuple(shape[d] for d in order))
     if any(strides[d] != dense[i] for i, d in enumerate(inner)):
-        if any(strides[d] < 1 for d in inner) or any(strides[a] < strides[b] * shape[b]
-                                                      for a, b in zip(inner, inner[1:])):
+        if not non_overlapping(shape, strides):
             raise Unsupported("as_strided of an operand whose storage overlaps (not a dense layout)")
 
         def steps(p: int) -> list[int] | None:
