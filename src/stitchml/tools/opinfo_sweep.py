@@ -1,13 +1,15 @@
 """Run PyTorch's whole OpInfo database (`op_db`) through the stitch backend against eager.
 
 Every `op_db` entry (`name` or `name.variant_test_name`), each of its sample inputs
-compiled with a fresh `StitchBackend` and a fresh Dynamo state, in five configurations:
-float32 forward and backward (input gradients for a random cotangent), and bfloat16,
-float16 and float64 forward.  Kernel outputs are poisoned (NaN before the launch) and
-`fallback_on_error` is off, so an exception inside stitchml is a *crash*, not a silent
-run in eager.  float32/float64 results are compared with eager (stitchml.testing.TOL);
-half-precision results are judged against a float64 run of the same sample: no
-further from it than eager's own half-precision result (testing.judge_against_float64).
+compiled with a fresh `StitchBackend` and a fresh Dynamo state, in nine configurations
+(`CONFIGS`): float32 forward and backward (input gradients for a random cotangent),
+bfloat16, float16, float64, int64, int32 and bool forward, and the float32 samples made
+non-contiguous (forward and backward).  Kernel outputs are poisoned (NaN before the
+launch) and `fallback_on_error` is off, so an exception inside stitchml is a *crash*, not
+a silent run in eager.  float32/float64 results are compared with eager
+(stitchml.testing.TOL), integer and bool ones exactly; half-precision results are judged
+against a float64 run of the same sample: no further from it than eager's own
+half-precision result (testing.judge_against_float64).
 
 A sample is
 * ``pass``  -- results match and every op of its graphs ran in kernels (``kernels``:
@@ -19,7 +21,7 @@ A sample is
 * ``torch`` -- Dynamo/AOTAutograd raised outside stitchml (not ours, counted apart);
 * ``skip``  -- the eager call itself raised, or nothing was compiled (not counted).
 
-Usage (the full run is `make opinfo`; hours on 2 CPU cores under the interpreter)::
+Usage (the full run is `make opinfo`; about 35 min on 2 CPU cores under the interpreter)::
 
     TRITON_INTERPRET=1 python -m stitchml.tools.opinfo_sweep --out docs/OPINFO.md \
         [--samples 12 --half-samples 3] [--ops exp,add | --family linalg] [--jobs 2]
