@@ -40,7 +40,7 @@ FROM_TORCH = [
     aten.replication_pad1d, aten.replication_pad2d, aten.replication_pad3d,
     aten.upsample_nearest1d, aten.upsample_nearest2d, aten.upsample_nearest3d, aten._upsample_nearest_exact2d,
     aten.upsample_bilinear2d, aten.upsample_linear1d, aten.im2col, aten.col2im,
-    aten.unfold, aten.unfold_backward,
+    aten.unfold_backward,   # (unfold itself is a view of ours: lower/rules_views.py)
     # issue 19 (op_db entries that ran eagerly): element-wise and reduction compositions
     aten.logaddexp, aten.logaddexp2, aten.nansum, aten.linspace, aten.mvlgamma, aten.norm,
     aten.diagonal_copy, aten.unfold_copy, aten.squeeze_copy, aten.unbind_copy, aten._chunk_cat, aten.take,

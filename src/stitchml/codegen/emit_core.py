@@ -844,6 +844,11 @@ def view_index(g: ir.Graph, n: ir.Node, index: tuple[ix.Expr, ...]) -> tuple[ix.
     if op == "select":
         dim, i = n.attr("dim"), n.attr("index")
         return tuple(index[:dim]) + (ix.const(i),) + tuple(index[dim:])
+    if op == "unfold":   # windows along dim: (.., i, .., k) reads (.., i * step + k, ..)
+        dim = n.attr("dim")
+        out = list(index[:-1])
+        out[dim] = index[dim] * n.attr("step") + index[-1]
+        return tuple(out)
     if op == "as_strided":
         flat = ix.offset(index, n.attr("stride"), n.attr("offset"))
         return ix.unravel(flat, src.shape)

@@ -104,15 +104,20 @@ class Stores:
             # `tools/aot_replay.py`, bench/NOTES.md, forty-second session)
             value = b.emit(b.scopes[-1], f"tl.where(rmask & cmask, {g.name}, {g.name})", {ROW, COL}, g.dtype)
             value = value.name
+        address = b.render_index(off)
+        if ix.axes(off) != {ROW, COL}:
+            # an address along fewer axes than the value (a constant destination: the
+            # scatter-write of a one-element view, fuzz seed 41776) is a smaller block:
+            # the interpreter refuses the pair, so the address is widened to the tile
+            address = f"(zr + zc + {address})"
         if n.attr("combine") == "mul":  # a compare-and-swap loop (triton_ops._atomic_mul)
             wide = n.dtype in (torch.float64, torch.int64)
             b.scopes[-1].lines.append(
-                f"_atomic_mul({ptr}, {b.render_index(off)}, {value}, rmask & cmask{keep}, "
+                f"_atomic_mul({ptr}, {address}, {value}, rmask & cmask{keep}, "
                 f"{n.dtype.is_floating_point}, {wide})")
             return
         op = "atomic_max" if n.attr("combine") == "max" else "atomic_add"
-        b.scopes[-1].lines.append(
-            f"tl.{op}({ptr} + {b.render_index(off)}, {value}, mask=rmask & cmask{keep}, sem='relaxed')")
+        b.scopes[-1].lines.append(f"tl.{op}({ptr} + {address}, {value}, mask=rmask & cmask{keep}, sem='relaxed')")
 
     def _partial_parts(self, nid: int) -> tuple[ir.Node, str, torch.dtype, str, str]:
         """A column reduction's summand at this program's (row, column) index: the node,

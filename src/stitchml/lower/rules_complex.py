@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..ir import nodes as ir
-from ..ir.nodes import Ref
+from ..ir.nodes import Ref, prod
 from .context import LowerCtx, static_shape
 from .registry import Unsupported
 from .rules_views import _concat
@@ -584,3 +584,23 @@ def _diagonal_scatter(lw, ctx, node, x, src, offset=0, dim1=0, dim2=1):
         out = diag_embed_canonical(ctx, ctx.cast(v, rd), base, shape[d1], shape[d2], offset, rd)
         parts.append(out if perm == tuple(range(nd)) else ctx.view("permute", out, shape, (("dims", inv),)))
     return _pack(ctx, parts[0], parts[1], shape, rd)
+
+
+@_register(aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default)
+def _sum(lw, ctx, node, z, dim=None, keepdim=False, *, dtype=None):
+    """The sum (mean) of complex values: the real reduction of the pair over the same
+    dims, its (re, im) dim kept (a conjugate's sum is the sum's conjugate: the lazy flag
+    carries over).  The gradient of a complex product whose operand was broadcast sums
+    over the broadcast dims (rotary angles of one position shared by a batch)."""
+    shape = _cshape(node)
+    rd = REAL_OF[node.meta["val"].dtype]
+    p, conj = _raw(lw, z)
+    nd = len(ctx.shape(p)) - 1
+    dims = list(range(nd)) if dim is None or (isinstance(dim, (list, tuple)) and not dim) else \
+        [d % max(nd, 1) for d in ([dim] if isinstance(dim, int) else dim)]
+    if not dims:   # (a 0-d complex value: its sum is itself)
+        return Pair(ctx.cast(p, rd), conj)
+    out = ctx.reshape(ctx.reduce("sum", ctx.cast(p, rd), dims, keepdim, rd), shape + (2,))
+    if node.target in (aten.mean.dim, aten.mean.default):
+        out = ctx.pointwise("truediv", (out, float(prod(ctx.shape(p)[d] for d in dims))), shape + (2,), rd)
+    return Pair(out, conj)

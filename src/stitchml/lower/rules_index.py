@@ -312,8 +312,8 @@ def _embedding_backward(ctx, node, grad, indices, num_weights, padding_idx, scal
         raise Unsupported("scale_grad_by_freq runs eagerly")
     val = node.meta["val"]
     shape = static_shape(val)
-    if val.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise Unsupported(f"scatter-add kernels accumulate in float32: {val.dtype} gradients run eagerly")
+    if val.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise Unsupported(f"embedding gradients of {val.dtype} run eagerly")
     tokens = ir.prod(ctx.shape(indices))
     if _dense_pays(shape, tokens):   # deterministic: no refusal needed
         return _embedding_backward_dense(ctx, node, grad, indices, shape, padding_idx)
@@ -322,9 +322,17 @@ def _embedding_backward(ctx, node, grad, indices, num_weights, padding_idx, scal
         return _embedding_backward_compact(ctx, node, grad, indices, shape, padding_idx)
     # half-precision gradients are summed in float32 and rounded once, as eager's CUDA
     # kernel does (it ran eagerly before: 0.22 ms of a BERT-base bf16 step on an H200)
-    acc = Ref(ctx.g.add(ir.SCATTER_ADD, "embedding_backward", (ctx.cast(grad, torch.float32), indices), shape,
-                        torch.float32, contiguous_strides(shape), (("padding_idx", padding_idx),)))
-    return acc if val.dtype == torch.float32 else ctx.cast(acc, val.dtype)
+    # (float64 gradients in float64: eager's sums)
+    f = _acc(val.dtype)
+    acc = Ref(ctx.g.add(ir.SCATTER_ADD, "embedding_backward", (ctx.cast(grad, f), indices), shape,
+                        f, contiguous_strides(shape), (("padding_idx", padding_idx),)))
+    return acc if val.dtype == f else ctx.cast(acc, val.dtype)
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    """The type an embedding gradient is summed in: float32 for float32 and half types
+    (rounded once at the end, as eager's CUDA kernel), float64 for float64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 DENSE_TOKENS_PER_ROW = 8   # fewer tokens a table row: little contention, the scatter form is cheaper
@@ -347,20 +355,20 @@ def _embedding_backward_dense(ctx: LowerCtx, node, grad: Ref, indices: Ref, shap
     atomics, which a GPU performs one after another on each address.  Sums in float32,
     rounded once, as eager's CUDA kernel; the padding row is zero."""
     val = node.meta["val"]
+    f = _acc(val.dtype)
     rows, width = shape
     tokens = ir.prod(ctx.shape(indices))
     sh = (tokens, rows, width)
     ids = ctx.broadcast_to(ctx.reshape(ctx.cast(indices, torch.int64), (tokens, 1, 1)), sh)
     which = Ref(ctx.g.add(ir.POINTWISE, "iota", (), sh, torch.int64, contiguous_strides(sh), (("dim", 1),)))
     hit = ctx.pointwise("eq", (ids, which), sh, torch.bool)
-    values = ctx.broadcast_to(ctx.reshape(ctx.cast(grad, torch.float32), (tokens, 1, width)), sh)
-    sums = ctx.reduce("sum", ctx.pointwise("where", (hit, values, 0.0), sh, torch.float32), (0,), False,
-                      torch.float32)
+    values = ctx.broadcast_to(ctx.reshape(ctx.cast(grad, f), (tokens, 1, width)), sh)
+    sums = ctx.reduce("sum", ctx.pointwise("where", (hit, values, 0.0), sh, f), (0,), False, f)
     if padding_idx is not None and 0 <= padding_idx < rows:
         row = Ref(ctx.g.add(ir.POINTWISE, "iota", (), shape, torch.int64, contiguous_strides(shape), (("dim", 0),)))
         sums = ctx.pointwise("where", (ctx.pointwise("eq", (row, padding_idx), shape, torch.bool), 0.0, sums),
-                             shape, torch.float32)
-    return sums if val.dtype == torch.float32 else ctx.cast(sums, val.dtype)
+                             shape, f)
+    return sums if val.dtype == f else ctx.cast(sums, val.dtype)
 
 
 COMPACT_ROWS_PER_TOKEN = 2          # a table this many times the tokens or more ...
@@ -391,6 +399,7 @@ def _embedding_backward_compact(ctx: LowerCtx, node, grad: Ref, indices: Ref, sh
     The sums are those of the plain form (the same additions, in an order atomics
     decide, as before)."""
     val = node.meta["val"]
+    f = _acc(val.dtype)
     rows, width = shape
     tokens = ir.prod(ctx.shape(indices))
     ids = ctx.reshape(indices, (tokens,))
@@ -398,12 +407,12 @@ def _embedding_backward_compact(ctx: LowerCtx, node, grad: Ref, indices: Ref, sh
     last = Ref(ctx.g.add(ir.GATHER, "index_select", (ctx.reshape(winner, (rows,)), ids), (tokens,), torch.int32,
                          contiguous_strides((tokens,)), (("dim", 0), ("bound", rows))))
     rep = ctx.pointwise("sub", (last, 1), (tokens,), torch.int32)    # every token's row has one: >= 0
-    values = ctx.cast(ctx.reshape(grad, (tokens, width)), torch.float32)
-    sums = Ref(ctx.g.add(ir.SCATTER_ADD, "embedding_backward", (values, rep), (tokens, width), torch.float32,
+    values = ctx.cast(ctx.reshape(grad, (tokens, width)), f)
+    sums = Ref(ctx.g.add(ir.SCATTER_ADD, "embedding_backward", (values, rep), (tokens, width), f,
                          contiguous_strides((tokens, width)), (("padding_idx", None),)))
     sh = (rows, width)
     hit, at = winner_rows(ctx, winner, sh, padding_idx if padding_idx is not None and 0 <= padding_idx < rows else None)
-    got = Ref(ctx.g.add(ir.GATHER, "take_along", (sums, at), sh, torch.float32, contiguous_strides(sh),
+    got = Ref(ctx.g.add(ir.GATHER, "take_along", (sums, at), sh, f, contiguous_strides(sh),
                         (("dim", 0), ("bound", tokens))))
-    out = ctx.pointwise("where", (hit, got, 0.0), sh, torch.float32)
-    return out if val.dtype == torch.float32 else ctx.cast(out, val.dtype)
+    out = ctx.pointwise("where", (hit, got, 0.0), sh, f)
+    return out if val.dtype == f else ctx.cast(out, val.dtype)

@@ -326,8 +326,10 @@ def _alias(ctx, node, x):
     return x
 
 
-@register(aten.clone.default, aten.lift_fresh_copy.default, aten.contiguous.default)
-def _clone(ctx, node, x, *, memory_format=None):
+@register(aten.clone.default, aten.lift_fresh_copy.default, aten.contiguous.default, prims.copy_strided.default)
+def _clone(ctx, node, x, *args, memory_format=None):
+    # (prims.copy_strided(x, stride): a copy with the given strides, from torch's references
+    # of element-wise ops such as lerp in float16 over a transposed operand)
     # a copy is a new buffer: model it as an identity op so it materialises with eager's strides
     shape, dtype = _out(node)
     return ctx.pointwise("identity", (x,), shape, dtype)

@@ -1,5 +1,5 @@
 """Layout ops lowered as index maps (no copies): reshapes, permutes, expands, slices,
-selects, concatenation, plain-re-index as_strided, and the ops built from them:
+selects, windows (unfold), concatenation, plain-re-index as_strided, and the ops built from them:
 constant padding, roll, repeat, and diagonals (diagonal, diag_embed, diagonal_scatter)."""
 from __future__ import annotations
 
@@ -75,6 +75,17 @@ def _slice(ctx, node, x, dim=0, start=None, end=None, step=1):
     # view, and the graph keeps one structure over the sizes of a dynamic bucket
     # (position_ids[:, :s] is the whole buffer only at s == its length)
     return ctx.view("slice", x, shape, (("dim", dim), ("start", start), ("step", step)))
+
+
+@register(aten.unfold.default)
+def _unfold(ctx, node, x, dim, size, step):
+    """Windows of `size` every `step` along `dim`, as an index map of the operand's
+    elements (not torch's decomposition into `as_strided` with the operand's strides,
+    which addresses storage: an expanded or offset graph input ran eagerly)."""
+    if not ctx.shape(x):   # a 0-d operand: its one element, as a tensor of shape (1,) (or (0,))
+        return ctx.reshape(x, _shape(node)) if prod(_shape(node)) else ctx.full(_shape(node), 0, ctx.dtype(x))
+    dim %= len(ctx.shape(x))
+    return ctx.view("unfold", x, _shape(node), (("dim", dim), ("step", step)))
 
 
 @register(aten.select.int)

@@ -155,6 +155,11 @@ def view_layout(op: str, src: Layout, shape: tuple[int, ...], attrs: dict) -> La
         dim, index = attrs["dim"], attrs["index"]
         index = index + src.shape[dim] if index < 0 else index
         return Layout(tuple(shape), src.stride[:dim] + src.stride[dim + 1:], src.offset + index * src.stride[dim])
+    if op == "unfold":   # window i starts step elements of dim after window i - 1
+        dim, step = attrs["dim"], attrs["step"]
+        stride = list(src.stride)
+        stride[dim] *= step
+        return Layout(tuple(shape), tuple(stride) + (src.stride[dim],), src.offset)
     if op == "as_strided":
         # its strides and offset count the operand's elements in their contiguous order
         # (`rules_views.element_view`): memory strides only where the operand is contiguous

@@ -177,6 +177,8 @@ class ProgramBuilder:
             return Replay(name, "torch.ops.aten.slice.Tensor({0}, {1}, {2}, {3}, {4})", (s, dim, start, end, step), src)
         if n.op == "select":
             return Replay(name, "{0}.select({1}, {2})", (s, n.attr("dim"), n.attr("index")), src)
+        if n.op == "unfold":
+            return Replay(name, "{0}.unfold({1}, {2}, {3})", (s, n.attr("dim"), n.shape[-1], n.attr("step")), src)
         if n.op == "as_strided":
             return Replay(name, "AS_STRIDED_OF({0}, {1}, {2}, {3})",
                           (s, n.shape, tuple(n.attr("stride")), n.attr("offset")), src)
