@@ -249,6 +249,55 @@ def test_complex_programs_stitch_and_pass():
         fuzz.programs.COMPLEX_SHARE = share
 
 
+# CI-profile programs with strided views: an as_strided_scatter, a diagonal and a roll in a
+# float64 training step; a diag_embed and an in-place clamp through a view of a clone;
+# unfold, as_strided of a contiguous copy and a slice_scatter; unfold, an in-place product
+# through a view and a channels-last round trip under symbolic sizes; unfold, as_strided
+# and a diagonal in a float16 training step
+STRIDED_SEEDS = [42190, 42150, 42262, 41949, 42863]
+
+
+def test_strided_view_programs_stitch_and_pass():
+    """From seed STRIDED_FROM on, some programs take windows (`unfold`), `as_strided` of
+    contiguous copies, diagonals, scatters of views and in-place ops through views of a
+    clone: they pass with no op left eager, and the family leaves the programs of earlier
+    seeds as they were."""
+    for seed in STRIDED_SEEDS:
+        prog = fuzz.generate(seed, "ci")
+        r, records = _check_keeping_records(prog)
+        assert r.status == "pass", r.line()
+        assert all(x.eager_reason is None for x in records), seed
+        assert not [f for x in records for f in x.graph.fallbacks], seed
+    src = " ".join(fuzz.generate(s, "ci").source() for s in STRIDED_SEEDS)
+    for op in ("unfold(", ".as_strided(", "as_strided_scatter(", "diagonal(", "diag_embed(", "slice_scatter(",
+               ".clamp_(", "channels_last", "roll("):
+        assert op in src, op
+    assert fuzz.generate(41949, "ci").dynamic and fuzz.generate(42863, "ci").backward
+    earlier = (3, 2739, 26016, 33615, 35225, 37324, 40399, 41599)
+    before = [fuzz.generate(s, "long").describe() for s in earlier]
+    share = fuzz.programs.STRIDED_SHARE
+    try:
+        fuzz.programs.STRIDED_SHARE = 1.0
+        assert [fuzz.generate(s, "long").describe() for s in earlier] == before
+    finally:
+        fuzz.programs.STRIDED_SHARE = share
+
+
+def test_an_op_left_eager_fails_a_case(monkeypatch):
+    """A case whose graphs leave an op eagerly for a reason other than library work fails
+    (seeds 42400-43199 passed with unfold, copy_strided, complex sums and float64
+    embedding gradients run eagerly, before the check existed)."""
+    from stitchml.lower.registry import RULES, Unsupported
+    prog = fuzz.generate(42262, "ci")
+    assert "unfold(" in prog.source()
+
+    def refuse(*a, **k):
+        raise Unsupported("refused by the test")
+    monkeypatch.setitem(RULES, torch.ops.aten.unfold.default, refuse)
+    r = fuzz.check(prog)
+    assert r.status == "fail" and "aten.unfold.default ran eagerly: refused by the test" in r.message, r.line()
+
+
 @pytest.mark.fallback   # users' default, under which a failing probe size is absorbed: still a failure here
 def test_a_pipeline_error_at_a_probe_size_fails_a_dynamic_case(monkeypatch):
     import stitchml.dynamic.runner as runner
@@ -703,3 +752,21 @@ def test_a_mask_of_symbolic_length_over_literal_dims_is_a_where_in_both_graphs()
         ops = {n.op for n in r.graph.nodes}
         assert "where" in ops and not any("index" in o for o in ops), (r.kind, sorted(ops))
     torch._dynamo.reset()
+
+
+def test_a_scatter_write_to_one_constant_destination_launches():
+    # seed 41776: `as_strided_scatter` of a one-element source into a (8, 1, 1) value
+    # lowers to a scatter-write whose destination index is a constant; the atomic's address
+    # was a [1] block beside the [1, 1] tile of the value, which Triton refused at the
+    # first launch ("Expected pointer argument to have shape ..."), sending the graph to eager
+    from stitchml import config
+    from stitchml.testing import compare_with_eager
+
+    def f(x, s):
+        v = x.amax(1, keepdim=True)
+        return v.clone(memory_format=torch.contiguous_format).as_strided_scatter(s, (1,), (4,), 0)
+
+    with config.override(fallback_on_error=False):
+        cmp = compare_with_eager(f, [torch.randn(8, 48, 1), torch.randn(1)], backward=False)
+    assert cmp.backend.records and all(r.plan is not None for r in cmp.backend.records)
+    assert not [fb for r in cmp.backend.records for fb in r.graph.fallbacks]

@@ -20,6 +20,7 @@ import torch
 import stitchml
 import models_zoo
 from stitchml import config
+from stitchml.fallback import by_design
 from hf_common import _report, rel_err
 
 pytest.importorskip("transformers")
@@ -94,7 +95,7 @@ def test_model_trains_stitched_through_a_size_change(name):
         if rec.dynamic is not None:
             assert not rec.dynamic.eager_calls, rec.dynamic.describe()
         for f in rec.graph.fallbacks:
-            if not (f.reason.startswith("compute-intensive") or f.reason.startswith("library op")):
+            if not by_design(f.reason):
                 eager_ops.add(f.op)
     assert eager_ops == KNOWN_EAGER.get(name, set()), sorted(eager_ops)
 

@@ -83,8 +83,9 @@ def test_float64_mismatch_with_eager_is_judged_by_the_opinfo_reference():
 
 def test_library_reasons_behind_a_prefix_are_library_work():
     """The memory-intensive coverage leaves out library work however the reason is prefixed
-    (an op's name: torch's chunked linear cross-entropy; `with_effects`), and only that."""
-    from stitchml.tools.opinfo_sweep import _is_library
+    (an op's name: torch's chunked linear cross-entropy; `with_effects`), and only that
+    (the one predicate the sweeps, the fuzzer and the model tests share)."""
+    from stitchml.fallback import by_design as _is_library
     assert _is_library("compute-intensive: vendor library")
     assert _is_library("torch_nn._linear_cross_entropy_batch_chunked.default: compute-intensive: torch's chunked")
     assert _is_library("with_effects: library op: an op with side effects")

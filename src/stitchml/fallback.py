@@ -100,6 +100,13 @@ def library_reason(target: object) -> str | None:
     return None
 
 
+def by_design(reason: str) -> bool:
+    """Whether an eager op's reason is the library's by design (compute-intensive or a
+    library op), not a gap in stitchml: as given, or behind one prefix naming where it
+    came from (`with_effects: `, or the op of a multi-op record)."""
+    return any(r.startswith(("compute-intensive", "library op")) for r in (reason, reason.split(": ", 1)[-1]))
+
+
 def no_rule_reason(target: object) -> str:
     """The reason an op without a lowering rule runs eagerly; raises under strict
     (library ops are by design, so they never raise)."""

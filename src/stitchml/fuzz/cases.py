@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import config
+from ..fallback import by_design
 from .programs import _EPS, ATOL_EPS, DEVICE, DTYPES, FP32_DIRECT, FP64_DIRECT, Program, generate
 
 # eager runs on inputs nudged by about an ulp (independent draws), whose spread measures how
@@ -220,6 +221,11 @@ def check(prog: Program) -> CaseResult:
     whole = [f"{r.kind} graph ran eagerly: {r.eager_reason[:300]}" for r in backend.records if r.eager_reason]
     if whole:
         return result("fail", "; ".join(whole), graphs=len(backend.records))
+    # an op left eagerly for a reason other than library work is a gap, not a pass
+    left = [f"{r.kind} graph: {f.op} ran eagerly: {f.reason}" for r in backend.records if r.graph is not None
+            for f in r.graph.fallbacks if not by_design(f.reason)]
+    if left:
+        return result("fail", left[0][:300], graphs=len(backend.records))
     if not backend.records:  # (a backward graph may legitimately be absent: views only)
         return result("fail", "no graph was compiled")
     # an exception at a probe size leaves that bucket an exact template, silently (the

@@ -93,6 +93,11 @@ COMPLEX_FROM = 37200
 # bools), back into the float chain, from seed INTEGER_FROM on, from a stream of its own
 INTEGER_SHARE = 0.25
 INTEGER_FROM = 40400
+# strided views and writes through views (`_Builder.strided_ops`: unfold, as_strided of a
+# contiguous copy, diagonals, the scatters of views, in-place ops on views of a clone,
+# roll/tril/repeat, channels-last), from seed STRIDED_FROM on, from a stream of its own
+STRIDED_SHARE = 0.3
+STRIDED_FROM = 41600
 
 
 @dataclass(frozen=True)
@@ -737,6 +742,138 @@ class _Builder:
         self.emit(f"({expr}).{red}({d}).to({a.name}.dtype) * {1 / max(tot, 1):.3g}", shape, 1.0)
         return True
 
+    def strided_ops(self, rng: random.Random) -> bool:
+        """Views that address elements by strides, and writes through views: `unfold`
+        (overlapping windows when the step is below the size), `as_strided` of a fresh
+        contiguous copy (overlapping, zero strides, an offset), `diagonal`, `diag_embed`,
+        the scatters of views (`diagonal_scatter`, `slice_scatter`, `select_scatter`,
+        `as_strided_scatter`), an in-place op through a view of a clone (functionalized
+        into those scatters), `roll`, `tril`/`triu`, `repeat`, a channels-last round trip.
+        Never `as_strided` of a value as it is: what it addresses depends on the value's
+        memory layout, which eager's float64 judge does not keep (it runs on contiguous
+        operands).  Draws from its own `rng` (programs without it are what they were)."""
+        cands = [v for v in self.values if v.shape and _numel(v.shape) > 0]
+        if not cands:
+            return False
+        x = rng.choice(cands)
+        shape, r, n = x.shape, len(x.shape), _numel(x.shape)
+        room = self.prof.max_numel
+        kind = rng.randrange(10)
+        if kind == 0:   # windows of `size` every `step` along d
+            d = rng.randrange(r)
+            size = rng.randint(1, min(shape[d], 5))
+            step = rng.randint(1, 3)
+            out = shape[:d] + ((shape[d] - size) // step + 1,) + shape[d + 1:] + (size,)
+            if _numel(out) > room:
+                return False
+            self.emit(f"{x.name}.unfold({d}, {size}, {step})", out, x.bound, x.hi)
+            return True
+        if kind == 1:   # as_strided of a contiguous copy: overlapping or zero strides, an offset
+            for _ in range(10):
+                sizes = tuple(rng.choice([1, 2, 3, 4, 5, 7, 8]) for _ in range(rng.randint(1, 3)))
+                strides = tuple(rng.choice([0, 1, 1, 2, 3, rng.randint(1, n)]) for _ in sizes)
+                reach = sum((s - 1) * t for s, t in zip(sizes, strides))
+                if reach < n and _numel(sizes) <= room:
+                    break
+            else:
+                return False
+            off = rng.randint(0, n - 1 - reach)
+            self.emit(f"{x.name}.clone(memory_format=torch.contiguous_format).as_strided({_fmt(sizes)}, "
+                      f"{_fmt(strides)}, {off})", sizes, x.bound, x.hi)
+            return True
+        if kind in (2, 4) and r >= 2:   # a diagonal; or a value written over it
+            d1, d2 = rng.sample(range(r), 2)
+            off = rng.randint(-2, 2)
+            m = max(0, min(shape[d1] + min(off, 0), shape[d2] - max(off, 0)))
+            if m == 0:
+                return False
+            dshape = tuple(s for i, s in enumerate(shape) if i not in (d1, d2)) + (m,)
+            if kind == 2:
+                self.emit(f"torch.diagonal({x.name}, {off}, {d1}, {d2})", dshape, x.bound, x.hi)
+                return True
+            src = self.new_input(dshape)
+            self.emit(f"{x.name}.diagonal_scatter({src.name}.to({x.name}.dtype), {off}, {d1}, {d2})", shape,
+                      max(x.bound, src.bound), x.hi)
+            return True
+        if kind == 3:   # a diagonal matrix of the last dim (shifted by an offset)
+            off = rng.randint(-2, 2)
+            m = shape[-1] + abs(off)
+            out = shape[:-1] + (m, m)
+            if _numel(out) > room or len(out) > 4:
+                return False
+            self.emit(f"torch.diag_embed({x.name}, {off})", out, x.bound, x.hi)
+            return True
+        if kind == 5:   # a slice or a select of x replaced by a new value
+            d = rng.randrange(r)
+            if rng.random() < 0.5 and shape[d] >= 2:
+                start = rng.randrange(shape[d])
+                step = rng.choice([1, 2, 3])
+                stop = rng.randint(start + 1, shape[d])
+                m = len(range(start, stop, step))
+                src = self.new_input(shape[:d] + (m,) + shape[d + 1:])
+                self.emit(f"{x.name}.slice_scatter({src.name}.to({x.name}.dtype), {d}, {start}, {stop}, {step})",
+                          shape, max(x.bound, src.bound), x.hi)
+            else:
+                i = rng.randrange(shape[d])
+                src = self.new_input(shape[:d] + shape[d + 1:])
+                self.emit(f"{x.name}.select_scatter({src.name}.to({x.name}.dtype), {d}, {i})", shape,
+                          max(x.bound, src.bound), x.hi)
+            return True
+        if kind == 6:   # as_strided_scatter into a contiguous copy, the view without overlap
+            t = rng.choice([v for v in range(1, 5) if v <= n])
+            m = rng.randint(1, max(1, min(8, (n - 1) // t + 1)))
+            inner = rng.choice([1, 2])
+            if inner > 1 and m * t > n - 1:
+                inner = 1
+            sizes, strides = ((m, inner), (t * inner, 1)) if inner > 1 and t == 1 else ((m,), (t,))
+            reach = sum((s - 1) * st for s, st in zip(sizes, strides))
+            if reach >= n:
+                return False
+            off = rng.randint(0, n - 1 - reach)
+            src = self.new_input(sizes)
+            self.emit(f"{x.name}.clone(memory_format=torch.contiguous_format).as_strided_scatter("
+                      f"{src.name}.to({x.name}.dtype), {_fmt(sizes)}, {_fmt(strides)}, {off})", shape,
+                      max(x.bound, src.bound), x.hi)
+            return True
+        if kind == 7:   # an in-place op through a view of a clone (functionalized into a scatter)
+            views = [f"[{':, ' * (d := rng.randrange(r))}{rng.randrange(shape[d])}]"]
+            if r >= 2:
+                a, b = rng.sample(range(r), 2)
+                first = _swap(shape, a, b)[0]
+                views.append(f".transpose({a}, {b})[{rng.randrange(first)}]")
+                views.append(f".diagonal(0, {a}, {b})")
+            d = rng.randrange(r)
+            if shape[d] >= 2:
+                views.append(f"[{':, ' * d}{rng.randrange(shape[d] - 1)}::2]")
+            view = rng.choice(views)
+            y = self.emit(f"{x.name}.clone()", shape, x.bound * 1.5 + 1, x.hi)
+            op = rng.choice(["mul_(1.5)", "add_(1.0)", "neg_()", "clamp_(-0.5, 0.5)"])
+            self.lines.append(f"{y.name}{view}.{op}")
+            return True
+        if kind == 8:
+            d = rng.randrange(r)
+            variant = rng.randrange(3)
+            if variant == 0:
+                k = rng.randint(-shape[d], shape[d])
+                self.emit(f"torch.roll({x.name}, {k}, {d})", shape, x.bound, x.hi)
+            elif variant == 1 and r >= 2:
+                self.emit(f"torch.{rng.choice(['tril', 'triu'])}({x.name}, {rng.randint(-2, 2)})", shape, x.bound,
+                          x.hi)
+            else:
+                reps = tuple(rng.choice([1, 1, 2, 3]) for _ in range(r))
+                out = tuple(s * k for s, k in zip(shape, reps))
+                if _numel(out) > room:
+                    return False
+                self.emit(f"{x.name}.repeat({_fmt(reps)})", out, x.bound, x.hi)
+            return True
+        if kind == 9 and r == 4:   # channels-last round trip, with an op in between
+            y = self.emit(f"{x.name}.contiguous(memory_format=torch.channels_last) * 1.25", shape, x.bound * 1.25,
+                          x.hi)
+            self.emit(f"{y.name}.permute(0, 2, 3, 1).reshape({_fmt((shape[0], -1))})",
+                      (shape[0], n // shape[0]), y.bound, y.hi)
+            return True
+        return False
+
     def placed_cat(self, rng: random.Random) -> bool:
         """Parts that kernels of their own write anyway (a kernel reads them for a sum),
         concatenated, and the concatenation read by sums over two dims and not returned:
@@ -922,6 +1059,11 @@ def generate(seed: int, profile: str = "ci") -> Program:
     if seed >= INTEGER_FROM and nrng.random() < INTEGER_SHARE:
         for _ in range(nrng.choice([1, 1, 2])):
             b.integer_ops(nrng)
+    # strided views likewise
+    vrng = random.Random(f"strided-{seed}")
+    if seed >= STRIDED_FROM and vrng.random() < STRIDED_SHARE:
+        for _ in range(vrng.choice([1, 1, 2, 3])):
+            b.strided_ops(vrng)
     # outputs: the values nothing else reads (the newest few), sometimes an intermediate too
     computed = [v for v in b.values if not v.is_input]
     outs = [v for v in computed if v.name not in b.used][-4:]

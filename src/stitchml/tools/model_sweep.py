@@ -683,10 +683,11 @@ def _generate(model, cfg, new_tokens: int = 6) -> dict:
 def _eager_ops(records) -> dict[str, int]:
     """Ops the compiled graphs left eager for a reason other than being library work
     (matrix products, attention, sorting...): "op: reason" -> count."""
+    from stitchml.fallback import by_design
     eager: dict[str, int] = {}
     for r in records:
         for f in (r.graph.fallbacks if r.graph is not None else []):
-            if not (f.reason.startswith("compute-intensive") or f.reason.startswith("library op")):
+            if not by_design(f.reason):
                 eager[f"{f.op}: {f.reason}"] = eager.get(f"{f.op}: {f.reason}", 0) + 1
         if r.dynamic is not None and r.dynamic.eager_calls:
             eager[f"dynamic eager calls: {r.dynamic.describe()[:120]}"] = 1

@@ -47,6 +47,8 @@ os.environ.setdefault("STITCHML_FALLBACK_ON_ERROR", "0")  # a crash is a crash, 
 import torch  # noqa: E402
 import torch.utils._pytree as pytree  # noqa: E402
 
+from ..fallback import by_design  # noqa: E402
+
 if TYPE_CHECKING:
     from torch.testing._internal.opinfo.core import OpInfo, SampleInput
 
@@ -482,16 +484,8 @@ def summarize(results: dict[str, dict[str, Tally]]) -> dict[str, Any]:
     # nothing because all they do is views (no reason recorded) or library work
     # (matrix products, linear algebra, FFT, sorting: every reason a library one)
     memory = [k for k in ok_ops if results[k]["fp32 fwd"].with_kernels
-              or (results[k]["fp32 fwd"].reasons and not all(_is_library(r) for r in results[k]["fp32 fwd"].reasons))]
+              or (results[k]["fp32 fwd"].reasons and not all(by_design(r) for r in results[k]["fp32 fwd"].reasons))]
     return {"totals": totals, "ok_ops": ok_ops, "with_kernel": with_kernel, "memory": memory}
-
-
-def _is_library(reason: str) -> bool:
-    """A reason that is the library's by design (not a gap in stitchml): as given, or behind
-    one prefix naming where it came from (`with_effects: `, or the op of a multi-op record,
-    "torch_nn._linear_cross_entropy_batch_chunked.default: compute-intensive: ...", which
-    counted as a gap: 478 of 480 memory-intensive ops, rounded to 100 %)."""
-    return any(r.startswith(("compute-intensive", "library op")) for r in (reason, reason.split(": ", 1)[-1]))
 
 
 def render(results: dict[str, dict[str, Tally]], command: str, seconds: float) -> str:
