@@ -134,3 +134,19 @@ def test_a_complex_matrix_product_is_a_library_op_not_a_missing_rule():
     cmp = compare_with_eager(lambda a, b: torch.view_as_real(torch.bmm(a, b) * 2), [a, b], backward=False)
     reasons = dict(_fallbacks(cmp))
     assert reasons["aten.bmm.default"] == "compute-intensive: vendor library", reasons
+
+
+def test_a_saved_complex_value_is_laid_out_as_eager_lays_it_out(caplog):
+    # fuzz seed 44635: `polar(1, t)` of a transposed `t` is a complex value eager lays out
+    # transposed; the forward wrote its pair contiguously, so the backward's view_as_real of
+    # the saved value found other strides than its metadata's, and the wrapper copied it at
+    # every call with a warning.  The forward now writes the pair in eager's layout.
+    def f(x, t):
+        z = torch.view_as_complex(x.clone(memory_format=torch.contiguous_format)) * torch.polar(torch.ones_like(t), t)
+        return z.real * 2.0 - z.imag
+
+    t = torch.randn(3, 2).t().detach().requires_grad_()
+    with caplog.at_level("WARNING", logger="stitchml"):
+        cmp, _ = _strict(f, [torch.randn(2, 3, 2, requires_grad=True), t])
+    assert not [r.getMessage() for r in caplog.records if r.name == "stitchml"]
+    assert not _fallbacks(cmp)

@@ -283,6 +283,38 @@ def test_strided_view_programs_stitch_and_pass():
         fuzz.programs.STRIDED_SHARE = share
 
 
+# CI-profile programs with nn.functional layers: NLL, KL divergence and softmin in a bfloat16
+# training step; cross-entropy, L1 and KL in float64; group and instance norms under symbolic
+# sizes (float16, training); MSE and embedding_bag; circular padding and a 1-d pool; Huber and
+# an interpolation in a float16 training step
+LAYER_SEEDS = [44461, 44250, 44008, 44620, 44387, 44064]
+
+
+def test_layer_programs_stitch_and_pass():
+    """From seed LAYERS_FROM on, some programs apply model-level ops of nn.functional
+    (norms, losses with literal targets, parameterised activations, padding,
+    interpolation, pools, embedding_bag): they pass with no op left eager, and the family
+    leaves the programs of earlier seeds as they were."""
+    for seed in LAYER_SEEDS:
+        prog = fuzz.generate(seed, "ci")
+        r, records = _check_keeping_records(prog)
+        assert r.status == "pass", r.line()
+        assert all(x.eager_reason is None for x in records), seed
+        assert not [f for x in records for f in x.graph.fallbacks], seed
+    src = " ".join(fuzz.generate(s, "ci").source() for s in LAYER_SEEDS)
+    for op in ("F.nll_loss(", "F.kl_div(", "F.cross_entropy(", "F.group_norm(", "F.instance_norm(",
+               "F.embedding_bag(", "F.interpolate(", "_pool1d(", "mode='circular'"):
+        assert op in src, op
+    earlier = (3, 2739, 26016, 33615, 35225, 37324, 40399, 41600, 43999)
+    before = [fuzz.generate(s, "long").describe() for s in earlier]
+    share = fuzz.programs.LAYERS_SHARE
+    try:
+        fuzz.programs.LAYERS_SHARE = 1.0
+        assert [fuzz.generate(s, "long").describe() for s in earlier] == before
+    finally:
+        fuzz.programs.LAYERS_SHARE = share
+
+
 def test_an_op_left_eager_fails_a_case(monkeypatch):
     """A case whose graphs leave an op eagerly for a reason other than library work fails
     (seeds 42400-43199 passed with unfold, copy_strided, complex sums and float64
@@ -296,6 +328,24 @@ def test_an_op_left_eager_fails_a_case(monkeypatch):
     monkeypatch.setitem(RULES, torch.ops.aten.unfold.default, refuse)
     r = fuzz.check(prog)
     assert r.status == "fail" and "aten.unfold.default ran eagerly: refused by the test" in r.message, r.line()
+
+
+def test_a_warning_stitchml_logs_fails_a_case(monkeypatch):
+    """A misprediction the run absorbed and logged (an eager op's result converted to the
+    layout the plan assumed: seed 44635, every call) fails the case, as a Python warning
+    does; `verbose`'s per-graph lines are off during the run."""
+    import logging
+    real = stitchml.StitchBackend.__call__
+
+    def logging_call(self, gm, example_inputs):
+        logging.getLogger("stitchml").warning("stitchml: injected by the test")
+        return real(self, gm, example_inputs)
+    monkeypatch.setattr(stitchml.StitchBackend, "__call__", logging_call)
+    r = fuzz.check(fuzz.generate(5, "ci"))
+    assert r.status == "fail" and "injected by the test" in r.message, r.line()
+    monkeypatch.setattr(stitchml.StitchBackend, "__call__", real)
+    monkeypatch.setenv("STITCHML_VERBOSE", "1")
+    assert fuzz.check(fuzz.generate(5, "ci")).status == "pass"
 
 
 @pytest.mark.fallback   # users' default, under which a failing probe size is absorbed: still a failure here

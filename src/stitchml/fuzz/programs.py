@@ -98,6 +98,11 @@ INTEGER_FROM = 40400
 # roll/tril/repeat, channels-last), from seed STRIDED_FROM on, from a stream of its own
 STRIDED_SHARE = 0.3
 STRIDED_FROM = 41600
+# model-level ops of torch.nn.functional (`_Builder.layer_ops`: group/instance/RMS norms,
+# losses with literal targets, activations with parameters, padding, interpolation, pools,
+# embedding_bag), from seed LAYERS_FROM on, from a stream of its own
+LAYERS_SHARE = 0.3
+LAYERS_FROM = 44000
 
 
 @dataclass(frozen=True)
@@ -874,6 +879,128 @@ class _Builder:
             return True
         return False
 
+    def layer_ops(self, rng: random.Random) -> bool:
+        """Model-level ops from `torch.nn.functional`, one per call, on a value of the chain:
+        group/instance/RMS norms and `normalize`, losses (cross-entropy with label smoothing
+        and ignored targets, NLL, MSE/L1/Huber/smooth-L1, KL divergence), cosine similarity
+        and pairwise distance, activations with parameters (`prelu`, `glu`, `softmin`,
+        `hardswish`, `mish`, `selu`, `celu`, `logsigmoid`, `softsign`), reflect and circular
+        padding, nearest/linear interpolation, pixel shuffle, 1-d pools, `embedding_bag`.
+        Targets and offsets are literals from `rng`.  Draws from its own `rng` (programs
+        without it are what they were)."""
+        cands = [v for v in self.values if v.shape and _numel(v.shape) > 0]
+        if not cands:
+            return False
+        x = self.tame(rng.choice(cands), 8.0)
+        shape, r, n = x.shape, len(x.shape), _numel(x.shape)
+        room = self.prof.max_numel
+        kind = rng.randrange(12)
+        if kind == 0 and r >= 2:   # group norm over (N, C, *): groups dividing C, affine or not
+            c = shape[1]
+            g = rng.choice([d for d in range(1, c + 1) if c % d == 0])
+            args = ""
+            if rng.random() < 0.6 and not x.hi:
+                w, b = self.new_input((c,), layout="contiguous"), self.new_input((c,), layout="contiguous")
+                args = f", {w.name}, {b.name}"
+            if n // (shape[0] * g) < 2:
+                return False
+            self.emit(f"F.group_norm({x.name}, {g}{args})", shape, 4.0 * 2 * 2 + 2, x.hi)
+        elif kind == 1 and r >= 3 and n // (shape[0] * shape[1]) > 1:
+            self.emit(f"F.instance_norm({x.name})", shape, 8.0, x.hi)
+        elif kind == 2:   # RMS norm over the last dim (a weight or not); normalize along a dim
+            if rng.random() < 0.5:
+                w = f", {self.new_input(shape[-1:], layout='contiguous').name}" if not x.hi and rng.random() < 0.6 else ""
+                self.emit(f"F.rms_norm({x.name}, ({shape[-1]},){w})", shape, 8.0 * 2, x.hi)
+            else:
+                self.emit(f"F.normalize({x.name}, dim={self.dim(x)})", shape, 1.0, x.hi)
+        elif kind == 3 and r >= 2 and shape[1] >= 2:   # cross-entropy / NLL over the class dim 1
+            c = shape[1]
+            tshape = shape[:1] + shape[2:]
+            ignore = rng.random() < 0.4
+            tgt = [-100 if ignore and rng.random() < 0.2 else rng.randrange(c) for _ in range(_numel(tshape))]
+            if all(t == -100 for t in tgt):
+                tgt[0] = 0
+            t = f"torch.tensor({tgt}, device={x.name}.device).reshape({_fmt(tshape)})"
+            red = rng.choice(["mean", "sum", "none"])
+            out = tshape if red == "none" else ()
+            if rng.random() < 0.6:
+                ls = rng.choice([0.0, 0.1])
+                self.emit(f"F.cross_entropy({x.name}, {t}, reduction='{red}', label_smoothing={ls})", out,
+                          x.bound * 2 + math.log(c) + 1, x.hi)
+            else:
+                self.emit(f"F.nll_loss(F.log_softmax({x.name}, 1), {t}, reduction='{red}')", out,
+                          x.bound * 2 + math.log(c) + 1, x.hi)
+        elif kind == 4:   # element-wise losses against a partner of x's shape
+            y = self.new_input(shape)
+            red = rng.choice(["mean", "sum", "none"])
+            out = shape if red == "none" else ()
+            loss = rng.choice(["mse_loss", "l1_loss", "huber_loss", "smooth_l1_loss"])
+            extra = {"huber_loss": ", delta=0.5", "smooth_l1_loss": ", beta=0.5"}.get(loss, "")
+            b = (x.bound + y.bound) ** 2 * (n if red == "sum" else 1)
+            self.emit(f"F.{loss}({x.name}, {y.name}.to({x.name}.dtype), reduction='{red}'{extra})", out, b, x.hi)
+        elif kind == 5 and r >= 2:   # KL divergence between two softmaxes; cosine similarity
+            y = self.new_input(shape)
+            if rng.random() < 0.5:
+                self.emit(f"F.kl_div(F.log_softmax({x.name}, -1), F.softmax({y.name}.to({x.name}.dtype), -1), "
+                          f"reduction='batchmean')", (), 2 * x.bound + 2 * y.bound + 1, x.hi)
+            else:
+                d = self.dim(x)
+                out = tuple(s for i, s in enumerate(shape) if i != d % r)
+                self.emit(f"F.cosine_similarity({x.name}, {y.name}.to({x.name}.dtype), dim={d})", out, 1.0, x.hi)
+        elif kind == 6:   # activations with parameters or of their own
+            variant = rng.randrange(4)
+            if variant == 0 and r >= 2:
+                w = self.new_input((rng.choice([1, shape[1]]),), layout="contiguous")
+                if x.hi:
+                    return False
+                self.emit(f"F.prelu({x.name}, {w.name})", shape, x.bound * max(1.0, w.bound), x.hi)
+            elif variant == 1 and shape[-1] % 2 == 0:
+                self.emit(f"F.glu({x.name}, -1)", shape[:-1] + (shape[-1] // 2,), x.bound, x.hi)
+            elif variant == 2:
+                self.emit(f"F.softmin({x.name}, {self.dim(x)})", shape, 1.0, x.hi)
+            else:
+                act = rng.choice(["hardswish", "mish", "selu", "celu", "logsigmoid", "softsign", "tanhshrink"])
+                self.emit(f"F.{act}({x.name})", shape, x.bound * 1.1 + 2, x.hi)
+        elif kind == 7 and r == 3 and shape[-1] >= 2:   # reflect / circular padding of the last dim
+            mode = rng.choice(["reflect", "circular"])
+            a, b = rng.randint(0, shape[-1] - 1), rng.randint(0, shape[-1] - 1)
+            out = shape[:-1] + (shape[-1] + a + b,)
+            if _numel(out) > room:
+                return False
+            self.emit(f"F.pad({x.name}, ({a}, {b}), mode='{mode}')", out, x.bound, x.hi)
+        elif kind == 8 and r in (3, 4):   # nearest or (bi)linear interpolation, scale 2
+            out = shape[:2] + tuple(2 * s for s in shape[2:])
+            if _numel(out) > room:
+                return False
+            mode = rng.choice(["nearest", "linear" if r == 3 else "bilinear"])
+            ac = "" if mode == "nearest" else f", align_corners={rng.choice([True, False])}"
+            self.emit(f"F.interpolate({x.name}, scale_factor=2, mode='{mode}'{ac})", out, x.bound, x.hi)
+        elif kind == 9 and r == 4 and shape[1] % 4 == 0:
+            self.emit(f"F.pixel_shuffle({x.name}, 2)", (shape[0], shape[1] // 4, shape[2] * 2, shape[3] * 2),
+                      x.bound, x.hi)
+        elif kind == 10 and r == 3 and shape[-1] >= 2:   # 1-d pools
+            k = rng.randint(2, min(4, shape[-1]))
+            s = rng.randint(1, k)
+            p = rng.randint(0, k // 2)
+            pool = rng.choice(["avg_pool1d", "max_pool1d", "lp_pool1d"])
+            if pool == "lp_pool1d":
+                out = shape[:2] + (_out_size(shape[-1], k, s, 0, 1, False),)
+                self.emit(f"F.lp_pool1d({x.name}.abs() + 0.1, 2, {k}, {s})", out, (x.bound + 0.1) * k, x.hi)
+            else:
+                out = shape[:2] + (_out_size(shape[-1], k, s, p, 1, False),)
+                self.emit(f"F.{pool}({x.name}, {k}, {s}, {p})", out, x.bound, x.hi)
+        elif kind == 11 and r == 2:   # embedding_bag of x's rows (the table) with literal offsets
+            rows = shape[0]
+            ids = [rng.randrange(rows) for _ in range(rng.randint(1, 12))]
+            cuts = sorted({0} | {rng.randrange(len(ids)) for _ in range(rng.randint(0, 3))})
+            mode = rng.choice(["sum", "mean", "max"])
+            self.emit(f"F.embedding_bag(torch.tensor({ids}, device={x.name}.device), {x.name}, "
+                      f"torch.tensor({cuts}, device={x.name}.device), mode='{mode}')", (len(cuts), shape[1]),
+                      x.bound * (len(ids) if mode == "sum" else 1), x.hi)
+        else:
+            return False
+        return True
+
     def placed_cat(self, rng: random.Random) -> bool:
         """Parts that kernels of their own write anyway (a kernel reads them for a sum),
         concatenated, and the concatenation read by sums over two dims and not returned:
@@ -1064,6 +1191,11 @@ def generate(seed: int, profile: str = "ci") -> Program:
     if seed >= STRIDED_FROM and vrng.random() < STRIDED_SHARE:
         for _ in range(vrng.choice([1, 1, 2, 3])):
             b.strided_ops(vrng)
+    # nn.functional layers likewise
+    lrng = random.Random(f"layers-{seed}")
+    if seed >= LAYERS_FROM and lrng.random() < LAYERS_SHARE:
+        for _ in range(lrng.choice([1, 1, 2, 3])):
+            b.layer_ops(lrng)
     # outputs: the values nothing else reads (the newest few), sometimes an intermediate too
     computed = [v for v in b.values if not v.is_input]
     outs = [v for v in computed if v.name not in b.used][-4:]

@@ -20,6 +20,7 @@ are views, recorded as eager steps without a reason.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -112,6 +113,26 @@ def pair_of(lw: Lowerer, x: Any) -> Ref:
     out = _eager_view(lw, aten.view_as_real.default, x, n.shape + (2,), REAL_OF[n.dtype], stride)
     seen[x.id] = out.id
     return out
+
+
+def laid_out(lw: Lowerer, z: Pair, val: torch.Tensor) -> Pair:
+    """Pair `z` with its buffer in the layout eager gives the complex value `val`, as
+    `view_as_real` of it sees it (strides doubled, the (re, im) dim last), where that
+    layout is dense: a later graph (the backward reading a saved complex value, a polar
+    of a transposed input) views it with those strides (fuzz seed 44635: a copy at every
+    call, and a warning, where the buffer was contiguous).  A kernel's buffer takes the
+    strides; a view or a value computed elsewhere is copied by a kernel into them."""
+    from .lower import _dense
+    p = pair_of(lw, z)
+    n = lw.g[p.id]
+    stride = tuple(2 * int(s) for s in val.stride()) + (1,)
+    if n.shape is None or n.stride == stride or len(stride) != len(n.shape) or not _dense(n.shape, stride):
+        return Pair(p)
+    if n.kind in (ir.VIEW, ir.INPUT, ir.OPAQUE, ir.ITEM):
+        p = lw.ctx.pointwise("identity", (p,), n.shape, n.dtype)
+        n = lw.g[p.id]
+    lw.g.nodes[p.id] = dataclasses.replace(n, stride=stride)
+    return Pair(p)
 
 
 def unpair(lw: Lowerer, value: Any) -> Any:
