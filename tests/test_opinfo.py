@@ -36,6 +36,23 @@ def test_sweep_counts_a_crash_inside_stitchml_as_a_crash(monkeypatch):
     assert t.crashed == 1 and "injected crash" in t.first_failure, t
 
 
+def test_sweep_fails_a_match_while_stitchml_logged_a_warning(monkeypatch):
+    # a misprediction the run absorbed (an eager op's result converted to the plan's
+    # layout at every call, fuzz seed 44635) matched eager and counted as a pass
+    import logging
+
+    import stitchml
+
+    real = stitchml.StitchBackend.__call__
+
+    def logging_call(self, gm, example_inputs):
+        logging.getLogger("stitchml").warning("stitchml: injected by the test")
+        return real(self, gm, example_inputs)
+    monkeypatch.setattr(stitchml.StitchBackend, "__call__", logging_call)
+    t = sweep_op("exp", samples=1, half_samples=1, labels=("fp32 fwd",))["fp32 fwd"]
+    assert t.failed == 1 and "stitchml warned: stitchml: injected by the test" in t.first_failure, t
+
+
 def test_judge_handles_nan_in_the_reference():
     # a NaN in the float64 run made every allowance NaN, so equal results "failed"
     # (__rpow__, igamma, var_mean in half precision)

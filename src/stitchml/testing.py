@@ -2,9 +2,11 @@
 input mutations, on the same fresh inputs.  Used by our tests; usable by users."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -15,6 +17,30 @@ from .capture.backend import StitchBackend
 # arctangent that `sign` fed in float64 kernels: fuzz, float64 programs)
 TOL = {torch.float32: (1e-4, 1e-5), torch.float64: (1e-10, 1e-12), torch.float16: (1e-2, 1e-2),
        torch.bfloat16: (2e-2, 2e-2)}
+
+
+class _Logged(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def logged_warnings() -> Iterator[list[str]]:
+    """The messages stitchml's logger emits at WARNING and above inside the block: each a
+    misprediction a run absorbed (an eager op's result converted to the layout the plan
+    assumed, a kernel Triton refused at its warps, a graph planned again at its first
+    call), which a test or a sweep should count as a failure."""
+    handler = _Logged()
+    log = logging.getLogger("stitchml")
+    log.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        log.removeHandler(handler)
 
 
 @dataclass

@@ -1,8 +1,6 @@
 """Running one program compiled and eagerly, and the float64-judged verdict."""
 from __future__ import annotations
 
-import contextlib
-import logging
 import time
 import traceback
 import warnings
@@ -15,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import config
 from ..fallback import by_design
+from ..testing import logged_warnings
 from .programs import _EPS, ATOL_EPS, DEVICE, DTYPES, FP32_DIRECT, FP64_DIRECT, Program, generate
 
 # eager runs on inputs nudged by about an ulp (independent draws), whose spread measures how
@@ -55,29 +54,6 @@ def make_inputs(prog: Program) -> list[torch.Tensor]:
         assert tuple(t.shape) == spec.shape, (spec, t.shape)
         out.append(t.detach().requires_grad_(spec.grad))
     return out
-
-
-class _Logged(logging.Handler):
-    """Keeps the messages of stitchml's logger at WARNING and above: an eager op's result
-    converted to the layout the plan assumed, a kernel Triton refused at its warps, a
-    graph planned again at its first call — each a misprediction the run absorbed."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-@contextlib.contextmanager
-def _logging_to(handler: logging.Handler):
-    log = logging.getLogger("stitchml")
-    log.addHandler(handler)
-    try:
-        yield
-    finally:
-        log.removeHandler(handler)
 
 
 def _hi(dt: torch.dtype) -> torch.dtype:
@@ -232,8 +208,7 @@ def check(prog: Program) -> CaseResult:
     torch._dynamo.reset()
     backend = StitchBackend()
     compiled = torch.compile(_function(prog, dt, hi), backend=backend, fullgraph=True, dynamic=prog.dynamic or None)
-    logged = _Logged()
-    with warnings.catch_warnings(record=True) as caught, _logging_to(logged), \
+    with warnings.catch_warnings(record=True) as caught, logged_warnings() as logged, \
             config.override(poison_outputs=True, verbose=False, **prog.knobs):
         warnings.simplefilter("always")
         try:
@@ -260,7 +235,7 @@ def check(prog: Program) -> CaseResult:
     if probe_errors:
         return result("fail", f"dynamic sizes: the pipeline raised at a probe size: {probe_errors[0][:300]}",
                       graphs=len(backend.records))
-    ours = [str(w.message) for w in caught if "stitchml" in str(w.message)] + logged.messages
+    ours = [str(w.message) for w in caught if "stitchml" in str(w.message)] + logged
     if ours:
         return result("fail", f"warning: {ours[0][:300]}", graphs=len(backend.records))
 

@@ -302,7 +302,18 @@ def _ours(e: BaseException) -> bool:
 
 
 def run_sample(opinfo: OpInfo, sample: SampleInput, dtype: torch.dtype, backward: bool) -> Outcome:
-    """Compile `opinfo.op` on one sample with a fresh backend; compare with eager."""
+    """Compile `opinfo.op` on one sample with a fresh backend; compare with eager.  A
+    sample that matched while stitchml logged a warning (a misprediction the run absorbed)
+    fails with that warning."""
+    from ..testing import logged_warnings
+    with logged_warnings() as logged:
+        out = _run_sample(opinfo, sample, dtype, backward)
+    if logged and out.status in ("pass", "eager"):
+        return Outcome("fail", f"stitchml warned: {logged[0][:280]}")
+    return out
+
+
+def _run_sample(opinfo: OpInfo, sample: SampleInput, dtype: torch.dtype, backward: bool) -> Outcome:
     from ..capture.backend import StitchBackend
     fn, tensors = _make_fn(opinfo.op, sample)
     post = sample.output_process_fn_grad if backward else (lambda x: x)
@@ -501,7 +512,8 @@ def render(results: dict[str, dict[str, Tally]], command: str, seconds: float) -
              "half precision no further from a float64 run than eager's own result, integer and bool results equal to eager's "
              "(the int64, int32 and bool configurations: the OpInfo's samples of that dtype); **fp32 nc**: float32 samples "
              "made non-contiguous (`SampleInput.noncontiguous`), forward and backward where the op has autograd. Statuses: **pass** (every op in kernels), "
-             "**eager** (matched, some op ran eagerly: reasons below), **fail** (mismatch), **crash** (an "
+             "**eager** (matched, some op ran eagerly: reasons below), **fail** (mismatch, or a match while "
+             "stitchml logged a warning: a misprediction the run absorbed), **crash** (an "
              "exception inside stitchml), **torch** (Dynamo/AOTAutograd raised outside stitchml). Samples "
              "whose eager call raises are not counted. Random ops and uninitialised-memory constructors are "
              "not run.", ""]
