@@ -103,7 +103,8 @@ def test_sums_of_complex_values_stitch(dtype):
         z = torch.view_as_complex(x)
         return torch.view_as_real(z.conj().mean(1, keepdim=True).resolve_conj()), torch.view_as_real(z.sum())
 
-    _stitched(rotate, [torch.randn(4, 6, 2, dtype=dtype).requires_grad_(), torch.randn(6, dtype=dtype).requires_grad_()])
+    _stitched(rotate, [torch.randn(4, 6, 2, dtype=dtype).requires_grad_(),
+                       torch.randn(6, dtype=dtype).requires_grad_()])
     _stitched(means, [torch.randn(5, 3, 2, dtype=dtype).requires_grad_()])
 
 

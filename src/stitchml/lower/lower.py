@@ -73,14 +73,8 @@ class Lowerer:
             elif node.op == "get_attr":
                 self.env[node] = self._constant(node)
             elif node.op == "output":
-                outs = self._map(node.args[0])
-                if isinstance(outs, (tuple, list)):   # complex outputs in eager's layout, then as complex
-                    fx_outs = node.args[0]
-                    outs = type(outs)(rules_complex.laid_out(self, o, f.meta["val"])
-                                      if isinstance(o, rules_complex.Pair) and isinstance(f, fx.Node)
-                                      and isinstance(f.meta.get("val"), torch.Tensor) else o
-                                      for o, f in zip(outs, fx_outs))
-                out = rules_complex.unpair(self, outs)
+                # complex outputs: in eager's layout, as complex tensors
+                out = rules_complex.unpair_outputs(self, self._map(node.args[0]), node.args[0])
                 self.g.outputs = list(out) if isinstance(out, (tuple, list)) else [out]
                 self._check_output_layouts(node)
                 self.g.outputs += [r for _, r in self.writes]   # kept alive, not returned

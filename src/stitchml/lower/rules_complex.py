@@ -135,6 +135,15 @@ def laid_out(lw: Lowerer, z: Pair, val: torch.Tensor) -> Pair:
     return Pair(p)
 
 
+def unpair_outputs(lw: Lowerer, outs: Any, fx_outs: Any) -> Any:
+    """The graph's outputs with every Pair laid out as eager lays out its complex value
+    (`laid_out`, from the output FX node's metadata) and turned into a complex tensor."""
+    if isinstance(outs, (tuple, list)):
+        outs = type(outs)(laid_out(lw, o, f.meta["val"]) if isinstance(o, Pair) and isinstance(f, torch.fx.Node)
+                          and isinstance(f.meta.get("val"), torch.Tensor) else o for o, f in zip(outs, fx_outs))
+    return unpair(lw, outs)
+
+
 def unpair(lw: Lowerer, value: Any) -> Any:
     """`value` with every Pair turned into a complex tensor (an eager view_as_complex)."""
     if isinstance(value, Pair):

@@ -353,7 +353,7 @@ def _embedding_backward_dense(ctx: LowerCtx, node, grad: Ref, indices: Ref, shap
     summed over its tokens, planned like any column sum (partials per program, then
     their combine).  The scatter form adds every token into one of those few rows with
     atomics, which a GPU performs one after another on each address.  Sums in float32,
-    rounded once, as eager's CUDA kernel; the padding row is zero."""
+    rounded once, as eager's CUDA kernel (float64 in float64: `_acc`); the padding row is zero."""
     val = node.meta["val"]
     f = _acc(val.dtype)
     rows, width = shape
