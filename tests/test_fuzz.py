@@ -192,6 +192,28 @@ def test_float64_programs_are_judged_at_float64_precision():
         fuzz.programs.FP64_SHARE = share
 
 
+def _family_passes(seeds: list[int]) -> None:
+    """Each CI-profile program passes with every graph compiled and no op left eager."""
+    for seed in seeds:
+        prog = fuzz.generate(seed, "ci")
+        r, records = _check_keeping_records(prog)
+        assert r.status == "pass", r.line()
+        assert all(x.eager_reason is None for x in records), seed
+        assert not [f for x in records for f in x.graph.fallbacks], seed
+
+
+def _leaves_earlier_programs(share: str, earlier: tuple[int, ...]) -> None:
+    """A family drawn from a stream of its own: with its share at 1, the long-profile
+    programs of `earlier` seeds are what they were."""
+    before = [fuzz.generate(s, "long").describe() for s in earlier]
+    old = getattr(fuzz.programs, share)
+    try:
+        setattr(fuzz.programs, share, 1.0)
+        assert [fuzz.generate(s, "long").describe() for s in earlier] == before
+    finally:
+        setattr(fuzz.programs, share, old)
+
+
 # CI-profile programs with integer islands: gcd, shifts and a bool accumulate in a float16
 # training step; an integer max pool in float64; gcd under symbolic sizes (bfloat16)
 INTEGER_SEEDS = [40448, 40423, 40460]
@@ -202,25 +224,13 @@ def test_integer_island_programs_stitch_and_pass():
     them (gcd/lcm, floor division, bit ops, shifts, pools, bool accumulates) and bring
     them back as floats: they pass with no op left eager (gcd and the bool accumulate ran
     eagerly before), and the family leaves the programs of earlier seeds as they were."""
-    for seed in INTEGER_SEEDS:
-        prog = fuzz.generate(seed, "ci")
-        assert ".floor().to(torch.int" in prog.source(), seed
-        r, records = _check_keeping_records(prog)
-        assert r.status == "pass", r.line()
-        assert all(x.eager_reason is None for x in records), seed
-        assert not [f for x in records for f in x.graph.fallbacks], seed
+    assert all(".floor().to(torch.int" in fuzz.generate(seed, "ci").source() for seed in INTEGER_SEEDS)
+    _family_passes(INTEGER_SEEDS)
     first, pool, dynamic = (fuzz.generate(s, "ci") for s in INTEGER_SEEDS)
     assert "torch.gcd(" in first.source() and "accumulate=True" in first.source() and first.backward
     assert "F.max_pool2d(" in pool.source() and pool.dtype == "fp64"
     assert dynamic.dynamic and "torch.gcd(" in dynamic.source()
-    earlier = (3, 2739, 26016, 33615, 35225, 37324, 40399)
-    before = [fuzz.generate(s, "long").describe() for s in earlier]
-    share = fuzz.programs.INTEGER_SHARE
-    try:
-        fuzz.programs.INTEGER_SHARE = 1.0
-        assert [fuzz.generate(s, "long").describe() for s in earlier] == before
-    finally:
-        fuzz.programs.INTEGER_SHARE = share
+    _leaves_earlier_programs("INTEGER_SHARE", (3, 2739, 26016, 33615, 35225, 37324, 40399))
 
 
 # CI-profile programs with complex arithmetic: a rotary rotation by `polar` angles (float32,
@@ -240,13 +250,7 @@ def test_complex_programs_stitch_and_pass():
         assert [x.kind for x in records] == ["forward", "backward"]
         assert not [f for x in records for f in x.graph.fallbacks], seed
     assert "torch.polar(" in fuzz.generate(COMPLEX_SEEDS[0], "ci").source()
-    before = [fuzz.generate(s, "long").describe() for s in (3, 2739, 26016, 33615, 35225, 37199)]
-    share = fuzz.programs.COMPLEX_SHARE
-    try:
-        fuzz.programs.COMPLEX_SHARE = 1.0
-        assert [fuzz.generate(s, "long").describe() for s in (3, 2739, 26016, 33615, 35225, 37199)] == before
-    finally:
-        fuzz.programs.COMPLEX_SHARE = share
+    _leaves_earlier_programs("COMPLEX_SHARE", (3, 2739, 26016, 33615, 35225, 37199))
 
 
 # CI-profile programs with strided views: an as_strided_scatter, a diagonal and a roll in a
@@ -262,25 +266,13 @@ def test_strided_view_programs_stitch_and_pass():
     contiguous copies, diagonals, scatters of views and in-place ops through views of a
     clone: they pass with no op left eager, and the family leaves the programs of earlier
     seeds as they were."""
-    for seed in STRIDED_SEEDS:
-        prog = fuzz.generate(seed, "ci")
-        r, records = _check_keeping_records(prog)
-        assert r.status == "pass", r.line()
-        assert all(x.eager_reason is None for x in records), seed
-        assert not [f for x in records for f in x.graph.fallbacks], seed
+    _family_passes(STRIDED_SEEDS)
     src = " ".join(fuzz.generate(s, "ci").source() for s in STRIDED_SEEDS)
     for op in ("unfold(", ".as_strided(", "as_strided_scatter(", "diagonal(", "diag_embed(", "slice_scatter(",
                ".clamp_(", "channels_last", "roll("):
         assert op in src, op
     assert fuzz.generate(41949, "ci").dynamic and fuzz.generate(42863, "ci").backward
-    earlier = (3, 2739, 26016, 33615, 35225, 37324, 40399, 41599)
-    before = [fuzz.generate(s, "long").describe() for s in earlier]
-    share = fuzz.programs.STRIDED_SHARE
-    try:
-        fuzz.programs.STRIDED_SHARE = 1.0
-        assert [fuzz.generate(s, "long").describe() for s in earlier] == before
-    finally:
-        fuzz.programs.STRIDED_SHARE = share
+    _leaves_earlier_programs("STRIDED_SHARE", (3, 2739, 26016, 33615, 35225, 37324, 40399, 41599))
 
 
 # CI-profile programs with nn.functional layers: NLL, KL divergence and softmin in a bfloat16
@@ -295,24 +287,12 @@ def test_layer_programs_stitch_and_pass():
     (norms, losses with literal targets, parameterised activations, padding,
     interpolation, pools, embedding_bag): they pass with no op left eager, and the family
     leaves the programs of earlier seeds as they were."""
-    for seed in LAYER_SEEDS:
-        prog = fuzz.generate(seed, "ci")
-        r, records = _check_keeping_records(prog)
-        assert r.status == "pass", r.line()
-        assert all(x.eager_reason is None for x in records), seed
-        assert not [f for x in records for f in x.graph.fallbacks], seed
+    _family_passes(LAYER_SEEDS)
     src = " ".join(fuzz.generate(s, "ci").source() for s in LAYER_SEEDS)
     for op in ("F.nll_loss(", "F.kl_div(", "F.cross_entropy(", "F.group_norm(", "F.instance_norm(",
                "F.embedding_bag(", "F.interpolate(", "_pool1d(", "mode='circular'"):
         assert op in src, op
-    earlier = (3, 2739, 26016, 33615, 35225, 37324, 40399, 41600, 43999)
-    before = [fuzz.generate(s, "long").describe() for s in earlier]
-    share = fuzz.programs.LAYERS_SHARE
-    try:
-        fuzz.programs.LAYERS_SHARE = 1.0
-        assert [fuzz.generate(s, "long").describe() for s in earlier] == before
-    finally:
-        fuzz.programs.LAYERS_SHARE = share
+    _leaves_earlier_programs("LAYERS_SHARE", (3, 2739, 26016, 33615, 35225, 37324, 40399, 41600, 43999))
 
 
 def test_an_op_left_eager_fails_a_case(monkeypatch):
