@@ -102,9 +102,9 @@ def test_library_reasons_behind_a_prefix_are_library_work():
     """The memory-intensive coverage leaves out library work however the reason is prefixed
     (an op's name: torch's chunked linear cross-entropy; `with_effects`), and only that
     (the one predicate the sweeps, the fuzzer and the model tests share)."""
-    from stitchml.fallback import by_design as _is_library
-    assert _is_library("compute-intensive: vendor library")
-    assert _is_library("torch_nn._linear_cross_entropy_batch_chunked.default: compute-intensive: torch's chunked")
-    assert _is_library("with_effects: library op: an op with side effects")
-    assert not _is_library("no lowering rule for aten.foo.default")
-    assert not _is_library("aten.foo.default: no lowering rule")
+    from stitchml.fallback import by_design
+    assert by_design("compute-intensive: vendor library")
+    assert by_design("torch_nn._linear_cross_entropy_batch_chunked.default: compute-intensive: torch's chunked")
+    assert by_design("with_effects: library op: an op with side effects")
+    assert not by_design("no lowering rule for aten.foo.default")
+    assert not by_design("aten.foo.default: no lowering rule")
