@@ -768,6 +768,7 @@ class _Builder:
         x = rng.choice(cands)
         shape, r, n = x.shape, len(x.shape), _numel(x.shape)
         room = self.prof.max_numel
+        grow = 1.25 if self.consumed else 1.0   # (the bound of a view `* 1.25` consumes)
         kind = rng.randrange(10)
         if kind == 0:   # windows of `size` every `step` along d
             d = rng.randrange(r)
@@ -776,7 +777,6 @@ class _Builder:
             out = shape[:d] + ((shape[d] - size) // step + 1,) + shape[d + 1:] + (size,)
             if _numel(out) > room:
                 return False
-            grow = 1.25 if self.consumed else 1.0
             self.emit(f"{x.name}.unfold({d}, {size}, {step}){self.consumed}", out, x.bound * grow, x.hi)
             return True
         if kind == 1:   # as_strided of a contiguous copy: overlapping or zero strides, an offset
@@ -790,8 +790,7 @@ class _Builder:
                 return False
             off = rng.randint(0, n - 1 - reach)
             self.emit(f"{x.name}.clone(memory_format=torch.contiguous_format).as_strided({_fmt(sizes)}, "
-                      f"{_fmt(strides)}, {off}){self.consumed}", sizes, x.bound * (1.25 if self.consumed else 1.0),
-                      x.hi)
+                      f"{_fmt(strides)}, {off}){self.consumed}", sizes, x.bound * grow, x.hi)
             return True
         if kind in (2, 4) and r >= 2:   # a diagonal; or a value written over it
             d1, d2 = rng.sample(range(r), 2)
