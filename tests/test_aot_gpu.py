@@ -1,18 +1,14 @@
 """Every kernel generated for a representative set of graphs compiles for Hopper
 (sm_90) — LLVM, PTX and ptxas from the Triton wheel, no GPU needed.  Runs in a
-subprocess because this process has Triton in interpreter mode."""
+process of its own, because this one has Triton in interpreter mode (`outside_interpreter`)."""
 import functools
 import json
-import os
 import re
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+import outside_interpreter
 
 SCRIPT = textwrap.dedent("""
     import json, sys, torch
@@ -37,13 +33,7 @@ SCRIPT = textwrap.dedent("""
 
 def _run_outside_interpreter(script: str) -> dict:
     """Run `script` in a Python without TRITON_INTERPRET; its last stdout line is JSON."""
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return outside_interpreter.last_json_line(script)
 
 
 def compiled_for_sm90(script: str) -> tuple[dict, list]:
@@ -425,7 +415,7 @@ ACCESS_SCRIPT = textwrap.dedent("""
 
 @functools.lru_cache(maxsize=1)
 def _access_results() -> tuple[dict, list]:
-    return compiled_for_sm90(ACCESS_SCRIPT)   # (one subprocess for the access tests below)
+    return compiled_for_sm90(ACCESS_SCRIPT)   # (one run for the access tests below)
 
 
 def test_row_runs_compile_to_coalesced_accesses_for_sm90():
@@ -497,13 +487,8 @@ def test_survey_command_reports_sass_floors_for_the_device_knob():
     barriers and both time floors, and the warp-instruction floor is the hot region's
     instructions over the kernel's blocks (a forward RMS norm over 32768 rows of 1024:
     copy-bound, its issue floor well below its copy floor)."""
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    env["STITCHML_DEVICE"] = "H200"
-    proc = subprocess.run([sys.executable, "-m", "stitchml.tools.aot_check", "--micro", "--case",
-                           r"rms_norm_fwd\[N=1024\]", "--dtype", "bf16"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = outside_interpreter.run(module="stitchml.tools.aot_check", env={"STITCHML_DEVICE": "H200"},
+                                   args=("--micro", "--case", r"rms_norm_fwd\[N=1024\]", "--dtype", "bf16"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("compiled by Triton ")   # (register counts differ between versions)
