@@ -635,14 +635,90 @@ def test_as_strided_and_its_scatter_follow_eagers_storage_layout(name):
     assert cmp.num_kernels >= 1
 
 
-def test_as_strided_between_the_elements_of_a_sliced_layout_runs_eagerly_with_its_reason():
-    """A column slice has gaps in its storage: a view reaching a gap would read values
-    that are not the operand's elements — eager with the reason, never a wrong re-index."""
+def test_as_strided_between_the_elements_of_a_sliced_intermediate_runs_eagerly_with_its_reason():
+    """A column slice of a value of ours has gaps in its storage: a view reaching a gap
+    would read values that are not the operand's elements, and our buffer has no
+    storage laid out as eager's — eager with the reason, never a wrong re-index."""
     cmp = compare_with_eager(lambda a: torch.as_strided((a * 2)[:, 1:4], (2, 5), (6, 1), 1) * 2,
                              [torch.randn(4, 6)], backward=False)
     reasons = [(f.op, f.reason) for r in cmp.backend.records for f in r.graph.fallbacks]
     assert reasons == [("aten.as_strided.default",
                         "as_strided of an operand with gaps addresses storage between its elements")], reasons
+
+
+def _gapped(shape: tuple[int, ...], stride: tuple[int, ...], offset: int, storage: int) -> torch.Tensor:
+    """A graph input with gaps, random values in the gaps and around (op_db's
+    non-contiguous samples: (3, 3) with strides (6, 2) at offset 1)."""
+    return torch.randn(storage).as_strided(shape, stride, offset)
+
+
+# (input's shape, strides, storage offset, storage size; as_strided's size, stride, storage offset)
+STORAGE_READS = {
+    "gaps": ((3, 3), (6, 2), 1, 18, (2, 2), (1, 2), 0),              # op_db's samples
+    "gaps_offset": ((3, 3), (6, 2), 1, 18, (2, 2), (1, 2), 1),
+    "before_its_first_element": ((1,), (2,), 1, 2, (1,), (1,), 0),
+    "overlapping_windows": ((16,), (2,), 1, 32, (2, 1, 1, 2), (1, 7, 7, 1), 0),
+    "past_its_last_element": ((2, 3), (3, 1), 0, 12, (3, 4), (4, 1), None),   # the input's own offset
+}
+
+
+@pytest.mark.parametrize("name", sorted(STORAGE_READS))
+def test_as_strided_of_an_input_reads_its_storage_by_position_in_a_kernel(name):
+    """as_strided of a graph input that is no re-index of its elements reads the
+    input's storage at eager's positions (`rules_views.storage_read`): stitched, equal
+    to eager on random storage, and still right for an input that comes at another
+    storage offset with the same sizes and strides (Dynamo does not guard the offset)."""
+    shape, stride, offset, storage, size, vstride, voff = STORAGE_READS[name]
+
+    def f(x):
+        return torch.as_strided(x, size, vstride, voff) * 2 + 1 if voff is not None else \
+            torch.as_strided(x, size, vstride) * 2 + 1
+    torch.manual_seed(stable_seed(name))
+    backend = StitchBackend()
+    compiled = torch.compile(f, backend=backend)
+    for off in (offset, offset + 3):   # the second call: the same graph, the input elsewhere in its storage
+        x = _gapped(shape, stride, off, storage + 3)
+        got, want = compiled(x), f(x)
+        assert torch.equal(got, want), (off, got, want)
+    assert len(backend.records) == 1
+    assert not [f for r in backend.records for f in r.graph.fallbacks]
+    assert backend.records[0].plan.num_kernels == 1
+
+
+def test_as_strided_scatter_into_an_input_at_a_storage_offset_runs_eagerly_with_its_reason():
+    """Which elements of the input an absolute offset addresses moves with the input's
+    storage offset, which Dynamo does not guard: eager, right at every offset."""
+    def f(x, s):
+        return torch.as_strided_scatter(x, s * 2, (2, 2), (1, 2), 1) + 1
+    backend = StitchBackend()
+    compiled = torch.compile(f, backend=backend)
+    for off in (1, 2):
+        x, s = torch.randn(20).as_strided((3, 3), (6, 2), off), torch.randn(2, 2)
+        assert torch.equal(compiled(x, s), f(x, s))
+    assert len(backend.records) == 1
+    reasons = [(f.op, f.reason) for r in backend.records for f in r.graph.fallbacks]
+    assert reasons == [("aten.as_strided_scatter.default", "as_strided(_scatter) of a graph input at a storage "
+                        "offset, which Dynamo does not guard")], reasons
+
+
+def test_an_input_read_by_storage_position_is_not_written_in_place():
+    """An input written in place that an as_strided also reads by storage position: the
+    new value goes to a buffer of its own and is copied in after the kernel read the old
+    storage, with the reason on the plan."""
+    def f(x):
+        y = torch.as_strided(x, (2, 2), (1, 2), 0) * 2
+        x.mul_(3)
+        return y
+    base = torch.randn(18)
+    x, xe = base.as_strided((3, 3), (6, 2), 1), base.clone().as_strided((3, 3), (6, 2), 1)   # (gaps too)
+    backend = StitchBackend()
+    got = torch.compile(f, backend=backend)(x)
+    want = f(xe)
+    assert torch.equal(got, want) and torch.equal(x, xe)
+    plan = backend.records[0].plan
+    assert list(plan.in_place.values()) == [
+        "an as_strided reads the input's storage by position (between or past its elements)"], plan.in_place
+    assert not [f for r in backend.records for f in r.graph.fallbacks]
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32], ids=["i64", "i32", "fp32"])

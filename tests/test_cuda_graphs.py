@@ -156,7 +156,8 @@ def _runner(fn, *inputs, device_seeds=False, warmup=1):
     plan = plan_of(fn, *inputs)
     call, _ = wr.build_callable(plan, generate_all(plan.graph, plan), CPU, device_seeds=device_seeds)
     backend = FakeGraphs()
-    return cg.GraphRunner(call, _Rec(), cg.mutated_inputs(plan.graph), backend, warmup=warmup), backend
+    return cg.GraphRunner(call, _Rec(), cg.mutated_inputs(plan.graph), backend, warmup=warmup,
+                          by_position=cg.storage_read_inputs(plan.graph)), backend
 
 
 def test_parameters_are_read_in_place_and_only_user_inputs_are_copied():
@@ -499,6 +500,27 @@ def test_mutated_user_input_refuses_capture():
         torch.testing.assert_close(out[0], y * 2.0)
         torch.testing.assert_close(x, x0 + 1.0)      # the user's tensor was written, not a copy
     assert runner.dead and "input 0 is written in place" in runner.rec.cuda_graph_note and backend.captures == 0
+
+
+def test_an_input_read_by_storage_position_refuses_capture_where_it_would_be_copied():
+    """as_strided between a user input's elements reads its storage by position
+    (`rules_views.storage_read`); a copy into a static buffer holds its elements (or
+    their range) at another offset, so the graph runs uncaptured, right, with the reason."""
+    def f(x):
+        return torch.as_strided(x, (2, 2), (1, 2), 0) * 2.0
+    base = torch.randn(18)
+    runner, backend = _runner(f, base.as_strided((3, 3), (6, 2), 1))
+    assert cg.storage_read_inputs(_plan_graph(f, base.as_strided((3, 3), (6, 2), 1))) == {0}
+    for _ in range(3):
+        base = torch.randn(18)
+        x = base.as_strided((3, 3), (6, 2), 1)
+        assert torch.equal(runner([x])[0], f(x))
+    assert runner.dead and "input 0 is read by storage position" in runner.rec.cuda_graph_note
+    assert backend.captures == 0
+
+
+def _plan_graph(fn, *inputs):
+    return plan_of(fn, *inputs).graph
 
 
 def test_dropout_under_replay_differs_per_replay_and_repeats_under_the_seed():

@@ -1,8 +1,10 @@
 """Layout ops lowered as index maps (no copies): reshapes, permutes, expands, slices,
-selects, windows (unfold), concatenation, plain-re-index as_strided, and the ops built from them:
+selects, windows (unfold), concatenation, as_strided (a re-index, or a read of a graph
+input's storage), and the ops built from them:
 constant padding, roll, repeat, and diagonals (diagonal, diag_embed, diagonal_scatter)."""
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import torch
@@ -135,7 +137,9 @@ def element_view(ctx: LowerCtx, node: torch.fx.Node, x: Ref, size: Sequence[int]
     operand are refused."""
     val = node.args[0].meta["val"]
     if ctx.node(x).kind == ir.INPUT and val.storage_offset() != 0:
-        raise Unsupported("as_strided of an input with a storage offset")
+        # (Dynamo does not guard the offset: which of the input's elements an absolute
+        # offset addresses is known at run time only; a read takes `storage_read` instead)
+        raise Unsupported("as_strided(_scatter) of a graph input at a storage offset, which Dynamo does not guard")
     off = (0 if storage_offset is None else storage_offset) - val.storage_offset()
     shape, strides = tuple(val.shape), tuple(val.stride())
     size, stride = tuple(size), tuple(stride)
@@ -175,11 +179,54 @@ def in_storage_order(ctx: LowerCtx, x: Ref, val: torch.Tensor, order: list[int])
 def _as_strided(ctx, node, x, size, stride, storage_offset=None):
     """as_strided addresses its operand's storage, laid out as eager lays it out (the
     operand's metadata, not our buffer): as a view of the operand's elements in storage
-    order (`element_view`) — a plain re-index, whatever our own buffer's layout."""
+    order (`element_view`) — a plain re-index, whatever our own buffer's layout.  Of a
+    graph input, a view that is no re-index of its elements (one reading storage between
+    them, before or past them, or at an absolute offset Dynamo does not guard) reads the
+    input's storage itself (`storage_read`)."""
     val = node.args[0].meta["val"]
-    order, stride, off = element_view(ctx, node, x, size, stride, storage_offset)
+    try:
+        order, stride, off = element_view(ctx, node, x, size, stride, storage_offset)
+    except Unsupported:
+        read = storage_read(ctx, node, x, size, stride, storage_offset)
+        if read is None:
+            raise
+        return read
     x = in_storage_order(ctx, x, val, order)
     return ctx.view("as_strided", x, _shape(node), (("stride", tuple(stride)), ("offset", off)))
+
+
+_TANGENT = re.compile(r"tangents_\d+$")
+
+
+def storage_read(ctx: LowerCtx, node: torch.fx.Node, x: Ref, size: Sequence[int], stride: Sequence[int],
+                 storage_offset: int | None) -> Ref | None:
+    """as_strided of a graph input as a dense view of the storage range it addresses: a
+    node of its own (an INPUT with `storage_of`, the input's position) that the wrapper
+    binds to that range of the input's storage, `as_strided((extent,), (1,), offset)`
+    as eager's own call would address it (an absolute offset; the input's own where
+    `storage_offset` is None), so it holds at any storage offset the input comes with,
+    and eager's bounds check guards it.  None where `x` is not a graph input itself (a
+    value of ours has no storage of eager's layout) or the sizes are symbolic.  Such an
+    input is not written in place (`plan/in_place.py`) nor copied into a CUDA graph
+    (`runtime/cuda_graphs.py`): either would move storage the kernel reads by position."""
+    n = ctx.node(x)
+    if n.kind != ir.INPUT or n.attr("constant") or n.attr("index") is None or n.attr("storage_of") is not None:
+        return None
+    if node.args[0].op != "placeholder" or any(
+            p.op == "placeholder" and _TANGENT.match(p.name) for p in node.graph.nodes):
+        # a backward's saved tensor or tangent may be a value of ours, whose storage
+        # between its elements need not be eager's: forward and inference graphs only
+        # (AOTAutograd names a backward's incoming gradients `tangents_i`)
+        return None
+    if not all(type(v) is int for v in (*size, *stride)) or not (storage_offset is None or type(storage_offset) is int):
+        return None
+    shape = _shape(node)
+    if prod(shape) == 0 or any(st < 0 for st in stride):
+        return None
+    extent = 1 + sum((s - 1) * st for s, st in zip(size, stride))
+    sid = ctx.g.add(ir.INPUT, f"storage({n.op})", (), (extent,), n.dtype, (1,),
+                    (("storage_of", n.attr("index")), ("storage_offset", storage_offset)))
+    return ctx.view("as_strided", Ref(sid), shape, (("stride", tuple(stride)), ("offset", 0)))
 
 
 @register(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, aten.chunk.default)

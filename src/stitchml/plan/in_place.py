@@ -23,7 +23,8 @@ when nothing reads an old element after it is overwritten:
   itself read the input through a view or a concatenation evaluated where it is read (a
   rotation `x.copy_(cat([x[1:], x[:1]]))`);
 - neither the input nor a view of it is returned (the caller would hold the new value
-  where the graph returned the old).
+  where the graph returned the old);
+- no as_strided reads the input's storage by position (`rules_views.storage_read`).
 Otherwise the value is written to a buffer of its own and copied into the input after
 the call, with the reason (shown by `explain`).  The decision is plain data on the plan
 (`Plan.in_place`), made after launch grouping, which fixes the launch order.
@@ -49,8 +50,14 @@ def in_place_writes(plan: Plan) -> dict[int, str | None]:
     launch = _launch_positions(plan)
     returned = {r.id for r in g.returned if isinstance(r, ir.Ref)}
     users = g.users()   # (once: an optimizer step writes hundreds of inputs)
+    # inputs an as_strided reads by storage position (`rules_views.storage_read`): a
+    # reader no view chain of the input shows, so the order of writes is not known
+    by_storage = {n.attr("storage_of") for n in g.nodes if n.kind == ir.INPUT and n.attr("storage_of") is not None}
     out: dict[int, str | None] = {}
     for pos, new in written:
+        if pos in by_storage:
+            out[new] = "an as_strided reads the input's storage by position (between or past its elements)"
+            continue
         out[new] = _refusal(g, plan, g.inputs[pos], new, kernels_of, launch, returned, users)
     return out
 

@@ -33,7 +33,8 @@ replayed, which removes the host cost of its launches and eager calls:
 - **refusals**, each kept in `CompiledGraph.cuda_graph_note` (shown by `explain`):
   knob off, no CUDA device, dynamic sizes, eager ops that read values back to the
   host or have data-dependent shapes, an eager op that mutates an input that is
-  copied per replay (the mutation would land in the copy), inputs on the CPU, a
+  copied per replay (the mutation would land in the copy), an input copied per replay
+  whose storage an as_strided reads by position (the copy holds elements only), inputs on the CPU, a
   capture that fails, a random op of an activation-checkpointed region (its RNG state
   is captured, or its seed derived from a saved one, on the host per call).
 
@@ -172,6 +173,13 @@ def plan_refusal(plan: Plan) -> str | None:
     return None
 
 
+def storage_read_inputs(g: ir.Graph) -> set[int]:
+    """Positions of the graph inputs an as_strided reads by storage position
+    (`rules_views.storage_read`): captured only where read in place, since a copy
+    (by elements, or by the range of its elements) would move what lies between."""
+    return {n.attr("storage_of") for n in g.nodes if n.kind == ir.INPUT and n.attr("storage_of") is not None}
+
+
 def mutated_inputs(g: ir.Graph) -> set[int]:
     """Positions of the graph inputs an eager op writes into (through views too), and
     those the graph writes new values into (`Graph.input_writes`)."""
@@ -297,8 +305,10 @@ except ImportError:  # pragma: no cover
 class GraphRunner:
     """The graph's callable under CUDA graphs (see the module docstring)."""
 
-    def __init__(self, call: Callable, rec: Any, mutated: set[int], backend: Any = None, warmup: int = 1):
+    def __init__(self, call: Callable, rec: Any, mutated: set[int], backend: Any = None, warmup: int = 1,
+                 by_position: set[int] = frozenset()):
         self.call, self.rec, self.mutated = call, rec, mutated
+        self.by_position = set(by_position)   # inputs whose storage is read by position (`storage_read_inputs`)
         self.backend = backend or CudaBackend()
         self.warmup = warmup
         self.dead = False                # refused at run time: plain calls from now on
@@ -376,6 +386,10 @@ class GraphRunner:
         if written:
             return self._refuse(f"input {written[0]} is written in place (by an eager op or a new value), and would "
                                 f"be copied per replay", inputs)
+        positional = sorted(self.by_position & set(copied))
+        if positional:
+            return self._refuse(f"input {positional[0]} is read by storage position (an as_strided between or past "
+                                f"its elements), which a copy of it would not keep", inputs)
         for i in copied:
             x = tensors[i]
             if _dense(x):
@@ -569,4 +583,5 @@ def wrap(call: Callable, rec: Any) -> Callable:
         return call
     # a backward graph warms up twice: its saved activations come from the forward's
     # static outputs only once the forward replays, and read in place they cost nothing
-    return GraphRunner(call, rec, mutated_inputs(rec.graph), warmup=2 if rec.kind == "backward" else 1)
+    return GraphRunner(call, rec, mutated_inputs(rec.graph), warmup=2 if rec.kind == "backward" else 1,
+                       by_position=storage_read_inputs(rec.graph))

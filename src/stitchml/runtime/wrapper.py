@@ -111,6 +111,8 @@ class ProgramBuilder:
         if nid in self.names:
             return self.names[nid]
         n = self.g[nid]
+        if n.kind == ir.INPUT and n.attr("storage_of") is not None:
+            return self._storage_range(nid)
         if not is_free(n):
             raise RuntimeError(f"node %{nid} ({n.kind}.{n.op}) used before it is computed (planner bug)")
         name = f"v{nid}"
@@ -135,6 +137,20 @@ class ProgramBuilder:
             src = self.need(n.refs[0])
             self.steps.append(self._replay(name, n, src))
         self.names[nid] = name
+        return name
+
+    def _storage_range(self, nid: int) -> str:
+        """The storage range an as_strided of graph input reads (`rules_views.storage_read`):
+        a dense 1-d view of it, taken as eager's as_strided takes it (bounds checked)."""
+        n = self.g[nid]
+        name = self.names[nid] = f"v{nid}"
+        src = self.names[self.g.inputs[n.attr("storage_of")]]
+        start = n.attr("storage_offset")
+        if start is None:   # (the input's own storage offset, whatever it is at run time)
+            self.steps.append(Replay(name, "{0}.as_strided({1}, (1,))", (Sym(src), n.shape), src))
+        else:
+            self.steps.append(Replay(name, "{0}.as_strided({1}, (1,), {2})", (Sym(src), n.shape, start), src))
+        self.known[name] = Layout(n.shape, (1,))
         return name
 
     def _collapse(self, nid: int) -> tuple[str, Layout, tuple[str, ...]] | None:
