@@ -201,6 +201,10 @@ def ce_rows(z: Tensor, tgt: Tensor, count: Tensor, ignore_index: int, smooth: fl
     n, V = z.shape
     loss = torch.empty(n, dtype=torch.float32, device=z.device)
     lse_out = lse_out if lse_out is not None else torch.empty_like(loss)
+    # the kernel reads a row's target and log-sum-exp at the row's index: a strided
+    # target (a user's `labels[::2]`; op_db's non-contiguous samples) is made dense first
+    tgt = tgt.contiguous()
+    assert lse_out.is_contiguous() and (lse_in is None or lse_in.is_contiguous()) and z.stride(1) == 1
     if not _triton_usable(z):
         return _ce_rows_torch(z, tgt, count, ignore_index, smooth, softcap, write_grad, lse_out, lse_in)
     block = block or launch_block(V)
