@@ -923,6 +923,38 @@ def test_sum_precision_long_rows():
     check(lambda x: (x.sum(1), x.mean(-1), x.var(1), x.to(BF16).sum(1)), [x], backward=False, rtol=1e-4)
 
 
+def test_a_sum_of_a_repeated_value_is_the_value_times_the_count():
+    """Sums along dims where the operand only repeats one value (an expand, through a
+    movedim; integer, half and inf values too) are that value times the count: no
+    reduction is left, and the results equal eager's."""
+    def fn(s, r, i, h):
+        e = s.expand(6, 7)
+        return (e.sum(1), e.sum((0, 1)), r.expand(4, 6, 5).movedim(1, -1).sum(-1, keepdim=True),
+                i.expand(3, 8).sum(1), h.expand(5, 9).sum(1), r.expand(4, 6, 5).sum(1) * 2)
+    r = rn(4, 1, 5)
+    r[0, 0, 1] = float("inf")
+    cmp = check(fn, [rn(()), r, torch.randint(-9, 9, (3, 1)), rn(5, 1).to(BF16)], backward=False)
+    assert not [n for rec in cmp.backend.records for n in rec.graph.nodes if n.kind == "reduce"]
+
+
+def test_a_layer_norms_gradient_summed_along_its_row_leaves_no_offset():
+    """`silu(layer_norm(x).sum())`: the input's gradient is 0 in exact arithmetic, its row
+    sums too.  torch's decomposition computes N·dy − Σdy for the row-constant dy; summing
+    N copies rounded otherwise than the product and left the same offset on every element
+    of a row (row sums 3.6e-4, fuzz seed 39721); as dy times N the two cancel exactly."""
+    torch.manual_seed(39721)
+    x = (-0.5 / (1 + rn(32, 31) ** 2)).requires_grad_()   # (rows of small spread: a large 1/std)
+
+    def fn(x):
+        return F.silu(F.layer_norm(x.movedim(1, -1), (31,)).movedim(-1, 1).sum((-2, 1), keepdim=True))
+    backend = StitchBackend()
+    out = torch.compile(fn, backend=backend)(x)
+    (g,) = torch.autograd.grad(out, x, torch.full_like(out, 0.7))
+    (e,) = torch.autograd.grad(fn(x), x, torch.full_like(out, 0.7))
+    torch.testing.assert_close(g, e, rtol=0, atol=1e-3)
+    assert g.sum(1).abs().max().item() < 1e-7, g.sum(1).abs().max()
+
+
 @pytest.mark.parametrize("looped", [False, True])
 def test_reduction_nan_inf(looped):
     nan, inf = float("nan"), float("inf")
