@@ -157,7 +157,7 @@ def _runner(fn, *inputs, device_seeds=False, warmup=1):
     call, _ = wr.build_callable(plan, generate_all(plan.graph, plan), CPU, device_seeds=device_seeds)
     backend = FakeGraphs()
     return cg.GraphRunner(call, _Rec(), cg.mutated_inputs(plan.graph), backend, warmup=warmup,
-                          by_position=cg.storage_read_inputs(plan.graph)), backend
+                          by_position=plan.graph.read_by_position()), backend
 
 
 def test_parameters_are_read_in_place_and_only_user_inputs_are_copied():
@@ -510,7 +510,7 @@ def test_an_input_read_by_storage_position_refuses_capture_where_it_would_be_cop
         return torch.as_strided(x, (2, 2), (1, 2), 0) * 2.0
     base = torch.randn(18)
     runner, backend = _runner(f, base.as_strided((3, 3), (6, 2), 1))
-    assert cg.storage_read_inputs(_plan_graph(f, base.as_strided((3, 3), (6, 2), 1))) == {0}
+    assert _plan_graph(f, base.as_strided((3, 3), (6, 2), 1)).read_by_position() == {0}
     for _ in range(3):
         base = torch.randn(18)
         x = base.as_strided((3, 3), (6, 2), 1)

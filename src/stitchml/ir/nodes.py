@@ -138,6 +138,11 @@ class Graph:
         new = self.outputs[len(self.outputs) - len(self.input_writes):]
         return [(pos, r.id) for pos, r in zip(self.input_writes, new)]
 
+    def read_by_position(self) -> set[int]:
+        """Positions of the graph inputs whose storage an as_strided reads by position
+        (INPUT nodes with `storage_of`: `lower/rules_views.storage_read`)."""
+        return {n.attr("storage_of") for n in self.nodes if n.kind == INPUT and n.attr("storage_of") is not None}
+
     def summary(self) -> str:
         lines = []
         for n in self.nodes:

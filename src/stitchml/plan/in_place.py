@@ -52,7 +52,7 @@ def in_place_writes(plan: Plan) -> dict[int, str | None]:
     users = g.users()   # (once: an optimizer step writes hundreds of inputs)
     # inputs an as_strided reads by storage position (`rules_views.storage_read`): a
     # reader no view chain of the input shows, so the order of writes is not known
-    by_storage = {n.attr("storage_of") for n in g.nodes if n.kind == ir.INPUT and n.attr("storage_of") is not None}
+    by_storage = g.read_by_position()
     out: dict[int, str | None] = {}
     for pos, new in written:
         if pos in by_storage:

@@ -173,13 +173,6 @@ def plan_refusal(plan: Plan) -> str | None:
     return None
 
 
-def storage_read_inputs(g: ir.Graph) -> set[int]:
-    """Positions of the graph inputs an as_strided reads by storage position
-    (`rules_views.storage_read`): captured only where read in place, since a copy
-    (by elements, or by the range of its elements) would move what lies between."""
-    return {n.attr("storage_of") for n in g.nodes if n.kind == ir.INPUT and n.attr("storage_of") is not None}
-
-
 def mutated_inputs(g: ir.Graph) -> set[int]:
     """Positions of the graph inputs an eager op writes into (through views too), and
     those the graph writes new values into (`Graph.input_writes`)."""
@@ -308,7 +301,9 @@ class GraphRunner:
     def __init__(self, call: Callable, rec: Any, mutated: set[int], backend: Any = None, warmup: int = 1,
                  by_position: set[int] = frozenset()):
         self.call, self.rec, self.mutated = call, rec, mutated
-        self.by_position = set(by_position)   # inputs whose storage is read by position (`storage_read_inputs`)
+        # inputs whose storage an as_strided reads by position (`Graph.read_by_position`): captured
+        # only where read in place, since a copy (by elements, or by their range) moves what lies between
+        self.by_position = set(by_position)
         self.backend = backend or CudaBackend()
         self.warmup = warmup
         self.dead = False                # refused at run time: plain calls from now on
@@ -584,4 +579,4 @@ def wrap(call: Callable, rec: Any) -> Callable:
     # a backward graph warms up twice: its saved activations come from the forward's
     # static outputs only once the forward replays, and read in place they cost nothing
     return GraphRunner(call, rec, mutated_inputs(rec.graph), warmup=2 if rec.kind == "backward" else 1,
-                       by_position=storage_read_inputs(rec.graph))
+                       by_position=rec.graph.read_by_position())
