@@ -396,7 +396,9 @@ def test_scatter_extremes_are_exact_with_nan_and_signed_zeros(reduce, dtype):
             assert same.all(), (got, want)
 
 
-def test_declined_embedding_bag_runs_eagerly_with_its_reason_and_raises_under_strict():
+def test_embedding_bag_scale_grad_by_freq_backward_on_the_cpu_runs_eagerly_with_its_reason_and_strict_raises():
+    """The forward stitches (the flag changes only the gradient); the CPU backward stays
+    eager, since eager's CPU kernel divides by another index's count (decomp_index.py)."""
     from stitchml import config
     from stitchml.fallback import StrictFallbackError
 
@@ -404,15 +406,65 @@ def test_declined_embedding_bag_runs_eagerly_with_its_reason_and_raises_under_st
         return F.embedding_bag(i, w * 2, o, mode="sum", scale_grad_by_freq=True)
     args = [torch.randn(11, 5).requires_grad_(), _idx(11, 9), _offsets(9, 3)]
     cmp = compare_with_eager(f, args)
-    reasons = {f.reason for r in cmp.backend.records for f in r.graph.fallbacks}
-    assert len(reasons) == 1 and "scale_grad_by_freq" in reasons.pop()
+    by_kind = {r.kind: {f.reason for f in r.graph.fallbacks} for r in cmp.backend.records}
+    assert by_kind["forward"] == set(), by_kind
+    assert len(by_kind["backward"]) == 1 and "scale_grad_by_freq" in by_kind["backward"].pop()
     with config.override(strict=True), pytest.raises(Exception) as info:
-        torch.compile(f, backend=StitchBackend())(*args)
+        torch.compile(f, backend=StitchBackend())(*args)[0].sum().backward()
     chain, e = [], info.value
     while e is not None:
         chain.append(e)
         e = e.__cause__ or e.__context__
     assert any(isinstance(x, StrictFallbackError) and "scale_grad_by_freq" in str(x) for x in chain), chain
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_scale_grad_by_freq_divides_each_index_by_its_count(mode, monkeypatch):
+    """The stitched backward as CUDA's eager computes it (each weight row's gradient over
+    the number of times its index occurs), checked here against that rule in float64:
+    the CPU's eager kernel has the upstream slip, so the rule is the reference."""
+    import stitchml.capture.decomp_index as decomp_index
+    monkeypatch.setattr(decomp_index, "_eager_count_is_wrong", lambda device: False)
+    w = torch.randn(11, 5)
+    idx = torch.tensor([1, 2, 1, 4, 1, 2, 7, 0, 9, 9, 3])
+    off = torch.tensor([0, 3, 5, 5, 8])
+    psw = torch.rand(11) + 0.5 if mode == "sum" else None
+    g = torch.randn(5, 5)
+
+    def f(w, i, o):
+        return F.embedding_bag(i, w * 2, o, mode=mode, scale_grad_by_freq=True, per_sample_weights=psw,
+                               padding_idx=3)
+    torch._dynamo.reset()
+    backend = StitchBackend()
+    wc = w.clone().requires_grad_()
+    torch.compile(f, backend=backend)(wc, idx, off).backward(g)
+    assert not [f.reason for r in backend.records for f in r.graph.fallbacks]
+    # the rule, by hand: the plain gradient (eager, no scaling) over each index's count
+    w64 = w.double().requires_grad_()
+    F.embedding_bag(idx, w64 * 2, off, mode=mode, per_sample_weights=None if psw is None else psw.double(),
+                    padding_idx=3).backward(g.double())
+    count = torch.bincount(idx, minlength=11).clamp(min=1).double().unsqueeze(1)
+    want = w64.grad / count
+    assert (want[[1, 2]] != w64.grad[[1, 2]]).all()   # repeated indices: the scaling shows
+    torch.testing.assert_close(wc.grad.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_embedding_bag_forward_with_a_sparse_gradient_stitches_and_its_backward_stays_eager():
+    def f(w, i, o):
+        return F.embedding_bag(i, w * 2, o, mode="sum", sparse=True)
+    w = torch.randn(11, 5)
+    args = (_idx(11, 9), _offsets(9, 3))
+    cmp = compare_with_eager(f, [w] + list(args), backward=False)
+    assert not [f for r in cmp.backend.records for f in r.graph.fallbacks]
+    torch._dynamo.reset()
+    backend = StitchBackend()
+    wc = w.clone().requires_grad_()
+    torch.compile(f, backend=backend)(wc, *args).sum().backward()
+    w2 = w.clone().requires_grad_()
+    f(w2, *args).sum().backward()
+    assert wc.grad.is_sparse and torch.equal(wc.grad.to_dense(), w2.grad.to_dense())
+    reasons = {r.kind: {f.reason for f in r.graph.fallbacks} for r in backend.records}
+    assert reasons["forward"] == set() and reasons["backward"] and all("sparse" in x for x in reasons["backward"]), reasons
 
 
 @pytest.mark.parametrize("p", [0.0, 0.5, 1.0, 2.0, 3.0, float("inf")], ids=str)

@@ -407,3 +407,24 @@ def test_calibration_measures_the_looped_block_wait_on_gpu():
     assert 0.02e-6 < res["loop_wait_s"] < 2e-6, res
     forms = measure_forms(dev)
     assert all(0.05 <= f["efficiency"] <= 1.0 for f in forms.values()), forms
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_scale_grad_by_freq_matches_eager_cuda(mode):
+    """On CUDA eager divides each row's gradient by its index's count (the CPU kernel
+    does not: capture/decomp_index.py), and the stitched backward runs in kernels."""
+    from stitchml import StitchBackend
+    w = _randn(50, 16)
+    idx = torch.randint(0, 50, (300,), device=DEV)
+    off = torch.arange(0, 300, 7, device=DEV)
+    g = _randn(off.numel(), 16)
+
+    def f(w, i, o):
+        return F.embedding_bag(i, w * 2, o, mode=mode, scale_grad_by_freq=True, padding_idx=3)
+    torch._dynamo.reset()
+    backend = StitchBackend()
+    wc, we = w.clone().requires_grad_(), w.clone().requires_grad_()
+    torch.compile(f, backend=backend)(wc, idx, off).backward(g)
+    f(we, idx, off).backward(g)
+    assert not [f.reason for r in backend.records for f in r.graph.fallbacks]
+    torch.testing.assert_close(wc.grad, we.grad, rtol=1e-5, atol=1e-5)

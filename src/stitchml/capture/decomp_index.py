@@ -15,8 +15,13 @@ form (`cumsum`), gathers, and the scatter forms of `index_put`.
   weights' gradient is a row dot product.  The extra outputs (offset2bag, bag sizes)
   are our own: only our backward reads them.  Max bags (`_embedding_bag_max`): scatter
   amax of the rows and scatter amin of the winning positions; the backward adds each
-  bag's gradient at its winners.  `scale_grad_by_freq` and sparse gradients stay eager
-  with their reason.
+  bag's gradient at its winners.  `scale_grad_by_freq` and `sparse` change only the
+  gradient, so the forward stitches with either.  The backward divides each index's
+  gradient by how often the index occurs (`scale_grad_by_freq`, sum and mean bags) on
+  CUDA; on the CPU it stays eager with its reason: eager's CPU kernel divides the k-th
+  distinct index's gradient by the count of the k-th *sorted* index (an upstream slip,
+  `counts[indices_data[i]]` for `counts[indices_data[start]]`), which no stitched form
+  should copy.  A sparse gradient is a sparse tensor: eager.
 As with every index op, an index out of range (here: a source with fewer elements than
 the mask selects) is an error in eager; kernels clamp the address and `tl.device_assert`
 it, which only Triton's debug mode checks (README, known limits).
@@ -77,7 +82,8 @@ def _kept(indices, padding_idx):
 def _embedding_bag_supported(indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
                              include_last_offset) -> bool:
     bags = offsets.numel() - (1 if include_last_offset else 0)
-    return (mode in (_SUM, _MEAN, _MAX) and not scale_grad_by_freq and not sparse and indices.dim() == 1
+    # (scale_grad_by_freq and sparse change only the backward: embedding_bag_backward)
+    return (mode in (_SUM, _MEAN, _MAX) and indices.dim() == 1
             and offsets.dim() == 1 and indices.numel() > 0 and bags > 0
             and (per_sample_weights is None or mode == _SUM))
 
@@ -151,11 +157,20 @@ def embedding_bag_backward(grad: torch.Tensor, indices: torch.Tensor, offsets: t
                                         scale_grad_by_freq, mode, per_sample_weights, padding_idx)
 
 
+def _eager_count_is_wrong(device: torch.device) -> bool:
+    """Whether eager's scale_grad_by_freq count is the upstream slip (its CPU kernel)."""
+    return device.type == "cpu"
+
+
 def embedding_bag_dense_backward(grad: torch.Tensor, indices: torch.Tensor, offset2bag: torch.Tensor,
                                  bag_size: torch.Tensor, maximum_indices: torch.Tensor, num_weights: int,
                                  scale_grad_by_freq: bool, mode: int, per_sample_weights: torch.Tensor | None,
                                  padding_idx: int | None = -1) -> torch.Tensor | NotImplementedType:
-    if mode not in (_SUM, _MEAN, _MAX) or scale_grad_by_freq or indices.dim() != 1:
+    if mode not in (_SUM, _MEAN, _MAX) or indices.dim() != 1:
+        return NotImplemented
+    if scale_grad_by_freq and (mode == _MAX or _eager_count_is_wrong(grad.device)):
+        # max bags: F.embedding_bag rejects the pair; the CPU: eager's count is another
+        # index's (module docstring), so eager runs and keeps its own answer
         return NotImplemented
     if mode == _MAX:  # each bag's gradient to its winning rows, per feature (empty bags: none)
         f = grad.shape[1]
@@ -169,6 +184,11 @@ def embedding_bag_dense_backward(grad: torch.Tensor, indices: torch.Tensor, offs
         g = g / bag_size.to(torch.int64)[bag].clamp(min=1).to(g.dtype).unsqueeze(1)
     if per_sample_weights is not None:
         g = g * per_sample_weights.to(g.dtype).unsqueeze(1)
+    if scale_grad_by_freq:  # each index's gradient over the number of its occurrences
+        ones = torch.ones((), dtype=torch.int64, device=indices.device)
+        count = torch.zeros(num_weights, dtype=torch.int64, device=indices.device).index_put(
+            (indices.to(torch.int64),), ones, accumulate=True)
+        g = g / count[indices].to(g.dtype).unsqueeze(1)
     if (keep := _kept(indices, padding_idx)) is not None:
         g = torch.where(keep.unsqueeze(1), g, 0)
     return grad.new_zeros(num_weights, grad.shape[1]).index_put((indices,), g, accumulate=True)
@@ -285,11 +305,16 @@ def segment_reduce_backward(grad: torch.Tensor, output: torch.Tensor, data: torc
 # The reason an op still runs eagerly when its decomposition declined the case
 # (`fallback.no_rule_reason` reports it instead of "no lowering rule").
 DECLINED: dict[object, str] = {
-    op: "embedding_bag: scale_grad_by_freq, sparse gradients and 2-d offsets have no stitched form"
+    op: "embedding_bag: N-d indices or offsets, no indices, no bags or per-sample weights outside sum bags have no "
+        "stitched form"
     for op in (aten._embedding_bag.default, aten._embedding_bag_forward_only.default,
-               aten._embedding_bag_backward.default, aten._embedding_bag_dense_backward.default,
                aten._embedding_bag_per_sample_weights_backward.default)
 }
+DECLINED.update({
+    op: "embedding_bag backward: a sparse gradient is a sparse tensor, not a stitched form; scale_grad_by_freq on the "
+        "CPU is left to eager, whose CPU kernel divides by another index's count (upstream)"
+    for op in (aten._embedding_bag_backward.default, aten._embedding_bag_dense_backward.default)
+})
 DECLINED[aten.masked_scatter.default] = "masked_scatter: a non-bool mask or an empty source has no stitched form"
 DECLINED[aten.segment_reduce.default] = ("segment_reduce: integer data, an empty tensor, N-d lengths/offsets or "
                                          "unsorted indices have no stitched form")

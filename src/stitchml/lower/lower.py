@@ -242,6 +242,9 @@ class Lowerer:
         bad = _unsupported_dtype(node)
         if bad is not None:
             raise Unsupported(f"dtype {bad} is not supported in kernels")
+        layout = _sparse_layout(node)
+        if layout is not None:
+            raise Unsupported(f"a sparse tensor ({layout}) is not a stitched form: a kernel addresses strided memory")
         if node.target in COMPUTE_INTENSIVE:
             raise Unsupported("compute-intensive: vendor library")
         rule = RULES.get(node.target)
@@ -375,6 +378,16 @@ def _unsupported_dtype(node: fx.Node):
         for t in (v if isinstance(v, (tuple, list)) else (v,)):
             if isinstance(t, torch.Tensor) and t.dtype not in ok:
                 return t.dtype
+    return None
+
+
+def _sparse_layout(node: fx.Node):
+    """The layout of a result or operand that is not strided memory (a sparse gradient
+    of `embedding_bag(sparse=True)`), or None: a rule would read its values as dense."""
+    for v in [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]:
+        for t in (v if isinstance(v, (tuple, list)) else (v,)):
+            if isinstance(t, torch.Tensor) and t.layout != torch.strided:
+                return t.layout
     return None
 
 

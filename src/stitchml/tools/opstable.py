@@ -92,7 +92,7 @@ def table() -> str:
              "core ATen overload: **stitched** (a lowering rule, named by its module, or our decomposition "
              "table reduces it to ops with rules), **library** (runs in ATen on purpose, with why) or "
              "**eager** (runs in ATen between kernels, with why). A rule may still refuse particular "
-             "arguments (e.g. embedding_bag with max bags); `stitchml explain` shows those per graph. "
+             "arguments (e.g. embedding_bag's sparse gradient); `stitchml explain` shows those per graph. "
              "tests/test_coverage_opstable.py fails when an op listed stitched here stops being stitched.", "",
              f"{counts[STITCHED]} stitched, {counts[LIBRARY]} library, {counts[EAGER]} eager "
              f"({len(rs)} core ATen overloads).", "",
