@@ -85,6 +85,14 @@ _EXACT_OPS = frozenset("""
 """.split())
 
 
+def _rounds(func) -> bool:
+    """Whether an ATen op's floating results are rounded values of its own (not a view,
+    not an in-place write, not one of `_EXACT_OPS`)."""
+    schema = getattr(func, "_schema", None)
+    return not (schema is None or schema.is_mutable or any(r.alias_info is not None for r in schema.returns)
+                or func.overloadpacket.__name__ in _EXACT_OPS)
+
+
 class _RoundingNoise(TorchDispatchMode):
     """Every floating result of an op that rounds (not a view, not an in-place write, not
     in `_EXACT_OPS`) moved by up to an ulp of its dtype, from a seeded draw: how far the
@@ -96,9 +104,7 @@ class _RoundingNoise(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        schema = getattr(func, "_schema", None)
-        if (schema is None or schema.is_mutable or any(r.alias_info is not None for r in schema.returns)
-                or func.overloadpacket.__name__ in _EXACT_OPS):
+        if not _rounds(func):
             return out
         if isinstance(out, (tuple, list)):
             return type(out)(self._jitter(t) for t in out)
@@ -123,9 +129,7 @@ class _PreciseOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        schema = getattr(func, "_schema", None)
-        if (schema is None or schema.is_mutable or any(r.alias_info is not None for r in schema.returns)
-                or func.overloadpacket.__name__ in _EXACT_OPS or torch.Tag.nondeterministic_seeded in func.tags):
+        if not _rounds(func) or torch.Tag.nondeterministic_seeded in func.tags:
             return out   # (a random op run twice would draw other numbers and move the generator on)
 
         def wide(t):

@@ -374,21 +374,24 @@ def _unsupported_dtype(node: fx.Node):
     moves = node.target is aten.view.dtype or _is_view_op(node.target)
     out_ok = wide if moves or node.target in UNSIGNED_RESULT_OPS else SUPPORTED_DTYPES
     in_ok = wide if moves else SUPPORTED_DTYPES
-    for v, ok in [(node.meta.get("val"), out_ok)] + [(a.meta.get("val"), in_ok) for a in node.all_input_nodes]:
-        for t in (v if isinstance(v, (tuple, list)) else (v,)):
-            if isinstance(t, torch.Tensor) and t.dtype not in ok:
-                return t.dtype
+    for t, is_result in _tensor_vals(node):
+        if t.dtype not in (out_ok if is_result else in_ok):
+            return t.dtype
     return None
+
+
+def _tensor_vals(node: fx.Node):
+    """(tensor, whether it is a result) for the node's results and its operands' values."""
+    for v, is_result in [(node.meta.get("val"), True)] + [(a.meta.get("val"), False) for a in node.all_input_nodes]:
+        for t in (v if isinstance(v, (tuple, list)) else (v,)):
+            if isinstance(t, torch.Tensor):
+                yield t, is_result
 
 
 def _sparse_layout(node: fx.Node):
     """The layout of a result or operand that is not strided memory (a sparse gradient
     of `embedding_bag(sparse=True)`), or None: a rule would read its values as dense."""
-    for v in [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]:
-        for t in (v if isinstance(v, (tuple, list)) else (v,)):
-            if isinstance(t, torch.Tensor) and t.layout != torch.strided:
-                return t.layout
-    return None
+    return next((t.layout for t, _ in _tensor_vals(node) if t.layout != torch.strided), None)
 
 
 class _MultiOut:
