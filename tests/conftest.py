@@ -36,7 +36,6 @@ FALLBACK_TESTS = (
     "test_failures.py",
     "test_dynamic.py::test_a_failing_size_runs_that_call_eagerly_with_a_warning",
     "test_coverage_strict.py::test_whole_graph_fallback_warns_once",
-    "test_bench.py::test_simulator_100_steps_compile_to_one_triton_launch",  # xfails on a known fallback
 )
 
 

@@ -53,6 +53,8 @@ def _window_reductions(plan) -> list[tuple[int, ...]]:
                    if g[m].kind == ir.REDUCE and len(g[g[m].refs[0]].shape) >= 6})
 
 
+# (the interpreter runs a program per row of these windows, 13x13 max-pooling taking one
+# a row: its input the smallest of these, CI time)
 LARGE = [
     ("max13s1p6", lambda x: F.max_pool2d(x, 13, 1, 6)),
     ("max9x11_s12_dil", lambda x: F.max_pool2d(x, (9, 11), (1, 2), (4, 5), dilation=(1, 2))),
@@ -64,7 +66,7 @@ LARGE = [
 
 @pytest.mark.parametrize("name,fn", LARGE, ids=[p[0] for p in LARGE])
 def test_a_large_window_is_a_reduction_and_matches_eager(name, fn):
-    x = _x((1, 3, 15, 17))
+    x = _x((1, 2, 13, 9) if name == "max13s1p6" else (1, 3, 15, 17))
     c = compare_with_eager(fn, [x])
     (fwd,) = [r.plan for r in c.backend.records if r.kind == "forward"]
     assert _window_reductions(fwd), "the window was unrolled"
@@ -82,7 +84,7 @@ def test_large_window_indices_follow_eagers_nan_tie_and_all_minus_inf_rules():
     """Eager's index: the first maximum in row-major window order, the last NaN of a
     window holding several, and for an all -inf window its first position inside the
     input, never the -inf padding."""
-    x = torch.randn(2, 4, 15, 15)
+    x = torch.randn(2, 4, 13, 9)
     x[0, 0, 3, 3] = x[0, 0, 5, 6] = float("nan")       # two NaNs in one window
     x[0, 1, 4:6, 4:6] = 7.0                              # ties
     x[1, 2] = -float("inf")                              # every window all -inf
@@ -116,7 +118,7 @@ def test_bf16_large_window_is_as_close_to_float64_as_eager():
     def fn(x):
         y = torch.sigmoid(x) * x
         return F.max_pool2d(y, 9, 1, 4) + F.avg_pool2d(y, 13, 1, 6)
-    c, verdict = compare_against_float64(fn, [_x((2, 4, 11, 13), torch.bfloat16)])
+    c, verdict = compare_against_float64(fn, [_x((1, 2, 11, 13), torch.bfloat16)])
     verdict.assert_ok("bf16 SiLU + large windows")
     _assert_stitched(c)
 

@@ -15,11 +15,14 @@ from stitchml.tools import model_sweep  # noqa: E402
 # attention sinks and sliding windows (GPT-OSS), a CNN with global response norm, and a
 # speech encoder whose mask token is written into masked frames at changing lengths
 SLICE = ["gpt_oss", "convnextv2", "wav2vec2"]
+# the compiled AdamW steps on one of them (the rest of the sweep takes them on every model;
+# on GPT-OSS they cost 11 s of CI's interpreter time, tests/test_optimizers.py covers the step)
+OPTIMIZER = "convnextv2"
 
 
 @pytest.mark.parametrize("name", SLICE)
 def test_architecture_trains_stitched_at_two_sizes_against_float64(name):
-    row = model_sweep.run_one(name)
+    row = model_sweep.run_one(name, optimizer=name == OPTIMIZER)
     for i, size in enumerate(row["sizes"]):
         assert size["ok"], (i, size)
         assert size["checked"] > 5
@@ -29,8 +32,10 @@ def test_architecture_trains_stitched_at_two_sizes_against_float64(name):
     assert row["third_size"]["ok"] and row["third_size"]["graphs"] <= row["third_size"]["dynamo_graphs"], row
     # two compiled AdamW steps (with clipping) from eager's gradients: eager's parameters, no
     # eager op, every parameter and moment overwritten in place
-    opt = row["optimizer"]
-    assert opt["ok"] and opt["ratio"] <= 1.0 and opt["copied"] == 0 and opt["written"] >= opt["tensors"], opt
+    assert ("optimizer" in row) == (name == OPTIMIZER), row.keys()
+    if name == OPTIMIZER:
+        opt = row["optimizer"]
+        assert opt["ok"] and opt["ratio"] <= 1.0 and opt["copied"] == 0 and opt["written"] >= opt["tensors"], opt
     if name == "gpt_oss":   # a decoder: greedy generate() with its cache, graphs counted likewise
         gen = row["generate"]
         assert gen["tokens_equal"] and gen["logit_err"] <= 1e-5 and gen["graphs"] <= gen["dynamo_graphs"], gen
