@@ -281,7 +281,10 @@ def _expm1_kahan(x):
     # u - 1 is exact enough, and (u - 1) * x would overflow for x near log(FLT_MAX)
     u = tl.exp(x)
     um1 = u - 1.0
-    r = tl.where(um1 == 0.0, x, um1 * x / tl.log(u))
+    # (the lanes the selects below discard divide by 1, not 0/0 or inf/inf: the
+    # interpreter evaluates both sides of a select and numpy warned on every such lane)
+    lg = tl.where((um1 == 0.0) | (u == 0.0) | (u == float("inf")), 1.0, tl.log(u))
+    r = tl.where(um1 == 0.0, x, um1 * x / lg)
     r = tl.where(tl.abs(x) > 0.5, um1, r)
     r = tl.where(um1 == -1.0, -1.0, r)
     return tl.where(u == float("inf"), u, r)
@@ -299,7 +302,8 @@ def _log1p(x):
 def _log1p_kahan(x):
     u = 1.0 + x
     d = u - 1.0
-    r = tl.where(d == 0.0, x, tl.log(u) * (x / d))
+    # (discarded lanes divide by 1: see _expm1_kahan)
+    r = tl.where(d == 0.0, x, tl.log(u) * (x / tl.where((d == 0.0) | (u == float("inf")), 1.0, d)))
     return tl.where(u == float("inf"), u, r)
 
 
