@@ -141,3 +141,53 @@ def test_double_backward_raises_aotautograds_error_not_ours():
     torch.testing.assert_close(g, 2 * x.sin() * x.cos())
     with pytest.raises(RuntimeError, match="does not currently support double backward"):
         torch.autograd.grad(g.sum(), x)
+
+
+# ----------------------------------------------- nn.TransformerEncoder's inference fast path
+
+@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")], ids=["post-relu", "pre-gelu"])
+def test_transformer_encoder_inference_fast_path_is_stitched(norm_first, activation):
+    """In eval mode without gradients each layer is one native op,
+    `aten._transformer_encoder_layer_fwd` (it ran eagerly: "no lowering rule"); taken apart
+    (capture/decomp_transformer.py), its layer norms, residual adds and activation stitch
+    and only the attention block and the linear layers stay library work."""
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=norm_first,
+                                       activation=activation)
+    enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    backend = stitchml.StitchBackend()
+    compiled = torch.compile(enc, backend=backend)
+    x = torch.randn(3, 5, 16)
+    pad = torch.rand(3, 5) > 0.6
+    pad[:, 0] = False   # (a sequence all padding is NaN in the fast path, values in the slow one)
+    with torch.no_grad():
+        for kw in ({}, {"src_key_padding_mask": pad}):
+            torch.testing.assert_close(compiled(x, **kw), enc(x, **kw))
+    ops = {f.op for r in backend.records for f in r.graph.fallbacks}
+    assert "aten._native_multi_head_attention.default" in ops, ops
+    assert not any("transformer_encoder_layer" in op for op in ops), ops
+    # per layer: the two layer norms with their residual adds and the activation at least
+    _check_stitched(backend, kernels=2 * 3)
+
+
+@pytest.mark.parametrize("mask_type", [None, 0, 1, 2])
+@pytest.mark.parametrize("norm_first,use_gelu", [(False, False), (True, True)])
+def test_transformer_layer_decomposition_is_the_native_ops_composition(mask_type, norm_first, use_gelu):
+    """The decomposition against the native op in float64, for every mask type the
+    module passes (0: an (L, L) mask; 1: a (B, L) key padding mask; 2: (B, H, L, L))."""
+    from stitchml.capture.decomp_transformer import transformer_encoder_layer
+    torch.manual_seed(3)
+    b, n, e, h, f = 2, 6, 8, 2, 12
+    d = dict(dtype=torch.float64)
+    args = [torch.randn(b, n, e, **d), e, h, torch.randn(3 * e, e, **d) / 3, torch.randn(3 * e, **d),
+            torch.randn(e, e, **d) / 3, torch.randn(e, **d), use_gelu, norm_first, 1e-5,
+            torch.rand(e, **d) + 0.5, torch.randn(e, **d), torch.rand(e, **d) + 0.5, torch.randn(e, **d),
+            torch.randn(f, e, **d) / 3, torch.randn(f, **d), torch.randn(e, f, **d) / 3, torch.randn(e, **d)]
+    shape = {None: None, 0: (n, n), 1: (b, n), 2: (b, h, n, n)}[mask_type]
+    mask = None if shape is None else torch.rand(shape) > 0.6
+    if mask is not None:
+        mask[..., 0] = False   # (no row masked whole)
+    want = torch.ops.aten._transformer_encoder_layer_fwd(*args, mask, mask_type)
+    got = transformer_encoder_layer(*args, mask, mask_type)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    empty = torch.empty(0, n, e, **d)
+    assert transformer_encoder_layer(empty, *args[1:], None, None).shape == empty.shape

@@ -13,7 +13,8 @@ from typing import Sequence
 import torch
 from torch._decomp import get_decompositions
 
-from . import decomp_distance, decomp_foreach, decomp_index, decomp_sample, decomp_search, decomp_window
+from . import (decomp_distance, decomp_foreach, decomp_index, decomp_sample, decomp_search, decomp_transformer,
+               decomp_window)
 
 aten = torch.ops.aten
 
@@ -386,6 +387,7 @@ def decomposition_table() -> dict:
     table.update(decomp_sample.table())    # grid_sample's backward (its forward is torch's)
     table.update(decomp_search.table())    # searchsorted/bucketize, isin, nonzero_static
     table.update(decomp_foreach.table())   # _foreach_* (optimizers, clipping): one op per list element
+    table.update(decomp_transformer.table())   # nn.TransformerEncoderLayer's inference fast path
     for op in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
                aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit_no_training.default,
                aten._native_batch_norm_legit_functional.default):

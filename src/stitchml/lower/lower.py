@@ -42,6 +42,9 @@ COMPUTE_INTENSIVE = {
     aten._scaled_dot_product_efficient_attention_backward.default,
     aten._scaled_dot_product_flash_attention_backward.default,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+    # the native attention block of nn.TransformerEncoderLayer's inference fast path (its
+    # projections, masked softmax and output projection; capture/decomp_transformer.py)
+    aten._native_multi_head_attention.default,
     *(op._opoverload for op in linear_ce_op.OPS),   # chunked mm + our own row kernel (patterns/)
     gemm_op.linear_epilogue._opoverload,            # our Triton GEMM with a stitched epilogue (patterns/)
 }
