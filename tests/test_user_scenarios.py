@@ -191,3 +191,61 @@ def test_transformer_layer_decomposition_is_the_native_ops_composition(mask_type
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     empty = torch.empty(0, n, e, **d)
     assert transformer_encoder_layer(empty, *args[1:], None, None).shape == empty.shape
+
+
+# ------------------------------------------------------------------ recurrent layers
+
+@pytest.fixture
+def _allow_rnn():
+    # Dynamo runs nn.RNN/GRU/LSTM eagerly, whole, unless asked (under any backend)
+    with torch._dynamo.config.patch(allow_rnn=True):
+        yield
+
+
+@pytest.mark.parametrize("cls", [nn.GRU, nn.RNN], ids=["gru", "rnn"])
+def test_recurrent_layers_train_stitched_with_allow_rnn(cls, _allow_rnn):
+    torch.manual_seed(0)
+    m, e = cls(8, 6, num_layers=2, batch_first=True), cls(8, 6, num_layers=2, batch_first=True)
+    e.load_state_dict(m.state_dict())
+    backend = stitchml.StitchBackend()
+    compiled = torch.compile(m, backend=backend)
+    x = torch.randn(3, 5, 8)
+    w = torch.randn(3, 5, 6)
+    got, want = compiled(x)[0], e(x)[0]
+    (got * w).sum().backward()
+    (want * w).sum().backward()
+    torch.testing.assert_close(got, want)
+    for p, q in zip(m.parameters(), e.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert {r.kind for r in backend.records} == {"forward", "backward"}
+    _check_stitched(backend, kernels=10)
+
+
+def test_lstm_inference_on_the_cpu_takes_onednns_layer_as_library_work(_allow_rnn):
+    """torch's LSTM decomposition picks oneDNN's fused layer on the CPU: a vendor kernel,
+    by design (it had no reason and strict mode refused it).  (Training the same way
+    fails in AOTAutograd itself, under `aot_eager` and Inductor too: the layer's
+    workspace is None outside training mode, which its runtime does not save.)"""
+    m = nn.LSTM(8, 6, num_layers=2, batch_first=True).eval()
+    backend = stitchml.StitchBackend()
+    compiled = torch.compile(m, backend=backend)
+    x = torch.randn(3, 5, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x)[0], m(x)[0])
+    ops = {f.op for r in backend.records for f in r.graph.fallbacks}
+    if torch.backends.mkldnn.is_available():
+        assert "aten.mkldnn_rnn_layer.default" in ops, ops
+    _check_stitched(backend, kernels=0)
+
+
+def test_an_eager_result_returned_only_may_be_none_as_eager_returns_it():
+    """The check of an eager op's result: None where the metadata says a tensor passes
+    through for a value no kernel or view reads (oneDNN's LSTM workspace outside training,
+    only saved for its own backward op); anywhere else it is an error, not a wrong read."""
+    from stitchml.runtime.wrapper import Checker
+    check = Checker()
+    i = check.register("op[3]")
+    assert check(None, (2,), (1,), torch.float32, i, True) is None and i in check.passed
+    j = check.register("op[0]")
+    with pytest.raises(RuntimeError, match="returned NoneType"):
+        check(None, (2,), (1,), torch.float32, j)

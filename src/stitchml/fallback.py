@@ -40,6 +40,11 @@ LIBRARY_OPS: dict[object, str] = {
     aten._assert_async.default: "library op: a runtime check (raises when its condition is false)",
     # nn.functional.bilinear's contraction of three operands: matrix products in eager
     aten._trilinear.default: "compute-intensive: a bilinear contraction (matrix products)",
+    # torch's LSTM decomposition picks oneDNN's fused layer on the CPU (`allow_rnn` on): its
+    # gate products and recurrence are one vendor kernel; on a GPU it gives products and
+    # point-wise gates, which stitch
+    **({aten.mkldnn_rnn_layer.default: "compute-intensive: oneDNN's fused recurrent layer (vendor library, CPU)"}
+       if hasattr(aten, "mkldnn_rnn_layer") else {}),
     # a random permutation is a sort of random keys (and eager's generator draws it)
     aten.randperm.default: "library op: a random permutation (a sort of random keys)",
     # size queries of dynamic shapes: answered on the host from the tensor's metadata

@@ -381,12 +381,17 @@ class Check:
     dtype: torch.dtype
     index: int                   # the check's number in the graph's checker
     op: str = ""
+    # read by no kernel or view, only returned (a saved tensor the backward passes to an
+    # eager op): None, an undefined tensor eager returns where the metadata says a tensor
+    # (oneDNN's LSTM workspace outside training), is passed on as eager passes it
+    none_ok: bool = False
 
     def reads(self) -> tuple[str, ...]:
         return (self.name,)
 
     def render(self) -> str:
-        return f"{self.name} = CHECK({self.name}, {self.shape}, {self.stride}, {self.dtype}, {self.index})"
+        tail = ", True" if self.none_ok else ""
+        return f"{self.name} = CHECK({self.name}, {self.shape}, {self.stride}, {self.dtype}, {self.index}{tail})"
 
 
 @dataclass(frozen=True)

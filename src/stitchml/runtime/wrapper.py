@@ -344,13 +344,16 @@ class ProgramBuilder:
             # kernels, views and later graphs (a saved tensor read by the backward's
             # kernels) address this value as the plan predicted it: checked, not trusted
             op = f"{self.g[n.refs[0]].op}[{n.attr('index')}]" if n.kind == ir.ITEM else n.op
-            self.steps.append(Check(name, n.shape, n.stride, n.dtype, self.checker.register(op), op))
+            self.steps.append(Check(name, n.shape, n.stride, n.dtype, self.checker.register(op), op,
+                                    none_ok=not self._read_by_ours(n.id)))
             self.known[name] = Layout(n.shape, n.stride)
 
-    def _metadata_matters(self, nid: int) -> bool:
-        if nid in self.outputs:
-            return True
+    def _read_by_ours(self, nid: int) -> bool:
+        """Whether a kernel or a view of ours reads the value (not only eager ops)."""
         return any(self.g[u].kind not in (ir.OPAQUE, ir.ITEM) for u in self.users[nid])
+
+    def _metadata_matters(self, nid: int) -> bool:
+        return nid in self.outputs or self._read_by_ours(nid)
 
 
 # ------------------------------------------------------------------------ passes
@@ -484,7 +487,11 @@ class Checker:
         self.ops.append(op)
         return len(self.ops) - 1
 
-    def __call__(self, t: Any, shape: tuple, stride: tuple, dtype: torch.dtype, index: int) -> torch.Tensor:
+    def __call__(self, t: Any, shape: tuple, stride: tuple, dtype: torch.dtype, index: int,
+                 none_ok: bool = False) -> torch.Tensor | None:
+        if t is None and none_ok:   # (`steps.Check.none_ok`: returned only, as eager returns it)
+            self.passed.add(index)
+            return None
         if not isinstance(t, torch.Tensor):
             raise RuntimeError(f"eager op {self.ops[index]} returned {type(t).__name__}, the plan assumed a tensor")
         if tuple(t.shape) != shape:
