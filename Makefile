@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.stitchml-installed
 JOBS ?= 2
 
-.PHONY: demo test test-gpu gpu explain bench fuzz opinfo models vision venv clean browser-deps
+.PHONY: demo test test-gpu gpu explain bench fuzz opinfo modules models vision venv clean browser-deps
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -80,6 +80,11 @@ OPINFO_ARGS ?=
 opinfo: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m stitchml.tools.opinfo_sweep --out docs/OPINFO.md --samples $(OPINFO_SAMPLES) \
 		--half-samples 3 --jobs $(OPINFO_JOBS) $(OPINFO_ARGS)
+
+# PyTorch's module database (module_db, every torch.nn module with samples): train and
+# inference mode against eager, strict, fallback off; writes docs/MODULES.md.  About 4 min
+modules: $(STAMP)
+	TRITON_INTERPRET=1 $(BIN)/python -m stitchml.tools.module_sweep --out docs/MODULES.md $(MODULES_ARGS)
 
 # real models beyond the zoo tests: 147 Hugging Face architectures, two sizes, strict, float64 judge
 models: $(STAMP)
