@@ -249,3 +249,74 @@ def test_an_eager_result_returned_only_may_be_none_as_eager_returns_it():
     j = check.register("op[0]")
     with pytest.raises(RuntimeError, match="returned NoneType"):
         check(None, (2,), (1,), torch.float32, j)
+
+
+# ------------------------------------------------- the rest of torch.optim's optimizers
+
+OPTIMIZERS = {   # (tests/test_optimizers.py: AdamW, Adam with amsgrad, SGD with Nesterov, centered RMSprop)
+    "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=1e-2, foreach=True),
+    "adadelta": lambda ps: torch.optim.Adadelta(ps, foreach=True),
+    "adamax": lambda ps: torch.optim.Adamax(ps, lr=1e-2, foreach=True),
+    "nadam": lambda ps: torch.optim.NAdam(ps, lr=1e-2, foreach=True, decoupled_weight_decay=True, weight_decay=0.01),
+    "radam": lambda ps: torch.optim.RAdam(ps, lr=1e-2, foreach=True),
+    "asgd": lambda ps: torch.optim.ASGD(ps, lr=1e-2, foreach=True),
+    "rprop": lambda ps: torch.optim.Rprop(ps, lr=1e-2, foreach=True),
+    "sgd_per_tensor": lambda ps: torch.optim.SGD(ps, lr=1e-2, foreach=False),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_optimizer_steps_compile_to_kernels_and_match_eager(name):
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    eager_ps = [nn.Parameter(torch.randn(s, generator=g)) for s in [(8, 6), (6,), (5, 8)]]
+    mine_ps = [nn.Parameter(p.detach().clone()) for p in eager_ps]
+    eager_opt, mine_opt = OPTIMIZERS[name](eager_ps), OPTIMIZERS[name](mine_ps)
+    backend = stitchml.StitchBackend()
+    step = torch.compile(lambda: mine_opt.step(), backend=backend)
+    for _ in range(3):
+        for p, q in zip(eager_ps, mine_ps):
+            grad = torch.randn(p.shape, generator=g)
+            p.grad, q.grad = grad.clone(), grad.clone()
+        eager_opt.step()
+        step()
+    for p, q in zip(eager_ps, mine_ps):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+    _check_stitched(backend)
+
+
+# ------------------------------------------------------- the gradient scaler's ops
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("overflow", [False, True], ids=["finite", "inf"])
+def test_gradient_scaler_unscale_is_stitched_and_sets_found_inf_like_eager(dtype, overflow):
+    """`_amp_foreach_non_finite_check_and_unscale_` (GradScaler.unscale_ in a compiled
+    step) ran eagerly: the gradients times the inverse scale, found_inf set to 1 when any
+    value is not finite and never cleared (capture/decomp_amp.py)."""
+    grads = [(torch.randn(6, 4) * 1024).to(dtype), (torch.randn(4) * 1024).to(dtype)]
+    if overflow:
+        grads[1][2] = float("inf")
+    found, inv = torch.full((), float(torch.rand(()) < 0.5)), torch.full((), 1 / 1024.0)
+    want_grads, want_found = [g.clone() for g in grads], found.clone()
+    backend = stitchml.StitchBackend()
+    torch.compile(lambda g, f, i: torch._amp_foreach_non_finite_check_and_unscale_(g, f, i), backend=backend)(
+        grads, found, inv)
+    torch._amp_foreach_non_finite_check_and_unscale_(want_grads, want_found, inv)
+    for g, w in zip(grads, want_grads):
+        assert torch.equal(g, w)
+    assert torch.equal(found, want_found)
+    _check_stitched(backend)
+
+
+@pytest.mark.parametrize("found_inf,tracker", [(0.0, 0), (0.0, 1998), (0.0, 1999), (1.0, 1999)])
+def test_gradient_scaler_scale_update_follows_eager(found_inf, tracker):
+    scale, growth = torch.full((), 3.0e38 if tracker == 1999 and found_inf == 0 else 1024.0), \
+        torch.full((), tracker, dtype=torch.int32)
+    cases = [(scale.clone(), growth.clone()), (torch.full((), 1024.0), growth.clone())]
+    for s, t in cases:   # (the first at 3e38 where it would grow: a scale grown past float32 is not kept)
+        s2, t2 = s.clone(), t.clone()
+        backend = stitchml.StitchBackend()
+        torch.compile(lambda s, t, f: torch._amp_update_scale_(s, t, f, 2.0, 0.5, 2000), backend=backend)(
+            s, t, torch.full((), found_inf))
+        torch._amp_update_scale_(s2, t2, torch.full((), found_inf), 2.0, 0.5, 2000)
+        assert torch.equal(s, s2) and torch.equal(t, t2), (s, s2, t, t2)
+        _check_stitched(backend)

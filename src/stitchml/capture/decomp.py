@@ -13,8 +13,8 @@ from typing import Sequence
 import torch
 from torch._decomp import get_decompositions
 
-from . import (decomp_distance, decomp_foreach, decomp_fractional, decomp_index, decomp_sample, decomp_search,
-               decomp_transformer, decomp_window)
+from . import (decomp_amp, decomp_distance, decomp_foreach, decomp_fractional, decomp_index, decomp_sample,
+               decomp_search, decomp_transformer, decomp_window)
 
 aten = torch.ops.aten
 
@@ -389,6 +389,7 @@ def decomposition_table() -> dict:
     table.update(decomp_foreach.table())   # _foreach_* (optimizers, clipping): one op per list element
     table.update(decomp_transformer.table())   # nn.TransformerEncoderLayer's inference fast path
     table.update(decomp_fractional.table())    # fractional max-pooling (+backward)
+    table.update(decomp_amp.table())           # the gradient scaler's unscale and scale update
     for op in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
                aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit_no_training.default,
                aten._native_batch_norm_legit_functional.default):
