@@ -320,3 +320,21 @@ def test_gradient_scaler_scale_update_follows_eager(found_inf, tracker):
         torch._amp_update_scale_(s2, t2, torch.full((), found_inf), 2.0, 0.5, 2000)
         assert torch.equal(s, s2) and torch.equal(t, t2), (s, s2, t, t2)
         _check_stitched(backend)
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("size", [(2, 3, 5, 7), (2, 3, 4, 5, 6)], ids=["2d", "3d"])
+def test_affine_grid_is_stitched_around_its_product(size, align_corners):
+    """`affine_grid_generator` ran eagerly ("no lowering rule"): torch's decomposition,
+    the base grid times theta, is a batched product (library) and kernels."""
+    theta = torch.randn(2, len(size) - 2, len(size) - 1)
+    tc, te = theta.clone().requires_grad_(), theta.clone().requires_grad_()
+    backend = stitchml.StitchBackend()
+    got = torch.compile(lambda t: F.affine_grid(t, size, align_corners=align_corners), backend=backend)(tc)
+    want = F.affine_grid(te, size, align_corners=align_corners)
+    g = torch.randn(want.shape)
+    got.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(tc.grad, te.grad)
+    _check_stitched(backend, kernels=2)

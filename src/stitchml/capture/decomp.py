@@ -13,13 +13,14 @@ from typing import Sequence
 import torch
 from torch._decomp import get_decompositions
 
-from . import (decomp_amp, decomp_distance, decomp_foreach, decomp_fractional, decomp_index, decomp_sample,
-               decomp_search, decomp_transformer, decomp_window)
+from . import (decomp_amp, decomp_distance, decomp_foreach, decomp_fractional, decomp_index, decomp_quant,
+               decomp_sample, decomp_search, decomp_transformer, decomp_window)
 
 aten = torch.ops.aten
 
 FROM_TORCH = [
     aten.grid_sampler_2d,  # corners gathered and weighted (our backward: capture/decomp_sample.py)
+    aten.affine_grid_generator,  # a matrix product of the base grid and theta (its backward: autograd's)
     aten.native_layer_norm, aten.native_layer_norm_backward,
     aten._softmax, aten._softmax_backward_data, aten._log_softmax, aten._log_softmax_backward_data,
     aten.gelu, aten.gelu_backward, aten.silu, aten.silu_backward, aten.sigmoid_backward,
@@ -390,6 +391,7 @@ def decomposition_table() -> dict:
     table.update(decomp_transformer.table())   # nn.TransformerEncoderLayer's inference fast path
     table.update(decomp_fractional.table())    # fractional max-pooling (+backward)
     table.update(decomp_amp.table())           # the gradient scaler's unscale and scale update
+    table.update(decomp_quant.table())         # fake quantisation (quantisation-aware training)
     for op in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
                aten._native_batch_norm_legit.no_stats, aten._native_batch_norm_legit_no_training.default,
                aten._native_batch_norm_legit_functional.default):
@@ -401,7 +403,7 @@ def decomposition_table() -> dict:
 def declined_reason(target: object) -> str | None:
     """Why one of our decompositions declined `target`'s case (the op then runs eagerly),
     or None: each module's `DECLINED` table."""
-    for module in (decomp_index, decomp_distance, decomp_sample, decomp_search, decomp_window):
+    for module in (decomp_index, decomp_distance, decomp_quant, decomp_sample, decomp_search, decomp_window):
         if target in module.DECLINED:
             return module.DECLINED[target]
     return None
