@@ -82,7 +82,7 @@ opinfo: $(STAMP)
 		--half-samples 3 --jobs $(OPINFO_JOBS) $(OPINFO_ARGS)
 
 # PyTorch's module database (module_db, every torch.nn module with samples): train and
-# inference mode against eager, strict, fallback off; writes docs/MODULES.md.  About 4 min
+# inference mode against eager, strict, fallback off; writes docs/MODULES.md.  About 2.5 min
 modules: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m stitchml.tools.module_sweep --out docs/MODULES.md $(MODULES_ARGS)
 

@@ -17,7 +17,7 @@ stitchml), ``no graph`` (Dynamo compiled nothing: it runs `nn.RNN`/`GRU`/`LSTM` 
 unless `allow_rnn`, and graph-breaks around some losses) or ``skip`` (the eager call
 raised, or the module draws random numbers eager's generator would have to match).
 
-Usage (about 3 min on 2 CPU cores under the interpreter)::
+Usage (about 2.5 min on 2 CPU cores under the interpreter)::
 
     TRITON_INTERPRET=1 python -m stitchml.tools.module_sweep --out docs/MODULES.md [--samples 2] [--modules nn.GELU,...]
 """
