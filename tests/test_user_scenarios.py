@@ -338,3 +338,31 @@ def test_affine_grid_is_stitched_around_its_product(size, align_corners):
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(tc.grad, te.grad)
     _check_stitched(backend, kernels=2)
+
+
+# ------------------------------------------------------------ jagged nested tensors
+
+def test_jagged_nested_tensors_are_stitched_at_changing_lengths():
+    """A jagged nested tensor reaches the backend as its dense values plus its ragged
+    size, a number input nothing reads whose run-time value is a nested int: binding it as
+    a size crashed inside stitchml (`dynamic/shapes.py`: it is an "unused" input now)."""
+    backend = stitchml.StitchBackend()
+    f = torch.compile(lambda t: F.layer_norm(F.gelu(t) * 2, (8,)), backend=backend)
+    for lengths in ((3, 5), (2, 7), (6, 1)):
+        nt = torch.nested.nested_tensor([torch.randn(n, 8) for n in lengths], layout=torch.jagged)
+        got = f(nt)
+        assert got.is_nested
+        torch.testing.assert_close(got.values(), F.layer_norm(F.gelu(nt) * 2, (8,)).values())
+    assert any(r.dynamic is not None for r in backend.records)
+    _check_stitched(backend)
+
+
+def test_jagged_nested_tensor_gradient():
+    parts = [torch.randn(3, 8), torch.randn(5, 8)]
+    mine, ref = (torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=True) for _ in range(2))
+    backend = stitchml.StitchBackend()
+    torch.compile(lambda t: (F.gelu(t) * 2).values().sum(), backend=backend)(mine).backward()
+    (F.gelu(ref) * 2).values().sum().backward()
+    torch.testing.assert_close(mine.grad.values(), ref.grad.values())
+    assert {r.kind for r in backend.records} == {"forward", "backward"}
+    _check_stitched(backend, kernels=2)

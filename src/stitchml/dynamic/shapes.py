@@ -62,8 +62,8 @@ def _expr(x: Any, shape_env) -> sympy.Expr:
 class Signature:
     """The graph's inputs with their sizes as expressions of the free symbols.
 
-    `inputs[i]` is ("int", expr) or ("float", expr) for a number input, ("tensor", shape, stride, dtype,
-    device) for a tensor; `sources[sym]` is where a call's arguments give the symbol's
+    `inputs[i]` is ("int", expr) or ("float", expr) for a number input, ("unused", expr) for a
+    number input nothing reads, ("tensor", shape, stride, dtype, device) for a tensor; `sources[sym]` is where a call's arguments give the symbol's
     value: (input index, dim) or (input index, None) for a number input."""
 
     inputs: list[tuple]
@@ -110,7 +110,12 @@ def signature(gm: fx.GraphModule) -> Signature:
     inputs, sources = [], {}
     for i, n in enumerate(_placeholders(gm)):
         v = n.meta.get("val")
-        if isinstance(v, torch.SymInt) or isinstance(v, int):
+        if isinstance(v, torch.SymInt) and not n.users:
+            # read by nothing: a jagged nested tensor's ragged size, which AOTAutograd passes
+            # to the dense graph for the wrapper that rebuilds the nested output (at run time
+            # a nested int, no number): no source, no size
+            inputs.append(("unused", _expr(v, env)))
+        elif isinstance(v, torch.SymInt) or isinstance(v, int):
             e = _expr(v, env)
             inputs.append(("int", e))
             if isinstance(e, sympy.Symbol):
@@ -133,6 +138,8 @@ def signature(gm: fx.GraphModule) -> Signature:
             raise ValueError(f"input {n.name} is a {type(v).__name__}")
     free = set()
     for inp in inputs:
+        if inp[0] == "unused":
+            continue
         for e in (inp[1:2] if inp[0] in ("int", "float") else inp[1] + inp[2]):
             free |= sympy.sympify(e).free_symbols
     missing = free - set(sources)
@@ -142,7 +149,8 @@ def signature(gm: fx.GraphModule) -> Signature:
     symbols = tuple(sorted(free, key=str))
     exprs = []
     for node in gm.graph.nodes:
-        exprs.extend(_node_exprs(node.meta.get("val"), env))
+        if not (node.op == "placeholder" and not node.users):
+            exprs.extend(_node_exprs(node.meta.get("val"), env))
     return Signature(inputs, symbols, sources, env, exprs)
 
 
@@ -267,7 +275,7 @@ def _copied_graph(gm: fx.GraphModule, sig: Signature, values: dict[sympy.Symbol,
         val = node.meta.get("val")
         if node.op == "placeholder":
             if _is_sym(val) or isinstance(val, int):
-                env[node] = concrete(val)
+                env[node] = concrete(val) if node.users else 0   # (`Signature`'s "unused" input)
                 continue
             new = graph.placeholder(node.name)
             new.meta["val"] = concrete(val, placeholder=True)
@@ -307,7 +315,9 @@ def retraced_graph(gm: fx.GraphModule, sig: Signature, values: dict[sympy.Symbol
     mode = FakeTensorMode()
     numbers, fakes = {}, []
     for i, inp in enumerate(sig.inputs):
-        if inp[0] in ("int", "float"):
+        if inp[0] == "unused":
+            numbers[i] = 0
+        elif inp[0] in ("int", "float"):
             numbers[i] = ev(inp[1], inp[0])
         else:
             _, shape, stride, dtype, device = inp
