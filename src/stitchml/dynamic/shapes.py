@@ -110,12 +110,7 @@ def signature(gm: fx.GraphModule) -> Signature:
     inputs, sources = [], {}
     for i, n in enumerate(_placeholders(gm)):
         v = n.meta.get("val")
-        if isinstance(v, torch.SymInt) and not n.users:
-            # read by nothing: a jagged nested tensor's ragged size, which AOTAutograd passes
-            # to the dense graph for the wrapper that rebuilds the nested output (at run time
-            # a nested int, no number): no source, no size
-            inputs.append(("unused", _expr(v, env)))
-        elif isinstance(v, torch.SymInt) or isinstance(v, int):
+        if isinstance(v, torch.SymInt) or isinstance(v, int):
             e = _expr(v, env)
             inputs.append(("int", e))
             if isinstance(e, sympy.Symbol):
@@ -136,6 +131,18 @@ def signature(gm: fx.GraphModule) -> Signature:
                     sources.setdefault(e, (i, d))
         else:
             raise ValueError(f"input {n.name} is a {type(v).__name__}")
+    # a number input read by nothing whose symbol no other input holds: a jagged nested
+    # tensor's ragged size, which AOTAutograd passes to the dense graph for the wrapper that
+    # rebuilds the nested output (at run time a nested int, no number): no source, no size
+    held = set()
+    for inp in inputs:
+        if inp[0] == "tensor":
+            held |= set().union(*(sympy.sympify(e).free_symbols for e in inp[1] + inp[2]))
+    for i, n in enumerate(_placeholders(gm)):
+        if inputs[i][0] == "int" and not n.users and isinstance(n.meta.get("val"), torch.SymInt) and \
+                not (sympy.sympify(inputs[i][1]).free_symbols & held):
+            inputs[i] = ("unused", inputs[i][1])
+            sources = {sym: src for sym, src in sources.items() if src != (i, None)}
     free = set()
     for inp in inputs:
         if inp[0] == "unused":
@@ -148,8 +155,9 @@ def signature(gm: fx.GraphModule) -> Signature:
                          "sizes, so a call's arguments do not give them")
     symbols = tuple(sorted(free, key=str))
     exprs = []
+    unused = {n for i, n in enumerate(_placeholders(gm)) if inputs[i][0] == "unused"}
     for node in gm.graph.nodes:
-        if not (node.op == "placeholder" and not node.users):
+        if node not in unused:
             exprs.extend(_node_exprs(node.meta.get("val"), env))
     return Signature(inputs, symbols, sources, env, exprs)
 
@@ -275,7 +283,12 @@ def _copied_graph(gm: fx.GraphModule, sig: Signature, values: dict[sympy.Symbol,
         val = node.meta.get("val")
         if node.op == "placeholder":
             if _is_sym(val) or isinstance(val, int):
-                env[node] = concrete(val) if node.users else 0   # (`Signature`'s "unused" input)
+                try:
+                    env[node] = concrete(val)
+                except _NotConcrete:
+                    if node.users:
+                        raise
+                    env[node] = 0   # (`Signature`'s "unused" input: read by nothing)
                 continue
             new = graph.placeholder(node.name)
             new.meta["val"] = concrete(val, placeholder=True)
