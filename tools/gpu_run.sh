@@ -12,6 +12,9 @@
 #   call 1:  (setsid nohup bash tools/gpu_run.sh > /tmp/gpu_run.out 2>&1 &); sleep 540; \
 #            bash tools/gpu_run.sh status; bash tools/gpu_run.sh pack $OUT/r.tgz
 #   call 2+ (at once): sleep 560; bash tools/gpu_run.sh status; bash tools/gpu_run.sh pack $OUT/r.tgz
+# With 15 minutes of device time a session (2026-12-03: start-up, every call and idle wait count),
+# there is one full call: name the steps (`env models-18 models-check`: models-check took 176 s on
+# the H200 on 2026-11-30, models-18 has never finished a run) and keep ~1 min for the pack.
 # A step that finished writes STEPS/<step>.done and is skipped when the script runs again;
 # bench steps share one results.json and continue it (--resume), so a run cut off by a
 # fresh machine continues where it stopped (copy the folder back first, or start over).
