@@ -63,8 +63,9 @@ class Signature:
     """The graph's inputs with their sizes as expressions of the free symbols.
 
     `inputs[i]` is ("int", expr) or ("float", expr) for a number input, ("unused", expr) for a
-    number input nothing reads, ("tensor", shape, stride, dtype, device) for a tensor; `sources[sym]` is where a call's arguments give the symbol's
-    value: (input index, dim) or (input index, None) for a number input."""
+    number input nothing reads, ("tensor", shape, stride, dtype, device) for a tensor;
+    `sources[sym]` is where a call's arguments give the symbol's value: (input index, dim) or
+    (input index, None) for a number input."""
 
     inputs: list[tuple]
     symbols: tuple[sympy.Symbol, ...]

@@ -139,13 +139,14 @@ def run_sample(info: Any, sample: Any, mode: str) -> dict:
     if not backend.records:   # (Dynamo's reason: its graph breaks, or it skipped the module)
         breaks = sorted({k.split("\n")[0] for k in counters["graph_break"]})
         return {**row, "status": "no graph", "why": "; ".join(breaks)[:200] or "Dynamo compiled nothing"}
-    eager_ops = sorted({f"{f.op}: {f.reason}" for r in backend.records for f in r.graph.fallbacks
-                        if not by_design(f.reason)}
+    from .model_sweep import _eager_ops   # (the model and vision sweeps' count: dynamic eager calls too)
+    eager_ops = sorted(set(_eager_ops(backend.records))
                        | {f"whole {r.kind} graph: {r.eager_reason}" for r in backend.records if r.eager_reason})
     status = "fail" if bad else ("eager" if eager_ops else "pass")
     return {**row, "status": status, "why": "; ".join(bad[:3] or eager_ops[:3]), "graphs": len(backend.records),
             "kernels": sum(r.plan.num_kernels for r in backend.records if r.plan is not None),
-            "library": sorted({f.op for r in backend.records for f in r.graph.fallbacks if by_design(f.reason)})}
+            "library": sorted({f.op for r in backend.records if r.graph is not None
+                               for f in r.graph.fallbacks if by_design(f.reason)})}
 
 
 def _gradients(got: Any, want: Any, mine: tuple, eager: tuple) -> list[str]:
