@@ -72,3 +72,56 @@ def test_a_float_zero_point_per_channel_runs_eagerly_with_its_reason():
         torch.testing.assert_close(f(x), torch.fake_quantize_per_channel_affine(x, scale, zero, 1, -128, 127) * 2)
     reasons = [f.reason for r in backend.records for f in r.graph.fallbacks]
     assert reasons == ["fake quantisation with floating-point zero points has no stitched form"], reasons
+
+
+def _learnable(fn, x, scale, zero):
+    """fn(x, scale, zero) compiled and eager, every input requiring a gradient: outputs and
+    x's gradients equal to eager's, the scale's and zero point's (sums over x: another
+    summation order) close; nothing eager, one kernel forward (no host read of the scale,
+    which eager's `.item()` does), kernels backward."""
+    backend = stitchml.StitchBackend()
+    args_c = [t.clone().requires_grad_() for t in (x, scale, zero)]
+    args_e = [t.clone().requires_grad_() for t in (x, scale, zero)]
+    with config.override(strict=True, fallback_on_error=False, poison_outputs=True):
+        got = torch.compile(fn, backend=backend, dynamic=False)(*args_c)
+        want = fn(*args_e)
+        assert torch.equal(got, want)
+        g = torch.randn(want.shape)
+        got.backward(g)
+    want.backward(g)
+    assert torch.equal(args_c[0].grad, args_e[0].grad)
+    for c, e in zip(args_c[1:], args_e[1:]):
+        torch.testing.assert_close(c.grad, e.grad, rtol=1e-5, atol=1e-5)
+    assert not [f.op for r in backend.records for f in r.graph.fallbacks]
+    assert backend.records[0].plan.num_kernels == 1
+    return backend
+
+
+@pytest.mark.parametrize("zero", [2.4, -3.5, 0.5, 9.7], ids=["2.4", "-3.5", "0.5", "clamped"])
+def test_learnable_per_tensor_fake_quantize_matches_eager(zero):
+    # (zero points that round differently forward (half to even) and backward (+0.5, truncated),
+    # and one past the range)
+    x = _x(torch.float32)
+    _learnable(lambda x, s, z: torch._fake_quantize_learnable_per_tensor_affine(x, s, z, -8, 7, 0.5),
+               x, torch.tensor([0.21]), torch.tensor([zero]))
+
+
+def test_learnable_per_channel_fake_quantize_matches_eager():
+    x = _x(torch.float32)
+    scale = torch.rand(16) * 0.3 + 0.05
+    zero = torch.randn(16) * 3
+    _learnable(lambda x, s, z: torch._fake_quantize_learnable_per_channel_affine(x, s, z, 1, -8, 7, 1.0),
+               x, scale, zero)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_learnable_fake_quantize_forward_in_half_types(dtype):
+    # (eager's backward takes float32 alone: the half forward, as in an evaluation pass)
+    x = _x(dtype)
+    scale, zero = torch.tensor([0.21], dtype=dtype), torch.tensor([2.4], dtype=dtype)
+    fn = lambda x, s, z: torch._fake_quantize_learnable_per_tensor_affine(x, s, z, -8, 7, 1.0)  # noqa: E731
+    backend = stitchml.StitchBackend()
+    with torch.no_grad(), config.override(strict=True, fallback_on_error=False, poison_outputs=True):
+        got = torch.compile(fn, backend=backend, dynamic=False)(x, scale, zero)
+    assert torch.equal(got, fn(x, scale, zero))
+    assert not [f.op for r in backend.records for f in r.graph.fallbacks]

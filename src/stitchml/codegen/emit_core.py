@@ -479,10 +479,14 @@ class KernelBuilder:
             zeros = [z for a, z in ((ROW, "zr"), (COL, "zc")) if a in axes and a not in ix.axes(off) | ptr_axes]
             if zeros:
                 address = f"({' + '.join(zeros)} + {address})"
+        if cd == torch.uint8 and dtype != cd:
+            # a float8 value is held as its bits: read through a byte pointer (the masked
+            # lanes' `other=0` has no float8 conversion in the interpreter)
+            ptr = f"{ptr}.to(tl.pointer_type(tl.uint8))"
         load = f"tl.load({ptr} + {address}{m})"
         if dtype == torch.bfloat16:
             load = f"_from_bf16({load})"
-        elif cd != dtype:
+        elif cd != dtype and cd != torch.uint8:
             load = f"{load}.to(tl.float32)"
         return self.emit(self.scope_for(axes), load, axes, cd)
 

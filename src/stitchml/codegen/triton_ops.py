@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from ..ir.nodes import compute_dtype  # (the emitters import it from here too)
+from ..ir.nodes import FLOAT8_DTYPES, compute_dtype  # (the emitters import it from here too)
 from . import special_bessel
 
 TL_DTYPE = {
@@ -18,12 +18,15 @@ TL_DTYPE = {
     torch.int64: "tl.int64", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
     # unsigned types wider than a byte only as the result of a bit-cast (lower/rules_bits.py)
     torch.uint16: "tl.uint16", torch.uint32: "tl.uint32", torch.uint64: "tl.uint64",
+    # float8 pointers; their values are held as bits (uint8: `ir.nodes.compute_dtype`)
+    torch.float8_e4m3fn: "tl.float8e4nv", torch.float8_e5m2: "tl.float8e5",
 }
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # the same types as Triton's signature strings (ahead-of-time and pooled compilation)
 SIG_DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
              torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
-             torch.uint16: "u16", torch.uint32: "u32", torch.uint64: "u64", torch.bool: "i1"}
+             torch.uint16: "u16", torch.uint32: "u32", torch.uint64: "u64", torch.bool: "i1",
+             torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}
 assert set(SIG_DTYPE) == set(TL_DTYPE), "every kernel dtype needs a signature string"
 # smallest magnitude from which every value of the compute type is an integer (round is identity)
 ROUND_EXACT = {torch.float32: "8388608.0", torch.float64: "4503599627370496.0",
@@ -391,6 +394,71 @@ def _from_bf16(x):
         return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
     else:
         return x.to(tl.float32)
+
+
+@triton.jit
+def _small_f8(a, least_normal, scale):
+    # |x| (bits `a`, below the float8 type's least normal) in units of the type's least
+    # subnormal (`scale`: 2^9, 2^16), rounded to nearest even: the result's bits (a carry
+    # is the least normal's pattern).  The product is exact, and adding 2^23 rounds it to
+    # an integer in float32.  (Eager adds 2^14 to |x| instead; compiled, that add could
+    # be fused with a product that made x, one rounding where eager has two; fusing the
+    # exact product with the add changes nothing).  Larger values (and NaNs) are clamped to
+    # the least normal: no overflow, no invalid operation (the interpreter's numpy warns)
+    v = tl.minimum(a, least_normal).to(tl.float32, bitcast=True) * scale + 8388608.0
+    return v.to(tl.int32, bitcast=True) - 0x4B000000
+
+
+@triton.jit
+def _to_e4m3fn(x):
+    # float32 -> float8_e4m3fn bits (uint8) as eager converts (torch 2.13, c10's
+    # fp8e4m3fn_from_fp32_value): nearest even, finite overflow and infinities saturate to
+    # +-448 (0x7E), NaN stays NaN (0x7F).  Our own arithmetic, so that compiled kernels and
+    # the interpreter agree with eager bit for bit (the interpreter's conversion has no
+    # overflow rule).  ~18 integer ops an element (sm_90 SASS)
+    bits = x.to(tl.int32, bitcast=True)
+    a = bits & 0x7FFFFFFF
+    # (normal results: the exponent rebiased, the mantissa rounded to 3 bits, half to even;
+    # 448 and beyond, infinity included, land on 0x7E or above)
+    normal = tl.minimum((a + (0x7FFFF - (120 << 23)) + ((a >> 20) & 1)) >> 20, 0x7E)
+    r = tl.where(a < (121 << 23), _small_f8(a, 121 << 23, 512.0), normal)
+    r = tl.where(a > 0x7F800000, 0x7F, r)
+    return (r | ((bits >> 24) & 0x80)).to(tl.uint8)
+
+
+@triton.jit
+def _to_e5m2(x):
+    # float32 -> float8_e5m2 bits as eager converts (c10's fp8e5m2_from_fp32_value): nearest
+    # even, overflow to infinity (0x7C; a GPU's cvt.rn.satfinite would saturate at 57344)
+    bits = x.to(tl.int32, bitcast=True)
+    a = bits & 0x7FFFFFFF
+    normal = tl.minimum((a + (0xFFFFF - (112 << 23)) + ((a >> 21) & 1)) >> 21, 0x7C)
+    r = tl.where(a < (113 << 23), _small_f8(a, 113 << 23, 65536.0), normal)
+    r = tl.where(a > 0x7F800000, 0x7F, r)
+    return (r | ((bits >> 24) & 0x80)).to(tl.uint8)
+
+
+@triton.jit
+def _from_e4m3fn(b):
+    # float8_e4m3fn bits -> float32, exact: a normal value's exponent and mantissa move into
+    # a float32 word, a subnormal is m * 2^-9, S.1111.111 is NaN (there is no infinity)
+    v = b.to(tl.int32)
+    e = (v >> 3) & 15
+    m = v & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
+    mag = tl.where((v & 0x7F) == 0x7F, float("nan"), mag)
+    return tl.where((v & 0x80) != 0, -mag, mag)
+
+
+@triton.jit
+def _from_e5m2(b):
+    # float8_e5m2 bits -> float32, exact: they are a float16's top byte.  Patterns
+    # S.11111.0x are signalling NaNs: made quiet, sign kept (numpy, the interpreter, warns
+    # on them)
+    h = b.to(tl.uint16) << 8
+    h = tl.where(((h & 0x7C00) == 0x7C00) & ((h & 0x3FF) != 0), h | 0x200, h)
+    return h.to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -1441,6 +1509,8 @@ def store_expr(x: str, dtype: torch.dtype) -> str:
     round, and rounding an already representable value again changes nothing)."""
     if compute_dtype(dtype) == dtype:
         return x
+    if dtype in FLOAT8_DTYPES:   # (held as its bits)
+        return f"{x}.to({TL_DTYPE[dtype]}, bitcast=True)"
     if dtype == torch.bfloat16:
         return f"_to_bf16({x})"
     return f"{x}.to({TL_DTYPE[dtype]})"
@@ -1450,7 +1520,10 @@ def bitcast_expr(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     """The bits of a `src` value (held in its compute type) read as `dst` (same size):
     a half value is rounded to its own type first (held in float32, it may carry more
     precision than eager's stored value: `store_expr`'s rounding) and a half result goes
-    on in float32 like every half value."""
+    on in float32 like every half value.  A float8 value is held as its bits (uint8)."""
+    if src in FLOAT8_DTYPES or dst in FLOAT8_DTYPES:   # (byte types: no rounding, no widening)
+        cs, cd = compute_dtype(src), compute_dtype(dst)
+        return x if cs == cd else f"{x}.to({TL_DTYPE[cd]}, bitcast=True)"
     if compute_dtype(src) != src:
         x = store_expr(x, src)
     x = f"{x}.to({TL_DTYPE[dst]}, bitcast=True)"
@@ -1478,14 +1551,24 @@ def round_half(x: str, dtype: torch.dtype) -> str:
     return x
 
 
+_F8_NAME = {torch.float8_e4m3fn: "e4m3fn", torch.float8_e5m2: "e5m2"}
+
+
 def cast_expr(x: str, src: torch.dtype, dst: torch.dtype) -> str:
     """Cast between compute types, rounding through half types like eager does.  A
     half-precision value is held in float32 between ops without rounding (more accurate
     than eager); a cast out of its type rounds it first, as eager's value was rounded, so
     that what the program asked for in float32 (x.float() - mean, a rematerialised
-    activation against a saved statistic) matches eager's bit for bit."""
-    if dst != src:
-        x = round_half(x, src)
+    activation against a saved statistic) matches eager's bit for bit.  The float8 types convert through float32 with eager's
+    rounding (`_to_e4m3fn`; eager converts from float32 too, a float64 value rounded to it
+    first)."""
+    if dst == src:
+        return x
+    if src in FLOAT8_DTYPES:
+        x, src = f"_from_{_F8_NAME[src]}({x})", torch.float32
+    if dst in FLOAT8_DTYPES:
+        return f"_to_{_F8_NAME[dst]}({cast_expr(x, src, torch.float32)})"
+    x = round_half(x, src)
     if dst == torch.bool:
         return f"({x} != 0)"
     if src == torch.bool:

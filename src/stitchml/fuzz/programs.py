@@ -104,6 +104,11 @@ CONSUMED_VIEWS_FROM = 45600   # (overlapping views followed by `* 1.25`: `_Build
 # embedding_bag), from seed LAYERS_FROM on, from a stream of its own
 LAYERS_SHARE = 0.3
 LAYERS_FROM = 44000
+# float8 islands (`_Builder.float8_ops`): an input scaled by a power of two (exact), cast to
+# float8_e4m3fn or float8_e5m2 and back or read as its bits, a factor of a value of the
+# chain, from seed FLOAT8_FROM on, from a stream of its own
+FLOAT8_SHARE = 0.2
+FLOAT8_FROM = 52200
 
 
 @dataclass(frozen=True)
@@ -695,6 +700,29 @@ class _Builder:
             self.emit(f"{zw}.real * 2.0 - {zw}.imag", lead + (half,), bound * 3)
         return True
 
+    def float8_ops(self, rng: random.Random) -> bool:
+        """A float8 cast of an exact value: an input times a power of two (in range: no
+        saturation), to float8 and back, or its bits (`view(torch.uint8)`, 0..255) as a
+        number; a factor of a value of the chain with the input's shape.  The cast of an
+        exact value is one rounding, the same in eager and its float64 judge, so any
+        difference is a bug.  Written inline.  Draws from its own `rng`."""
+        ins = [v for v in self.values if v.is_input and v.shape and _numel(v.shape) > 0]
+        if not ins:
+            return False
+        a = rng.choice(ins)
+        f8 = rng.choice(["torch.float8_e4m3fn", "torch.float8_e5m2"])
+        p = rng.choice([0.25, 1.0, 8.0])
+        q = f"({a.name}.detach() * {p}).to({f8})"
+        if rng.random() < 0.7:
+            expr, bound = f"{q}.to({a.name}.dtype)", max(a.bound * p * 1.07, 1.0)
+        else:   # (the bits: 8-bit integers, exact in every float type)
+            expr, bound = f"{q}.view(torch.uint8).to({a.name}.dtype)", 255.0
+        xs = [v for v in self.values if v.shape == a.shape and not v.is_input] or [a]
+        x = self.tame(rng.choice(xs), 4.0)
+        s = float(f"{1 / bound:.3g}")
+        self.emit(f"{x.name} * {expr} * {s}", x.shape, x.bound * bound * s, x.hi)
+        return True
+
     def integer_ops(self, rng: random.Random) -> bool:
         """Integers from an exact input (`floor(a * 4)`, identical in every float type:
         |k| <= 4 * scale), through one integer op, and back as floats: a factor of a
@@ -1205,6 +1233,10 @@ def generate(seed: int, profile: str = "ci") -> Program:
     if seed >= LAYERS_FROM and lrng.random() < LAYERS_SHARE:
         for _ in range(lrng.choice([1, 1, 2, 3])):
             b.layer_ops(lrng)
+    # float8 islands likewise
+    frng = random.Random(f"float8-{seed}")
+    if seed >= FLOAT8_FROM and frng.random() < FLOAT8_SHARE:
+        b.float8_ops(frng)
     # outputs: the values nothing else reads (the newest few), sometimes an intermediate too
     computed = [v for v in b.values if not v.is_input]
     outs = [v for v in computed if v.name not in b.used][-4:]

@@ -171,9 +171,20 @@ def non_overlapping(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     return True
 
 
+# The float8 types are storage types to kernels: a value of one is held as its bits
+# (uint8), moved by copies and views, and converted only by `cast`, with eager's own
+# rounding written out in integer arithmetic (`codegen/triton_ops.py`, `_to_e4m3fn`):
+# the GPU's conversion saturates float8_e5m2 where eager rounds to infinity, and the
+# interpreter's has no rule for overflow, so neither is trusted.
+FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The type a value of `dtype` is computed in inside kernels: half types in float32."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    """The type a value of `dtype` is computed in inside kernels: half types in float32,
+    float8 types as their bits (uint8)."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    return torch.uint8 if dtype in FLOAT8_DTYPES else dtype
 
 
 def prod(xs: Iterable[int]) -> int:

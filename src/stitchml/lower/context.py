@@ -43,7 +43,8 @@ class LowerCtx:
     # -- builders ----------------------------------------------------------
     def pointwise(self, op: str, args: tuple, shape: Sequence[int], dtype: torch.dtype,
                   attrs: Iterable[tuple[str, Any]] = ()) -> Ref:
-        self._check_dtype(dtype)
+        if not (dtype in ir.FLOAT8_DTYPES and op in ("cast", "identity")):  # (float8: moved, converted)
+            self._check_dtype(dtype)
         return Ref(self.g.add(ir.POINTWISE, op, args, shape, dtype, ir.contiguous_strides(tuple(shape)), attrs))
 
     def full(self, shape: Sequence[int], value: bool | int | float, dtype: torch.dtype) -> Ref:
@@ -67,7 +68,7 @@ class LowerCtx:
         """x's bits read as `dtype` of the same size (unsigned results allowed)."""
         if self.dtype(x) == dtype:
             return x
-        if dtype not in SUPPORTED_DTYPES + BITCAST_RESULT_DTYPES or torch.bool in (dtype, self.dtype(x)):
+        if dtype not in SUPPORTED_DTYPES + BITCAST_RESULT_DTYPES + ir.FLOAT8_DTYPES or torch.bool in (dtype, self.dtype(x)):
             raise Unsupported(f"bit-cast to {dtype} is not supported in kernels")
         if dtype.itemsize != self.dtype(x).itemsize:
             raise Unsupported("bit-cast between sizes changes the last dim: not a stitched form")

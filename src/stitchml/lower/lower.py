@@ -15,7 +15,7 @@ import torch.fx as fx
 
 from ..fallback import no_rule_reason
 from ..ir import nodes as ir
-from ..ir.nodes import Ref, non_overlapping
+from ..ir.nodes import FLOAT8_DTYPES, Ref, non_overlapping
 from ..patterns import gemm_op, linear_ce_op  # register stitchml:: fused ops (issue 15)
 from . import rules_index, rules_pointwise, rules_random, rules_reduce, rules_views  # noqa: F401
 from . import rules_intdiv, rules_scatter, rules_window  # noqa: F401  (issue 18; after rules_pointwise)
@@ -29,6 +29,7 @@ from .context import LowerCtx, static_shape
 from .registry import RULES, Unsupported
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 
 # Vendor-library ops: never stitched, by design (DESIGN §1).
 COMPUTE_INTENSIVE = {
@@ -36,6 +37,8 @@ COMPUTE_INTENSIVE = {
     aten.convolution.default, aten.convolution_backward.default, aten.matmul.default,
     # grouped products (an MoE's experts over tokens sorted by expert: transformers' bf16 path)
     *[getattr(aten, n).default for n in ("_grouped_mm", "_scaled_grouped_mm") if hasattr(aten, n)],
+    # float8 products with their scales (FP8 training: the operands' scaling casts stitch)
+    *[getattr(aten, n).default for n in ("_scaled_mm", "_scaled_mm_v2") if hasattr(aten, n)],
     aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_flash_attention.default,
     aten._scaled_dot_product_cudnn_attention.default,
     aten._scaled_dot_product_flash_attention_for_cpu.default,
@@ -242,14 +245,14 @@ class Lowerer:
         if any(isinstance(a, Ref) and self.g[a.id].kind == ir.OPAQUE and self.g[a.id].shape is None
                for a in ir._iter_refs(list(args) + list(kwargs.values()))):
             raise Unsupported("consumes a multi-output eager op")
+        if node.target in COMPUTE_INTENSIVE:   # (first: a float8 product's reason is the library's)
+            raise Unsupported("compute-intensive: vendor library")
         bad = _unsupported_dtype(node)
         if bad is not None:
             raise Unsupported(f"dtype {bad} is not supported in kernels")
         layout = _sparse_layout(node)
         if layout is not None:
             raise Unsupported(f"a sparse tensor ({layout}) is not a stitched form: a kernel addresses strided memory")
-        if node.target in COMPUTE_INTENSIVE:
-            raise Unsupported("compute-intensive: vendor library")
         rule = RULES.get(node.target)
         if rule is None:  # (raises under STITCHML_STRICT; library ops get their own reason)
             raise Unsupported(no_rule_reason(node.target))
@@ -368,15 +371,25 @@ def _dense(shape, stride) -> bool:
 
 
 
+# ops that only convert or move float8 values (kernels hold them as bits: `ir.nodes.
+# FLOAT8_DTYPES`); any other op on one runs eagerly (eager itself computes little in them)
+FLOAT8_OPS = frozenset({
+    aten._to_copy.default, prims.convert_element_type.default, aten.clone.default,
+    aten.contiguous.default, aten.lift_fresh_copy.default, prims.copy_strided.default,
+    aten.alias.default, aten.detach.default, aten.copy.default, aten.cat.default, aten.stack.default})
+
+
 def _unsupported_dtype(node: fx.Node):
     """A dtype of the node's results or operands that kernels do not hold, or None.
     Unsigned types wider than a byte are held only where no arithmetic touches them:
-    bit-cast results (view(dtype) also reads them), and views of them."""
+    bit-cast results (view(dtype) also reads them), and views of them; float8 values
+    only where they are converted, copied or viewed (`FLOAT8_OPS`)."""
     from .context import BITCAST_RESULT_DTYPES, SUPPORTED_DTYPES
-    wide = SUPPORTED_DTYPES + BITCAST_RESULT_DTYPES
     moves = node.target is aten.view.dtype or _is_view_op(node.target)
-    out_ok = wide if moves or node.target in UNSIGNED_RESULT_OPS else SUPPORTED_DTYPES
-    in_ok = wide if moves else SUPPORTED_DTYPES
+    f8 = FLOAT8_DTYPES if moves or node.target in FLOAT8_OPS else ()
+    wide = SUPPORTED_DTYPES + BITCAST_RESULT_DTYPES + f8
+    out_ok = wide if moves or node.target in UNSIGNED_RESULT_OPS else SUPPORTED_DTYPES + f8
+    in_ok = wide if moves else SUPPORTED_DTYPES + f8
     for t, is_result in _tensor_vals(node):
         if t.dtype not in (out_ok if is_result else in_ok):
             return t.dtype
