@@ -173,3 +173,50 @@ def test_float8_casts_under_dynamic_shapes_reuse_their_kernels():
         for g, w in zip(got, f(x)):
             _assert_same(g, w)
     assert len(backend.records) == 1 and not backend.records[0].graph.fallbacks
+
+
+def test_a_float8_training_step_matches_eager():
+    # a float8 linear layer as FP8 training writes it (an autograd function: e4m3fn operands
+    # forward, the gradient cast to e5m2 backward, every product `_scaled_mm`): the loss and
+    # both gradients equal to eager's, only the products eager
+    def cast(t, dt, mx):
+        s = mx / torch.clamp(t.abs().amax().float(), min=1e-12)
+        return (t.float() * s).clamp(-mx, mx).to(dt), s.reciprocal()
+
+    class Linear8(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            x8, sx = cast(x, E4, 448.0)
+            w8, sw = cast(w, E4, 448.0)
+            ctx.save_for_backward(x8, sx, w8, sw)
+            return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)
+
+        @staticmethod
+        def backward(ctx, g):
+            x8, sx, w8, sw = ctx.saved_tensors
+            g8, sg = cast(g, E5, 57344.0)
+            gx = torch._scaled_mm(g8, w8.t().contiguous().t(), scale_a=sg, scale_b=sw, out_dtype=torch.bfloat16)
+            gw = torch._scaled_mm(g8.t().contiguous(), x8.t().contiguous().t(), scale_a=sg, scale_b=sx,
+                                  out_dtype=torch.bfloat16)
+            return gx, gw
+
+    def step(x, w, c):
+        # (the output's gradient is c itself, exact in bfloat16: the gradients' casts then read
+        # the same values as eager's; a loss through more bfloat16 ops would differ from eager's
+        # by rounding, which a float8 cast can turn into a step of its own)
+        return (Linear8.apply(x, w).float() * c).sum()
+
+    x, w = torch.randn(32, 64).bfloat16(), (torch.randn(48, 64) * 0.1).bfloat16()
+    c = torch.randn(32, 48).bfloat16().float()
+    xc, wc, xe, we = (t.clone().requires_grad_() for t in (x, w, x, w))
+    backend = stitchml.StitchBackend()
+    with config.override(strict=True, fallback_on_error=False, poison_outputs=True):
+        loss = torch.compile(step, backend=backend)(xc, wc, c)
+        loss.backward()
+    want = step(xe, we, c)
+    want.backward()
+    torch.testing.assert_close(loss, want)   # (a sum: another order)
+    assert torch.equal(xc.grad, xe.grad) and torch.equal(wc.grad, we.grad)
+    eager = {(f.op, f.reason) for r in backend.records for f in r.graph.fallbacks}
+    assert eager == {("aten._scaled_mm.default", "compute-intensive: vendor library")}, eager
+    assert [r.plan.num_kernels for r in backend.records] == [2, 1]
