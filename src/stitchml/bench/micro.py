@@ -86,6 +86,13 @@ def rotary(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return q * cos + half * sin
 
 
+def fp8_scaled_cast(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # FP8 training's tensor-wise scaling cast (torchao's recipe written out): amax, scale,
+    # saturated cast to float8_e4m3fn, and the inverse scale the matrix product takes
+    scale = 448.0 / torch.clamp(x.abs().amax().float(), min=1e-12)
+    return (x.float() * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale.reciprocal()
+
+
 def max_pool_stem(x: torch.Tensor) -> torch.Tensor:
     """ResNet's stem pooling (3x3, stride 2, padding 1) over a channels-last activation:
     windows of the -inf padded input forward; backward, the gradient placed at each
@@ -409,6 +416,16 @@ def cases(quick: bool) -> list[CaseSpec]:
     simple(cumsum_rows, _jax_cumsum, (8, 300) if quick else (8192, 4096), "cumsum_rows")
     simple(cumsum_rows, _jax_cumsum, (2, 3000) if quick else (64, 131072), "cumsum_long_rows")
     simple(transpose_scale, _jax_transpose, (40, 72) if quick else (16384, 4096), "transpose_scale")
+    # (a reduction over the whole tensor, then a pass that writes float8: bench/NOTES.md,
+    # sixty-first session, for its prediction)
+    fp8_shape = (32, 72) if quick else (4096, 4096)
+
+    def fp8(dtype: str, device: torch.device, name: str) -> Workload:
+        g, dt = _gen(name), DTYPES[dtype]
+        x = randn(fp8_shape, dt, device, g, scale=3.0)
+        return Workload(name, "micro", dtype, fp8_scaled_cast, [x], shape=f"x{list(fp8_shape)}",
+                        tol=tolerance("micro", dtype), notes="float8_e4m3fn output; no JAX twin")
+    specs.append(_spec(f"fp8_scaled_cast[{fp8_shape[0]}x{fp8_shape[1]}]", fp8))
 
     rq = (2, 16, 128) if quick else (4, 1024, 1024)
 
