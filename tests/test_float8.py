@@ -220,3 +220,26 @@ def test_a_float8_training_step_matches_eager():
     eager = {(f.op, f.reason) for r in backend.records for f in r.graph.fallbacks}
     assert eager == {("aten._scaled_mm.default", "compute-intensive: vendor library")}, eager
     assert [r.plan.num_kernels for r in backend.records] == [2, 1]
+
+
+def test_rowwise_scaled_cast_is_one_kernel():
+    # the row-wise recipe: a scale a row, each row's amax, scale and cast in one row kernel
+    def rowwise(x):
+        s = 448.0 / torch.clamp(x.abs().amax(dim=-1, keepdim=True).float(), min=1e-12)
+        return (x.float() * s).clamp(-448.0, 448.0).to(E4), s.reciprocal()
+
+    x = (torch.randn(64, 200) * 4).bfloat16()
+    got, _ = _compile(rowwise, x, kernels=[1])
+    for g, w in zip(got, rowwise(x)):
+        _assert_same(g, w)
+
+
+def test_other_one_byte_float_types_run_eagerly_with_their_reason():
+    # float8_e8m0fnu (MX scales) and packed float4: Triton has no pointer type for them
+    x = torch.arange(64, dtype=torch.uint8).reshape(8, 8)
+    backend = stitchml.StitchBackend()
+    with config.override(strict=False, fallback_on_error=False):
+        got = torch.compile(lambda x: x.view(torch.float8_e8m0fnu).float() * 2, backend=backend)(x)
+    _assert_same(got, x.view(torch.float8_e8m0fnu).float() * 2)
+    reasons = {f.reason for r in backend.records for f in r.graph.fallbacks}
+    assert reasons == {"dtype torch.float8_e8m0fnu is not supported in kernels"}, reasons
