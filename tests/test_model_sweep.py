@@ -4,7 +4,7 @@ with the fallback off, output and every parameter gradient judged against a floa
 run, then a third size (no recompile beyond Dynamo's own with AOTAutograd, `aot_eager`)
 then two compiled AdamW steps, and, for the decoder, `generate()`.  The full sweep (171 architectures; its last full run, of 147, ~45 min on 2
 idle cores) is docs/MODELS.md:
-`python -m stitchml.tools.model_sweep --out docs/MODELS.md`."""
+`python -m stitchml.tools.model_sweep --out docs/MODELS.md` (`--dtype bf16`: the same in bfloat16)."""
 import pytest
 
 pytest.importorskip("transformers")
@@ -40,6 +40,17 @@ def test_architecture_trains_stitched_at_two_sizes_against_float64(name):
         gen = row["generate"]
         assert gen["tokens_equal"] and gen["logit_err"] <= 1e-5 and gen["graphs"] <= gen["dynamo_graphs"], gen
     assert row["ok"]
+
+
+def test_a_decoder_trains_stitched_in_bfloat16_against_float64():
+    # (`--dtype bf16`: bfloat16 parameters and inputs, judged against a float64 run of the same
+    # rounded parameters with eager bfloat16's own error as the measure; no AdamW or generate())
+    row = model_sweep.run_one("qwen3:bf16")
+    assert row["dtype"] == "bf16" and "optimizer" not in row and "generate" not in row, row.keys()
+    for size in row["sizes"]:
+        assert size["ok"] and size["checked"] > 5, size
+    assert not row["eager"] and not row["whole_graph_eager"] and row["dynamic"] >= 1, row
+    assert row["third_size"]["ok"] and row["ok"], row
 
 
 def test_unknown_model_names_are_refused_with_the_list():

@@ -412,8 +412,14 @@ def _config(arch: Arch):
     return cfg
 
 
-def _inputs(arch: Arch, cfg, which: int) -> dict:
-    """The first, second or third size: 12, 9, 10 tokens (batch 2) or batch 2, 3, 4."""
+def _inputs(arch: Arch, cfg, which: int, dtype=None) -> dict:
+    """The first, second or third size: 12, 9, 10 tokens (batch 2) or batch 2, 3, 4;
+    floating-point inputs in `dtype` where given (the bfloat16 sweep)."""
+    inputs = _inputs_fp32(arch, cfg, which)
+    return inputs if dtype is None else {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+
+
+def _inputs_fp32(arch: Arch, cfg, which: int) -> dict:
     import torch
     g = torch.Generator().manual_seed(int(which))
     if arch.kind in ("text", "seq2seq"):
@@ -452,7 +458,11 @@ def _first(out):
 
 def run_one(name: str, optimizer: bool = True) -> dict:
     """One architecture, both sizes; a JSON-ready verdict.  `optimizer=False` leaves out
-    the compiled AdamW steps (CI's slice takes them on one model: `tests/test_model_sweep.py`)."""
+    the compiled AdamW steps (CI's slice takes them on one model: `tests/test_model_sweep.py`).
+    `name:bf16` runs the model in bfloat16 (parameters and inputs), judged against a float64
+    run of the same rounded parameters with eager bfloat16's own error as the measure; no
+    AdamW steps and no `generate()` there (their checks compare with eager to 1e-5, and a
+    greedy token may flip on a bfloat16 rounding)."""
     import torch
     import transformers
 
@@ -462,25 +472,32 @@ def run_one(name: str, optimizer: bool = True) -> dict:
     from stitchml import config
     from stitchml.testing import judge_against_eager, judge_against_float64
 
+    name, _, low = name.partition(":")
+    if low not in ("", "bf16"):
+        raise ValueError(f"{name}: dtype {low!r} (fp32 by default, or bf16)")
+    dtype = torch.bfloat16 if low else None
     arch = ARCHS[name]
     torch.manual_seed(0)
     cfg = _config(arch)
     model = getattr(transformers, arch.auto).from_config(cfg).float().train(arch.train)
+    if dtype is not None:
+        model = model.to(dtype)
     fresh = copy.deepcopy(model)
     counters.clear()
     # (a float32-reference model has no float64 run: eager stands in for it below, and
-    # the judge compares with eager alone)
-    ref = model if arch.reference == "float32" else copy.deepcopy(model).double()
+    # the judge compares with eager alone; in bfloat16, a float32 run is its reference)
+    hi = torch.float32 if arch.reference == "float32" else torch.float64
+    ref = model if hi == torch.float32 and dtype is None else copy.deepcopy(model).to(hi)
     if ref is not model and getattr(ref.config, "_experts_implementation", None) not in (None, "eager"):
         ref.config._experts_implementation = "eager"   # (grouped matrix products take no float64)
     mine = copy.deepcopy(model)
     backend = stitchml.StitchBackend()
     compiled = torch.compile(mine, backend=backend)
-    row: dict[str, Any] = {"name": name, "family": arch.family, "reference": arch.reference, "sizes": []}
+    row: dict[str, Any] = {"name": name, "family": arch.family, "reference": arch.reference, "sizes": [],
+                           "dtype": low or "fp32"}
     for which in (0, 1):
-        inputs = _inputs(arch, cfg, which)
-        ref_in = {k: v.double() if v.is_floating_point() and arch.reference == "float64" else v
-                  for k, v in inputs.items()}
+        inputs = _inputs(arch, cfg, which, dtype)
+        ref_in = {k: v.to(hi) if v.is_floating_point() and ref is not model else v for k, v in inputs.items()}
         for m in (model, ref, mine):
             m.zero_grad(set_to_none=True)
         eager_out = _training_step(model, inputs).detach()
@@ -504,9 +521,9 @@ def run_one(name: str, optimizer: bool = True) -> dict:
             acts.append(q.grad)
             eags.append(p.grad)
             refs.append(r.grad)
-        if arch.reference == "float32":
+        if ref is model:
             j = judge_against_eager(acts, eags, names, groups=groups)
-        else:
+        else:   # (against float64, or bfloat16 against float32)
             j = judge_against_float64(acts, eags, refs, names, groups=groups)
         worst = max(j.rows, key=lambda t: (t.err_actual / t.allowed) if t.allowed else (0.0 if t.ok else float("inf")))
         row["sizes"].append({
@@ -514,7 +531,7 @@ def run_one(name: str, optimizer: bool = True) -> dict:
             "zeros_for_none": len(zeros_for_none),
             "worst": worst.name, "ratio": (worst.err_actual / worst.allowed) if worst.allowed else 0.0,
             "failed": [t.line() for t in j.rows if not t.ok][:3]})
-    row["third_size"] = _third_size(arch, cfg, fresh, compiled)
+    row["third_size"] = _third_size(arch, cfg, fresh, compiled, dtype)
     records = backend.records
     row["graphs"] = len(records)
     row["dynamic"] = sum(r.dynamic is not None for r in records)
@@ -526,10 +543,10 @@ def run_one(name: str, optimizer: bool = True) -> dict:
     # Python loop over the tokens): our count was checked against Dynamo's above
     row["ok"] = (all(s["ok"] for s in row["sizes"]) and not eager and not row["whole_graph_eager"]
                  and (row["dynamic"] >= 1 or row["third_size"]["dynamo_graphs"] >= 3) and row["third_size"]["ok"])
-    if arch.train and optimizer:
+    if arch.train and optimizer and dtype is None:
         row["optimizer"] = _optimizer_step(model, mine)
         row["ok"] = row["ok"] and row["optimizer"]["ok"]
-    if arch.auto in ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM"):
+    if arch.auto in ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM") and dtype is None:
         row["generate"] = _generate(fresh, cfg)
         row["ok"] = row["ok"] and row["generate"]["ok"]
     return row
@@ -601,7 +618,7 @@ def _training_step(run, inputs: dict):
 BASELINE = "aot_eager"
 
 
-def _third_size(arch: Arch, cfg, fresh, compiled) -> dict:
+def _third_size(arch: Arch, cfg, fresh, compiled, dtype=None) -> dict:
     """A training step at a third size, which the second size's dynamic graph must serve:
     the Dynamo graphs compiled over the three sizes are no more than Dynamo's own count
     for the same steps (with `BASELINE`, AOTAutograd and no compiler, on a fresh copy).  A
@@ -613,7 +630,7 @@ def _third_size(arch: Arch, cfg, fresh, compiled) -> dict:
     from stitchml import config
 
     with config.override(fallback_on_error=False, strict=True):
-        out = _training_step(compiled, _inputs(arch, cfg, 2))
+        out = _training_step(compiled, _inputs(arch, cfg, 2, dtype))
     ours = counters["stats"]["unique_graphs"]
     baseline = BASELINE
     for baseline in (BASELINE, "eager"):
@@ -622,7 +639,7 @@ def _third_size(arch: Arch, cfg, fresh, compiled) -> dict:
         run = torch.compile(copy.deepcopy(fresh), backend=baseline)
         try:
             for which in range(3):
-                _training_step(run, _inputs(arch, cfg, which))
+                _training_step(run, _inputs(arch, cfg, which, dtype))
             break
         except Exception:   # torch's own AOT path fails on the model (Doge's backward): Dynamo alone
             if baseline != BASELINE:
@@ -739,11 +756,12 @@ def write_report(text: str, out: str | None) -> None:
         print(text)
 
 
-def _markdown(rows: list[dict], command: str, seconds: float) -> str:
+def _markdown(rows: list[dict], command: str, seconds: float, dtype: str = "fp32") -> str:
     import torch
     import transformers
     ok = sum(1 for r in rows if r.get("ok"))
-    out = [f"# Real-model sweep: {len(rows)} Hugging Face architectures", "",
+    title = "" if dtype == "fp32" else " in bfloat16"
+    out = [f"# Real-model sweep{title}: {len(rows)} Hugging Face architectures", "",
            f"Generated by `{command}` on {time.strftime('%Y-%m-%d')} with torch {torch.__version__}, "
            f"transformers {transformers.__version__} ({seconds:.0f} s). Do not edit by hand.", "",
            "Each row: tiny random model, one training step (forward + backward) at a first and a second size "
@@ -760,7 +778,11 @@ def _markdown(rows: list[dict], command: str, seconds: float) -> str:
            "Where the float64 run itself loses a value eager keeps, stitch is measured from eager there. "
            "A model whose own code cannot run in float64 (marked \"vs float32 eager\") is judged against float32 "
            "eager alone, normwise within 1e-4 relative (`testing.judge_against_eager`). See "
-           "`src/stitchml/tools/model_sweep.py`.", "",
+           "`src/stitchml/tools/model_sweep.py`."
+           + ("" if dtype == "fp32" else " **In bfloat16** (`--dtype bf16`): parameters and inputs in bfloat16, "
+              "the float64 run (float32 for the \"vs float32 eager\" models) made from the same rounded "
+              "parameters, the allowance from eager bfloat16's own error; no AdamW steps and no `generate()`."),
+           "",
            f"**{ok} of {len(rows)} pass.**", "",
            "| model | family | size 1 | size 2 | worst ratio (tensor) | graphs (dynamic); Dynamo graphs, 3 sizes | "
            "kernels | eager ops "
@@ -768,7 +790,7 @@ def _markdown(rows: list[dict], command: str, seconds: float) -> str:
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['name']} | {ARCHS[r['name']].family} | ERROR | | {r['error']} | | | | | | |")
+            out.append(f"| {r['name']} | {ARCHS[r['name'].partition(':')[0]].family} | ERROR | | {r['error']} | | | | | | |")
             continue
         s1, s2 = r["sizes"]
 
@@ -810,6 +832,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="markdown file to write (default: print)")
     p.add_argument("--jobs", type=int, default=1, help="models run at once (one process each)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per model")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="the models' parameters and inputs (bf16: judged against float64, no AdamW or generate())")
     p.add_argument("--one", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.one:
@@ -822,13 +846,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max(1, a.jobs)) as pool:
         rows = []
-        for row in pool.map(lambda n: _subprocess(n, a.timeout), names):
+        spec = "" if a.dtype == "fp32" else ":" + a.dtype
+        for row in pool.map(lambda n: _subprocess(n + spec, a.timeout), names):
             print(f"{row['name']}: {'ok' if row.get('ok') else 'FAIL'} {row.get('error', '')} "
                   f"({row.get('seconds', '?')} s)", flush=True)
             rows.append(row)
     command = "python -m stitchml.tools.model_sweep" + (f" --models {a.models}" if a.models else "") + \
-        (f" --out {a.out}" if a.out else "")
-    write_report(_markdown(rows, command, time.perf_counter() - t0), a.out)
+        (f" --dtype {a.dtype}" if a.dtype != "fp32" else "") + (f" --out {a.out}" if a.out else "")
+    write_report(_markdown(rows, command, time.perf_counter() - t0, a.dtype), a.out)
     return 0 if all(r.get("ok") for r in rows) else 1
 
 
