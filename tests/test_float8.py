@@ -243,3 +243,11 @@ def test_other_one_byte_float_types_run_eagerly_with_their_reason():
     _assert_same(got, x.view(torch.float8_e8m0fnu).float() * 2)
     reasons = {f.reason for r in backend.records for f in r.graph.fallbacks}
     assert reasons == {"dtype torch.float8_e8m0fnu is not supported in kernels"}, reasons
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0)])
+def test_an_empty_float8_result_launches_nothing(shape):
+    # (an empty result is a free allocation: "not supported in kernels" before)
+    x = torch.randn(shape)
+    got, _ = _compile(lambda x: (x * 2).to(E4), x, kernels=[0])
+    assert got.shape == shape and got.dtype == E4

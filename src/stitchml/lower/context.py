@@ -54,7 +54,7 @@ class LowerCtx:
         """A tensor without elements: a free node the wrapper allocates (any dtype the
         kernels may write, as nothing is computed)."""
         assert prod(shape) == 0, shape
-        if dtype not in SUPPORTED_DTYPES + BITCAST_RESULT_DTYPES:
+        if dtype not in SUPPORTED_DTYPES + BITCAST_RESULT_DTYPES + ir.FLOAT8_DTYPES:
             raise Unsupported(f"dtype {dtype} is not supported in kernels")
         return Ref(self.g.add(ir.POINTWISE, "full", (), tuple(shape), dtype, ir.contiguous_strides(tuple(shape)),
                               (("value", 0),)))
