@@ -251,3 +251,19 @@ def test_an_empty_float8_result_launches_nothing(shape):
     x = torch.randn(shape)
     got, _ = _compile(lambda x: (x * 2).to(E4), x, kernels=[0])
     assert got.shape == shape and got.dtype == E4
+
+
+def test_a_cast_written_into_a_float8_input_in_place():
+    # (a float8 weight cache refreshed in place, as FP8 training's weight casts do): the kernel
+    # writes the cast straight into the input's buffer
+    def refresh(buf, x):
+        s = 448.0 / x.abs().amax()
+        buf.copy_((x * s).clamp(-448.0, 448.0))
+        return s
+
+    x = torch.randn(16, 24) * 3
+    mine, theirs = torch.zeros(16, 24).to(E4), torch.zeros(16, 24).to(E4)
+    got, _ = _compile(refresh, mine, x, kernels=[1])
+    want = refresh(theirs, x)
+    _assert_same(got, want)
+    _assert_same(mine, theirs)
