@@ -461,3 +461,30 @@ def test_a_column_only_value_from_a_scalar_stored_under_a_dynamic_row_block():
         assert all(torch.equal(a, b) for a, b in zip(got, want)), n
     assert any(r.dynamic is not None for r in backend.records)
     assert all(r.eager_reason is None for r in backend.records)
+
+
+def test_a_kernel_writing_an_input_in_place_reads_no_value_of_it_through_a_view():
+    # fuzz seed 53791: the kernel that wrote x in place (x := f(x)) also built a diagonal
+    # scatter of a value computed from x, pulling x again at the diagonal's indices after
+    # its store: the diagonal read the new x.  That write now goes through a buffer of its own.
+    import stitchml
+    from stitchml import config
+
+    def program(x, a):
+        v1 = torch.pow(torch.cos(x).abs() + 0.5, torch.tanh(x))
+        v5 = torch.atan2(v1, a.abs() + 0.5).clone()
+        v5.diagonal(0, 0, 2).add_(1.0)
+        x.copy_(v1.clone())
+        return v5
+
+    base, a = torch.randn(3, 31, 9, 1), torch.randn(3, 31, 1, 1)
+    xe, xc = base.clone().permute(0, 1, 3, 2), base.clone().permute(0, 1, 3, 2)
+    want = program(xe, a)
+    backend = stitchml.StitchBackend()
+    with config.override(strict=True, fallback_on_error=False, poison_outputs=True):
+        got = torch.compile(program, backend=backend, dynamic=False)(xc, a)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(xc, xe)
+    (plan,) = [r.plan for r in backend.records]
+    (reason,) = plan.in_place.values()
+    assert reason is not None and "also reads a value computed from it" in reason, reason

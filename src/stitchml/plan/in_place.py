@@ -21,7 +21,11 @@ when nothing reads an old element after it is overwritten:
   computed from those reads through element-wise steps too (`_aligned`: a flip between
   them reads a mirrored element another program may have overwritten), and it does not
   itself read the input through a view or a concatenation evaluated where it is read (a
-  rotation `x.copy_(cat([x[1:], x[:1]]))`);
+  rotation `x.copy_(cat([x[1:], x[:1]]))`); nor does another output of the kernel take a
+  value computed from the input through a view, a concatenation or a gather (`_reindexed`:
+  the kernel evaluates that value at other indices, a load of the input emitted after
+  the store; fuzz seed 53791: `v.diagonal(0, 0, 2).add_(1)` of a value computed from x,
+  in the kernel that wrote x in place, read x's diagonal elements already overwritten);
 - neither the input nor a view of it is returned (the caller would hold the new value
   where the graph returned the old);
 - no as_strided reads the input's storage by position (`rules_views.storage_read`).
@@ -135,6 +139,10 @@ def _refusal(g: ir.Graph, plan: Plan, x: int, new: int, kernels_of: dict, launch
             return f"eager op %{r} ({n.op}) reads it after kernel {k.name} writes it"
         if r not in inside and r not in kernels_of and r not in launch:
             return f"%{r} ({n.op}) reads it outside any kernel or eager step"
+    far = _reindexed(g, x, inside, users)
+    if far is not None:
+        return (f"kernel {k.name}, which writes it, also reads a value computed from it through "
+                f"%{far} {g[far].kind}.{g[far].op}: at other elements, possibly after the store")
     return None
 
 
@@ -157,6 +165,26 @@ def _readers(g: ir.Graph, x: int, users: dict[int, list[int]]) -> list[tuple[int
             if is_free(n):
                 stack.append((u, ew_of[u] and n.kind == ir.POINTWISE and n.shape == shape))
     return list(ew_of.items())
+
+
+def _reindexed(g: ir.Graph, x: int, inside: set[int], users: dict[int, list[int]]) -> int | None:
+    """A view, concatenation or gather inside the kernel (a member, or a free node it
+    evaluates) of a value computed from input `x`, or None.  The kernel pulls that value
+    at the view's indices, loading `x` at other elements than the one being written: the
+    load is a different expression from the element's own, not shared with it, and may be
+    emitted after the store that overwrote the element."""
+    seen: set[int] = set()
+    stack = [x]
+    while stack:
+        for u in users[stack.pop()]:
+            if u in seen or not (u in inside or is_free(g[u])):
+                continue
+            seen.add(u)
+            n = g[u]
+            if n.kind in (ir.VIEW, ir.CAT, ir.GATHER) and x not in n.refs:
+                return u   # (a view of x itself: `_readers` says how it is read)
+            stack.append(u)
+    return None
 
 
 def _owns_elements(k: KernelPlan) -> bool:
