@@ -393,3 +393,13 @@ def test_value_dependent_sizes_run_eagerly_with_their_reason():
         with config.override(strict=True), pytest.raises(Exception, match="depends on tensor values"):
             torch.compile(lambda a: (a[a > 0] * 3).sum(), backend=stitchml.StitchBackend())(x)
     assert torch._dynamo.config.capture_dynamic_output_shape_ops is False
+
+
+def test_a_size_only_inside_an_input_size_expression_is_solved_from_it():
+    # fuzz seed 54047 (float16, dynamic): the backward graph of `a0.split(5, 1)[5]` (the
+    # last chunk of s - 25 columns) among layer norms and softmaxes takes tensors whose sizes
+    # hold a symbol only inside such an expression: the whole graph ran eagerly ("appear only
+    # inside expressions of the inputs' sizes"); now the symbol is solved from that size
+    from stitchml.fuzz.cases import run_case
+    r = run_case(54047, "long")
+    assert r.status == "pass", r.message

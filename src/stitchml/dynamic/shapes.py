@@ -4,7 +4,7 @@ falls in, which probe sizes represent a bucket, and the same graph re-traced wit
 every size fixed (so the static pipeline can compile it)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import sympy
@@ -65,19 +65,29 @@ class Signature:
     `inputs[i]` is ("int", expr) or ("float", expr) for a number input, ("unused", expr) for a
     number input nothing reads, ("tensor", shape, stride, dtype, device) for a tensor;
     `sources[sym]` is where a call's arguments give the symbol's value: (input index, dim) or
-    (input index, None) for a number input."""
+    (input index, None) for a number input; `solved[sym]` gives a symbol that appears only
+    inside an expression of one input size (a split's last chunk, s - 25): (input index,
+    dim, the symbol as an expression of that size `_SIZE` and of symbols bound before)."""
 
     inputs: list[tuple]
     symbols: tuple[sympy.Symbol, ...]
     sources: dict[sympy.Symbol, tuple[int, int | None]]
     shape_env: Any
     exprs: list[sympy.Expr]        # every size, stride and number the symbolic graph holds
+    solved: dict[sympy.Symbol, tuple[int, int | None, sympy.Expr]] = field(default_factory=dict)
 
     def bind(self, args: Sequence[Any]) -> dict[sympy.Symbol, int]:
         out = {}
         for sym, (i, d) in self.sources.items():
             a = args[i]
             out[sym] = int(a) if d is None else int(a.shape[d])
+        for sym, (i, d, f) in self.solved.items():   # (in the order they were solved)
+            a = args[i]
+            v = f.xreplace({_SIZE: sympy.Integer(int(a) if d is None else int(a.shape[d])),
+                            **{k: sympy.Integer(x) for k, x in out.items()}})
+            if not (v.is_integer or (v.is_number and v == int(v))):
+                raise ValueError(f"size {sym} = {v} is not an integer")
+            out[sym] = int(v)
         return out
 
     def holds(self, values: dict[sympy.Symbol, int]) -> bool:
@@ -151,6 +161,8 @@ def signature(gm: fx.GraphModule) -> Signature:
         for e in (inp[1:2] if inp[0] in ("int", "float") else inp[1] + inp[2]):
             free |= sympy.sympify(e).free_symbols
     missing = free - set(sources)
+    solved = _solve_missing(inputs, missing, set(sources))
+    missing -= set(solved)
     if missing:
         raise ValueError(f"sizes {sorted(map(str, missing))} appear only inside expressions of the inputs' "
                          "sizes, so a call's arguments do not give them")
@@ -160,7 +172,42 @@ def signature(gm: fx.GraphModule) -> Signature:
     for node in gm.graph.nodes:
         if node not in unused:
             exprs.extend(_node_exprs(node.meta.get("val"), env))
-    return Signature(inputs, symbols, sources, env, exprs)
+    return Signature(inputs, symbols, sources, env, exprs, solved)
+
+
+_SIZE = sympy.Symbol("_size", integer=True)
+
+
+def _solve_missing(inputs: list[tuple], missing: set, known: set) -> dict:
+    """Symbols that appear only inside expressions of input sizes, each solved from one size
+    that is linear in it and holds no other unknown symbol (a split's last chunk, s - 25:
+    s = size + 25), in an order where each uses only symbols bound before it."""
+    solved: dict = {}
+    known = set(known)
+    progress = True
+    while progress and missing - set(solved):
+        progress = False
+        for i, inp in enumerate(inputs):
+            if inp[0] == "tensor":
+                places = list(enumerate(inp[1]))
+            elif inp[0] == "int":
+                places = [(None, inp[1])]
+            else:
+                continue
+            for d, e in places:
+                e = sympy.sympify(e)
+                unknown = e.free_symbols - known
+                if len(unknown) != 1:
+                    continue
+                (sym,) = unknown
+                if sym not in missing or sym in solved or sympy.degree(e, sym) != 1:
+                    continue
+                roots = sympy.solve(sympy.Eq(e, _SIZE), sym)
+                if len(roots) == 1:
+                    solved[sym] = (i, d, roots[0])
+                    known.add(sym)
+                    progress = True
+    return solved
 
 
 def _node_exprs(v: Any, env) -> list[sympy.Expr]:
