@@ -200,7 +200,10 @@ def _solve_missing(inputs: list[tuple], missing: set, known: set) -> dict:
                 if len(unknown) != 1:
                     continue
                 (sym,) = unknown
-                if sym not in missing or sym in solved or sympy.degree(e, sym) != 1:
+                # (linear only: floor divisions, Mod, Max are not polynomials, and sympy.degree
+                # raises on them)
+                if sym not in missing or sym in solved or not e.is_polynomial(sym) \
+                        or sympy.Poly(e, sym).degree() != 1:
                     continue
                 roots = sympy.solve(sympy.Eq(e, _SIZE), sym)
                 if len(roots) == 1:
