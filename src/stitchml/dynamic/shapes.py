@@ -85,7 +85,7 @@ class Signature:
             a = args[i]
             v = f.xreplace({_SIZE: sympy.Integer(int(a) if d is None else int(a.shape[d])),
                             **{k: sympy.Integer(x) for k, x in out.items()}})
-            if not (v.is_integer or (v.is_number and v == int(v))):
+            if not v.is_integer:   # (sympy evaluates a whole quotient to an Integer)
                 raise ValueError(f"size {sym} = {v} is not an integer")
             out[sym] = int(v)
         return out

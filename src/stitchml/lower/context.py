@@ -15,6 +15,9 @@ SUPPORTED_DTYPES = FLOAT_TYPES + (torch.int8, torch.int16, torch.int32, torch.in
 # as bit-cast results (`view(dtype)`, hash_tensor) and views of them, never compute
 # with them (`lower._unsupported_dtype`)
 BITCAST_RESULT_DTYPES = (torch.uint16, torch.uint32, torch.uint64)
+# every type a kernel may hold without computing in it: empty results, bit-cast results
+# (float8 values are held as their bits: `ir.nodes.FLOAT8_DTYPES`)
+HELD_DTYPES = SUPPORTED_DTYPES + BITCAST_RESULT_DTYPES + ir.FLOAT8_DTYPES
 
 
 def static_shape(t: torch.Tensor) -> tuple[int, ...]:
@@ -54,7 +57,7 @@ class LowerCtx:
         """A tensor without elements: a free node the wrapper allocates (any dtype the
         kernels may write, as nothing is computed)."""
         assert prod(shape) == 0, shape
-        if dtype not in SUPPORTED_DTYPES + BITCAST_RESULT_DTYPES + ir.FLOAT8_DTYPES:
+        if dtype not in HELD_DTYPES:
             raise Unsupported(f"dtype {dtype} is not supported in kernels")
         return Ref(self.g.add(ir.POINTWISE, "full", (), tuple(shape), dtype, ir.contiguous_strides(tuple(shape)),
                               (("value", 0),)))
@@ -68,7 +71,7 @@ class LowerCtx:
         """x's bits read as `dtype` of the same size (unsigned results allowed)."""
         if self.dtype(x) == dtype:
             return x
-        if dtype not in SUPPORTED_DTYPES + BITCAST_RESULT_DTYPES + ir.FLOAT8_DTYPES or torch.bool in (dtype, self.dtype(x)):
+        if dtype not in HELD_DTYPES or torch.bool in (dtype, self.dtype(x)):
             raise Unsupported(f"bit-cast to {dtype} is not supported in kernels")
         if dtype.itemsize != self.dtype(x).itemsize:
             raise Unsupported("bit-cast between sizes changes the last dim: not a stitched form")
