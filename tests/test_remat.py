@@ -35,12 +35,10 @@ def test_remat_recomputes_the_normalised_input_instead_of_saving_it():
 
 
 def test_remat_is_on_by_default():
-    from torch._functorch.partitioners import default_partition
-
-    from stitchml.capture.partition import partitioner, remat_partition
+    from stitchml.capture.partition import partitioner, remat_partition, saving_partition
     assert config.KNOBS["remat"].default is True
     with config.override(remat=False):
-        assert partitioner() is default_partition
+        assert partitioner() is saving_partition
     with config.override(remat=True):
         assert partitioner() is remat_partition
 

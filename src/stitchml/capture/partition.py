@@ -24,6 +24,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from .. import config
+from . import norm_stats
 
 _COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 # rounds of marking before giving up on min-cut for a graph (one is enough in every
@@ -39,9 +40,17 @@ class PartitionRecord:
     method: str                                      # "min-cut" | "default"
     saved: list[str] = field(default_factory=list)   # forward values marked MUST_SAVE
     runs: int = 1                                    # min-cut runs
+    precise_stats: int = 0                           # backward uses of norm statistics kept float32
 
     def line(self) -> str:
+        return self._split() + (f"; {self.precise_stats} backward use(s) of batch/layer/group-norm statistics "
+                                f"read float32, not the input dtype eager saves them in (capture/norm_stats.py)"
+                                if self.precise_stats else "")
+
+    def _split(self) -> str:
         if self.method == "default":
+            if self.runs == 0:
+                return "default partition (knob remat off: saves every forward value the backward reads)"
             return (f"default partition (saves every forward value the backward reads): after {self.runs} "
                     f"min-cut runs a backward comparison still read a recomputed value")
         if not self.saved:
@@ -130,6 +139,7 @@ def remat_partition(joint_module: GraphModule, joint_inputs: Any, **kwargs: Any)
     saved (module docstring)."""
     from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
     from torch.utils.checkpoint import CheckpointPolicy
+    precise = norm_stats.keep_precise(joint_module)
     # min-cut dead-code-eliminates the joint graph and replaces it by its CSE'd copy (the
     # same computation, names and node metadata), so the names it gives the split graphs
     # are those of the joint graph it leaves, and a mark set there is seen by the next call
@@ -140,7 +150,7 @@ def remat_partition(joint_module: GraphModule, joint_inputs: Any, **kwargs: Any)
     while True:
         recomputed = recomputed_compared(bw, forward)
         if not recomputed:
-            _record(PartitionRecord("min-cut", saved, runs))
+            _record(PartitionRecord("min-cut", saved, runs, precise))
             return fw, bw
         nodes = {n.name: n for n in joint_module.graph.nodes}
         # (a name min-cut made up is not ours to mark)
@@ -151,15 +161,24 @@ def remat_partition(joint_module: GraphModule, joint_inputs: Any, **kwargs: Any)
         saved += recomputed
         fw, bw = min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
         runs += 1
-    _record(PartitionRecord("default", saved, runs))
+    _record(PartitionRecord("default", saved, runs, precise))
+    return default_partition(joint_module, joint_inputs, **kwargs)
+
+
+def saving_partition(joint_module: GraphModule, joint_inputs: Any, **kwargs: Any) -> tuple[GraphModule, GraphModule]:
+    """torch's default partition (every intermediate the backward uses saved), after the
+    norm-statistics rewrite (`norm_stats.keep_precise`)."""
+    from torch._functorch.partitioners import default_partition
+    precise = norm_stats.keep_precise(joint_module)
+    _record(PartitionRecord("default", [], 0, precise))
     return default_partition(joint_module, joint_inputs, **kwargs)
 
 
 def partitioner() -> Callable:
     """The partition function AOTAutograd gets: `remat_partition` with the knob `remat`
-    on, else the default partition (saves every intermediate the backward uses)."""
-    from torch._functorch.partitioners import default_partition
-    return remat_partition if config.get("remat") else default_partition
+    on, else `saving_partition` (saves every intermediate the backward uses)."""
+    return remat_partition if config.get("remat") else saving_partition
 
 
-__all__ = ["PartitionRecord", "forward_values", "partitioner", "recomputed_compared", "recording", "remat_partition"]
+__all__ = ["PartitionRecord", "forward_values", "partitioner", "recomputed_compared", "recording", "remat_partition",
+           "saving_partition"]
