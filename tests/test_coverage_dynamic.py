@@ -139,3 +139,42 @@ def test_adaptive_pooling_follows_size_changes_with_one_graph():
     assert any(r.dynamic is not None for r in backend.records)
     _no_fallback(backend)
     assert not [fb for r in backend.records if r.graph for fb in r.graph.fallbacks]
+
+
+def _pools_to_sizes(x, z):
+    # output sizes that follow the input's: h // 2 + 1 rows, w // 3 + 1 columns (1-d
+    # pooling is left out: torch's own adaptive_avg_pool1d makes its output size static,
+    # a Dynamo guard per size under any backend)
+    oh, ow = x.shape[-2] // 2 + 1, x.shape[-1] // 3 + 1
+    return (torch.nn.functional.adaptive_avg_pool2d(x, (oh, ow)) * 2,
+            torch.nn.functional.adaptive_avg_pool3d(z, (2, oh, ow)))
+
+
+def test_adaptive_pooling_to_a_dynamic_output_size_is_stitched():
+    """Average pooling whose output size is computed from the input's (2-d, 3-d),
+    training at four sizes: the backward used to run eagerly ("to a dynamic output size
+    has no stitched form"); now every graph is stitched, strict, with one dynamic graph
+    after the first size, values and gradients as eager's."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    backend = stitchml.StitchBackend()
+    f = torch.compile(_pools_to_sizes, backend=backend)
+    for h, w in ((9, 10), (13, 17), (20, 22), (31, 8)):
+        xs = [torch.randn(2, 3, h, w), torch.randn(2, 3, 3, h, w)]
+        mine = [t.clone().requires_grad_() for t in xs]
+        ref = [t.clone().requires_grad_() for t in xs]
+        with stitchml.config.override(strict=True, fallback_on_error=False):
+            got = f(*mine)
+        want = _pools_to_sizes(*ref)
+        cots = [torch.randn(t.shape) for t in want]
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e)
+        with stitchml.config.override(strict=True, fallback_on_error=False):
+            torch.autograd.backward(list(got), cots)
+        torch.autograd.backward(list(want), cots)
+        for a, e in zip(mine, ref):
+            torch.testing.assert_close(a.grad, e.grad)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2   # the static graph, then one dynamic
+    assert [r.kind for r in backend.records if r.dynamic is not None] == ["forward", "backward"]
+    _no_fallback(backend)
+    assert not [fb for r in backend.records if r.graph for fb in r.graph.fallbacks]

@@ -354,7 +354,7 @@ def _adaptive_avg_pool2d_backward(grad, x):
     form (`_adaptive_avg_backward`)."""
     h, w = x.shape[-2], x.shape[-1]
     oh, ow = grad.shape[-2], grad.shape[-1]
-    if isinstance(h, torch.SymInt) or isinstance(w, torch.SymInt) or h % oh or w % ow:
+    if _symbolic(h, w, oh, ow) or h % oh or w % ow:
         return _adaptive_avg_backward(grad, x.shape, 2)
     k = (h // oh, w // ow)
     return avg_pool2d_backward(grad, x, k, k, 0, False, True, None)
@@ -396,7 +396,7 @@ def _one(v, default) -> tuple[int]:
 
 def adaptive_avg_pool1d(x: torch.Tensor, output_size: Sequence[int]) -> torch.Tensor | NotImplementedType:
     n, (o,) = x.shape[-1], _one(output_size, 1)
-    if n % o:
+    if _symbolic(n, o) or n % o:
         return _adaptive_avg(x, (o,))
     return avg_pool1d(x, (n // o,), (n // o,))
 
@@ -482,7 +482,7 @@ def max_pool3d_with_indices_backward(grad: torch.Tensor, x: torch.Tensor, kernel
 def _adaptive_avg_pool3d(x, output_size):
     """Windows that tile the input evenly: avg_pool3d; other sizes the gather form."""
     sizes, outs = x.shape[-3:], _triple(output_size)
-    if any(n % o for n, o in zip(sizes, outs)):
+    if _symbolic(*sizes, *outs) or any(n % o for n, o in zip(sizes, outs)):
         return _adaptive_avg(x, outs)
     k = tuple(n // o for n, o in zip(sizes, outs))
     return avg_pool3d(x, k, k)
@@ -490,7 +490,7 @@ def _adaptive_avg_pool3d(x, output_size):
 
 def _adaptive_avg_pool3d_backward(grad, x):
     sizes, outs = x.shape[-3:], grad.shape[-3:]
-    if any(n % o for n, o in zip(sizes, outs)):
+    if _symbolic(*sizes, *outs) or any(n % o for n, o in zip(sizes, outs)):
         return _adaptive_avg_backward(grad, x.shape, 3)
     k = tuple(n // o for n, o in zip(sizes, outs))
     return avg_pool3d_backward(grad, x, k, k, 0, False, True, None)
@@ -502,7 +502,9 @@ def _adaptive_avg_pool3d_backward(grad, x):
 # K long.  Each axis is a gather of a (out, K) index (clamped, with a validity mask)
 # reduced over K — one reduction kernel per axis.  Averages and maxima are separable
 # (a box window is the product of its axis windows), so n-d pooling is the 1-d form
-# applied axis after axis.  Sizes must be static (K is a kernel constant).
+# applied axis after axis.  With static sizes K is the longest window; where the input
+# or the output size is symbolic, a bound (masked), so no guard on n % out or on the
+# sizes' equality makes Dynamo compile the graph again per size class.
 
 def _windows(n: int, out: int) -> tuple[list[int], list[int]]:
     return [o * n // out for o in range(out)], [-(-(o + 1) * n // out) for o in range(out)]
@@ -510,9 +512,9 @@ def _windows(n: int, out: int) -> tuple[list[int], list[int]]:
 
 def _axis_index(n: int, out: int, device):
     """(index (out, K) clamped into [0, n), valid (out, K), count (out,)).  K is the
-    longest window for a static n; for a dynamic one the bound n // out + 2 (a window
-    spans less than n/out + 2 inputs), its extra positions masked — no guard on n."""
-    if isinstance(n, int):
+    longest window for static sizes; where n or out is dynamic the bound n // out + 2 (a
+    window spans less than n/out + 2 inputs), its extra positions masked — no guard."""
+    if not _symbolic(n, out):
         starts, ends = _windows(n, out)
         k = max(e - s for s, e in zip(starts, ends))
     else:
@@ -536,14 +538,14 @@ def _adaptive_avg_axis_backward(grad: torch.Tensor, axis: int, n: int) -> torch.
     """The adjoint of `_adaptive_avg_axis` as a gather: input w lies in the windows
     o = floor(w·out/n) + j, j < J, those with start_o <= w (and o < out) — no atomics."""
     out = grad.shape[axis]
-    if isinstance(n, int):
+    if not _symbolic(n, out):
         starts, ends = _windows(n, out)
         cover = [0] * n
         for s_, e in zip(starts, ends):
             for w in range(s_, e):
                 cover[w] += 1
         j_max = max(cover)
-    else:   # a dynamic n: at most out // n + 2 windows hold an input (extra ones masked)
+    else:   # a dynamic size: at most out // n + 2 windows hold an input (extra ones masked)
         j_max = out // n + 2
     w = torch.arange(n, device=grad.device)
     o = ((w * out) // n).unsqueeze(1) + torch.arange(j_max, device=grad.device).unsqueeze(0)
@@ -560,19 +562,29 @@ def _static(*sizes) -> bool:
     return all(isinstance(v, int) and v > 0 for v in sizes)
 
 
+def _symbolic(*sizes) -> bool:
+    return any(isinstance(v, torch.SymInt) for v in sizes)
+
+
 def _sized(inputs, outs) -> bool:
-    """Adaptive windows need static, non-zero output sizes; an input size may be dynamic
-    (a SymInt: K and the cover count become bounds, `_axis_index`)."""
-    return _static(*outs) and all(isinstance(v, torch.SymInt) or (isinstance(v, int) and v > 0) for v in inputs)
+    """Adaptive windows need non-zero sizes, static or dynamic (a SymInt: K and the cover
+    count become bounds, `_axis_index`); a dynamic output size is checked non-zero at run
+    time (`torch._check`: Dynamo proves it for sizes such as h // 2 + 1)."""
+    for v in (*inputs, *outs):
+        if isinstance(v, torch.SymInt):
+            torch._check(v > 0, lambda: "adaptive pooling to an empty output")
+        elif not (isinstance(v, int) and v > 0):
+            return False
+    return True
 
 
 def _adaptive_avg(x: torch.Tensor, outs) -> torch.Tensor:
     spatial = len(outs)
-    if not x.is_floating_point() or not _static(*x.shape[-spatial:], *outs):
+    if not x.is_floating_point() or not _sized(x.shape[-spatial:], outs):
         return NotImplemented
     for i, out in enumerate(outs):
         axis = x.dim() - spatial + i
-        if x.shape[axis] != out:
+        if _symbolic(x.shape[axis], out) or x.shape[axis] != out:   # (no guard on dynamic sizes)
             x = _adaptive_avg_axis(x, axis, out)
     return x
 
@@ -583,12 +595,12 @@ def _adaptive_avg_pool2d(x, output_size):
     would recompile the graph for every size class."""
     outs = tuple(output_size)
     sizes = tuple(x.shape[-2:])
-    if any(isinstance(v, torch.SymInt) for v in sizes) and x.is_floating_point() and _sized(sizes, outs):
+    if _symbolic(*sizes, *outs) and x.is_floating_point() and _sized(sizes, outs):
         for i, out in enumerate(outs):
             axis = x.dim() - 2 + i
-            if out == 1:     # (global pooling: one window, the mean)
+            if isinstance(out, int) and out == 1:     # (global pooling: one window, the mean)
                 x = x.mean(axis, keepdim=True)
-            elif not (isinstance(sizes[i], int) and sizes[i] == out):
+            elif _symbolic(sizes[i], out) or sizes[i] != out:
                 x = _adaptive_avg_axis(x, axis, out)
         return x
     from torch._decomp import decomposition_table as torch_table
@@ -601,7 +613,7 @@ def _adaptive_avg_backward(grad: torch.Tensor, input_shape, spatial: int) -> tor
     for i in range(spatial):
         axis = grad.dim() - spatial + i
         n = input_shape[axis]
-        if isinstance(n, torch.SymInt) or grad.shape[axis] != n:   # (no guard on a dynamic size)
+        if _symbolic(n, grad.shape[axis]) or grad.shape[axis] != n:   # (no guard on a dynamic size)
             grad = _adaptive_avg_axis_backward(grad, axis, n)
     return grad
 
@@ -839,7 +851,7 @@ def _adaptive_max_pool(spatial: int):
 # The reason an op still runs eagerly when a decomposition here (or torch's, for adaptive
 # max pooling) declined the case (`fallback.no_rule_reason` reports it).
 DECLINED: dict[object, str] = {
-    op: "adaptive pooling of integers, of empty windows or to a dynamic output size has no stitched form"
+    op: "adaptive pooling of integers or to an empty output has no stitched form"
     for op in (aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default,
                aten._adaptive_avg_pool2d_backward.default, aten._adaptive_avg_pool3d.default,
                aten._adaptive_avg_pool3d_backward.default)
