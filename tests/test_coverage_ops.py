@@ -276,6 +276,25 @@ def test_index_put_with_duplicates_adds_every_value():
     torch.testing.assert_close(cmp.outputs, want)
 
 
+def test_index_put_with_an_index_out_of_range_writes_nothing_outside():
+    """Eager raises on an index out of range; a kernel cannot, unless Triton's debug mode
+    makes its assertion live.  The write through two index tensors (one out of range in
+    its dim: a linear index past every row) is dropped, not made outside the buffer or
+    into another row; the other writes land as eager's do without that pair."""
+    def f(x, i, j, v):
+        return torch.index_put(x * 1, (i, j), v, accumulate=True)
+    x, v = torch.randn(4, 5, 3), torch.randn(6, 3)
+    i, j = torch.tensor([0, 1, 3, 2, 1, 0]), torch.tensor([0, 4, 1, 2, 7, 3])
+    with pytest.raises(IndexError):
+        f(x, i, j, v)
+    keep = j < 5
+    want = f(x, i[keep], j[keep], v[keep])
+    backend = StitchBackend()
+    got = torch.compile(f, backend=backend)(x, i, j, v)
+    torch.testing.assert_close(got, want)
+    assert sum(r.plan.num_kernels for r in backend.records) >= 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_scatter_writes_with_duplicates_keep_the_last_writer(dtype):
     """Non-accumulating writes to one position: the last source position wins (what

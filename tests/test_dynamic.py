@@ -234,6 +234,59 @@ def test_template_refuses_numbers_no_size_expression_gives():
     assert "wrapper: no size expression" in tpl.build(sig, pts, odd)
 
 
+def test_template_finds_a_size_plus_a_constant():
+    """An index clamped to size - 1 and the offset (size - 1) * stride of a last row
+    (`logits[:, -1]`) are no size or stride of the graph: they are one plus a constant.
+    Before, such a kernel got an exact template at every size of the bucket (a decoding
+    LLaMA compiled new kernels at every token)."""
+    sig, s = _sig("s0", "32*s0")
+    pts = [{s: v} for v in (300, 511, 257)]
+    empty = Program([Return(())], 0, {})
+    srcs = [({"k0": f"@triton.jit\ndef k0(a):\n    x = tl.minimum(i, {v - 1})\n    y = tl.load(a + {32 * v - 32})\n"},
+             empty, {}) for v in (300, 511, 257)]
+    t = tpl.build(sig, pts, srcs)
+    assert isinstance(t, tpl.Template), t
+    assert [slot.text for slot in t.kernels["k0"].slots.values()] == ["(ks0) - 1", "(32*ks0) - 32"]
+    assert "def k0(a, sz0, sz1):" in t.kernel_texts["k0"] and "tl.minimum(i, sz0)" in t.kernel_texts["k0"]
+    for v in (260, 333, 400):
+        src = ({"k0": f"@triton.jit\ndef k0(a):\n    x = tl.minimum(i, {v - 1})\n    y = tl.load(a + {32 * v - 32})\n"},
+               empty, {})
+        assert t.matches(*src, {s: v})
+    # (a number off by a constant at one probe and by another at the next is still no size)
+    odd = [({"k0": f"@triton.jit\ndef k0(a):\n    x = {v - 1 + (v % 2)}\n"}, empty, {}) for v in (300, 511, 257)]
+    assert "no size expression" in tpl.build(sig, pts, odd)
+
+
+def _decode_step(cache, new, mask):
+    kv = torch.cat([cache, new], 1)                 # a KV cache grows a row a call
+    last = kv[:, -1, :] * 2                         # the last row: offset (s - 1) * 32
+    n = mask.shape[1]
+    picked = mask[torch.zeros(n, dtype=torch.long), torch.arange(n)]   # two index tensors: clamped to s - 1
+    return kv, last, picked
+
+
+def test_a_growing_cache_reuses_one_template_per_bucket():
+    """A decoding loop's shapes (a cache that grows a row a call, its last row, a mask
+    read through two index tensors as transformers' causal masks are) at twelve
+    consecutive lengths: one template with sizes as arguments per bucket, so a GPU
+    compiles kernels per bucket, not per token; outputs as eager's."""
+    be = stitchml.StitchBackend()
+    c = torch.compile(_decode_step, backend=be)
+    cache = torch.randn(1, 5, 32)
+    with config.override(fallback_on_error=False, strict=True):
+        for _ in range(12):
+            new, mask = torch.randn(1, 1, 32), torch.randn(1, cache.shape[1] + 1) > 0
+            got, want = c(cache, new, mask), _decode_step(cache, new, mask)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w)
+            cache = got[0]
+    (dyn,) = [r.dynamic for r in be.records if r.dynamic is not None]
+    assert len(dyn.by_size) == 11 and dyn.buckets >= 3
+    assert dyn.num_templates == dyn.buckets, dyn.describe()
+    assert all(t.generic for ts in dyn.templates.values() for t in ts), dyn.describe()
+    assert not dyn.refusals and not dyn.eager_calls
+
+
 def test_explain_shows_buckets_and_templates_of_a_dynamic_graph():
     x, w = torch.randn(6, 24), torch.randn(24)
     text = stitchml.explain(_softmax_ln, x, w, dynamic=True).to_text()

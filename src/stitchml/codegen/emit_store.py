@@ -96,6 +96,16 @@ class Stores:
         off = ix.offset((ix.loaded(iv.name, n.shape[0], frozenset(iv.axes)), full[-1]), n.stride)
         ptr = b.param("out", nid)
         keep = f" & ({iv.name} != {pad})" if pad is not None and pad >= 0 else ""
+        # a destination row out of range is an error in eager: assert it (live in the
+        # interpreter and with TRITON_DEBUG=1) and drop the write, so no lane writes
+        # outside the buffer (advanced indexing marks an index out of range in any dim
+        # with a linear index past every row: `rules_index.OUT_OF_RANGE`)
+        rows = n.shape[0]
+        inside = f"({iv.name} >= 0) & ({iv.name} < {rows})"
+        mask = b.mask(iv.axes)
+        b.scopes[-1].lines.append(f"tl.device_assert({inside if not mask else f'{inside} | ~({mask})'}, "
+                                  f"'index out of range')")
+        keep += f" & {inside}"
         value = g.name
         if not g.axes:
             # a constant summand (a count: segment lengths' offsets, embedding bags' sizes)

@@ -7,7 +7,8 @@ which numbers in its output move with the sizes, and as which expression of them
 - a number that differs between probes must equal, at every probe, one expression
   from the graph's own symbolic sizes (a shape, a stride, a product of adjacent dims,
   a number input), or a ceiling division of one by a power of two (a grid), or such a
-  value capped by a constant (a grid bounded by the device);
+  value capped by a constant (a grid bounded by the device), or an expression plus a
+  constant (an index clamped to size - 1; the offset of a last row, `logits[:, -1]`);
 - in a kernel such a number becomes an argument (`sz0`, `sz1`, … computed by the
   wrapper), never where Triton needs a compile-time constant (block shapes).
 Otherwise there is no template and the reason says why.  A template is then checked
@@ -103,6 +104,7 @@ class Candidates:
             if vals is not None:
                 self.exact.setdefault(vals, text)
         self._derived: dict[tuple, str] | None = None
+        self._steps: dict[tuple, list[tuple[int, str]]] | None = None
 
     def _eval(self, text: str) -> tuple | None:
         """The expression's values at the probes; None if it is not plain arithmetic of
@@ -125,6 +127,24 @@ class Candidates:
                     self._derived.setdefault(tuple(-(-v // c) for v in vals), f"(-(-({text}) // {c}))")
         return self._derived
 
+    def _offset(self, vals: tuple[int, ...]) -> str | None:
+        """An exact expression plus a constant that gives `vals` (the nearest constant):
+        an index clamped to size - 1, the offset (size - 1) * stride of a last row
+        (`logits[:, -1]`), which no size or stride of the graph equals.  Candidates are
+        keyed by their steps between probes, so each lookup is one dict access."""
+        if self._steps is None:
+            self._steps = {}
+            for cvals, text in self.exact.items():
+                key = tuple(v - cvals[0] for v in cvals)
+                if any(key):
+                    self._steps.setdefault(key, []).append((cvals[0], text))
+        hits = self._steps.get(tuple(v - vals[0] for v in vals))
+        if not hits:
+            return None
+        first, text = min(hits, key=lambda h: abs(vals[0] - h[0]))
+        c = vals[0] - first
+        return f"({text}) {'+' if c >= 0 else '-'} {abs(c)}"
+
     def find(self, vals: tuple[Number, ...]) -> Slot | None:
         is_float = any(isinstance(v, float) for v in vals)
         if is_float:
@@ -141,6 +161,8 @@ class Candidates:
                     if hit:
                         text = f"min({hit}, {cap})"
                         break
+        if text is None:
+            text = self._offset(vals)
         if text is None:
             return None
         if is_float:

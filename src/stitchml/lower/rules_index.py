@@ -54,6 +54,10 @@ def _broadcast_shape(shapes) -> tuple[int, ...]:
     return tuple(out)
 
 
+# the linear index of an element some index puts out of its dim's range: past any tensor
+OUT_OF_RANGE = 1 << 62
+
+
 class _Indexed:
     """Advanced indexing `x[..., i0, ..., i1, ...]` (index tensors on some dims, full
     slices elsewhere) as one linear index into a dim of a view of x:
@@ -108,8 +112,8 @@ class _Indexed:
                 bad = out if bad is None else ctx.pointwise("logical_or", (bad, out), ish, torch.bool)
             term = t if stride == 1 else ctx.pointwise("mul", (t, stride), ish, i64)
             lin = term if lin is None else ctx.pointwise("add", (lin, term), ish, i64)
-        if bad is not None:
-            lin = ctx.pointwise("where", (bad, 2 * self.K, lin), ish, i64)
+        if bad is not None:   # (a constant past any K: no size in the kernel, so one dynamic template)
+            lin = ctx.pointwise("where", (bad, OUT_OF_RANGE, lin), ish, i64)
         self.lin = ctx.reshape(lin, (ir.prod(ish),)) if len(ish) != 1 else lin
 
     def result_shape(self) -> tuple[int, ...]:
