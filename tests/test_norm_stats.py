@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from stitchml import StitchBackend
+from stitchml import config as stitchml_config
 from stitchml.testing import compare_against_float64
 
 CASES = {
@@ -78,3 +79,25 @@ def test_float32_graphs_are_left_alone():
     judgement.assert_ok()
     (rec,) = backend.partitions
     assert rec.precise_stats == 0 and "norm statistics" not in rec.line()
+
+
+def test_dynamic_sizes_rewire_through_symbolic_views():
+    """Under dynamic shapes the views between a rounded statistic and its backward use
+    take symbolic sizes (fx nodes): the float32 copy of each view is made from their
+    values (fuzz seed 56051, instance norm twice in bfloat16, crashed the backend)."""
+    def fn(x):
+        return F.instance_norm(F.instance_norm(x))
+
+    backend = StitchBackend()
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for shape in ((5, 6, 5), (7, 6, 9)):
+        x = (torch.randn(shape) * 0.5 + 100).bfloat16()
+        mine, ref = x.clone().requires_grad_(), x.double().requires_grad_()
+        cot = torch.randn(shape, dtype=torch.float64)
+        with stitchml_config.override(fallback_on_error=False):
+            (compiled(mine).double() * cot).sum().backward()
+        (fn(ref) * cot).sum().backward()
+        err = float((mine.grad.double() - ref.grad).norm() / ref.grad.norm())
+        assert err < 2e-2, err
+    assert all(r.dynamic is not None for r in backend.records[2:])
+    assert all(p.precise_stats >= 2 for p in backend.partitions)

@@ -20,9 +20,11 @@ eager's dtype).  On CUDA eager keeps float32 statistics and nothing here matches
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 from torch.fx import GraphModule, Node
+from torch.fx.node import map_aggregate
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -76,6 +78,12 @@ def _takes_precise(user: Node, wide: torch.dtype) -> bool:
             and user.target not in _VIEWS and _dtype(user) == wide)
 
 
+def _values(args: Any) -> Any:
+    """fx arguments as the values they stand for: nodes as their `meta["val"]` (a fake
+    tensor, a SymInt), fx's immutable lists as lists (what the op's schema takes)."""
+    return map_aggregate(args, lambda a: a.meta["val"] if isinstance(a, Node) else a)
+
+
 def keep_precise(joint: GraphModule) -> int:
     """Rewire the backward's float32 uses of rounded norm statistics to the unrounded values
     (module docstring).  Returns how many uses were rewired."""
@@ -92,14 +100,16 @@ def keep_precise(joint: GraphModule) -> int:
             # the same view of the unrounded value, with its metadata (dtype `wide`)
             if node not in precise:
                 base = widened(node.args[0])
-                with graph.inserting_after(base):
+                # (before the view it copies: its base and any symbolic size it reads come first)
+                with graph.inserting_before(node):
                     new = graph.call_function(node.target, (base,) + tuple(node.args[1:]), dict(node.kwargs))
                 new.meta = dict(node.meta)
                 val = node.meta.get("val")
                 if isinstance(val, torch.Tensor):
                     fake = getattr(base.meta.get("val"), "fake_mode", None)
+                    args, kwargs = _values((base,) + tuple(node.args[1:])), _values(dict(node.kwargs))
                     with fake if fake is not None else contextlib.nullcontext():
-                        new.meta["val"] = node.target(base.meta["val"], *node.args[1:], **node.kwargs)
+                        new.meta["val"] = node.target(*args, **kwargs)
                 precise[node] = new
             return precise[node]
 
