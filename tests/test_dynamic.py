@@ -321,6 +321,38 @@ def test_a_probe_size_that_fails_gives_an_exact_template_for_this_size(monkeypat
     assert "n=" not in st.probe_errors[0] or "20" not in st.probe_errors[0].split(":")[0]
 
 
+def test_a_plan_that_flips_at_the_bucket_edge_still_gives_one_template(monkeypatch):
+    """A plan choice that differs at the bucket's edge (injected: one more kernel at
+    17, the first size of (16, 32]): the probe there is dropped and sizes next to the new
+    one planned instead, so the rest of the bucket shares one template with sizes as
+    arguments.  Before, every size probed 17 and got an exact template of its own
+    (gpt-neo's and gemma-2's local-attention masks: eight of eight sizes)."""
+    from stitchml.dynamic import runner
+    real = runner.sources_at
+
+    def flip_at_17(gm, sig, values, device):
+        built, (kernels, program, consts) = real(gm, sig, values, device)
+        if 17 in values.values():
+            first = next(iter(kernels))
+            kernels = {**kernels, "kx": kernels[first].replace(f"def {first}(", "def kx(")}
+        return built, (kernels, program, consts)
+
+    monkeypatch.setattr(runner, "sources_at", flip_at_17)
+    backend = stitchml.StitchBackend()
+    f = torch.compile(lambda x: torch.softmax(x * 2, -1) + 1, backend=backend)
+    f(torch.randn(3, 8))
+    with config.override(fallback_on_error=False):
+        for n in (20, 25, 22, 30):
+            x = torch.randn(3, n)
+            torch.testing.assert_close(f(x), torch.softmax(x * 2, -1) + 1)
+    st = backend.records[1].dynamic
+    assert st.num_templates == 1 and not st.refusals, st.describe()
+    (t,) = st.templates[((16, 32),)]
+    assert t.generic
+    # the size, two probes (one at 17, dropped), one size next to it; then one a call
+    assert st.pipeline_runs == 4 + 3
+
+
 def test_copied_concrete_graph_lowers_like_a_retraced_one():
     # the fast path (copy the symbolic graph, evaluate its metadata) must give the
     # IR that tracing again at those sizes gives

@@ -33,12 +33,16 @@ from ..runtime.precompile import Job, job_for
 from ..runtime.pdl import pdl_sources
 from ..runtime.wrapper import build_program
 from . import template as tpl
-from .shapes import Signature, bucket_of, concrete_graph, is_symbolic, probes, signature, tensor_args
+from .shapes import Signature, bucket_of, concrete_graph, is_symbolic, nearby, probes, signature, tensor_args
 
 if TYPE_CHECKING:
     from ..compiler import CompiledGraph
 
 __all__ = ["compile_dynamic", "is_symbolic", "sources_at", "DynamicState"]
+
+# sizes next to a new size planned, at most, when a probe at the bucket's edge planned
+# other kernels (`reprobe`)
+REPROBES = 2
 
 
 @dataclass
@@ -134,6 +138,30 @@ def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec: Co
         state.plan_seconds += time.perf_counter() - t0
         return built, sources
 
+    def reprobe(values: dict, points: list, builds: list, reason: str) -> tuple[list, list, tpl.Template | str]:
+        """A plan choice flips inside the bucket (a probe at its edge planned other
+        kernels): keep the probes whose code is this size's up to numbers, add up to
+        `REPROBES` sizes nearest to it, and build from those; else the first reason.
+        Without this every size on the other side of the flip got an exact template
+        (gpt-neo's local-attention mask at 9 of (8, 16]: eight sizes, eight templates)."""
+        def alike(i: int) -> bool:
+            pair = tpl.build(sig, [points[0], points[i]], [builds[0], builds[i]])
+            return not (isinstance(pair, str) and tpl.differs_in_structure(pair))
+
+        keep = [0] + [i for i in range(1, len(points)) if alike(i)]
+        points, builds = [points[i] for i in keep], [builds[i] for i in keep]
+        for p in nearby(sig, values, points, REPROBES):
+            if len(points) == 3:
+                break
+            points.append(p)
+            builds.append(generate(p)[1])
+            if not alike(len(points) - 1):
+                points.pop()
+                builds.pop()
+        if len(points) < 2:
+            return points, builds, reason
+        return points, builds, tpl.build(sig, points, builds)
+
     def template_for(values: dict) -> tpl.Template:
         key = tuple(sorted(values.items(), key=lambda t: str(t[0])))
         if key in state.by_size:
@@ -151,6 +179,8 @@ def compile_dynamic(gm: fx.GraphModule, kind: str, device: torch.device, rec: Co
                 found = tpl.build(sig, points, builds) if len(points) > 1 else (
                     "the bucket has one size" if all(hi - lo == 1 for lo, hi in bucket) else
                     "no other size of the bucket satisfies the graph's guards")
+                if isinstance(found, str) and tpl.differs_in_structure(found):
+                    points, builds, found = reprobe(values, points, builds, found)
             except Exception as e:  # a probe size the pipeline cannot compile: this size still can
                 if not config.get("fallback_on_error"):
                     raise

@@ -265,6 +265,23 @@ def probes(sig: Signature, values: dict[sympy.Symbol, int], count: int = 3) -> l
     return out
 
 
+def nearby(sig: Signature, values: dict[sympy.Symbol, int], avoid: list[dict], count: int) -> list[dict]:
+    """Up to `count` sizes of the same buckets as `values`, nearest first (each symbol
+    moved by the same step), that satisfy the guards and are not in `avoid`: probes on
+    the same side as `values` of a plan choice that flips inside the bucket."""
+    bounds = {sym: bucket_of(v) for sym, v in values.items()}
+    width = max((hi - lo for lo, hi in bounds.values()), default=0)
+    out: list[dict] = []
+    for d in (k * sign for k in range(1, width) for sign in (1, -1)):
+        if len(out) == count:
+            break
+        p = {sym: v + d for sym, v in values.items()}
+        if all(lo < p[sym] <= hi for sym, (lo, hi) in bounds.items()) and p not in avoid and p not in out \
+                and sig.holds(p):
+            out.append(p)
+    return out
+
+
 # ---------------------------------------------------------------------------- re-trace
 
 def concrete_graph(gm: fx.GraphModule, sig: Signature, values: dict[sympy.Symbol, int]) -> fx.GraphModule:

@@ -351,6 +351,13 @@ def _same_consts(a: dict, b: dict) -> bool:
     return True
 
 
+def differs_in_structure(reason: str) -> bool:
+    """Whether `build` refused because the probes' sources are not the same code up to
+    numbers (other kernels, other steps: a plan choice that flips inside the bucket),
+    rather than because a number is no size expression."""
+    return "between sizes of the bucket" in reason
+
+
 def build(sig: Signature, probes: list[dict], builds: list[tuple[dict[str, str], Program, dict]]) -> Template | str:
     """A template from the sources generated at each probe (probe 0 first), or the
     reason there is none."""
