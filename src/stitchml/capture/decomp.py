@@ -413,7 +413,8 @@ def _stats_in_eager_dtype(decomp):
     """torch's batch-norm decompositions return the saved mean and inverse std in the
     computation dtype (float32 for half inputs); eager on the CPU returns them in the
     input's dtype (on CUDA in float32).  Cast them so that a graph returning them gives
-    eager's dtypes (op_db's native_batch_norm in bfloat16)."""
+    eager's dtypes (op_db's native_batch_norm in bfloat16); a training graph's backward
+    reads the float32 values all the same (`norm_stats.keep_precise`)."""
     def wrapped(x, *args, **kwargs):
         out = decomp(x, *args, **kwargs)
         if out is NotImplemented or x.dtype not in _HALF or x.device.type != "cpu":

@@ -80,7 +80,7 @@ def _takes_precise(user: Node, wide: torch.dtype) -> bool:
 
 def _values(args: Any) -> Any:
     """fx arguments as the values they stand for: nodes as their `meta["val"]` (a fake
-    tensor, a SymInt), fx's immutable lists as lists (what the op's schema takes)."""
+    tensor; a SymInt for a symbolic size), what the op is called with for the metadata."""
     return map_aggregate(args, lambda a: a.meta["val"] if isinstance(a, Node) else a)
 
 
@@ -122,9 +122,10 @@ def keep_precise(joint: GraphModule) -> int:
                 elif _takes_precise(user, wide):
                     user.replace_input_with(node, widened(node))
                     rewired += 1
-        # the rounded chain's nodes no one reads any more
-        for node in reversed(list(graph.nodes)):
-            if node in precise and not node.users:
+        # the rounded chain's nodes no one reads any more (`precise` lists a view after
+        # its base: reversed, a view goes before the node it views)
+        for node in reversed(list(precise)):
+            if not node.users:
                 graph.erase_node(node)
     if rewired:
         graph.lint()

@@ -37,6 +37,8 @@ from ..runtime.wrapper import Checker, _BarrierCounter
 from .shapes import Signature
 
 Number = int | float
+# what every refusal for probes whose code differs beyond numbers says (`differs_in_structure`)
+_STRUCTURE = "between sizes of the bucket"
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ class Candidates:
             if vals is not None:
                 self.exact.setdefault(vals, text)
         self._derived: dict[tuple, str] | None = None
-        self._steps: dict[tuple, list[tuple[int, str]]] | None = None
+        self._by_step: dict[tuple, list[tuple[int, str]]] | None = None
 
     def _eval(self, text: str) -> tuple | None:
         """The expression's values at the probes; None if it is not plain arithmetic of
@@ -132,13 +134,13 @@ class Candidates:
         an index clamped to size - 1, the offset (size - 1) * stride of a last row
         (`logits[:, -1]`), which no size or stride of the graph equals.  Candidates are
         keyed by their steps between probes, so each lookup is one dict access."""
-        if self._steps is None:
-            self._steps = {}
+        if self._by_step is None:
+            self._by_step = {}
             for cvals, text in self.exact.items():
                 key = tuple(v - cvals[0] for v in cvals)
                 if any(key):
-                    self._steps.setdefault(key, []).append((cvals[0], text))
-        hits = self._steps.get(tuple(v - vals[0] for v in vals))
+                    self._by_step.setdefault(key, []).append((cvals[0], text))
+        hits = self._by_step.get(tuple(v - vals[0] for v in vals))
         if not hits:
             return None
         first, text = min(hits, key=lambda h: abs(vals[0] - h[0]))
@@ -175,14 +177,14 @@ def _unit(texts: list[str], cands: Candidates, kernel: bool) -> Unit | str:
     toks0, spans0 = parsed[0]
     for toks, _ in parsed[1:]:
         if len(toks) != len(toks0):
-            return "the sources differ in structure between sizes of the bucket"
+            return f"the sources differ in structure {_STRUCTURE}"
     slots: dict[int, Slot] = {}
     depth = 0
     for i, (typ, s) in enumerate(toks0):
         depth += (s == "[") - (s == "]")
         others = [p[0][i] for p in parsed[1:]]
         if any(o[0] != typ or (typ != tokenize.NUMBER and o[1] != s) for o in others):
-            return f"the sources differ in structure between sizes of the bucket (near {s!r})"
+            return f"the sources differ in structure {_STRUCTURE} (near {s!r})"
         if typ != tokenize.NUMBER or all(o[1] == s for o in others):
             continue
         vals = tuple(_number(x) for x in [s] + [o[1] for o in others])
@@ -272,7 +274,7 @@ def _step_unit(programs: list[Program], cands: Candidates) -> StepUnit | str:
     parsed = [_leaves(p.steps) for p in programs]
     first = parsed[0]
     if any(len(p) != len(first) or q.num_inputs != programs[0].num_inputs for p, q in zip(parsed[1:], programs[1:])):
-        return "the wrapper's steps differ between sizes of the bucket"
+        return f"the wrapper's steps differ {_STRUCTURE}"
     slots: dict[int, Slot] = {}
     for i, leaf in enumerate(first):
         others = [p[i] for p in parsed[1:]]
@@ -280,7 +282,7 @@ def _step_unit(programs: list[Program], cands: Candidates) -> StepUnit | str:
             continue
         nums = [leaf] + others
         if not all(isinstance(x, tuple) and x[0] == "num" for x in nums):
-            return f"the wrapper's steps differ between sizes of the bucket (near {leaf!r})"
+            return f"the wrapper's steps differ {_STRUCTURE} (near {leaf!r})"
         slot = cands.find(tuple(x[1] for x in nums))
         if slot is None:
             return f"no size expression gives the numbers {[x[1] for x in nums]} of the probes"
@@ -355,7 +357,7 @@ def differs_in_structure(reason: str) -> bool:
     """Whether `build` refused because the probes' sources are not the same code up to
     numbers (other kernels, other steps: a plan choice that flips inside the bucket),
     rather than because a number is no size expression."""
-    return "between sizes of the bucket" in reason
+    return _STRUCTURE in reason
 
 
 def build(sig: Signature, probes: list[dict], builds: list[tuple[dict[str, str], Program, dict]]) -> Template | str:
@@ -364,9 +366,9 @@ def build(sig: Signature, probes: list[dict], builds: list[tuple[dict[str, str],
     k0, w0, c0 = builds[0]
     for kt, _, consts in builds[1:]:
         if list(kt) != list(k0):
-            return "the kernels differ between sizes of the bucket"
+            return f"the kernels differ {_STRUCTURE}"
         if not _same_consts(consts, c0):
-            return "the wrapper's constants differ between sizes of the bucket"
+            return f"the wrapper's constants differ {_STRUCTURE}"
     cands = Candidates(sig, probes)
     kernels: dict[str, Unit] = {}
     for name in k0:
