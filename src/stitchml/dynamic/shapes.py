@@ -284,7 +284,7 @@ def nearby(sig: Signature, values: dict[sympy.Symbol, int], avoid: list[dict], c
 
 # ---------------------------------------------------------------------------- re-trace
 
-def concrete_graph(gm: fx.GraphModule, sig: Signature, values: dict[sympy.Symbol, int]) -> fx.GraphModule:
+def concrete_graph(gm: fx.GraphModule, sig: Signature, values: dict[sympy.Symbol, int]) -> fx.GraphModule | _Concrete:
     """The same ATen graph with every size fixed to `values`; number inputs and size
     arithmetic are folded in, so the graph's placeholders are its tensor inputs only.
     Copies the graph and evaluates its metadata (fast: no dispatch); a graph whose
@@ -314,7 +314,7 @@ class _Sized(torch.Tensor):
         raise RuntimeError(f"a metadata-only tensor was computed with ({func})")
 
 
-def _copied_graph(gm: fx.GraphModule, sig: Signature, values: dict[sympy.Symbol, int]) -> fx.GraphModule:
+def _copied_graph(gm: fx.GraphModule, sig: Signature, values: dict[sympy.Symbol, int]) -> _Concrete:
     sub = {s: sympy.Integer(v) for s, v in values.items()}
     env_ = sig.shape_env
 
@@ -378,7 +378,23 @@ def _copied_graph(gm: fx.GraphModule, sig: Signature, values: dict[sympy.Symbol,
             raise _NotConcrete(f"FX op {node.op}")
         new.meta["val"] = concrete(val)
         env[node] = new
-    return fx.GraphModule(gm, graph)
+    return _Concrete(graph, gm)
+
+
+class _Concrete:
+    """What lowering reads of a graph module: the concrete graph, and the symbolic
+    module's attributes (`get_attr` targets).  A `fx.GraphModule` would generate and
+    compile the graph's Python code, which nothing runs: ~8 % of a new size's time in a
+    decoding loop (bench/NOTES.md, sixty-second session)."""
+
+    def __init__(self, graph: fx.Graph, root: fx.GraphModule) -> None:
+        self.graph = graph
+        self._root = root
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_root":   # (not set yet: a copy being made)
+            raise AttributeError(name)
+        return getattr(self._root, name)
 
 
 def retraced_graph(gm: fx.GraphModule, sig: Signature, values: dict[sympy.Symbol, int]) -> fx.GraphModule:
