@@ -91,8 +91,11 @@ def build_plan(g: ir.Graph, options: PlanOptions | None = None) -> Plan:
                                                  "a part of a concatenation, computed by the concatenation's kernel"))
             weighed = True
             if cheaper:   # plan once more with those values computed by their readers
+                # (node ids survive the marking, and so do the dry run's lessons: starting
+                # over re-learned the same ones with a planning run each — every decoding
+                # LLaMA graph's mask kernel, four plans a new size instead of three)
                 g = mark_recompute(g, dict(sorted(cheaper.items())))
-                gv, forbidden, cuts = GraphView(g), frozenset(), {}
+                gv, cuts = GraphView(g), {}
                 continue
             plan.search = search(plan, opts)
             plan.launch_s, plan.graph_replay, plan.source = opts.device.launch_s, opts.graph_replay, source
