@@ -693,6 +693,11 @@ def _generate(model, cfg, new_tokens: int = 6) -> dict:
     # LM head, has no kernel to launch: what must not be there is an op left eager)
     out["eager"] = _eager_ops(records)
     out["kernels"] = sum(r.plan.num_kernels for r in records if r.plan is not None)
+    # templates against buckets of the dynamic graphs: a template per token would mean new
+    # kernels compiled at every token on a GPU (one a bucket is the design; a plan choice
+    # flipping inside a bucket adds an exact one)
+    dyn = [r.dynamic for r in records if r.dynamic is not None]
+    out["templates"], out["buckets"] = sum(d.num_templates for d in dyn), sum(d.buckets for d in dyn)
     out["ok"] = (same and err <= 1e-5 and len(records) <= traced and not out["whole_graph_eager"]
                  and not out["eager"] and out["kernels"] >= 1)
     return out
