@@ -584,25 +584,24 @@ def _adaptive_avg(x: torch.Tensor, outs) -> torch.Tensor:
         return NotImplemented
     for i, out in enumerate(outs):
         axis = x.dim() - spatial + i
-        if _symbolic(x.shape[axis], out) or x.shape[axis] != out:   # (no guard on dynamic sizes)
+        if not _symbolic(x.shape[axis], out) and x.shape[axis] == out:   # (no guard on dynamic sizes)
+            continue
+        if isinstance(out, int) and out == 1:     # (global pooling: one window, the mean)
+            x = x.mean(axis, keepdim=True)
+        else:
             x = _adaptive_avg_axis(x, axis, out)
     return x
 
 
 def _adaptive_avg_pool2d(x, output_size):
     """torch's decomposition for static sizes; under dynamic sizes the per-axis window
-    gathers (`_adaptive_avg_axis`), whose K is a bound: torch's guards on `n % out`
-    would recompile the graph for every size class."""
+    gathers (`_adaptive_avg`), whose K is a bound: torch's guards on `n % out` would
+    recompile the graph for every size class."""
     outs = tuple(output_size)
-    sizes = tuple(x.shape[-2:])
-    if _symbolic(*sizes, *outs) and x.is_floating_point() and _sized(sizes, outs):
-        for i, out in enumerate(outs):
-            axis = x.dim() - 2 + i
-            if isinstance(out, int) and out == 1:     # (global pooling: one window, the mean)
-                x = x.mean(axis, keepdim=True)
-            elif _symbolic(sizes[i], out) or sizes[i] != out:
-                x = _adaptive_avg_axis(x, axis, out)
-        return x
+    if _symbolic(*x.shape[-2:], *outs):
+        out = _adaptive_avg(x, outs)
+        if out is not NotImplemented:
+            return out
     from torch._decomp import decomposition_table as torch_table
     return torch_table[aten._adaptive_avg_pool2d.default](x, output_size)
 
